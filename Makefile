@@ -1,0 +1,45 @@
+# mixfleet developer targets. Everything installs into a local .venv from pyproject.toml.
+PY ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test lint typecheck layers pytest bench bench-placement bench-controlplane proto clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(BIN)/python -m controlplane.demo
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: install
+	$(BIN)/mypy
+
+layers: install
+	$(BIN)/lint-imports
+
+pytest: install
+	$(BIN)/pytest -q
+
+test: install
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+	$(BIN)/pytest -q
+
+bench: install bench-placement
+
+bench-placement: install
+	$(BIN)/mixfleetctl bench placement --scenario all --json --out bench/results/placement.json --docs docs/benchmarks.md
+
+clean:
+	rm -rf $(VENV) build *.egg-info .mypy_cache .pytest_cache .ruff_cache

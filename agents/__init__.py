@@ -1,0 +1,1 @@
+"""mixfleet agents package."""

@@ -1,0 +1,1 @@
+"""mixfleet operators package."""

@@ -1,0 +1,1 @@
+"""mixfleet policies package."""

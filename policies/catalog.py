@@ -1,0 +1,225 @@
+"""GPU catalog: dense datasheet figures for every GPU generation mixfleet knows.
+
+Figures are dense (not 2:4 sparse) peak rates from public datasheets; see REFERENCE.md
+section 1. A fleet file may override any field of an entry per node, and measured figures
+from calibration override catalog figures in the cost model.
+
+Units: TFLOPS (1e12 FLOP/s), GB/s (1e9 B/s), GiB (2**30 B).
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from policies.errors import InputError
+
+ARCH_AMPERE = "ampere"
+ARCH_ADA = "ada"
+ARCH_HOPPER = "hopper"
+ARCH_BLACKWELL = "blackwell"
+ARCH_VOLTA = "volta"
+ARCH_CDNA3 = "cdna3"
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """One GPU model's capabilities.
+
+    Attributes:
+        model: catalog name, e.g. ``H100-SXM5-80GB``.
+        vendor: ``nvidia`` or ``amd``.
+        architecture: ``volta`` | ``ampere`` | ``ada`` | ``hopper`` | ``blackwell`` | ``cdna3``.
+        compute_capability: CUDA compute capability (``"9.0"``) or AMD gfx target.
+        sms: streaming multiprocessors (compute units on AMD).
+        bf16_tflops: dense BF16 (FP16 on Volta) tensor-core peak, TFLOPS.
+        fp8_tflops: dense FP8 peak, TFLOPS; 0 when the GPU has no FP8 tensor cores (then FP8
+            weights are dequantized and computed at the BF16 rate).
+        fp4_tflops: dense FP4 peak, TFLOPS; 0 when not supported natively.
+        hbm_bandwidth_gbps: peak device-memory bandwidth, GB/s.
+        memory_gib: device memory, GiB.
+        nvlink_per_gpu_gbps: NVLink (or Infinity Fabric) bandwidth per GPU, bidirectional GB/s;
+            0 for PCIe-only parts.
+        nvlink_links: number of NVLink links per GPU.
+        pcie_gbps: PCIe bandwidth per direction, GB/s.
+        power_w: board power, W.
+    """
+
+    model: str
+    vendor: str
+    architecture: str
+    compute_capability: str
+    sms: int
+    bf16_tflops: float
+    fp8_tflops: float
+    fp4_tflops: float
+    hbm_bandwidth_gbps: float
+    memory_gib: float
+    nvlink_per_gpu_gbps: float
+    nvlink_links: int
+    pcie_gbps: float
+    power_w: float
+
+    @property
+    def has_fp8(self) -> bool:
+        """True when FP8 GEMMs run on FP8 tensor cores (Ada, Hopper, Blackwell, CDNA3)."""
+        return self.fp8_tflops > 0
+
+    def with_overrides(self, overrides: dict[str, Any], *, field_path: str = "") -> GpuSpec:
+        """Return a copy with some numeric fields replaced, validating each value.
+
+        Raises:
+            InputError: unknown field, non-numeric, NaN or non-positive value.
+        """
+        numeric = {f.name for f in fields(self) if f.type in ("float", "int")}
+        clean: dict[str, Any] = {}
+        for key, value in overrides.items():
+            path = f"{field_path}.{key}" if field_path else key
+            if key not in numeric:
+                raise InputError(
+                    f"unknown GPU field {key!r}. To fix: use one of {sorted(numeric)}",
+                    field=path,
+                )
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise InputError(f"must be a number, got {value!r}", field=path)
+            if value != value or value < 0 or value == float("inf"):
+                raise InputError(f"must be a finite non-negative number, got {value!r}", field=path)
+            clean[key] = int(value) if key in ("sms", "nvlink_links") else float(value)
+        return replace(self, **clean)
+
+
+def _spec(
+    model: str,
+    arch: str,
+    cc: str,
+    sms: int,
+    bf16: float,
+    fp8: float,
+    hbm_gbps: float,
+    mem_gib: float,
+    nvlink_gbps: float,
+    links: int,
+    *,
+    vendor: str = "nvidia",
+    fp4: float = 0.0,
+    pcie: float = 32.0,
+    power: float = 700.0,
+) -> GpuSpec:
+    return GpuSpec(
+        model=model,
+        vendor=vendor,
+        architecture=arch,
+        compute_capability=cc,
+        sms=sms,
+        bf16_tflops=bf16,
+        fp8_tflops=fp8,
+        fp4_tflops=fp4,
+        hbm_bandwidth_gbps=hbm_gbps,
+        memory_gib=mem_gib,
+        nvlink_per_gpu_gbps=nvlink_gbps,
+        nvlink_links=links,
+        pcie_gbps=pcie,
+        power_w=power,
+    )
+
+
+# REFERENCE.md section 1. Memory in GiB as NVML reports it (an "80GB" part has 80 GiB;
+# the H200's "141GB" is 140.4 GiB measured).
+_CATALOG: tuple[GpuSpec, ...] = (
+    _spec("V100-SXM2-32GB", ARCH_VOLTA, "7.0", 80, 125, 0, 900, 32, 300, 6, pcie=16, power=300),
+    _spec("V100-SXM2-16GB", ARCH_VOLTA, "7.0", 80, 125, 0, 900, 16, 300, 6, pcie=16, power=300),
+    _spec("A100-SXM4-40GB", ARCH_AMPERE, "8.0", 108, 312, 0, 1555, 40, 600, 12, power=400),
+    _spec("A100-SXM4-80GB", ARCH_AMPERE, "8.0", 108, 312, 0, 2039, 80, 600, 12, power=400),
+    _spec("H100-PCIe", ARCH_HOPPER, "9.0", 114, 756, 1513, 2000, 80, 600, 0, pcie=64, power=350),
+    _spec("H100-SXM5-80GB", ARCH_HOPPER, "9.0", 132, 989, 1979, 3350, 80, 900, 18, pcie=64),
+    _spec("H800-SXM5", ARCH_HOPPER, "9.0", 132, 989, 1979, 3350, 80, 400, 8, pcie=64),
+    _spec("H200-SXM-141GB", ARCH_HOPPER, "9.0", 132, 989, 1979, 4800, 140, 900, 18, pcie=64),
+    _spec("L40S", ARCH_ADA, "8.9", 142, 362, 733, 864, 48, 0, 0, power=350),
+    _spec("L4", ARCH_ADA, "8.9", 58, 121, 242, 300, 24, 0, 0, power=72),
+    _spec(
+        "B200",
+        ARCH_BLACKWELL,
+        "10.0",
+        148,
+        2250,
+        4500,
+        7700,
+        180,
+        1800,
+        18,
+        fp4=9000,
+        pcie=64,
+        power=1000,
+    ),
+    _spec(
+        "MI300X",
+        ARCH_CDNA3,
+        "gfx942",
+        304,
+        1307,
+        2615,
+        5300,
+        192,
+        896,
+        7,
+        vendor="amd",
+        pcie=64,
+        power=750,
+    ),
+)
+
+# Names NVML and vendors print, mapped to catalog entries.
+_ALIASES: dict[str, str] = {
+    "NVIDIA H200": "H200-SXM-141GB",
+    "H200": "H200-SXM-141GB",
+    "NVIDIA H100 80GB HBM3": "H100-SXM5-80GB",
+    "H100": "H100-SXM5-80GB",
+    "H100-SXM": "H100-SXM5-80GB",
+    "NVIDIA H100 PCIe": "H100-PCIe",
+    "NVIDIA H800": "H800-SXM5",
+    "NVIDIA A100-SXM4-80GB": "A100-SXM4-80GB",
+    "A100": "A100-SXM4-80GB",
+    "A100-80GB": "A100-SXM4-80GB",
+    "NVIDIA A100-SXM4-40GB": "A100-SXM4-40GB",
+    "A100-40GB": "A100-SXM4-40GB",
+    "NVIDIA L40S": "L40S",
+    "NVIDIA L4": "L4",
+    "NVIDIA B200": "B200",
+    "Tesla V100-SXM2-32GB": "V100-SXM2-32GB",
+    "Tesla V100-SXM2-16GB": "V100-SXM2-16GB",
+    "V100-SXM2": "V100-SXM2-32GB",
+    "AMD Instinct MI300X": "MI300X",
+}
+
+CATALOG: dict[str, GpuSpec] = {spec.model: spec for spec in _CATALOG}
+
+
+def catalog_names() -> list[str]:
+    """All catalog model names, in catalog order."""
+    return [spec.model for spec in _CATALOG]
+
+
+def lookup(model: str, *, field_path: str = "") -> GpuSpec:
+    """Find a GPU by catalog name, alias or NVML name (case-insensitive).
+
+    Raises:
+        InputError: unknown model; the message names the closest catalog entries and how
+            to give explicit figures instead.
+    """
+    if model in CATALOG:
+        return CATALOG[model]
+    folded = {name.casefold(): name for name in [*CATALOG, *_ALIASES]}
+    key = folded.get(model.strip().casefold())
+    if key is not None:
+        return CATALOG[_ALIASES.get(key, key)]
+    close = difflib.get_close_matches(model, [*CATALOG, *_ALIASES], n=3, cutoff=0.3)
+    suggestion = ", ".join(sorted({_ALIASES.get(c, c) for c in close})) or "none"
+    raise InputError(
+        f"unknown GPU model {model!r}; closest catalog entries: {suggestion}. To fix: use "
+        "one of those names, or describe the GPU with explicit figures: "
+        "{model: MyGPU, base: H100-SXM5-80GB, bf16_tflops: ..., fp8_tflops: ..., "
+        "hbm_bandwidth_gbps: ..., memory_gib: ...} (base is the nearest catalog entry; "
+        "every figure you give replaces its value)",
+        field=field_path,
+    )

@@ -1,0 +1,599 @@
+"""Cost model: predicted time and memory per GPU per layer for a placement.
+
+Estimate first, then build, then solve: :func:`build_cost_table` turns (fleet, model,
+workload, efficiency) into a :class:`CostTable` of per-GPU coefficients; solvers build their
+optimisation problems only from that table, and :func:`evaluate` scores any placement with
+the same table, so every policy is judged by one model.
+
+Phases of a layer (each ends at a barrier, so each costs its slowest GPU)::
+
+    attention phase  A_g = max(gemm_us_per_token * x_g, weight_read_us) + core_us_per_token * x_g
+                           + overhead_us                                     (x_g = tokens on g)
+    dispatch+combine C_g = alpha_us + max over channels ch of max(send_ch, recv_ch) / bw_ch
+    expert FFNs      E_g = max(flop_us_per_token * n_g, replica_read_us * r_g + act_us_per_token * n_g)
+                           + overhead_us             (n_g = token-expert pairs on g, r_g = replicas)
+
+    layer time = max_g A_g (+ max_g C_g + max_g E_g on MoE layers);  step time = sum over layers.
+
+The attention phase covers attention projections (a roofline over GEMM FLOPs and weight
+reads), the attention core (compute-bound in prefill, KV-read-bound in decode) and the
+dense FFN or shared expert of the layer, for the GPU's share of the batch (data-parallel
+attention, each GPU a rank). Expert FFNs are a grouped-GEMM roofline with per-architecture
+dtype support: FP8 weights on a GPU without FP8 tensor cores (Ampere) compute at the BF16
+rate while their memory traffic stays at FP8 size. Dispatch/combine is alpha-beta over the
+channel each pair of GPUs talks over (NVLink inside a domain, PCIe inside a node without
+NVLink, RDMA across nodes), with tokens originating on each GPU in proportion to its
+attention share.
+
+Units: microseconds (``_us``), bytes, GB/s (1e9 B/s = 1e3 B/us), TFLOPS.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from policies.catalog import GpuSpec
+from policies.errors import InputError
+from policies.fleet import Fleet
+from policies.models import DTYPE_BYTES, ModelSpec
+from policies.topology import Channel, Topology, build_topology
+from policies.workload import Workload
+
+GIB = float(2**30)
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Fractions of datasheet peak that kernels reach; defaults from REFERENCE.md section 8
+    (measured on H200, torch 2.11, CUDA 13). Calibration (``mixfleet-agent calibrate``)
+    replaces them per GPU with measured figures.
+
+    Attributes:
+        gemm_bf16: large BF16 GEMM, 775 / 989 TFLOPS.
+        gemm_fp8: large FP8 GEMM, 1276 / 1979 TFLOPS.
+        hbm: streaming device-memory bandwidth, 4.3 / 4.8 TB/s (device copy).
+        attn_prefill: FlashAttention-class prefill, 330 / 989 TFLOPS.
+        attn_decode: decode KV read, 2.46 / 4.81 TB/s.
+        nvlink: NCCL all-to-all over NVLink at large messages, 292 / 450 GB/s.
+        pcie: PCIe peer traffic.
+        rdma: RDMA all-to-all (DeepEP internode 43-58 of 50 GB/s).
+        gemm_launch_us: fixed cost per GEMM kernel, us (small-batch GEMMs fall short of the
+            roofline by about this much: 128x7168x2048 ran at 219 TFLOPS).
+        alpha_nvlink_us, alpha_rdma_us: fixed latency of one dispatch or combine, us.
+    """
+
+    gemm_bf16: float = 0.78
+    gemm_fp8: float = 0.645
+    hbm: float = 0.90
+    attn_prefill: float = 0.334
+    attn_decode: float = 0.51
+    nvlink: float = 0.65
+    pcie: float = 0.80
+    rdma: float = 0.85
+    gemm_launch_us: float = 8.0
+    alpha_nvlink_us: float = 15.0
+    alpha_rdma_us: float = 25.0
+
+
+@dataclass(frozen=True)
+class MeasuredFigures:
+    """Calibrated figures for one GPU (any may be None: then the catalog figure and the
+    default efficiency apply).
+
+    Attributes:
+        gemm_bf16_tflops, gemm_fp8_tflops: achieved large-GEMM throughput, TFLOPS.
+        hbm_gbps: achieved streaming bandwidth, GB/s.
+        attn_prefill_tflops: achieved prefill attention throughput, TFLOPS.
+        attn_decode_gbps: achieved decode attention KV-read bandwidth, GB/s.
+        nvlink_gbps: achieved all-to-all bandwidth per GPU per direction, GB/s.
+        gemm_launch_us: fixed per-GEMM cost, us.
+    """
+
+    gemm_bf16_tflops: float | None = None
+    gemm_fp8_tflops: float | None = None
+    hbm_gbps: float | None = None
+    attn_prefill_tflops: float | None = None
+    attn_decode_gbps: float | None = None
+    nvlink_gbps: float | None = None
+    gemm_launch_us: float | None = None
+
+
+@dataclass(frozen=True)
+class CostSettings:
+    """Deployment settings the cost model needs beyond fleet, model and workload.
+
+    Attributes:
+        memory_headroom: fraction of each GPU's memory kept free (allocator slack, CUDA
+            context, fragmentation).
+        comm_buffer_gib: DeepEP dispatch/combine buffers per GPU, GiB.
+        activation_bytes_per_token: activation workspace per token in flight, bytes.
+        efficiency: default efficiency factors.
+        measured: per-GPU calibrated figures by GPU id.
+    """
+
+    memory_headroom: float = 0.08
+    comm_buffer_gib: float = 2.0
+    activation_bytes_per_token: float = 64 * 1024
+    efficiency: Efficiency = field(default_factory=Efficiency)
+    measured: Mapping[str, MeasuredFigures] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GpuCost:
+    """Per-GPU coefficients of the cost model (one GPU, one layer unless noted).
+
+    Attributes:
+        attn_gemm_us_per_token: projection + dense/shared FFN GEMM time per token, by layer
+            kind (``"dense"``, ``"moe"``).
+        attn_weight_read_us: time to stream the attention phase's weights once, by kind.
+        attn_core_us_per_token: attention-core time per token (KV read or score FLOPs).
+        attn_overhead_us: fixed kernel costs of the attention phase.
+        expert_flop_us_per_pair: expert FFN compute per token-expert pair.
+        expert_read_us_per_replica: time to stream one replica's weights.
+        expert_act_us_per_pair: activation traffic per token-expert pair.
+        expert_overhead_us: fixed kernel costs of the expert phase.
+        comm_bw_bytes_per_us: bandwidth per channel per direction, bytes/us (index Channel).
+        comm_alpha_us: fixed latency of dispatch plus combine.
+        usable_bytes: memory usable for model state (capacity minus headroom).
+        fixed_bytes: weights every GPU holds (attention, dense FFNs, shared experts,
+            embeddings) plus communication buffers.
+    """
+
+    attn_gemm_us_per_token: Mapping[str, float]
+    attn_weight_read_us: Mapping[str, float]
+    attn_core_us_per_token: float
+    attn_overhead_us: float
+    expert_flop_us_per_pair: float
+    expert_read_us_per_replica: float
+    expert_act_us_per_pair: float
+    expert_overhead_us: float
+    comm_bw_bytes_per_us: tuple[float, ...]
+    comm_alpha_us: float
+    usable_bytes: float
+    fixed_bytes: float
+
+
+@dataclass(frozen=True)
+class CostTable:
+    """Everything a solver needs, computed once from the inputs.
+
+    Attributes:
+        gpus: per-GPU coefficients, fleet order.
+        gpu_ids: GPU ids, fleet order.
+        models: GPU catalog model per GPU (for reports and colouring).
+        topology: the fleet graph and channel matrix.
+        total_tokens: tokens in one step, all GPUs together.
+        top_k: routed experts per token.
+        num_experts: routed experts per MoE layer.
+        num_dense_layers, num_moe_layers: layer counts.
+        load: ``[moe_layer][expert]`` load fractions (each row sums to 1).
+        bytes_per_copy: dispatch + combine bytes per token-expert pair crossing GPUs.
+        expert_bytes: bytes of one expert replica.
+        kv_bytes_per_token: KV-cache bytes per token of context, all layers.
+        act_bytes_per_token: activation workspace per token.
+        decode: phase flag.
+        context_len: KV length per sequence.
+    """
+
+    gpus: tuple[GpuCost, ...]
+    gpu_ids: tuple[str, ...]
+    models: tuple[str, ...]
+    topology: Topology
+    total_tokens: float
+    top_k: int
+    num_experts: int
+    num_dense_layers: int
+    num_moe_layers: int
+    load: tuple[tuple[float, ...], ...]
+    bytes_per_copy: float
+    expert_bytes: float
+    kv_bytes_per_token: float
+    act_bytes_per_token: float
+    decode: bool
+    context_len: int
+
+    @property
+    def num_gpus(self) -> int:
+        return len(self.gpus)
+
+    def pairs(self, layer: int, expert: int) -> float:
+        """Token-expert pairs routed to ``expert`` in MoE layer ``layer`` per step."""
+        return self.load[layer][expert] * self.total_tokens * self.top_k
+
+    def kv_tokens(self, tokens_on_gpu: float) -> float:
+        """Context tokens whose KV a GPU keeps when it serves ``tokens_on_gpu`` per step."""
+        if self.decode:
+            return tokens_on_gpu * self.context_len
+        return max(tokens_on_gpu, float(self.context_len)) if tokens_on_gpu > 0 else 0.0
+
+    def attention_us(self, i: int, tokens: float, kind: str) -> float:
+        """Attention-phase time of GPU ``i`` serving ``tokens`` tokens in a layer of ``kind``."""
+        c = self.gpus[i]
+        if tokens <= 0:
+            return 0.0
+        return (
+            max(c.attn_gemm_us_per_token[kind] * tokens, c.attn_weight_read_us[kind])
+            + c.attn_core_us_per_token * tokens
+            + c.attn_overhead_us
+        )
+
+    def expert_us(self, i: int, pairs: float, replicas: int) -> float:
+        """Expert-phase time of GPU ``i`` with ``pairs`` token-expert pairs on ``replicas``."""
+        c = self.gpus[i]
+        if replicas == 0:
+            return 0.0
+        return (
+            max(
+                c.expert_flop_us_per_pair * pairs,
+                c.expert_read_us_per_replica * replicas + c.expert_act_us_per_pair * pairs,
+            )
+            + c.expert_overhead_us
+        )
+
+
+def _peak_tflops(spec: GpuSpec, dtype: str, eff: Efficiency, m: MeasuredFigures | None) -> float:
+    """Achievable GEMM rate for weights of ``dtype`` on ``spec`` (dequantising when needed)."""
+    if dtype == "fp8" and spec.has_fp8:
+        if m and m.gemm_fp8_tflops:
+            return m.gemm_fp8_tflops
+        return spec.fp8_tflops * eff.gemm_fp8
+    if dtype == "mxfp4" and spec.fp4_tflops > 0:
+        return spec.fp4_tflops * eff.gemm_fp8
+    if m and m.gemm_bf16_tflops:
+        return m.gemm_bf16_tflops
+    return spec.bf16_tflops * eff.gemm_bf16
+
+
+def build_cost_table(
+    fleet: Fleet, model: ModelSpec, workload: Workload, settings: CostSettings | None = None
+) -> CostTable:
+    """Compute the per-GPU cost coefficients for a (fleet, model, workload).
+
+    Raises:
+        InputError: the workload's load does not match the model.
+    """
+    s = settings or CostSettings()
+    eff = s.efficiency
+    if model.is_moe and len(workload.expert_load) != model.num_moe_layers:
+        raise InputError(
+            f"load has {len(workload.expert_load)} rows for {model.num_moe_layers} MoE layers",
+            field="load",
+        )
+    topo = build_topology(fleet)
+    gpus = fleet.gpus
+    n = len(gpus)
+    total_tokens = float(workload.tokens_per_gpu * n)
+    ctx = workload.context_len
+    wb = model.weight_bytes
+    kv_bytes = DTYPE_BYTES[workload.kv_cache_dtype]
+    all_fp8 = all(g.spec.has_fp8 for g in gpus)
+    # DeepEP dispatches FP8 (with one FP32 scale per 128 values) when every GPU has FP8
+    # tensor cores; combine is BF16.
+    dispatch = model.hidden * (1 + 4 / 128) if all_fp8 else model.hidden * 2.0
+    bytes_per_copy = dispatch + model.hidden * 2.0
+    embed_bytes = model.embedding_params * 2.0  # embeddings and LM head stay in BF16
+    fixed_weights = (
+        model.num_layers * model.attn_params_per_layer * wb
+        + model.num_dense_layers * model.dense_ffn_params * wb
+        + model.num_moe_layers * model.shared_expert_params * wb
+        + embed_bytes
+    )
+    if not model.is_moe:
+        fixed_weights += 0.0
+    ffn_params = {"dense": model.dense_ffn_params, "moe": model.shared_expert_params}
+    # Per-token activation traffic of one token-expert pair: FP8/BF16 input, BF16 gate/up
+    # output read+write, BF16 output.
+    act_pair_bytes = model.hidden * 2.0 + 2 * model.expert_ffn * 2.0 * 2 + model.hidden * 2.0
+    costs: list[GpuCost] = []
+    for i, g in enumerate(gpus):
+        m = s.measured.get(g.id)
+        spec = g.spec
+        hbm = (m.hbm_gbps if m and m.hbm_gbps else spec.hbm_bandwidth_gbps * eff.hbm) * 1e3  # B/us
+        dense_rate = _peak_tflops(spec, model.weight_dtype, eff, m) * 1e6  # FLOP/us
+        expert_rate = _peak_tflops(spec, model.expert_dtype, eff, m) * 1e6
+        launch = m.gemm_launch_us if m and m.gemm_launch_us is not None else eff.gemm_launch_us
+        gemm_tok: dict[str, float] = {}
+        read: dict[str, float] = {}
+        for kind, ffn in ffn_params.items():
+            params = model.attn_params_per_layer + ffn
+            gemm_tok[kind] = 2.0 * params / dense_rate
+            read[kind] = params * wb / hbm
+        if model.is_moe:
+            gemm_tok["dense"] = (
+                2.0 * (model.attn_params_per_layer + model.dense_ffn_params) / dense_rate
+            )
+        if workload.decode:
+            bw = (
+                (m.attn_decode_gbps * 1e3)
+                if m and m.attn_decode_gbps
+                else (spec.hbm_bandwidth_gbps * eff.attn_decode * 1e3)
+            )
+            kv_read = ctx * model.kv_elements_per_token_per_layer * kv_bytes / bw
+            core_flop = model.attn_core_flops_per_token(ctx, decode=True) / (
+                spec.bf16_tflops * eff.gemm_bf16 * 1e6
+            )
+            core = max(kv_read, core_flop)
+        else:
+            rate = (
+                m.attn_prefill_tflops
+                if m and m.attn_prefill_tflops
+                else spec.bf16_tflops * eff.attn_prefill
+            ) * 1e6
+            core = model.attn_core_flops_per_token(ctx / 2.0, decode=False) / rate
+        nvl_bw = (m.nvlink_gbps if m and m.nvlink_gbps else topo.nvlink_gbs[i] * eff.nvlink) * 1e3
+        bw_by_channel = (
+            math.inf,  # LOCAL
+            nvl_bw if nvl_bw > 0 else topo.pcie_gbs[i] * eff.pcie * 1e3,  # NVLINK
+            topo.pcie_gbs[i] * eff.pcie * 1e3,  # PCIE
+            topo.rdma_gbs[i] * eff.rdma * 1e3,  # RDMA
+            min(topo.rdma_gbs[i], topo.cross_link_gbs or topo.rdma_gbs[i]) * eff.rdma * 1e3,
+            1e-9,  # UNREACHABLE: effectively forbidden
+        )
+        remote = any(topo.channel[i][j] >= Channel.RDMA for j in range(n))
+        alpha = 2 * (eff.alpha_rdma_us if remote else eff.alpha_nvlink_us)
+        costs.append(
+            GpuCost(
+                attn_gemm_us_per_token=gemm_tok,
+                attn_weight_read_us=read,
+                attn_core_us_per_token=core,
+                attn_overhead_us=4 * launch,
+                expert_flop_us_per_pair=2.0 * model.expert_params / expert_rate,
+                expert_read_us_per_replica=model.expert_bytes / hbm,
+                expert_act_us_per_pair=act_pair_bytes / hbm,
+                expert_overhead_us=2 * launch,
+                comm_bw_bytes_per_us=bw_by_channel,
+                comm_alpha_us=alpha,
+                usable_bytes=spec.memory_gib * GIB * (1.0 - s.memory_headroom),
+                fixed_bytes=fixed_weights + s.comm_buffer_gib * GIB,
+            )
+        )
+    load = tuple(
+        tuple(workload.load_fractions(layer)) for layer in range(len(workload.expert_load))
+    )
+    return CostTable(
+        gpus=tuple(costs),
+        gpu_ids=tuple(g.id for g in gpus),
+        models=tuple(g.spec.model for g in gpus),
+        topology=topo,
+        total_tokens=total_tokens,
+        top_k=model.top_k,
+        num_experts=model.num_experts,
+        num_dense_layers=model.num_dense_layers,
+        num_moe_layers=model.num_moe_layers,
+        load=load,
+        bytes_per_copy=bytes_per_copy,
+        expert_bytes=model.expert_bytes,
+        kv_bytes_per_token=model.num_layers * model.kv_elements_per_token_per_layer * kv_bytes,
+        act_bytes_per_token=s.activation_bytes_per_token,
+        decode=workload.decode,
+        context_len=ctx,
+    )
+
+
+# ---------------------------------------------------------------------------- evaluation
+
+
+@dataclass(frozen=True)
+class LayerPlacement:
+    """Expert placement of one MoE layer.
+
+    Attributes:
+        per_gpu: per GPU (fleet order) a tuple of ``(expert, share)``: the replica of
+            ``expert`` on that GPU serves ``share`` of the expert's tokens.
+    """
+
+    per_gpu: tuple[tuple[tuple[int, float], ...], ...]
+
+
+@dataclass(frozen=True)
+class PhaseTimes:
+    """Predicted times of one layer, per GPU, microseconds."""
+
+    attention_us: tuple[float, ...]
+    comm_us: tuple[float, ...]
+    expert_us: tuple[float, ...]
+
+    @property
+    def layer_us(self) -> float:
+        """Layer time: each phase costs its slowest GPU."""
+        return (
+            max(self.attention_us, default=0.0)
+            + max(self.comm_us, default=0.0)
+            + max(self.expert_us, default=0.0)
+        )
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Predicted performance and memory of a placement.
+
+    Attributes:
+        step_time_us: one forward step over all layers.
+        tokens_per_s: tokens of one step divided by the step time.
+        dense_layer: phase times of one dense layer (None when the model has none).
+        num_dense_layers: how many layers ``dense_layer`` stands for.
+        moe_layers: phase times per MoE layer.
+        memory_bytes: per GPU ``{weights, experts, kv_cache, activations, total, usable}``.
+        violations: one line per violated constraint (empty when feasible).
+    """
+
+    step_time_us: float
+    tokens_per_s: float
+    dense_layer: PhaseTimes | None
+    num_dense_layers: int
+    moe_layers: tuple[PhaseTimes, ...]
+    memory_bytes: tuple[Mapping[str, float], ...]
+    violations: tuple[str, ...]
+
+    @property
+    def feasible(self) -> bool:
+        return not self.violations
+
+    def gpu_busy_us(self, i: int) -> float:
+        """GPU i's own work over one step (sum of its phase times), us."""
+        total = 0.0
+        if self.dense_layer is not None:
+            total += self.dense_layer.attention_us[i] * self.num_dense_layers
+        for t in self.moe_layers:
+            total += t.attention_us[i] + t.comm_us[i] + t.expert_us[i]
+        return total
+
+
+def served_fractions(table: CostTable, layer: int, placement: LayerPlacement) -> list[float]:
+    """Fraction of the layer's token-expert pairs each GPU serves."""
+    row = table.load[layer]
+    return [sum(row[e] * share for e, share in slots) for slots in placement.per_gpu]
+
+
+def comm_times_us(
+    table: CostTable, attention_share: Sequence[float], served: Sequence[float]
+) -> list[float]:
+    """Dispatch+combine time per GPU for one MoE layer (alpha-beta per channel).
+
+    GPU i sends ``share_i * served_j`` of the layer's pair bytes to each GPU j and receives
+    ``share_j * served_i`` from it; per channel the time is the larger direction over the
+    channel's per-GPU bandwidth, and the GPU's time is its slowest channel plus alpha.
+    """
+    n = table.num_gpus
+    volume = table.total_tokens * table.top_k * table.bytes_per_copy
+    chan = table.topology.channel
+    out: list[float] = []
+    for i in range(n):
+        send = [0.0] * len(Channel)
+        recv = [0.0] * len(Channel)
+        row = chan[i]
+        for j in range(n):
+            ch = row[j]
+            if ch == Channel.LOCAL:
+                continue
+            send[ch] += attention_share[i] * served[j]
+            recv[ch] += attention_share[j] * served[i]
+        c = table.gpus[i]
+        t = 0.0
+        for ch in range(1, len(Channel)):
+            vol = max(send[ch], recv[ch]) * volume
+            if vol > 0:
+                t = max(t, vol / c.comm_bw_bytes_per_us[ch])
+        busy = attention_share[i] > 0 or served[i] > 0
+        out.append(t + c.comm_alpha_us if busy else 0.0)
+    return out
+
+
+def evaluate(
+    table: CostTable, attention_share: Sequence[float], layers: Sequence[LayerPlacement]
+) -> Evaluation:
+    """Score a placement with the cost model.
+
+    Args:
+        table: cost table of the (fleet, model, workload).
+        attention_share: per GPU the fraction of the step's tokens its attention serves;
+            sums to 1.
+        layers: expert placement per MoE layer (empty for dense models).
+
+    Returns:
+        Predicted step time, throughput, per-layer phase times, memory, and violations of
+        coverage (every expert's shares sum to 1) and memory capacity.
+    """
+    n = table.num_gpus
+    tokens = [a * table.total_tokens for a in attention_share]
+    violations: list[str] = []
+    if abs(sum(attention_share) - 1.0) > 1e-6:
+        violations.append(f"attention shares sum to {sum(attention_share):.6f}, not 1")
+    dense: PhaseTimes | None = None
+    step = 0.0
+    if table.num_dense_layers:
+        dense = PhaseTimes(
+            tuple(table.attention_us(i, tokens[i], "dense") for i in range(n)),
+            (0.0,) * n,
+            (0.0,) * n,
+        )
+        step += dense.layer_us * table.num_dense_layers
+    moe: list[PhaseTimes] = []
+    replicas = [0] * n
+    for li, placement in enumerate(layers):
+        cover = [0.0] * table.num_experts
+        for slots in placement.per_gpu:
+            for e, share in slots:
+                cover[e] += share
+        bad = [e for e, c in enumerate(cover) if abs(c - 1.0) > 1e-6 and table.load[li][e] > 0]
+        if bad:
+            violations.append(
+                f"MoE layer {li}: experts {bad[:8]} have token shares summing to "
+                f"{[round(cover[e], 4) for e in bad[:8]]}, not 1"
+            )
+        served = served_fractions(table, li, placement)
+        comm = comm_times_us(table, attention_share, served)
+        exp: list[float] = []
+        for i, slots in enumerate(placement.per_gpu):
+            pairs = served[i] * table.total_tokens * table.top_k
+            exp.append(table.expert_us(i, pairs, len(slots)))
+            replicas[i] += len(slots)
+        t = PhaseTimes(
+            tuple(table.attention_us(i, tokens[i], "moe") for i in range(n)),
+            tuple(comm),
+            tuple(exp),
+        )
+        moe.append(t)
+        step += t.layer_us
+    memory: list[dict[str, float]] = []
+    for i, c in enumerate(table.gpus):
+        mem = {
+            "weights": c.fixed_bytes,
+            "experts": replicas[i] * table.expert_bytes,
+            "kv_cache": table.kv_tokens(tokens[i]) * table.kv_bytes_per_token,
+            "activations": tokens[i] * table.act_bytes_per_token,
+        }
+        mem["total"] = sum(mem.values())
+        mem["usable"] = c.usable_bytes
+        if mem["total"] > c.usable_bytes * (1 + 1e-9):
+            violations.append(
+                f"{table.gpu_ids[i]} ({table.models[i]}) needs {mem['total'] / GIB:.1f} GiB but "
+                f"has {c.usable_bytes / GIB:.1f} GiB usable (weights {mem['weights'] / GIB:.1f}, "
+                f"experts {mem['experts'] / GIB:.1f}, KV {mem['kv_cache'] / GIB:.1f}, "
+                f"activations {mem['activations'] / GIB:.1f})"
+            )
+        memory.append(mem)
+    tps = table.total_tokens / (step * 1e-6) if step > 0 else 0.0
+    return Evaluation(
+        step_time_us=step,
+        tokens_per_s=tps,
+        dense_layer=dense,
+        num_dense_layers=table.num_dense_layers,
+        moe_layers=tuple(moe),
+        memory_bytes=tuple(memory),
+        violations=tuple(violations),
+    )
+
+
+def with_measured(settings: CostSettings, measured: Mapping[str, MeasuredFigures]) -> CostSettings:
+    """Settings with calibrated figures merged in (later figures win)."""
+    merged = dict(settings.measured)
+    merged.update(measured)
+    return replace(settings, measured=merged)
+
+
+def measured_from_dict(doc: Mapping[str, Any]) -> MeasuredFigures:
+    """Build :class:`MeasuredFigures` from a plain mapping (unknown keys rejected).
+
+    Raises:
+        InputError: unknown key or non-positive value.
+    """
+    known = set(MeasuredFigures.__dataclass_fields__)
+    values: dict[str, float] = {}
+    for key, value in doc.items():
+        if key not in known:
+            raise InputError(f"unknown measured figure {key!r}; known: {sorted(known)}", field=key)
+        if value is None:
+            continue
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not value > 0
+            or math.isinf(value)
+        ):
+            raise InputError(f"must be a finite number > 0, got {value!r}", field=key)
+        values[key] = float(value)
+    return MeasuredFigures(**values)

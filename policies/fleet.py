@@ -1,0 +1,389 @@
+"""Fleet description: nodes, their GPUs, NVLink domains and network interfaces.
+
+The same content a node agent reports (controlplane) or a Fleet file declares. Parsing
+takes an already-loaded document (a dict), so this module does no I/O.
+
+Units: GB/s for NVLink (bidirectional per GPU, like datasheets), Gb/s for NICs (per NIC,
+per direction, like port rates), GiB for memory.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NewType
+
+from policies.catalog import GpuSpec, lookup
+from policies.errors import InputError
+
+GpuId = NewType("GpuId", str)
+
+API_VERSION = "mixfleet.io/v1alpha1"
+_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class NvLinkDomain:
+    """An NVLink (or NVSwitch / Infinity Fabric) domain a node's GPUs belong to.
+
+    Attributes:
+        domain: domain name; GPUs with the same name talk over NVLink, across nodes too
+            (multi-node NVLink such as NVL72).
+        per_gpu_gbps: NVLink bandwidth per GPU, bidirectional GB/s.
+    """
+
+    domain: str
+    per_gpu_gbps: float
+
+
+@dataclass(frozen=True)
+class NicGroup:
+    """Identical RDMA NICs of a node.
+
+    Attributes:
+        count: number of NICs.
+        gbps: port rate per NIC, Gb/s per direction (400 for NDR).
+        fabric: fabric (network segment) name; nodes on the same fabric talk RDMA.
+        link_layer: ``infiniband`` or ``ethernet`` (RoCE).
+    """
+
+    count: int
+    gbps: float
+    fabric: str
+    link_layer: str = "infiniband"
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One GPU in the fleet.
+
+    Attributes:
+        id: ``<node>/gpu<index>``.
+        node: node name.
+        index: index within the node.
+        spec: capabilities (catalog entry with per-node overrides and measured figures).
+        uuid: hardware UUID when known (agents report it).
+    """
+
+    id: GpuId
+    node: str
+    index: int
+    spec: GpuSpec
+    uuid: str = ""
+
+
+@dataclass(frozen=True)
+class Node:
+    """A host with GPUs.
+
+    Attributes:
+        name: node name (DNS-1123 label).
+        gpus: the node's GPUs, in index order.
+        nvlink: NVLink domain, or None for PCIe-only nodes.
+        nics: RDMA NIC groups.
+        labels: free-form labels (``rack``, ``tier``...).
+    """
+
+    name: str
+    gpus: tuple[Gpu, ...]
+    nvlink: NvLinkDomain | None
+    nics: tuple[NicGroup, ...]
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def rdma_gbps(self) -> float:
+        """Total RDMA port rate of the node, Gb/s per direction."""
+        return sum(n.count * n.gbps for n in self.nics)
+
+    @property
+    def fabrics(self) -> tuple[str, ...]:
+        """Fabric names the node's NICs attach to."""
+        return tuple(sorted({n.fabric for n in self.nics}))
+
+
+@dataclass(frozen=True)
+class FabricLink:
+    """A link joining two fabrics (segments), e.g. a spine between two IB pods.
+
+    Attributes:
+        a, b: fabric names.
+        gbps: aggregate bandwidth of the link, Gb/s per direction.
+        latency_us: added one-way latency, microseconds.
+    """
+
+    a: str
+    b: str
+    gbps: float
+    latency_us: float = 5.0
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """A set of nodes. ``gpus`` lists every GPU in node order."""
+
+    name: str
+    nodes: tuple[Node, ...]
+    fabric_links: tuple[FabricLink, ...] = ()
+
+    @property
+    def gpus(self) -> tuple[Gpu, ...]:
+        return tuple(g for n in self.nodes for g in n.gpus)
+
+    def node(self, name: str) -> Node:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+    def without_nodes(self, names: Sequence[str]) -> Fleet:
+        """The fleet less some nodes (failed or cordoned)."""
+        drop = set(names)
+        return Fleet(
+            self.name, tuple(n for n in self.nodes if n.name not in drop), self.fabric_links
+        )
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def _req(doc: Mapping[str, Any], key: str, path: str) -> Any:
+    if key not in doc:
+        raise InputError(f"missing required field {key!r}", field=path)
+    return doc[key]
+
+
+def _mapping(value: Any, path: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise InputError(f"must be a mapping, got {type(value).__name__}", field=path)
+    return value
+
+
+def _list(value: Any, path: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise InputError(f"must be a list, got {type(value).__name__}", field=path)
+    return value
+
+
+def positive_number(value: Any, path: str, *, allow_zero: bool = False) -> float:
+    """Validate a finite positive number (or non-negative with ``allow_zero``).
+
+    Raises:
+        InputError: not a number, NaN, infinite, negative (or zero).
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InputError(f"must be a number, got {value!r}", field=path)
+    v = float(value)
+    if math.isnan(v) or math.isinf(v):
+        raise InputError(f"must be finite, got {value!r}", field=path)
+    if v < 0 or (v == 0 and not allow_zero):
+        raise InputError(f"must be {'>= 0' if allow_zero else '> 0'}, got {value!r}", field=path)
+    return v
+
+
+def positive_int(value: Any, path: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise InputError(f"must be a positive integer, got {value!r}", field=path)
+    return value
+
+
+def _name(value: Any, path: str) -> str:
+    if not isinstance(value, str) or not _NAME_RE.match(value) or len(value) > 63:
+        raise InputError(
+            f"must be a DNS-1123 name (lower-case letters, digits, '-', '.'; at most 63 "
+            f"characters), got {value!r}",
+            field=path,
+        )
+    return value
+
+
+_GPU_KEYS = {"model", "count", "base", "uuids"}
+
+
+def _parse_gpu_group(doc: Mapping[str, Any], path: str) -> tuple[GpuSpec, int, list[str]]:
+    model = _req(doc, "model", path)
+    if not isinstance(model, str) or not model:
+        raise InputError("must be a non-empty string", field=f"{path}.model")
+    count = positive_int(doc.get("count", 1), f"{path}.count")
+    overrides = {k: v for k, v in doc.items() if k not in _GPU_KEYS}
+    if "base" in doc:
+        base = lookup(str(doc["base"]), field_path=f"{path}.base")
+        spec = base.with_overrides(overrides, field_path=path)
+        from dataclasses import replace
+
+        spec = replace(spec, model=model)
+    else:
+        spec = lookup(model, field_path=f"{path}.model").with_overrides(overrides, field_path=path)
+    if spec.memory_gib <= 0 or spec.hbm_bandwidth_gbps <= 0 or spec.bf16_tflops <= 0:
+        raise InputError("memory_gib, hbm_bandwidth_gbps and bf16_tflops must be > 0", field=path)
+    uuids = doc.get("uuids", [])
+    uuids = [str(u) for u in _list(uuids, f"{path}.uuids")]
+    if uuids and len(uuids) != count:
+        raise InputError(f"gives {len(uuids)} uuids for {count} GPUs", field=f"{path}.uuids")
+    return spec, count, uuids
+
+
+def parse_node(doc: Mapping[str, Any], path: str = "node") -> Node:
+    """Parse one node entry of a Fleet spec (see :func:`parse_fleet`)."""
+    doc = _mapping(doc, path)
+    name = _name(_req(doc, "name", path), f"{path}.name")
+    labels_raw = _mapping(doc.get("labels", {}) or {}, f"{path}.labels")
+    labels = {str(k): str(v) for k, v in labels_raw.items()}
+    gpus: list[Gpu] = []
+    for i, g in enumerate(_list(_req(doc, "gpus", path), f"{path}.gpus")):
+        gpath = f"{path}.gpus[{i}]"
+        spec, count, uuids = _parse_gpu_group(_mapping(g, gpath), gpath)
+        for j in range(count):
+            idx = len(gpus)
+            gpus.append(Gpu(GpuId(f"{name}/gpu{idx}"), name, idx, spec, uuids[j] if uuids else ""))
+    if not gpus:
+        raise InputError("a node needs at least one GPU", field=f"{path}.gpus")
+    nvlink = None
+    if doc.get("nvlink") is not None:
+        nv = _mapping(doc["nvlink"], f"{path}.nvlink")
+        domain = str(nv.get("domain", name))
+        nvlink = NvLinkDomain(
+            domain,
+            positive_number(
+                _req(nv, "per_gpu_gbps", f"{path}.nvlink"), f"{path}.nvlink.per_gpu_gbps"
+            ),
+        )
+    nics: list[NicGroup] = []
+    for i, n in enumerate(_list(doc.get("nics", []) or [], f"{path}.nics")):
+        npath = f"{path}.nics[{i}]"
+        n = _mapping(n, npath)
+        layer = str(n.get("link_layer", "infiniband")).lower()
+        if layer not in ("infiniband", "ethernet"):
+            raise InputError(
+                f"must be 'infiniband' or 'ethernet' (RoCE), got {layer!r}",
+                field=f"{npath}.link_layer",
+            )
+        nics.append(
+            NicGroup(
+                positive_int(n.get("count", 1), f"{npath}.count"),
+                positive_number(_req(n, "gbps", npath), f"{npath}.gbps"),
+                str(_req(n, "fabric", npath)),
+                layer,
+            )
+        )
+    return Node(name, tuple(gpus), nvlink, tuple(nics), labels)
+
+
+def parse_fleet(doc: Any) -> Fleet:
+    """Parse a Fleet document (already loaded from YAML or JSON).
+
+    Schema::
+
+        apiVersion: mixfleet.io/v1alpha1
+        kind: Fleet
+        metadata: {name: NAME}
+        spec:
+          nodes:
+          - name: a100-0
+            labels: {rack: r1}
+            gpus: [{model: A100-SXM4-80GB, count: 8, <catalog field>: <override>}]
+            nvlink: {domain: a100-0, per_gpu_gbps: 600}   # omit for PCIe-only nodes
+            nics: [{count: 4, gbps: 400, fabric: ib0}]
+          fabric_links: [{between: [ib0, ib1], gbps: 800, latency_us: 5}]   # optional
+
+    Raises:
+        InputError: naming the field (``spec.nodes[1].gpus[0].model``) and the fix.
+    """
+    doc = _mapping(doc, "fleet")
+    api = doc.get("apiVersion", API_VERSION)
+    if api != API_VERSION:
+        raise InputError(f"must be {API_VERSION!r}, got {api!r}", field="apiVersion")
+    kind = doc.get("kind", "Fleet")
+    if kind != "Fleet":
+        raise InputError(f"must be 'Fleet', got {kind!r}", field="kind")
+    meta = _mapping(doc.get("metadata", {}) or {}, "metadata")
+    name = _name(meta.get("name", "fleet"), "metadata.name")
+    spec = _mapping(_req(doc, "spec", "fleet"), "spec")
+    raw_nodes = _list(_req(spec, "nodes", "spec"), "spec.nodes")
+    if not raw_nodes:
+        raise InputError("a fleet needs at least one node", field="spec.nodes")
+    nodes = tuple(parse_node(n, f"spec.nodes[{i}]") for i, n in enumerate(raw_nodes))
+    seen: dict[str, int] = {}
+    for i, n in enumerate(nodes):
+        if n.name in seen:
+            raise InputError(
+                f"duplicate node name {n.name!r} (also spec.nodes[{seen[n.name]}])",
+                field=f"spec.nodes[{i}].name",
+            )
+        seen[n.name] = i
+    uuids: dict[str, str] = {}
+    for n in nodes:
+        for g in n.gpus:
+            if g.uuid:
+                if g.uuid in uuids:
+                    raise InputError(
+                        f"duplicate GPU uuid {g.uuid!r} on {g.id} and {uuids[g.uuid]}",
+                        field="spec.nodes",
+                    )
+                uuids[g.uuid] = g.id
+    links: list[FabricLink] = []
+    fabrics = {f for n in nodes for f in n.fabrics}
+    for i, raw in enumerate(_list(spec.get("fabric_links", []) or [], "spec.fabric_links")):
+        lpath = f"spec.fabric_links[{i}]"
+        raw = _mapping(raw, lpath)
+        between = _list(_req(raw, "between", lpath), f"{lpath}.between")
+        if len(between) != 2 or not all(str(b) in fabrics for b in between):
+            raise InputError(
+                f"must name two fabrics used by the nodes ({sorted(fabrics)}), got {between!r}",
+                field=f"{lpath}.between",
+            )
+        links.append(
+            FabricLink(
+                str(between[0]),
+                str(between[1]),
+                positive_number(_req(raw, "gbps", lpath), f"{lpath}.gbps"),
+                positive_number(raw.get("latency_us", 5.0), f"{lpath}.latency_us", allow_zero=True),
+            )
+        )
+    return Fleet(name, nodes, tuple(links))
+
+
+def fleet_to_doc(fleet: Fleet) -> dict[str, Any]:
+    """The inverse of :func:`parse_fleet`: one GPU group per GPU with its full spec."""
+    nodes: list[dict[str, Any]] = []
+    for n in fleet.nodes:
+        gpus: list[dict[str, Any]] = []
+        for g in n.gpus:
+            entry: dict[str, Any] = {"model": g.spec.model, "count": 1}
+            base = None
+            try:
+                base = lookup(g.spec.model)
+            except InputError:
+                base = None
+            if base is None:
+                entry["base"] = "H100-SXM5-80GB"
+                base = lookup("H100-SXM5-80GB")
+            for f_name, value in vars(g.spec).items():
+                if f_name in ("model", "vendor", "architecture", "compute_capability"):
+                    continue
+                if getattr(base, f_name) != value:
+                    entry[f_name] = value
+            if g.uuid:
+                entry["uuids"] = [g.uuid]
+            gpus.append(entry)
+        node: dict[str, Any] = {"name": n.name, "labels": dict(n.labels), "gpus": gpus}
+        if n.nvlink:
+            node["nvlink"] = {"domain": n.nvlink.domain, "per_gpu_gbps": n.nvlink.per_gpu_gbps}
+        node["nics"] = [
+            {"count": x.count, "gbps": x.gbps, "fabric": x.fabric, "link_layer": x.link_layer}
+            for x in n.nics
+        ]
+        nodes.append(node)
+    spec: dict[str, Any] = {"nodes": nodes}
+    if fleet.fabric_links:
+        spec["fabric_links"] = [
+            {"between": [x.a, x.b], "gbps": x.gbps, "latency_us": x.latency_us}
+            for x in fleet.fabric_links
+        ]
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "Fleet",
+        "metadata": {"name": fleet.name},
+        "spec": spec,
+    }

@@ -1,0 +1,100 @@
+"""Helpers shared by the policies: slot budgets, memory caps, engine-form layers."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+
+from policies.costmodel import CostTable, LayerPlacement
+
+
+def slots_per_gpu(num_experts: int, redundant: int, num_gpus: int) -> int:
+    """Engine-form slots on every GPU (the request check guarantees divisibility)."""
+    return (num_experts + redundant) // num_gpus
+
+
+def engine_layer(phy2log: Sequence[int], num_gpus: int) -> LayerPlacement:
+    """Engine-form layer from a physical->logical row: slot p on GPU ``p // slots``, each
+    replica serving ``1 / replicas`` of its expert's tokens."""
+    slots = len(phy2log) // num_gpus
+    count = Counter(phy2log)
+    per_gpu = tuple(
+        tuple((e, 1.0 / count[e]) for e in phy2log[g * slots : (g + 1) * slots])
+        for g in range(num_gpus)
+    )
+    return LayerPlacement(per_gpu)
+
+
+def free_expert_bytes(table: CostTable, i: int, attention_share: float) -> float:
+    """Memory GPU i has left for routed experts (all MoE layers) at an attention share."""
+    c = table.gpus[i]
+    tokens = attention_share * table.total_tokens
+    kv = table.kv_tokens(tokens) * table.kv_bytes_per_token
+    return c.usable_bytes - c.fixed_bytes - kv - tokens * table.act_bytes_per_token
+
+
+def slot_cap(table: CostTable, i: int, attention_share: float) -> int:
+    """Most expert replicas GPU i can hold per MoE layer (memory split evenly over layers)."""
+    if table.num_moe_layers == 0:
+        return 0
+    free = free_expert_bytes(table, i, attention_share)
+    cap = math.floor(free / (table.num_moe_layers * table.expert_bytes) + 1e-9)
+    return max(0, min(cap, table.num_experts))
+
+
+def attention_speed_shares(table: CostTable) -> list[float]:
+    """Attention shares proportional to each GPU's modelled attention speed (tokens per us
+    at an equal share), then capped by KV memory with the excess handed to GPUs with room
+    (water-filling)."""
+    n = table.num_gpus
+    even = table.total_tokens / n
+    kind = "moe" if table.num_moe_layers else "dense"
+    speed = [even / max(table.attention_us(i, even, kind), 1e-9) for i in range(n)]
+    total = sum(speed)
+    share = [s / total for s in speed]
+    return cap_shares_by_memory(table, share, reserve_slots=[0] * n)
+
+
+def max_share_for_memory(table: CostTable, i: int, reserve_bytes: float) -> float:
+    """Largest attention share whose KV cache and activations fit GPU i next to
+    ``reserve_bytes`` of expert weights."""
+    c = table.gpus[i]
+    room = c.usable_bytes - c.fixed_bytes - reserve_bytes
+    if room <= 0:
+        return 0.0
+    per_token = table.act_bytes_per_token + (
+        table.context_len * table.kv_bytes_per_token if table.decode else table.kv_bytes_per_token
+    )
+    if not table.decode and table.context_len * table.kv_bytes_per_token > room:
+        return 0.0
+    return min(1.0, room / per_token / table.total_tokens)
+
+
+def cap_shares_by_memory(
+    table: CostTable, share: Sequence[float], reserve_slots: Sequence[int]
+) -> list[float]:
+    """Clip shares to what fits and spread the excess over GPUs with room, in proportion
+    to their current shares."""
+    n = table.num_gpus
+    caps = [
+        max_share_for_memory(table, i, reserve_slots[i] * table.num_moe_layers * table.expert_bytes)
+        for i in range(n)
+    ]
+    out = list(share)
+    for _ in range(n + 1):
+        excess = 0.0
+        for i in range(n):
+            if out[i] > caps[i]:
+                excess += out[i] - caps[i]
+                out[i] = caps[i]
+        if excess <= 1e-12:
+            break
+        room = [i for i in range(n) if out[i] < caps[i] - 1e-12]
+        if not room:
+            break
+        weight = sum(max(out[i], 1e-9) for i in room)
+        for i in room:
+            out[i] += excess * max(out[i], 1e-9) / weight
+    total = sum(out)
+    return [x / total for x in out] if total > 0 else [1.0 / n] * n

@@ -1,0 +1,785 @@
+"""``ilp``: heterogeneity-aware placement by mixed-integer programming (PuLP + HiGHS).
+
+The step time is ``L_dense * A_dense + sum over MoE layers l of (A_moe + C_l + E_l)`` where
+A, C and E are the attention, dispatch/combine and expert phases, each costing its slowest
+GPU (see :mod:`policies.costmodel`). Attention shares are global and every MoE layer's
+experts are independent given them, so the problem is solved in three stages.
+
+Notation: GPUs i; classes c of interchangeable GPUs (same node, same spec; ``n_c`` GPUs);
+experts e with token-expert pairs ``p_e`` per step in the layer and load fraction
+``w_e = p_e / sum p``; channels ch (NVLink, PCIe, RDMA, cross-fabric RDMA); ``T`` tokens per
+step; coefficients ``f_i`` (us per pair), ``r_i`` (us per replica read), ``b_i`` (us per
+pair of activation traffic), ``o_i`` (fixed us), ``V`` (bytes of all pairs),
+``bw_i,ch`` (bytes/us).
+
+Stage 1 - attention LP (exact for the attention phase)::
+
+    min   L_dense * tau_Ad + L_moe * (tau_Am + tau_S) - eps * sum_i m_i
+    s.t.  sum_i a_i = 1,  a_i >= 0                                           (1a)
+          tau_Ak >= g_i,k * T a_i + q_i * T a_i + o_i     for k in {dense, moe}  (1b)
+          tau_Ak >= R_i,k + q_i * T a_i + o_i                                (1c)
+          W_i + L_moe * B * m_i + K_i * a_i + K0_i <= U_i    (memory)        (1d)
+          engine: m_i = S;  native: sum_i m_i >= E + R,  0 <= m_i <= E      (1e)
+          tau_S >= a_i * V * rho_i / bw_i,RDMA    (send-side estimate)       (1f)
+
+``g`` GEMM us per token, ``R`` weight-read us, ``q`` attention-core us per token, ``W``
+shared weights, ``B`` bytes per expert replica, ``K`` KV-cache and activation bytes per
+unit share, ``rho_i`` fraction of GPUs outside i's NVLink domain. Identical GPUs of a class
+are then given their class average (feasible and no worse, the constraints being symmetric
+and convex). Native form rounds shares to whole query heads per node (largest remainder).
+
+Stage 2 - per MoE layer, class-level MILP (layers solved in parallel processes). Identical
+GPUs are interchangeable, so variables count replicas per *class* instead of per GPU - this
+breaks the symmetry and shrinks the model by the class size. Native form::
+
+    y_e,c in {0..n_c}   replicas of e in class c          t_e,c in [0,1]  share of e's pairs
+    k_c   integer       most replicas on one GPU of c      mv_e,c >= 0     moves (re-planning)
+
+    min   tau_C + tau_E + lambda * sum mv_e,c
+    s.t.  sum_c t_e,c = 1                                   coverage            (2a)
+          t_e,c <= u_e,c * y_e,c                            replica size        (2b)
+          sum_e,c y_e,c <= E + R,  sum_e y_e,c <= n_c cap_c  slot budget, memory (2c)
+          n_c k_c >= sum_e y_e,c                                                (2d)
+          tau_E >= f_c * P_c / n_c + o_c,    P_c = sum_e p_e t_e,c                (2e)
+          tau_E >= r_c * k_c + b_c * P_c / n_c + o_c                            (2f)
+          tau_C >= alpha_c + V * recv_c,ch / bw_c,ch,  recv_c,ch = s_c / n_c * src_c,ch   (2g)
+          tau_C >= alpha_c + V * send_c,ch / bw_c,ch,  send_c,ch = a_c * dst_c,ch(s)      (2h)
+          mv_e,c >= y_e,c - y0_e,c                          only with a previous plan (2i)
+
+``s_c = sum_e w_e t_e,c`` is the class's served fraction, ``src_c,ch`` the attention share
+of the GPUs reaching c over ch, ``dst_c,ch(s)`` the served fraction reachable from c over
+ch. ``u_e,c = min(1, Pmax_c / p_e)`` caps a replica at the pairs a GPU of c can process
+within the greedy plan's layer time, a bound any solution better than the warm start obeys.
+Engine form replaces ``t`` by a replica count per expert: binaries ``z_e,r`` choose
+``r_e = r`` and integers ``y_e,c,r`` place them, each replica serving ``p_e / r`` pairs::
+
+    sum_r z_e,r = 1,  sum_c y_e,c,r = r z_e,r,  y_e,c,r <= min(n_c, r) z_e,r
+    sum_e,r y_e,c,r = S n_c  (equal slots),     P_c = sum_e,r (p_e / r) y_e,c,r
+
+with ``r`` ranging over 1..``r_max`` only for the experts heavy enough to need it.
+
+Stage 3 - per class, GPUs: replicas go heaviest first to the least-loaded GPU of the
+class with a free slot that does not hold that expert (preferring the GPU that held it
+before, when re-planning), then pairwise swaps reduce the most-loaded GPU. Native form
+finally re-splits each expert's class share over its replicas with an LP that minimises
+the class's most-loaded GPU.
+
+The plan's lower bound is the stage-1 LP optimum for the attention phases plus, per layer,
+HiGHS's proven bound of the stage-2 MILP; it bounds the step time for the stage-1
+attention shares (stage 2 relaxes GPUs of a class to their average, so it bounds the
+GPU-level problem). Warm start: the greedy plan's class counts.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, replace
+
+import pulp
+
+from policies.costmodel import CostTable, LayerPlacement, evaluate
+from policies.errors import InfeasibleError
+from policies.request import PlacementRequest, RawPlacement
+from policies.solvers import greedy
+from policies.solvers.common import slots_per_gpu
+from policies.solvers.milp import solve_milp
+from policies.topology import Channel
+
+_EPS_SLOTS = 1e-4  # weight of "keep memory for experts" in stage 1, us per slot
+
+
+# ------------------------------------------------------------------------ stage 1
+
+
+def _class_of(table: CostTable, req: PlacementRequest) -> list[list[int]]:
+    """Groups of interchangeable GPUs: same node and same spec, fleet order."""
+    groups: dict[tuple[str, object], list[int]] = {}
+    for i, gpu in enumerate(req.fleet.gpus):
+        groups.setdefault((gpu.node, gpu.spec), []).append(i)
+    return list(groups.values())
+
+
+def attention_lp(
+    req: PlacementRequest, table: CostTable, classes: Sequence[Sequence[int]]
+) -> tuple[list[float], list[float], float]:
+    """Stage 1: attention shares and per-GPU expert slot reservations.
+
+    Returns:
+        (shares, slot reservations per GPU, attention-phase time summed over layers in us).
+
+    Raises:
+        InfeasibleError: no share vector fits memory.
+    """
+    n = table.num_gpus
+    T = table.total_tokens
+    L_moe, L_dense = table.num_moe_layers, table.num_dense_layers
+    kinds = ["moe"] if L_moe else []
+    if L_dense:
+        kinds.append("dense")
+    prob = pulp.LpProblem("attention", pulp.LpMinimize)
+    a = [pulp.LpVariable(f"a{i}", 0, 1) for i in range(n)]
+    tau = {k: pulp.LpVariable(f"tauA_{k}", 0) for k in kinds}
+    tau_s = pulp.LpVariable("tauS", 0)
+    engine = req.form == "engine"
+    S = slots_per_gpu(table.num_experts, req.redundant_experts, n) if L_moe else 0
+    m = [pulp.LpVariable(f"m{i}", 0, table.num_experts) for i in range(n)]
+    weights = {"moe": L_moe, "dense": L_dense}
+    obj = pulp.lpSum(weights[k] * tau[k] for k in kinds) + L_moe * tau_s
+    if not engine and L_moe:
+        obj -= _EPS_SLOTS * pulp.lpSum(m)
+    prob += obj
+    prob += pulp.lpSum(a) == 1  # (1a)
+    V = T * table.top_k * table.bytes_per_copy
+    for i, c in enumerate(table.gpus):
+        for k in kinds:  # (1b), (1c)
+            prob += (
+                tau[k]
+                >= (c.attn_gemm_us_per_token[k] + c.attn_core_us_per_token) * T * a[i]
+                + c.attn_overhead_us
+            )
+            prob += (
+                tau[k]
+                >= c.attn_weight_read_us[k]
+                + c.attn_core_us_per_token * T * a[i]
+                + c.attn_overhead_us
+            )
+        per_share = T * table.act_bytes_per_token + (
+            T * table.context_len * table.kv_bytes_per_token
+            if table.decode
+            else T * table.kv_bytes_per_token
+        )
+        const = 0.0 if table.decode else table.context_len * table.kv_bytes_per_token
+        expert_mem = L_moe * table.expert_bytes
+        prob += (
+            c.fixed_bytes + expert_mem * m[i] + per_share * a[i] + const <= c.usable_bytes
+        )  # (1d)
+        if L_moe:
+            if engine:
+                prob += m[i] == S  # (1e)
+            outside = sum(1 for j in range(n) if table.topology.channel[i][j] >= Channel.RDMA) / n
+            bw = c.comm_bw_bytes_per_us[Channel.RDMA]
+            if outside > 0 and bw > 0:  # (1f)
+                prob += tau_s >= V * outside / bw * a[i]
+        else:
+            prob += m[i] == 0
+    if L_moe and not engine:
+        prob += pulp.lpSum(m) >= table.num_experts + req.redundant_experts  # (1e)
+    outcome = solve_milp(prob, solver=req.options.solver, time_limit_s=30, mip_gap=0, warm=False)
+    if outcome.status != "optimal":
+        raise InfeasibleError(
+            "no attention split fits GPU memory",
+            (
+                "KV cache, shared weights and expert slots exceed the fleet's memory. To fix: "
+                "lower --tokens or --context, use --kv-cache-dtype fp8, fewer "
+                "--redundant-experts, or add GPUs",
+            ),
+        )
+    share = [max(0.0, float(v.varValue or 0.0)) for v in a]
+    slots = [max(0.0, float(v.varValue or 0.0)) for v in m]
+    # Identical GPUs of a class get the class average (symmetric, convex: still feasible).
+    for cls in classes:
+        avg_a = sum(share[i] for i in cls) / len(cls)
+        avg_m = sum(slots[i] for i in cls) / len(cls)
+        for i in cls:
+            share[i], slots[i] = avg_a, avg_m
+    total = sum(share)
+    share = [x / total for x in share]
+    attn_us = sum(weights[k] * float(tau[k].varValue or 0.0) for k in kinds)
+    return share, slots, attn_us
+
+
+def heads_rounding(req: PlacementRequest, share: Sequence[float]) -> tuple[list[float], list[int]]:
+    """Native form: whole query heads per GPU inside each node's tensor-parallel attention
+    (largest remainder), shares recomputed from the heads."""
+    heads = req.model.num_q_heads
+    out_share = list(share)
+    out_heads = [0] * len(share)
+    index = {g.id: i for i, g in enumerate(req.fleet.gpus)}
+    for node in req.fleet.nodes:
+        idx = [index[g.id] for g in node.gpus]
+        node_share = sum(share[i] for i in idx)
+        if node_share <= 0:
+            continue
+        exact = [share[i] / node_share * heads for i in idx]
+        floor = [math.floor(x) for x in exact]
+        left = heads - sum(floor)
+        order = sorted(range(len(idx)), key=lambda k: exact[k] - floor[k], reverse=True)
+        for k in order[:left]:
+            floor[k] += 1
+        for k, i in enumerate(idx):
+            out_heads[i] = floor[k]
+            out_share[i] = node_share * floor[k] / heads
+    return out_share, out_heads
+
+
+# ------------------------------------------------------------------------ stage 2
+
+
+@dataclass(frozen=True)
+class ClassCost:
+    """Coefficients of one class of identical GPUs (see module docstring)."""
+
+    members: tuple[int, ...]
+    share_each: float
+    cap: int
+    flop: float
+    read: float
+    act: float
+    overhead: float
+    alpha: float
+    bw: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class LayerProblem:
+    """Stage-2 input for one MoE layer; plain data so it pickles cheaply to a worker."""
+
+    layer: int
+    engine: bool
+    pairs: tuple[float, ...]
+    classes: tuple[ClassCost, ...]
+    channel: tuple[tuple[int, ...], ...]  # class x class; diagonal = intra-class channel
+    volume_bytes: float
+    budget: int
+    slots: int
+    pair_cap: tuple[float, ...]
+    prev: tuple[tuple[int, ...], ...] | None
+    warm: tuple[tuple[int, ...], ...]
+    warm_k: tuple[int, ...]
+    migration_weight_us: float
+    time_limit_s: float
+    mip_gap: float
+    solver: str
+
+
+@dataclass(frozen=True)
+class LayerSolution:
+    """Stage-2 output: replicas and pair shares per class and expert."""
+
+    layer: int
+    replicas: tuple[tuple[int, ...], ...]  # [class][expert]
+    share: tuple[tuple[float, ...], ...]  # [class][expert], fraction of the expert's pairs
+    bound_us: float
+    objective_us: float
+    status: str
+    solver: str
+
+
+def _solve_layer(p: LayerProblem) -> LayerSolution:
+    """Stage 2 for one layer (runs in a worker process)."""
+    E = len(p.pairs)
+    C = len(p.classes)
+    total_pairs = sum(p.pairs) or 1.0
+    w = [x / total_pairs for x in p.pairs]
+    prob = pulp.LpProblem(f"layer{p.layer}", pulp.LpMinimize)
+    tau_e = pulp.LpVariable("tauE", 0)
+    tau_c = pulp.LpVariable("tauC", 0)
+    k = [
+        pulp.LpVariable(f"k{c}", 0, cls.cap if not p.engine else p.slots, cat="Integer")
+        for c, cls in enumerate(p.classes)
+    ]
+    # replicas[c][e] and pairs[c][e] as linear expressions
+    rep: list[list[pulp.LpAffineExpression]] = [
+        [pulp.LpAffineExpression() for _ in range(E)] for _ in range(C)
+    ]
+    pairs_on: list[list[pulp.LpAffineExpression]] = [
+        [pulp.LpAffineExpression() for _ in range(E)] for _ in range(C)
+    ]
+    served: list[pulp.LpAffineExpression] = [pulp.LpAffineExpression() for _ in range(C)]
+    warm_vars: list[tuple[pulp.LpVariable, float]] = []
+    if not p.engine:
+        for e in range(E):
+            ts = []
+            for c, cls in enumerate(p.classes):
+                ub = min(len(cls.members), cls.cap)
+                u = min(1.0, p.pair_cap[c] / p.pairs[e]) if p.pairs[e] > 0 else 1.0
+                y = pulp.LpVariable(f"y{e}_{c}", 0, ub, cat="Integer")
+                t = pulp.LpVariable(f"t{e}_{c}", 0, 1)
+                prob += t <= u * y  # (2b)
+                ts.append(t)
+                rep[c][e] += y
+                pairs_on[c][e] += p.pairs[e] * t
+                served[c] += w[e] * t
+                warm_vars.append((y, float(p.warm[c][e])))
+            prob += pulp.lpSum(ts) == 1  # (2a)
+        prob += pulp.lpSum(rep[c][e] for c in range(C) for e in range(E)) <= p.budget  # (2c)
+        for c, cls in enumerate(p.classes):
+            prob += pulp.lpSum(rep[c]) <= len(cls.members) * cls.cap  # (2c)
+    else:
+        n_total = sum(len(cls.members) for cls in p.classes)
+        extra = p.budget - E
+        max_cap = max(p.pair_cap)
+        avg_slot = sum(p.pairs) / p.budget
+        order = sorted(range(E), key=lambda e: -p.pairs[e])
+        heavy = set(order[: min(E, 2 * extra + 8)]) if extra > 0 else set()
+        warm_count = [sum(p.warm[c][e] for c in range(C)) for e in range(E)]
+        for e in range(E):
+            r_min = max(1, math.ceil(p.pairs[e] / max_cap - 1e-9)) if p.pairs[e] > 0 else 1
+            if e in heavy:
+                r_hi = max(r_min, math.ceil(p.pairs[e] / max(avg_slot, 1e-9)) + 2, warm_count[e])
+                options = list(range(r_min, min(n_total, extra + 1, r_hi) + 1)) or [
+                    min(r_min, n_total)
+                ]
+            else:
+                options = [max(1, min(r_min, n_total))]
+                if warm_count[e] not in options and warm_count[e] >= 1:
+                    options.append(warm_count[e])
+            zs = []
+            for r in options:
+                z = pulp.LpVariable(f"z{e}_{r}", 0, 1, cat="Binary")
+                zs.append(z)
+                warm_vars.append((z, 1.0 if warm_count[e] == r else 0.0))
+                ys = []
+                for c, cls in enumerate(p.classes):
+                    fits = p.pairs[e] / r <= p.pair_cap[c] + 1e-9
+                    ub = min(len(cls.members), r) if fits else 0
+                    if ub == 0:
+                        continue
+                    y = pulp.LpVariable(f"y{e}_{c}_{r}", 0, ub, cat="Integer")
+                    prob += y <= ub * z
+                    ys.append(y)
+                    rep[c][e] += y
+                    pairs_on[c][e] += (p.pairs[e] / r) * y
+                    served[c] += (w[e] / r) * y
+                    warm_vars.append((y, float(p.warm[c][e]) if warm_count[e] == r else 0.0))
+                prob += pulp.lpSum(ys) == r * z
+            prob += pulp.lpSum(zs) == 1
+        for c, cls in enumerate(p.classes):
+            prob += pulp.lpSum(rep[c]) == p.slots * len(cls.members)  # equal slots
+    moves = []
+    for c, cls in enumerate(p.classes):
+        n_c = len(cls.members)
+        P_c = pulp.lpSum(pairs_on[c])
+        prob += n_c * k[c] >= pulp.lpSum(rep[c])  # (2d)
+        prob += tau_e >= cls.flop / n_c * P_c + cls.overhead  # (2e)
+        prob += tau_e >= cls.read * k[c] + cls.act / n_c * P_c + cls.overhead  # (2f)
+        # (2g), (2h): per channel, receive and send volumes of one GPU of class c
+        for ch in range(1, len(Channel) - 1):
+            src = 0.0
+            dst = pulp.LpAffineExpression()
+            for c2, cls2 in enumerate(p.classes):
+                if p.channel[c][c2] != ch:
+                    continue
+                n2 = len(cls2.members)
+                if c2 == c:
+                    src += cls2.share_each * (n2 - 1)
+                    dst += served[c2] * ((n2 - 1) / n2)
+                else:
+                    src += cls2.share_each * n2
+                    dst += served[c2]
+            bw = cls.bw[ch]
+            if bw <= 0:
+                continue
+            if src > 0:
+                prob += tau_c >= cls.alpha + p.volume_bytes / bw * src / n_c * served[c]
+            if cls.share_each > 0:
+                prob += tau_c >= cls.alpha + p.volume_bytes / bw * cls.share_each * dst
+        if p.prev is not None:
+            for e in range(E):
+                mv = pulp.LpVariable(f"mv{e}_{c}", 0)
+                prob += mv >= rep[c][e] - p.prev[c][e]  # (2i)
+                moves.append(mv)
+    prob += tau_e + tau_c + p.migration_weight_us * pulp.lpSum(moves)
+    for c, cls in enumerate(p.classes):  # warm k_c: most replicas on one GPU of c
+        warm_vars.append((k[c], float(p.warm_k[c])))
+    for var, value in warm_vars:
+        var.setInitialValue(value)
+    out = solve_milp(
+        prob, solver=p.solver, time_limit_s=p.time_limit_s, mip_gap=p.mip_gap, warm=True
+    )
+    if not math.isfinite(out.objective):
+        raise InfeasibleError(
+            f"MoE layer {p.layer}: {out.solver} found no placement ({out.status})"
+        )
+    replicas = tuple(tuple(round(pulp.value(rep[c][e]) or 0.0) for e in range(E)) for c in range(C))
+    share = []
+    for c in range(C):
+        row = []
+        for e in range(E):
+            pe = p.pairs[e]
+            val = float(pulp.value(pairs_on[c][e]) or 0.0)
+            row.append(
+                val / pe
+                if pe > 0
+                else (1.0 if replicas[c][e] and c == _first(replicas, e) else 0.0)
+            )
+        share.append(tuple(row))
+    return LayerSolution(
+        p.layer, replicas, tuple(share), out.bound, out.objective, out.status, out.solver
+    )
+
+
+def _first(replicas: Sequence[Sequence[int]], e: int) -> int:
+    for c, row in enumerate(replicas):
+        if row[e] > 0:
+            return c
+    return -1
+
+
+def _rank_mapped(
+    reference: LayerSolution, ref_pairs: Sequence[float], p: LayerProblem
+) -> LayerProblem:
+    """``p`` warm-started from a solved layer: the expert of load rank k in ``p`` gets the
+    replicas per class that the expert of load rank k got in the reference layer. Loads of
+    different layers usually have similar sorted profiles, so this start is close to optimal
+    and HiGHS often only has to confirm it."""
+    ref_order = sorted(range(len(ref_pairs)), key=lambda e: -ref_pairs[e])
+    order = sorted(range(len(p.pairs)), key=lambda e: -p.pairs[e])
+    warm = [[0] * len(p.pairs) for _ in p.classes]
+    for rank, e in enumerate(order):
+        e_ref = ref_order[rank]
+        for c in range(len(p.classes)):
+            warm[c][e] = reference.replicas[c][e_ref]
+    warm_k = tuple(
+        p.slots if p.engine else -(-sum(warm[c]) // len(cls.members))
+        for c, cls in enumerate(p.classes)
+    )
+    return replace(p, warm=tuple(tuple(r) for r in warm), warm_k=warm_k)
+
+
+def _solve_layers(problems: Sequence[LayerProblem], workers: int) -> list[LayerSolution]:
+    """Solve one layer, warm-start the others from it by load rank, solve them in parallel."""
+    if not problems:
+        return []
+    first = _solve_layer(problems[0])
+    rest = list(problems[1:])
+    if first.status == "optimal" and problems[0].prev is None:
+        rest = [_rank_mapped(first, problems[0].pairs, p) for p in rest]
+    if workers > 1 and len(rest) > 1:
+        # fork is cheap and safe while this process runs no other thread; a threaded host
+        # (the gRPC controller) gets spawn, which needs its main module import-guarded.
+        method = "fork" if threading.active_count() == 1 and os.name == "posix" else "spawn"
+        ctx = multiprocessing.get_context(method)
+        with ProcessPoolExecutor(max_workers=min(workers, len(rest)), mp_context=ctx) as pool:
+            others = list(pool.map(_solve_layer, rest, chunksize=1))
+    else:
+        others = [_solve_layer(p) for p in rest]
+    return [first, *others]
+
+
+# ------------------------------------------------------------------------ stage 3
+
+
+def _assign_class(
+    members: Sequence[int],
+    items: list[tuple[float, int]],
+    slots: Sequence[int],
+    prev_held: Sequence[set[int]],
+    penalty: float,
+) -> list[list[tuple[int, float]]]:
+    """Place replicas (pairs, expert) on a class's GPUs: heaviest first onto the GPU with the
+    lowest load plus re-planning penalty, then pairwise swaps to lower the maximum.
+
+    Returns per member GPU a list of (expert, pairs)."""
+    n = len(members)
+    load = [0.0] * n
+    held: list[list[tuple[int, float]]] = [[] for _ in range(n)]
+    has: list[set[int]] = [set() for _ in range(n)]
+    for pairs, e in sorted(items, key=lambda x: (-x[0], x[1])):
+        best, best_cost = -1, math.inf
+        for g in range(n):
+            if len(held[g]) >= slots[g] or e in has[g]:
+                continue
+            cost = load[g] + pairs + (0.0 if e in prev_held[g] else penalty)
+            if cost < best_cost - 1e-12:
+                best, best_cost = g, cost
+        if best < 0:
+            # no GPU with room lacks e: put it on the GPU with most room (validator flags it)
+            best = max(range(n), key=lambda g: slots[g] - len(held[g]))
+        held[best].append((e, pairs))
+        has[best].add(e)
+        load[best] += pairs
+    # Pairwise swaps between the most-loaded GPU and the others.
+    for _ in range(4 * n * max(1, max(slots, default=1))):
+        g_max = max(range(n), key=lambda g: load[g])
+        improved = False
+        for g in sorted(range(n), key=lambda g: load[g]):
+            if g == g_max:
+                continue
+            gap = load[g_max] - load[g]
+            best_swap: tuple[float, int, int] | None = None
+            for a_idx, (ea, pa) in enumerate(held[g_max]):
+                for b_idx, (eb, pb) in enumerate(held[g]):
+                    delta = pa - pb
+                    if 0 < delta < gap and ea not in has[g] and eb not in has[g_max]:
+                        score = abs(gap - 2 * delta)
+                        if best_swap is None or score < best_swap[0]:
+                            best_swap = (score, a_idx, b_idx)
+            if best_swap is not None and best_swap[0] < gap - 1e-9:
+                _, a_idx, b_idx = best_swap
+                ea, pa = held[g_max][a_idx]
+                eb, pb = held[g][b_idx]
+                held[g_max][a_idx], held[g][b_idx] = (eb, pb), (ea, pa)
+                has[g_max].discard(ea)
+                has[g_max].add(eb)
+                has[g].discard(eb)
+                has[g].add(ea)
+                load[g_max] += pb - pa
+                load[g] += pa - pb
+                improved = True
+                break
+        if not improved:
+            break
+    return held
+
+
+def _rebalance_native(
+    table: CostTable,
+    layer: int,
+    members: Sequence[int],
+    held: list[list[tuple[int, float]]],
+    solver: str,
+) -> list[list[tuple[int, float]]]:
+    """LP: re-split each expert's class pairs over its replicas in the class to minimise
+    the most-loaded GPU's expert time."""
+    by_expert: dict[int, list[int]] = {}
+    for g, slots in enumerate(held):
+        for e, _ in slots:
+            by_expert.setdefault(e, []).append(g)
+    if all(len(gs) == 1 for gs in by_expert.values()):
+        return held
+    prob = pulp.LpProblem("split", pulp.LpMinimize)
+    tau = pulp.LpVariable("tau", 0)
+    x: dict[tuple[int, int], pulp.LpVariable] = {}
+    class_pairs = {
+        e: sum(pp for g2 in gs for ee, pp in held[g2] if ee == e) for e, gs in by_expert.items()
+    }
+    for e, gs in by_expert.items():
+        for g in gs:
+            x[e, g] = pulp.LpVariable(f"x{e}_{g}", 0)
+        prob += pulp.lpSum(x[e, g] for g in gs) == class_pairs[e]
+    for g, slots in enumerate(held):
+        c = table.gpus[members[g]]
+        P = pulp.lpSum(x[e, g] for e, _ in slots)
+        prob += tau >= c.expert_flop_us_per_pair * P
+        prob += tau >= c.expert_read_us_per_replica * len(slots) + c.expert_act_us_per_pair * P
+    prob += tau
+    out = solve_milp(prob, solver=solver, time_limit_s=10, mip_gap=0, warm=False)
+    if out.status != "optimal":
+        return held
+    return [[(e, float(x[e, g].varValue or 0.0)) for e, _ in slots] for g, slots in enumerate(held)]
+
+
+# ------------------------------------------------------------------------ driver
+
+
+def _class_channel(table: CostTable, classes: Sequence[ClassCost]) -> tuple[tuple[int, ...], ...]:
+    out = []
+    for a in classes:
+        row = []
+        for b in classes:
+            i = a.members[0]
+            j = b.members[1] if a is b and len(b.members) > 1 else b.members[0]
+            ch = table.topology.channel[i][j]
+            row.append(int(ch if ch != Channel.LOCAL else Channel.NVLINK))
+        out.append(tuple(row))
+    return tuple(out)
+
+
+def _warm_counts(
+    classes: Sequence[ClassCost], placement: LayerPlacement, num_experts: int
+) -> tuple[tuple[int, ...], ...]:
+    out = []
+    for cls in classes:
+        row = [0] * num_experts
+        for i in cls.members:
+            for e, _ in placement.per_gpu[i]:
+                row[e] += 1
+        out.append(tuple(row))
+    return tuple(out)
+
+
+def _prev_counts(
+    req: PlacementRequest, table: CostTable, classes: Sequence[ClassCost], layer: int
+) -> tuple[tuple[int, ...], ...] | None:
+    if req.previous is None:
+        return None
+    held = {
+        g.gpu: {s.expert for s in g.experts[layer]}
+        for g in req.previous.gpus
+        if layer < len(g.experts)
+    }
+    out = []
+    for cls in classes:
+        row = [0] * table.num_experts
+        for i in cls.members:
+            for e in held.get(table.gpu_ids[i], set()):
+                row[e] += 1
+        out.append(tuple(row))
+    return tuple(out)
+
+
+def place(req: PlacementRequest, table: CostTable) -> RawPlacement:
+    """Solve the three stages (see module docstring)."""
+    n = table.num_gpus
+    groups = _class_of(table, req)
+    share, reserve, attn_us = attention_lp(req, table, groups)
+    heads: list[int] | None = None
+    if req.form == "native":
+        share, heads = heads_rounding(req, share)
+    notes = [f"{len(groups)} classes of identical GPUs; attention by LP, experts per layer by MILP"]
+    if table.num_moe_layers == 0:
+        evaluate(table, share, ())
+        return RawPlacement(
+            tuple(share),
+            (),
+            tuple(heads) if heads else None,
+            attn_us,
+            "HiGHS optimal (LP)",
+            tuple(notes),
+        )
+    engine = req.form == "engine"
+    S = slots_per_gpu(table.num_experts, req.redundant_experts, n)
+    # Warm start and upper bound: the greedy plan with these attention shares.
+    caps = [S] * n if engine else [max(1, math.floor(r + 1e-6)) for r in reserve]
+    budget = min(table.num_experts + req.redundant_experts, sum(caps))
+    warm_layers = []
+    from policies.solvers.eplb_core import replicate_experts
+
+    for li in range(table.num_moe_layers):
+        weight = [table.pairs(li, e) for e in range(table.num_experts)]
+        phy, _, _ = replicate_experts(weight, budget)
+        warm_layers.append(greedy.pack_layer(table, li, phy, caps))
+    warm_eval = evaluate(table, share, warm_layers)
+    classes = tuple(
+        ClassCost(
+            members=tuple(m),
+            share_each=share[m[0]],
+            cap=caps[m[0]],
+            flop=table.gpus[m[0]].expert_flop_us_per_pair,
+            read=table.gpus[m[0]].expert_read_us_per_replica,
+            act=table.gpus[m[0]].expert_act_us_per_pair,
+            overhead=table.gpus[m[0]].expert_overhead_us,
+            alpha=table.gpus[m[0]].comm_alpha_us,
+            bw=tuple(min(x, 1e12) for x in table.gpus[m[0]].comm_bw_bytes_per_us),
+        )
+        for m in groups
+    )
+    channel = _class_channel(table, classes)
+    volume = table.total_tokens * table.top_k * table.bytes_per_copy
+    workers = req.options.workers or (os.cpu_count() or 1)
+    per_layer_limit = max(1.0, req.options.time_limit_s * workers / table.num_moe_layers)
+    problems = []
+    for li in range(table.num_moe_layers):
+        lt = warm_eval.moe_layers[li]
+        ub = max(lt.expert_us) + max(lt.comm_us) - min(c.alpha for c in classes)
+        pair_cap = tuple(
+            max(0.0, min((ub - c.overhead) / c.flop, (ub - c.overhead - c.read) / c.act))
+            for c in classes
+        )
+        problems.append(
+            LayerProblem(
+                layer=li,
+                engine=engine,
+                pairs=tuple(table.pairs(li, e) for e in range(table.num_experts)),
+                classes=classes,
+                channel=channel,
+                volume_bytes=volume,
+                budget=budget,
+                slots=S,
+                pair_cap=pair_cap,
+                prev=_prev_counts(req, table, classes, li),
+                warm=_warm_counts(classes, warm_layers[li], table.num_experts),
+                warm_k=tuple(
+                    max(len(warm_layers[li].per_gpu[i]) for i in c.members) for c in classes
+                ),
+                migration_weight_us=req.options.migration_weight_us,
+                time_limit_s=per_layer_limit,
+                mip_gap=req.options.mip_gap,
+                solver=req.options.solver,
+            )
+        )
+    solutions = _solve_layers(problems, workers)
+    layers = []
+    bound = attn_us
+    statuses: dict[str, int] = {}
+    prev_sets = None
+    if req.previous is not None:
+        prev_sets = {
+            g.gpu: [{s.expert for s in layer} for layer in g.experts] for g in req.previous.gpus
+        }
+    for sol in solutions:
+        statuses[sol.status] = statuses.get(sol.status, 0) + 1
+        bound += sol.bound_us
+        per_gpu: list[tuple[tuple[int, float], ...]] = [() for _ in range(n)]
+        for c, cls in enumerate(classes):
+            items = []
+            for e in range(table.num_experts):
+                cnt = sol.replicas[c][e]
+                if cnt <= 0:
+                    continue
+                pe = table.pairs(sol.layer, e) * sol.share[c][e]
+                items.extend([(pe / cnt, e)] * cnt)
+            members = cls.members
+            prev_held = [
+                (
+                    prev_sets.get(table.gpu_ids[i], [set()] * (sol.layer + 1))[sol.layer]
+                    if prev_sets
+                    else set()
+                )
+                for i in members
+            ]
+            slots = [S if engine else cls.cap for _ in members]
+            if not engine:
+                total = len(items)
+                base, extra = divmod(total, len(members))
+                slots = [min(cls.cap, base + (1 if g < extra else 0)) for g in range(len(members))]
+                if sum(slots) < total:
+                    slots = [cls.cap] * len(members)
+            penalty = (
+                req.options.migration_weight_us / cls.flop if req.previous is not None else 0.0
+            )
+            held = _assign_class(members, items, slots, prev_held, penalty)
+            if not engine:
+                held = _rebalance_native(table, sol.layer, members, held, req.options.solver)
+            for g, i in enumerate(members):
+                per_gpu[i] = tuple((e, pp) for e, pp in held[g])
+        # Convert pairs to shares of each expert's pairs.
+        out_gpu = []
+        replicas_of: dict[int, int] = {}
+        for slots_i in per_gpu:
+            for e, _ in slots_i:
+                replicas_of[e] = replicas_of.get(e, 0) + 1
+        for slots_i in per_gpu:
+            row = []
+            for e, pp in slots_i:
+                pe = table.pairs(sol.layer, e)
+                s = (1.0 / replicas_of[e]) if engine or pe <= 0 else pp / pe
+                row.append((e, s))
+            out_gpu.append(tuple(row))
+        if not engine:  # a replica the share LP left idle only costs memory: drop it
+            out_gpu = [tuple((e, x) for e, x in row if x > 1e-9) for row in out_gpu]
+        layers.append(LayerPlacement(_normalise(tuple(out_gpu), table.num_experts)))
+    if req.previous is not None:
+        notes.append("re-planning: objective includes expert moves, so the bound is not reported")
+    status = ", ".join(f"{k} x{v}" for k, v in sorted(statuses.items()))
+    solver_name = solutions[0].solver if solutions else "HiGHS"
+    dense_note = table.num_dense_layers
+    del dense_note
+    return RawPlacement(
+        tuple(share),
+        tuple(layers),
+        tuple(heads) if heads else None,
+        None if req.previous is not None else bound,
+        f"{solver_name} ({status})",
+        tuple(notes),
+    )
+
+
+def _normalise(
+    per_gpu: tuple[tuple[tuple[int, float], ...], ...], num_experts: int
+) -> tuple[tuple[tuple[int, float], ...], ...]:
+    """Make each expert's shares sum to exactly 1 (solver round-off) and drop empty slots
+    in native form."""
+    total = [0.0] * num_experts
+    for slots in per_gpu:
+        for e, s in slots:
+            total[e] += s
+    return tuple(
+        tuple((e, s / total[e] if total[e] > 0 else s) for e, s in slots) for slots in per_gpu
+    )

@@ -1,0 +1,173 @@
+"""Fleet topology as a networkx graph: GPUs, NVLink switches, hosts, NICs and fabrics.
+
+Edges carry per-direction bandwidth (GB/s) and latency (us). The effective bandwidth
+between two GPUs is the widest path's bottleneck; the all-to-all cost model uses the
+*channel* a pair talks over (same GPU, NVLink, PCIe, RDMA within a fabric, RDMA across a
+fabric link) and each GPU's share of that channel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+
+import networkx as nx
+
+from policies.fleet import Fleet, Gpu
+
+NVLINK_HOP_LATENCY_US = 0.7
+PCIE_HOP_LATENCY_US = 1.5
+NIC_HOP_LATENCY_US = 2.0
+
+
+class Channel(IntEnum):
+    """How two GPUs exchange expert-parallel traffic, fastest first."""
+
+    LOCAL = 0
+    NVLINK = 1
+    PCIE = 2
+    RDMA = 3
+    RDMA_CROSS = 4
+    UNREACHABLE = 5
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Graph plus per-pair channel matrix.
+
+    Attributes:
+        graph: networkx Graph; node ids ``gpu:<id>``, ``nvsw:<domain>``, ``host:<node>``,
+            ``nic:<node>:<fabric>``, ``fabric:<name>``; edge attrs ``gbps`` (GB/s per direction)
+            and ``latency_us``.
+        gpus: GPUs in fleet order (index = position in every per-GPU array).
+        channel: ``channel[i][j]`` for GPU indices i, j.
+        nvlink_gbs, pcie_gbs, rdma_gbs: per-GPU per-direction bandwidth of each channel, GB/s.
+    """
+
+    graph: nx.Graph
+    gpus: tuple[Gpu, ...]
+    channel: tuple[tuple[Channel, ...], ...]
+    nvlink_gbs: tuple[float, ...]
+    pcie_gbs: tuple[float, ...]
+    rdma_gbs: tuple[float, ...]
+    cross_link_gbs: float
+
+    def bandwidth_gbs(self, i: int, j: int) -> float:
+        """Bottleneck bandwidth of the widest path between GPU i and GPU j, GB/s."""
+        if i == j:
+            return float("inf")
+        a, b = _gid(self.gpus[i]), _gid(self.gpus[j])
+        best: float = 0.0
+        # Widest path: maximise the minimum edge bandwidth (modified Dijkstra).
+        import heapq
+
+        heap: list[tuple[float, str]] = [(-float("inf"), a)]
+        seen: set[str] = set()
+        while heap:
+            neg_bw, u = heapq.heappop(heap)
+            if u in seen:
+                continue
+            seen.add(u)
+            if u == b:
+                best = -neg_bw
+                break
+            for v, attrs in self.graph[u].items():
+                if v not in seen and (not v.startswith("gpu:") or v == b):
+                    heapq.heappush(heap, (-min(-neg_bw, float(attrs["gbps"])), v))
+        return best
+
+    def latency_us(self, i: int, j: int) -> float:
+        """Latency of the lowest-latency path between GPU i and GPU j, microseconds."""
+        if i == j:
+            return 0.0
+        try:
+            return float(
+                nx.shortest_path_length(
+                    self.graph, _gid(self.gpus[i]), _gid(self.gpus[j]), weight="latency_us"
+                )
+            )
+        except nx.NetworkXNoPath:
+            return float("inf")
+
+
+def _gid(g: Gpu) -> str:
+    return f"gpu:{g.id}"
+
+
+def build_topology(fleet: Fleet) -> Topology:
+    """Build the graph and channel matrix of a fleet."""
+    g = nx.Graph()
+    gpus = fleet.gpus
+    nvl: list[float] = []
+    pcie: list[float] = []
+    rdma: list[float] = []
+    for node in fleet.nodes:
+        host = f"host:{node.name}"
+        g.add_node(host, kind="host")
+        n = len(node.gpus)
+        per_fabric: dict[str, float] = {}
+        for nic in node.nics:
+            per_fabric[nic.fabric] = per_fabric.get(nic.fabric, 0.0) + nic.count * nic.gbps / 8.0
+        for fabric, gbs in per_fabric.items():
+            nic_id = f"nic:{node.name}:{fabric}"
+            g.add_edge(nic_id, f"fabric:{fabric}", gbps=gbs, latency_us=NIC_HOP_LATENCY_US)
+        for gpu in node.gpus:
+            gid = _gid(gpu)
+            g.add_node(gid, kind="gpu", model=gpu.spec.model)
+            g.add_edge(gid, host, gbps=gpu.spec.pcie_gbps, latency_us=PCIE_HOP_LATENCY_US)
+            pcie.append(gpu.spec.pcie_gbps)
+            if node.nvlink is not None:
+                per_dir = node.nvlink.per_gpu_gbps / 2.0
+                g.add_edge(
+                    gid,
+                    f"nvsw:{node.nvlink.domain}",
+                    gbps=per_dir,
+                    latency_us=NVLINK_HOP_LATENCY_US,
+                )
+                nvl.append(per_dir)
+            else:
+                nvl.append(0.0)
+            # GPUDirect RDMA: each GPU gets an equal share of the node's NICs.
+            total = sum(per_fabric.values())
+            for fabric, gbs in per_fabric.items():
+                g.add_edge(
+                    gid, f"nic:{node.name}:{fabric}", gbps=gbs / n, latency_us=NIC_HOP_LATENCY_US
+                )
+            rdma.append(total / n if per_fabric else 0.0)
+    cross = 0.0
+    for link in fleet.fabric_links:
+        gbs = link.gbps / 8.0
+        g.add_edge(f"fabric:{link.a}", f"fabric:{link.b}", gbps=gbs, latency_us=link.latency_us)
+        cross += gbs
+    domain = [
+        (fleet.node(x.node).nvlink.domain if fleet.node(x.node).nvlink else None)
+        for x in gpus  # type: ignore[union-attr]
+    ]
+    fabrics = [set(fleet.node(x.node).fabrics) for x in gpus]
+    linked: set[tuple[str, str]] = set()
+    for link in fleet.fabric_links:
+        linked |= {(link.a, link.b), (link.b, link.a)}
+    # Fabrics joined through a chain of links count as reachable (connected components).
+    fab_graph = nx.Graph()
+    fab_graph.add_nodes_from({f for fs in fabrics for f in fs})
+    fab_graph.add_edges_from(linked)
+    component = {f: k for k, comp in enumerate(nx.connected_components(fab_graph)) for f in comp}
+    chan: list[tuple[Channel, ...]] = []
+    for i, a in enumerate(gpus):
+        row: list[Channel] = []
+        for j, b in enumerate(gpus):
+            if i == j:
+                c = Channel.LOCAL
+            elif domain[i] is not None and domain[i] == domain[j]:
+                c = Channel.NVLINK
+            elif a.node == b.node:
+                c = Channel.PCIE
+            elif fabrics[i] & fabrics[j]:
+                c = Channel.RDMA
+            elif any(component[f] == component[h] for f in fabrics[i] for h in fabrics[j]):
+                c = Channel.RDMA_CROSS
+            else:
+                c = Channel.UNREACHABLE
+            row.append(c)
+        chan.append(tuple(row))
+    return Topology(g, gpus, tuple(chan), tuple(nvl), tuple(pcie), tuple(rdma), cross)
