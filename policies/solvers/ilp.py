@@ -385,7 +385,7 @@ def _solve_layer(p: LayerProblem) -> LayerSolution:
                 prob += mv >= rep[c][e] - p.prev[c][e]  # (2i)
                 moves.append(mv)
     prob += tau_e + tau_c + p.migration_weight_us * pulp.lpSum(moves)
-    for c, cls in enumerate(p.classes):  # warm k_c: most replicas on one GPU of c
+    for c in range(len(p.classes)):  # warm k_c: most replicas on one GPU of c
         warm_vars.append((k[c], float(p.warm_k[c])))
     for var, value in warm_vars:
         var.setInitialValue(value)

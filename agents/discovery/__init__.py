@@ -1,0 +1,1 @@
+"""Discovery backends: how an agent learns what its node has."""

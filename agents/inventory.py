@@ -1,0 +1,314 @@
+"""What a node agent reports: its GPUs, links, NICs and health.
+
+Discovery backends (NVML, sysfs, a static Fleet file) fill a :class:`NodeInventory`; the
+controller turns it into the planning core's :class:`policies.fleet.Node` with
+:meth:`NodeInventory.to_node`, so a reported node and a node from a Fleet file are planned
+the same way.
+
+Units: bytes for memory, GB/s for HBM and NVLink (NVLink bidirectional per GPU, like
+datasheets), Gb/s for NIC ports, MHz for clocks, W for power.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from policies.catalog import GpuSpec, lookup
+from policies.errors import InputError
+from policies.fleet import Gpu, GpuId, NicGroup, Node, NvLinkDomain
+
+#: Per-direction bandwidth of one NVLink by NVLink generation, GB/s (REFERENCE.md section 1).
+NVLINK_GBS_PER_LINK_PER_DIRECTION = {1: 20.0, 2: 25.0, 3: 25.0, 4: 25.0, 5: 50.0}
+#: nvmlDeviceGetNvLinkVersion returns an enum, not the generation (6 == NVLink 4.0).
+NVML_NVLINK_VERSION_TO_GENERATION = {1: 1, 2: 2, 3: 2, 4: 3, 5: 3, 6: 4, 7: 5}
+AGENT_VERSION = "0.1.0"
+
+
+@dataclass(frozen=True)
+class NvLinkInfo:
+    """One NVLink of a GPU.
+
+    Attributes:
+        link: link index.
+        active: link state is up.
+        generation: NVLink generation (4 on Hopper).
+        remote_bus_id: PCI bus id at the far end; ``FFFFFFFF:FF:FF.0`` means an NVSwitch.
+    """
+
+    link: int
+    active: bool
+    generation: int
+    remote_bus_id: str
+
+    @property
+    def to_switch(self) -> bool:
+        return self.remote_bus_id.upper().startswith("FFFFFFFF")
+
+
+@dataclass(frozen=True)
+class GpuHealth:
+    """Health signals of a GPU; None where the GPU does not support the counter.
+
+    Attributes:
+        ecc_uncorrected_volatile: uncorrected ECC errors since the driver loaded.
+        retired_pages: pages retired for double-bit errors (pre-Ampere) .
+        remapped_rows_pending: a row remap awaits a GPU reset (Ampere and newer).
+        remapped_rows_failed: row remapping failed: the GPU needs service.
+        xid_errors: XID codes seen since the last report.
+    """
+
+    ecc_uncorrected_volatile: int | None = None
+    retired_pages: int | None = None
+    remapped_rows_pending: bool | None = None
+    remapped_rows_failed: bool | None = None
+    xid_errors: tuple[int, ...] = ()
+
+    #: XIDs that mean the GPU cannot be trusted until reset (48 DBE, 63/64 remap, 74 NVLink,
+    #: 79 fallen off the bus, 92/94/95 ECC, 119/120 GSP).
+    FATAL_XIDS = frozenset({48, 63, 64, 74, 79, 92, 94, 95, 119, 120})
+
+    @property
+    def healthy(self) -> bool:
+        """False when a signal says work placed on this GPU may fail."""
+        if self.remapped_rows_failed or self.remapped_rows_pending:
+            return False
+        if self.ecc_uncorrected_volatile:
+            return False
+        return not any(x in self.FATAL_XIDS for x in self.xid_errors)
+
+
+@dataclass(frozen=True)
+class GpuInventory:
+    """One GPU as discovered.
+
+    Attributes:
+        index: device index on the node.
+        uuid: hardware UUID.
+        name: name as the driver reports it (``NVIDIA H200``).
+        catalog_model: mixfleet catalog entry (``H200-SXM-141GB``); empty when unknown.
+        architecture: ``ampere`` | ``ada`` | ``hopper`` | ``blackwell`` | ``cdna3`` | ...
+        compute_capability: ``"9.0"`` (CUDA) or gfx target.
+        sms: streaming multiprocessors.
+        memory_bytes: device memory.
+        hbm_bandwidth_gbps: peak memory bandwidth (bus width x memory clock x 2), GB/s.
+        sm_clock_mhz: maximum SM clock.
+        power_limit_w: power management limit.
+        pci_bus_id: PCI bus id.
+        pcie_generation, pcie_width: maximum PCIe link.
+        nvlinks: NVLinks (empty for PCIe-only GPUs).
+        nvlink_domain: NVLink domain id (node name behind one NVSwitch, fabric clique for
+            multi-node NVLink), None when the GPU has no active NVLink.
+        measured: calibrated figures (keys of :class:`policies.costmodel.MeasuredFigures`).
+        health: health signals.
+    """
+
+    index: int
+    uuid: str
+    name: str
+    catalog_model: str
+    architecture: str
+    compute_capability: str
+    sms: int
+    memory_bytes: int
+    hbm_bandwidth_gbps: float
+    sm_clock_mhz: int = 0
+    power_limit_w: float = 0.0
+    pci_bus_id: str = ""
+    pcie_generation: int = 0
+    pcie_width: int = 0
+    nvlinks: tuple[NvLinkInfo, ...] = ()
+    nvlink_domain: str | None = None
+    measured: Mapping[str, float] = field(default_factory=dict)
+    health: GpuHealth = field(default_factory=GpuHealth)
+
+    @property
+    def nvlink_gbps(self) -> float:
+        """Bidirectional NVLink bandwidth over the active links, GB/s."""
+        return sum(
+            2 * NVLINK_GBS_PER_LINK_PER_DIRECTION.get(link.generation, 25.0)
+            for link in self.nvlinks
+            if link.active
+        )
+
+
+@dataclass(frozen=True)
+class NicInventory:
+    """One RDMA port.
+
+    Attributes:
+        device: RDMA device (``mlx5_0``).
+        port: port number.
+        rate_gbps: port rate, Gb/s per direction.
+        state: ``ACTIVE`` etc.
+        link_layer: ``infiniband`` or ``ethernet`` (RoCE).
+        fabric: fabric (segment) name, from configuration; ``default`` when not set.
+        numa_node: NUMA node of the NIC's PCI function, -1 when unknown.
+    """
+
+    device: str
+    port: int
+    rate_gbps: float
+    state: str
+    link_layer: str
+    fabric: str = "default"
+    numa_node: int = -1
+
+    @property
+    def active(self) -> bool:
+        return self.state.upper().endswith("ACTIVE")
+
+
+@dataclass(frozen=True)
+class NodeInventory:
+    """A node as its agent reports it.
+
+    Attributes:
+        node: node name.
+        gpus: GPUs in index order.
+        nics: RDMA ports.
+        labels: node labels (``tier``, ``rack``...).
+        agent_version: reporting agent's version.
+        simulated: True for agents run by ``--simulate-fleet`` (no real hardware).
+        discovered_by: backend names, e.g. ``("nvml", "sysfs")``.
+    """
+
+    node: str
+    gpus: tuple[GpuInventory, ...]
+    nics: tuple[NicInventory, ...] = ()
+    labels: Mapping[str, str] = field(default_factory=dict)
+    agent_version: str = AGENT_VERSION
+    simulated: bool = False
+    discovered_by: tuple[str, ...] = ()
+
+    def healthy_gpus(self) -> tuple[GpuInventory, ...]:
+        return tuple(g for g in self.gpus if g.health.healthy)
+
+    def to_node(self, *, healthy_only: bool = True) -> Node:
+        """The planning core's view of this node: catalog specs with discovered figures
+        (memory, HBM bandwidth, SMs) and measured efficiencies taking precedence.
+
+        Raises:
+            InputError: a GPU matches no catalog entry and reports no usable figures.
+        """
+        gpus: list[Gpu] = []
+        for g in self.healthy_gpus() if healthy_only else self.gpus:
+            spec = gpu_spec(g, field_path=f"{self.node}.gpus[{g.index}]")
+            gpus.append(Gpu(GpuId(f"{self.node}/gpu{g.index}"), self.node, g.index, spec, g.uuid))
+        nvlink = None
+        domains = {g.nvlink_domain for g in self.gpus if g.nvlink_domain}
+        if len(domains) == 1 and all(g.nvlink_domain for g in self.gpus):
+            per_gpu = min(g.nvlink_gbps for g in self.gpus)
+            if per_gpu > 0:
+                nvlink = NvLinkDomain(domains.pop(), per_gpu)
+        by_fabric: dict[tuple[str, float, str], int] = {}
+        for nic in self.nics:
+            if nic.active and nic.rate_gbps > 0:
+                key = (nic.fabric, nic.rate_gbps, nic.link_layer)
+                by_fabric[key] = by_fabric.get(key, 0) + 1
+        nics = tuple(
+            NicGroup(count, rate, fabric, layer)
+            for (fabric, rate, layer), count in sorted(by_fabric.items())
+        )
+        return Node(self.node, tuple(gpus), nvlink, nics, dict(self.labels))
+
+
+def gpu_spec(g: GpuInventory, *, field_path: str = "") -> GpuSpec:
+    """Catalog spec of a discovered GPU, with discovered memory, bandwidth and SMs.
+
+    Raises:
+        InputError: unknown GPU (the message lists the closest catalog entries).
+    """
+    spec = lookup(g.catalog_model or g.name, field_path=field_path)
+    overrides: dict[str, Any] = {}
+    if g.memory_bytes > 0:
+        overrides["memory_gib"] = g.memory_bytes / 2**30
+    if g.hbm_bandwidth_gbps > 0:
+        overrides["hbm_bandwidth_gbps"] = g.hbm_bandwidth_gbps
+    if g.sms > 0:
+        overrides["sms"] = g.sms
+    return replace(spec.with_overrides(overrides, field_path=field_path), model=spec.model)
+
+
+def inventory_from_node(node: Node, *, simulated: bool = True) -> NodeInventory:
+    """An inventory for a node declared in a Fleet file (static discovery, simulation)."""
+    gpus = []
+    for g in node.gpus:
+        links: tuple[NvLinkInfo, ...] = ()
+        if node.nvlink is not None:
+            n_links = max(1, round(node.nvlink.per_gpu_gbps / 50.0))
+            links = tuple(NvLinkInfo(i, True, 4, "FFFFFFFF:FF:FF.0") for i in range(n_links))
+        gpus.append(
+            GpuInventory(
+                index=g.index,
+                uuid=g.uuid or f"GPU-sim-{node.name}-{g.index}",
+                name=g.spec.model,
+                catalog_model=g.spec.model,
+                architecture=g.spec.architecture,
+                compute_capability=g.spec.compute_capability,
+                sms=g.spec.sms,
+                memory_bytes=int(g.spec.memory_gib * 2**30),
+                hbm_bandwidth_gbps=g.spec.hbm_bandwidth_gbps,
+                nvlinks=links,
+                nvlink_domain=node.nvlink.domain if node.nvlink else None,
+            )
+        )
+    nics = tuple(
+        NicInventory(f"sim_{grp.fabric}_{k}", 1, grp.gbps, "4: ACTIVE", grp.link_layer, grp.fabric)
+        for grp in node.nics
+        for k in range(grp.count)
+    )
+    return NodeInventory(
+        node.name,
+        tuple(gpus),
+        nics,
+        dict(node.labels),
+        simulated=simulated,
+        discovered_by=("static",),
+    )
+
+
+def check_inventory(inv: NodeInventory) -> None:
+    """Validate a reported inventory (RPC input).
+
+    Raises:
+        InputError: naming the field: empty node name, NaN/negative figures, duplicate
+            GPU UUIDs or indices.
+    """
+    import math
+
+    if not inv.node:
+        raise InputError("node name is empty", field="inventory.node")
+    seen_uuid: dict[str, int] = {}
+    seen_idx: set[int] = set()
+    for k, g in enumerate(inv.gpus):
+        path = f"inventory.gpus[{k}]"
+        if g.index in seen_idx:
+            raise InputError(f"duplicate GPU index {g.index}", field=f"{path}.index")
+        seen_idx.add(g.index)
+        if not g.uuid:
+            raise InputError("GPU uuid is empty", field=f"{path}.uuid")
+        if g.uuid in seen_uuid:
+            raise InputError(
+                f"duplicate GPU uuid {g.uuid!r} (also gpus[{seen_uuid[g.uuid]}])",
+                field=f"{path}.uuid",
+            )
+        seen_uuid[g.uuid] = k
+        for name in ("hbm_bandwidth_gbps", "power_limit_w"):
+            v = getattr(g, name)
+            if math.isnan(v) or math.isinf(v) or v < 0:
+                raise InputError(f"must be a finite number >= 0, got {v}", field=f"{path}.{name}")
+        if g.memory_bytes < 0 or g.sms < 0:
+            raise InputError("memory_bytes and sms must be >= 0", field=path)
+        for key, v in g.measured.items():
+            if math.isnan(v) or math.isinf(v) or v <= 0:
+                raise InputError(
+                    f"must be a finite number > 0, got {v}", field=f"{path}.measured.{key}"
+                )
+    for k, nic in enumerate(inv.nics):
+        if math.isnan(nic.rate_gbps) or math.isinf(nic.rate_gbps) or nic.rate_gbps < 0:
+            raise InputError(
+                f"must be a finite number >= 0, got {nic.rate_gbps}",
+                field=f"inventory.nics[{k}].rate_gbps",
+            )
