@@ -135,8 +135,8 @@ _CATALOG: tuple[GpuSpec, ...] = (
     _spec("H100-SXM5-80GB", ARCH_HOPPER, "9.0", 132, 989, 1979, 3350, 80, 900, 18, pcie=64),
     _spec("H800-SXM5", ARCH_HOPPER, "9.0", 132, 989, 1979, 3350, 80, 400, 8, pcie=64),
     _spec("H200-SXM-141GB", ARCH_HOPPER, "9.0", 132, 989, 1979, 4800, 140, 900, 18, pcie=64),
-    _spec("L40S", ARCH_ADA, "8.9", 142, 362, 733, 864, 48, 0, 0, power=350),
-    _spec("L4", ARCH_ADA, "8.9", 58, 121, 242, 300, 24, 0, 0, power=72),
+    _spec("L40S", ARCH_ADA, "8.9", 142, 362, 733, 864, 45.0, 0, 0, power=350),
+    _spec("L4", ARCH_ADA, "8.9", 58, 121, 242, 300, 22.5, 0, 0, power=72),
     _spec(
         "B200",
         ARCH_BLACKWELL,

@@ -20,9 +20,12 @@ Stage 1 - attention LP (exact for the attention phase)::
           tau_Ak >= R_i,k + q_i * T a_i + o_i                                (1c)
           W_i + L_moe * B * m_i + K_i * a_i + K0_i <= U_i    (memory)        (1d)
           engine: m_i = S;  native: sum_i m_i >= E + R,  0 <= m_i <= E      (1e)
-          tau_S >= a_i * V * rho_i / bw_i,RDMA    (send-side estimate)       (1f)
+          tau_S >= alpha_i + V / bw_i,ch * max(a_i * sum_{j~ch} s_j,
+                                               s_i * sum_{j~ch} a_j)   (comm, 1f)
 
-``g`` GEMM us per token, ``R`` weight-read us, ``q`` attention-core us per token, ``W``
+``s_j`` is the fraction of pairs GPU j serves in the speed-aware greedy placement (an
+estimate: the MILP of stage 2 decides the real one), ``j~ch`` the GPUs i reaches over
+channel ch. ``g`` GEMM us per token, ``R`` weight-read us, ``q`` attention-core us per token, ``W``
 shared weights, ``B`` bytes per expert replica, ``K`` KV-cache and activation bytes per
 unit share, ``rho_i`` fraction of GPUs outside i's NVLink domain. Identical GPUs of a class
 are then given their class average (feasible and no worse, the constraints being symmetric
@@ -45,10 +48,13 @@ breaks the symmetry and shrinks the model by the class size. Native form::
           tau_C >= alpha_c + V * recv_c,ch / bw_c,ch,  recv_c,ch = s_c / n_c * src_c,ch   (2g)
           tau_C >= alpha_c + V * send_c,ch / bw_c,ch,  send_c,ch = a_c * dst_c,ch(s)      (2h)
           mv_e,c >= y_e,c - y0_e,c                          only with a previous plan (2i)
+          h_c >= p_e t_e,c - p_e (y_e,c - 1),  tau_E >= f_c h_c + o_c,
+          tau_C >= alpha_c + rho_c h_c                      heaviest lone replica (2j)
+                                    (engine form: h_c + (S - 1) * lightest replica)
 
 ``s_c = sum_e w_e t_e,c`` is the class's served fraction, ``src_c,ch`` the attention share
 of the GPUs reaching c over ch, ``dst_c,ch(s)`` the served fraction reachable from c over
-ch. ``u_e,c = min(1, Pmax_c / p_e)`` caps a replica at the pairs a GPU of c can process
+ch, ``rho_c`` the receive time per pair of a GPU of c. ``u_e,c = min(1, Pmax_c / p_e)`` caps a replica at the pairs a GPU of c can process
 within the greedy plan's layer time, a bound any solution better than the warm start obeys.
 Engine form replaces ``t`` by a replica count per expert: binaries ``z_e,r`` choose
 ``r_e = r`` and integers ``y_e,c,r`` place them, each replica serving ``p_e / r`` pairs::
@@ -82,9 +88,9 @@ from dataclasses import dataclass, replace
 
 import pulp
 
-from policies.costmodel import CostTable, LayerPlacement, evaluate
+from policies.costmodel import CostTable, LayerPlacement, comm_times_us, evaluate, served_fractions
 from policies.errors import InfeasibleError
-from policies.request import PlacementRequest, RawPlacement
+from policies.request import PlacementRequest, RawPlacement, count_moves
 from policies.solvers import greedy
 from policies.solvers.common import slots_per_gpu
 from policies.solvers.milp import solve_milp
@@ -105,9 +111,16 @@ def _class_of(table: CostTable, req: PlacementRequest) -> list[list[int]]:
 
 
 def attention_lp(
-    req: PlacementRequest, table: CostTable, classes: Sequence[Sequence[int]]
+    req: PlacementRequest,
+    table: CostTable,
+    classes: Sequence[Sequence[int]],
+    served: Sequence[float] | None,
 ) -> tuple[list[float], list[float], float]:
     """Stage 1: attention shares and per-GPU expert slot reservations.
+
+    ``served`` estimates the fraction of each layer's token-expert pairs each GPU will serve
+    (from the speed-aware greedy placement); with it the dispatch/combine volumes are linear
+    in the attention shares and enter the LP per channel, exactly as in the cost model.
 
     Returns:
         (shares, slot reservations per GPU, attention-phase time summed over layers in us).
@@ -161,10 +174,21 @@ def attention_lp(
         if L_moe:
             if engine:
                 prob += m[i] == S  # (1e)
-            outside = sum(1 for j in range(n) if table.topology.channel[i][j] >= Channel.RDMA) / n
-            bw = c.comm_bw_bytes_per_us[Channel.RDMA]
-            if outside > 0 and bw > 0:  # (1f)
-                prob += tau_s >= V * outside / bw * a[i]
+            if served is None:
+                continue
+            row = table.topology.channel[i]
+            for ch in range(1, len(Channel) - 1):  # (1f) send and receive per channel
+                bw = c.comm_bw_bytes_per_us[ch]
+                peers = [j for j in range(n) if row[j] == ch]
+                if not peers or bw <= 0:
+                    continue
+                out_frac = sum(served[j] for j in peers)
+                if out_frac > 0:
+                    prob += tau_s >= c.comm_alpha_us + V / bw * out_frac * a[i]
+                if served[i] > 0:
+                    prob += tau_s >= c.comm_alpha_us + V / bw * served[i] * pulp.lpSum(
+                        a[j] for j in peers
+                    )
         else:
             prob += m[i] == 0
     if L_moe and not engine:
@@ -191,6 +215,61 @@ def attention_lp(
     share = [x / total for x in share]
     attn_us = sum(weights[k] * float(tau[k].varValue or 0.0) for k in kinds)
     return share, slots, attn_us
+
+
+def _choose_attention(
+    req: PlacementRequest, table: CostTable, groups: Sequence[Sequence[int]]
+) -> tuple[list[float], list[float], float]:
+    """Stage 1 under three estimates of where pairs will be served (the greedy placement's,
+    evenly, and none - attention alone); keep the shares whose greedy placement scores best
+    under the full cost model."""
+    n = table.num_gpus
+    if table.num_moe_layers == 0:
+        return attention_lp(req, table, groups, None)
+    base = greedy.greedy_attention(req, table)
+    estimates: list[Sequence[float] | None] = [
+        _greedy_served(req, table, base),
+        [1.0 / n] * n,
+        None,
+    ]
+    best: tuple[float, tuple[list[float], list[float], float]] | None = None
+    for served in estimates:
+        cand = attention_lp(req, table, groups, served)
+        share, reserve, _ = cand
+        caps = [slots_per_gpu(table.num_experts, req.redundant_experts, n)] * n
+        if req.form != "engine":
+            caps = [max(1, math.floor(r + 1e-6)) for r in reserve]
+        step = evaluate(table, share, _greedy_layers(req, table, caps)).step_time_us
+        if best is None or step < best[0] - 1e-9:
+            best = (step, cand)
+    assert best is not None
+    return best[1]
+
+
+def _greedy_layers(
+    req: PlacementRequest, table: CostTable, caps: Sequence[int]
+) -> list[LayerPlacement]:
+    """Greedy replication and speed-weighted LPT packing of every MoE layer."""
+    from policies.solvers.eplb_core import replicate_experts
+
+    budget = min(table.num_experts + req.redundant_experts, sum(caps))
+    out = []
+    for li in range(table.num_moe_layers):
+        weight = [table.pairs(li, e) for e in range(table.num_experts)]
+        phy, _, _ = replicate_experts(weight, budget)
+        out.append(greedy.pack_layer(table, li, phy, list(caps)))
+    return out
+
+
+def _greedy_served(req: PlacementRequest, table: CostTable, share: Sequence[float]) -> list[float]:
+    """Fraction of pairs each GPU serves, averaged over MoE layers, in the greedy plan."""
+    n = table.num_gpus
+    caps = greedy.capacities(req, table, list(share))
+    total = [0.0] * n
+    for li, layer in enumerate(_greedy_layers(req, table, caps)):
+        for i, x in enumerate(served_fractions(table, li, layer)):
+            total[i] += x
+    return [x / table.num_moe_layers for x in total]
 
 
 def heads_rounding(req: PlacementRequest, share: Sequence[float]) -> tuple[list[float], list[int]]:
@@ -233,6 +312,7 @@ class ClassCost:
     overhead: float
     alpha: float
     bw: tuple[float, ...]
+    recv_us_per_pair: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -292,6 +372,9 @@ def _solve_layer(p: LayerProblem) -> LayerSolution:
     ]
     served: list[pulp.LpAffineExpression] = [pulp.LpAffineExpression() for _ in range(C)]
     warm_vars: list[tuple[pulp.LpVariable, float]] = []
+    # h_c: pairs of the heaviest single replica in class c (2j): the GPU holding it receives
+    # and computes at least that much, which the class average alone would hide.
+    h = [pulp.LpVariable(f"h{c}", 0) for c in range(C)]
     if not p.engine:
         for e in range(E):
             ts = []
@@ -301,6 +384,8 @@ def _solve_layer(p: LayerProblem) -> LayerSolution:
                 y = pulp.LpVariable(f"y{e}_{c}", 0, ub, cat="Integer")
                 t = pulp.LpVariable(f"t{e}_{c}", 0, 1)
                 prob += t <= u * y  # (2b)
+                if p.pairs[e] > 0:
+                    prob += h[c] >= p.pairs[e] * t - p.pairs[e] * (y - 1)  # (2j), binds when y = 1
                 ts.append(t)
                 rep[c][e] += y
                 pairs_on[c][e] += p.pairs[e] * t
@@ -318,6 +403,7 @@ def _solve_layer(p: LayerProblem) -> LayerSolution:
         order = sorted(range(E), key=lambda e: -p.pairs[e])
         heavy = set(order[: min(E, 2 * extra + 8)]) if extra > 0 else set()
         warm_count = [sum(p.warm[c][e] for c in range(C)) for e in range(E)]
+        r_max = [1] * E
         for e in range(E):
             r_min = max(1, math.ceil(p.pairs[e] / max_cap - 1e-9)) if p.pairs[e] > 0 else 1
             if e in heavy:
@@ -329,6 +415,7 @@ def _solve_layer(p: LayerProblem) -> LayerSolution:
                 options = [max(1, min(r_min, n_total))]
                 if warm_count[e] not in options and warm_count[e] >= 1:
                     options.append(warm_count[e])
+            r_max[e] = max(options)
             zs = []
             for r in options:
                 z = pulp.LpVariable(f"z{e}_{r}", 0, 1, cat="Binary")
@@ -342,6 +429,8 @@ def _solve_layer(p: LayerProblem) -> LayerSolution:
                         continue
                     y = pulp.LpVariable(f"y{e}_{c}_{r}", 0, ub, cat="Integer")
                     prob += y <= ub * z
+                    if ub == 1:
+                        prob += h[c] >= (p.pairs[e] / r) * y  # (2j)
                     ys.append(y)
                     rep[c][e] += y
                     pairs_on[c][e] += (p.pairs[e] / r) * y
@@ -351,6 +440,9 @@ def _solve_layer(p: LayerProblem) -> LayerSolution:
             prob += pulp.lpSum(zs) == 1
         for c, cls in enumerate(p.classes):
             prob += pulp.lpSum(rep[c]) == p.slots * len(cls.members)  # equal slots
+        lightest = min(p.pairs[e] / max(r_max[e], 1) for e in range(E))
+    if not p.engine:
+        lightest = 0.0
     moves = []
     for c, cls in enumerate(p.classes):
         n_c = len(cls.members)
@@ -358,6 +450,11 @@ def _solve_layer(p: LayerProblem) -> LayerSolution:
         prob += n_c * k[c] >= pulp.lpSum(rep[c])  # (2d)
         prob += tau_e >= cls.flop / n_c * P_c + cls.overhead  # (2e)
         prob += tau_e >= cls.read * k[c] + cls.act / n_c * P_c + cls.overhead  # (2f)
+        # (2j) the GPU holding the heaviest lone replica; in engine form it also holds S - 1
+        # other replicas of at least the lightest possible load.
+        rest = (p.slots - 1) * lightest if p.engine else 0.0
+        prob += tau_e >= cls.flop * (h[c] + rest) + cls.overhead
+        prob += tau_c >= cls.alpha + cls.recv_us_per_pair * (h[c] + rest)
         # (2g), (2h): per channel, receive and send volumes of one GPU of class c
         for ch in range(1, len(Channel) - 1):
             src = 0.0
@@ -465,12 +562,39 @@ def _solve_layers(problems: Sequence[LayerProblem], workers: int) -> list[LayerS
 # ------------------------------------------------------------------------ stage 3
 
 
+def _make_room(
+    held: list[list[tuple[int, float]]],
+    has: list[set[int]],
+    load: list[float],
+    slots: Sequence[int],
+    e: int,
+) -> int:
+    """Free a slot for expert ``e`` on a GPU that lacks it by moving one of that GPU's
+    replicas to a GPU with room (engine form must fill every slot); returns the GPU."""
+    free = [g for g in range(len(held)) if len(held[g]) < slots[g]]
+    for g in free:
+        for h, items in enumerate(held):
+            if h == g or e in has[h]:
+                continue
+            for k, (e2, p2) in enumerate(items):
+                if e2 not in has[g]:
+                    items.pop(k)
+                    has[h].discard(e2)
+                    load[h] -= p2
+                    held[g].append((e2, p2))
+                    has[g].add(e2)
+                    load[g] += p2
+                    return h
+    return free[0] if free else 0
+
+
 def _assign_class(
     members: Sequence[int],
     items: list[tuple[float, int]],
     slots: Sequence[int],
     prev_held: Sequence[set[int]],
     penalty: float,
+    merge: bool,
 ) -> list[list[tuple[int, float]]]:
     """Place replicas (pairs, expert) on a class's GPUs: heaviest first onto the GPU with the
     lowest load plus re-planning penalty, then pairwise swaps to lower the maximum.
@@ -488,9 +612,14 @@ def _assign_class(
             cost = load[g] + pairs + (0.0 if e in prev_held[g] else penalty)
             if cost < best_cost - 1e-12:
                 best, best_cost = g, cost
-        if best < 0:
-            # no GPU with room lacks e: put it on the GPU with most room (validator flags it)
-            best = max(range(n), key=lambda g: slots[g] - len(held[g]))
+        if best < 0:  # every GPU with room already holds e
+            holders = [g for g in range(n) if e in has[g]]
+            if merge and holders:  # native form: one replica per GPU takes the extra pairs
+                g = min(holders, key=lambda x: load[x])
+                held[g] = [(ee, pp + pairs if ee == e else pp) for ee, pp in held[g]]
+                load[g] += pairs
+                continue
+            best = _make_room(held, has, load, slots, e)
         held[best].append((e, pairs))
         has[best].add(e)
         load[best] += pairs
@@ -530,13 +659,15 @@ def _assign_class(
 
 def _rebalance_native(
     table: CostTable,
-    layer: int,
     members: Sequence[int],
     held: list[list[tuple[int, float]]],
+    comm_us_per_pair: float,
     solver: str,
 ) -> list[list[tuple[int, float]]]:
     """LP: re-split each expert's class pairs over its replicas in the class to minimise
-    the most-loaded GPU's expert time."""
+    the most-loaded GPU's expert time plus its receive time (``comm_us_per_pair`` per pair
+    served), so a class whose expert time sits on its weight-read floor still spreads
+    traffic evenly."""
     by_expert: dict[int, list[int]] = {}
     for g, slots in enumerate(held):
         for e, _ in slots:
@@ -545,6 +676,7 @@ def _rebalance_native(
         return held
     prob = pulp.LpProblem("split", pulp.LpMinimize)
     tau = pulp.LpVariable("tau", 0)
+    most = pulp.LpVariable("most_pairs", 0)
     x: dict[tuple[int, int], pulp.LpVariable] = {}
     class_pairs = {
         e: sum(pp for g2 in gs for ee, pp in held[g2] if ee == e) for e, gs in by_expert.items()
@@ -558,7 +690,8 @@ def _rebalance_native(
         P = pulp.lpSum(x[e, g] for e, _ in slots)
         prob += tau >= c.expert_flop_us_per_pair * P
         prob += tau >= c.expert_read_us_per_replica * len(slots) + c.expert_act_us_per_pair * P
-    prob += tau
+        prob += most >= P
+    prob += tau + comm_us_per_pair * most
     out = solve_milp(prob, solver=solver, time_limit_s=10, mip_gap=0, warm=False)
     if out.status != "optimal":
         return held
@@ -579,6 +712,23 @@ def _class_channel(table: CostTable, classes: Sequence[ClassCost]) -> tuple[tupl
             row.append(int(ch if ch != Channel.LOCAL else Channel.NVLINK))
         out.append(tuple(row))
     return tuple(out)
+
+
+def _recv_us_per_pair(table: CostTable, cls: ClassCost, share: Sequence[float]) -> float:
+    """Receive time per token-expert pair served by a GPU of ``cls``, us (slowest channel)."""
+    i = cls.members[0]
+    by_channel = [0.0] * len(Channel)
+    for j, ch in enumerate(table.topology.channel[i]):
+        if ch != Channel.LOCAL:
+            by_channel[ch] += share[j]
+    return max(
+        (
+            table.bytes_per_copy * by_channel[ch] / cls.bw[ch]
+            for ch in range(1, len(Channel))
+            if cls.bw[ch] > 0
+        ),
+        default=0.0,
+    )
 
 
 def _warm_counts(
@@ -618,7 +768,7 @@ def place(req: PlacementRequest, table: CostTable) -> RawPlacement:
     """Solve the three stages (see module docstring)."""
     n = table.num_gpus
     groups = _class_of(table, req)
-    share, reserve, attn_us = attention_lp(req, table, groups)
+    share, reserve, attn_us = _choose_attention(req, table, groups)
     heads: list[int] | None = None
     if req.form == "native":
         share, heads = heads_rounding(req, share)
@@ -659,6 +809,9 @@ def place(req: PlacementRequest, table: CostTable) -> RawPlacement:
             bw=tuple(min(x, 1e12) for x in table.gpus[m[0]].comm_bw_bytes_per_us),
         )
         for m in groups
+    )
+    classes = tuple(
+        replace(c, recv_us_per_pair=_recv_us_per_pair(table, c, share)) for c in classes
     )
     channel = _class_channel(table, classes)
     volume = table.total_tokens * table.top_k * table.bytes_per_copy
@@ -734,9 +887,11 @@ def place(req: PlacementRequest, table: CostTable) -> RawPlacement:
             penalty = (
                 req.options.migration_weight_us / cls.flop if req.previous is not None else 0.0
             )
-            held = _assign_class(members, items, slots, prev_held, penalty)
+            held = _assign_class(members, items, slots, prev_held, penalty, merge=not engine)
             if not engine:
-                held = _rebalance_native(table, sol.layer, members, held, req.options.solver)
+                held = _rebalance_native(
+                    table, members, held, cls.recv_us_per_pair, req.options.solver
+                )
             for g, i in enumerate(members):
                 per_gpu[i] = tuple((e, pp) for e, pp in held[g])
         # Convert pairs to shares of each expert's pairs.
@@ -755,12 +910,21 @@ def place(req: PlacementRequest, table: CostTable) -> RawPlacement:
         if not engine:  # a replica the share LP left idle only costs memory: drop it
             out_gpu = [tuple((e, x) for e, x in row if x > 1e-9) for row in out_gpu]
         layers.append(LayerPlacement(_normalise(tuple(out_gpu), table.num_experts)))
+    # Safety net: per layer keep the better of the MILP's realisation and the greedy warm
+    # start under the same attention shares (moves priced in when re-planning).
+    fallback = 0
+    for li in range(len(layers)):
+        mine = _layer_cost(req, table, share, li, layers[li])
+        theirs = _layer_cost(req, table, share, li, warm_layers[li])
+        if theirs < mine - 1e-9:
+            layers[li] = warm_layers[li]
+            fallback += 1
+    if fallback:
+        notes.append(f"{fallback} layer(s) kept the greedy warm start, which realised better")
     if req.previous is not None:
         notes.append("re-planning: objective includes expert moves, so the bound is not reported")
     status = ", ".join(f"{k} x{v}" for k, v in sorted(statuses.items()))
     solver_name = solutions[0].solver if solutions else "HiGHS"
-    dense_note = table.num_dense_layers
-    del dense_note
     return RawPlacement(
         tuple(share),
         tuple(layers),
@@ -769,6 +933,24 @@ def place(req: PlacementRequest, table: CostTable) -> RawPlacement:
         f"{solver_name} ({status})",
         tuple(notes),
     )
+
+
+def _layer_cost(
+    req: PlacementRequest, table: CostTable, share: Sequence[float], li: int, layer: LayerPlacement
+) -> float:
+    """Comm + expert phase time of one layer, plus the move penalty when re-planning, us."""
+    served = served_fractions(table, li, layer)
+    comm = comm_times_us(table, share, served)
+    exp = [
+        table.expert_us(i, served[i] * table.total_tokens * table.top_k, len(slots))
+        for i, slots in enumerate(layer.per_gpu)
+    ]
+    cost = max(comm) + max(exp)
+    if req.previous is not None:
+        empty = LayerPlacement(tuple(() for _ in table.gpu_ids))
+        moves = count_moves(req.previous, table.gpu_ids, [empty] * li + [layer]) or 0
+        cost += req.options.migration_weight_us * moves
+    return cost
 
 
 def _normalise(
