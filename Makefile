@@ -41,5 +41,8 @@ bench: install bench-placement
 bench-placement: install
 	$(BIN)/mixfleetctl bench placement --scenario all --json --out bench/results/placement.json --docs docs/benchmarks.md
 
+proto: install
+	$(BIN)/python -m controlplane.protogen
+
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .pytest_cache .ruff_cache

@@ -35,6 +35,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from policies.catalog import GpuSpec
 from policies.errors import InputError
 from policies.fleet import Fleet
@@ -90,6 +93,21 @@ class MeasuredFigures:
         attn_decode_gbps: achieved decode attention KV-read bandwidth, GB/s.
         nvlink_gbps: achieved all-to-all bandwidth per GPU per direction, GB/s.
         gemm_launch_us: fixed per-GEMM cost, us.
+        expert_gemm_tflops: achieved rate of the grouped expert GEMM (all of a GPU's
+            experts in one kernel, a few hundred rows each) in the experts' dtype, TFLOPS;
+            replaces the large-GEMM rate for expert FLOPs.
+        expert_read_gbps: weight-streaming bandwidth of the grouped expert GEMM at a few rows
+            per expert, GB/s; replaces ``hbm_gbps`` for reading expert weights.
+        attn_overhead_us: fixed time of the attention phase (kernel launches, routing,
+            host work) measured on the runtime, us; replaces ``4 * gemm_launch_us``.
+        attn_extra_us_per_token: attention-phase time per token beyond the roofline
+            (elementwise passes, routing), us; added to the attention core per token.
+        expert_overhead_us: fixed time of the expert phase, us; replaces
+            ``2 * gemm_launch_us``.
+        expert_extra_us_per_pair: time per token-expert pair beyond the roofline (gathers,
+            permutations, the weighted sum of the combine), us; added to the expert phase.
+        a2a_latency_us: fixed latency of one dispatch or one combine, us; replaces
+            ``Efficiency.alpha_nvlink_us`` / ``alpha_rdma_us``.
     """
 
     gemm_bf16_tflops: float | None = None
@@ -99,6 +117,13 @@ class MeasuredFigures:
     attn_decode_gbps: float | None = None
     nvlink_gbps: float | None = None
     gemm_launch_us: float | None = None
+    expert_gemm_tflops: float | None = None
+    expert_read_gbps: float | None = None
+    attn_overhead_us: float | None = None
+    attn_extra_us_per_token: float | None = None
+    expert_overhead_us: float | None = None
+    expert_extra_us_per_pair: float | None = None
+    a2a_latency_us: float | None = None
 
 
 @dataclass(frozen=True)
@@ -112,6 +137,8 @@ class CostSettings:
         activation_bytes_per_token: activation workspace per token in flight, bytes.
         efficiency: default efficiency factors.
         measured: per-GPU calibrated figures by GPU id.
+        fp8_dispatch: dispatch activations in FP8 (True) or BF16 (False); None: FP8 when
+            every GPU has FP8 tensor cores (DeepEP's choice).
     """
 
     memory_headroom: float = 0.08
@@ -119,6 +146,7 @@ class CostSettings:
     activation_bytes_per_token: float = 64 * 1024
     efficiency: Efficiency = field(default_factory=Efficiency)
     measured: Mapping[str, MeasuredFigures] = field(default_factory=dict)
+    fp8_dispatch: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -176,6 +204,9 @@ class CostTable:
         act_bytes_per_token: activation workspace per token.
         decode: phase flag.
         context_len: KV length per sequence.
+        channel_masks: per channel an n x n 0/1 matrix, 1 where GPUs i, j talk over it.
+        comm_bw: n x channels bandwidth, bytes/us (the GpuCost figures as an array).
+        comm_alpha: per GPU dispatch+combine latency, us.
     """
 
     gpus: tuple[GpuCost, ...]
@@ -194,6 +225,9 @@ class CostTable:
     act_bytes_per_token: float
     decode: bool
     context_len: int
+    channel_masks: tuple[npt.NDArray[np.float64], ...] = ()
+    comm_bw: npt.NDArray[np.float64] = field(default_factory=lambda: np.zeros((0, 0)))
+    comm_alpha: npt.NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
 
     @property
     def num_gpus(self) -> int:
@@ -269,7 +303,7 @@ def build_cost_table(
     ctx = workload.context_len
     wb = model.weight_bytes
     kv_bytes = DTYPE_BYTES[workload.kv_cache_dtype]
-    all_fp8 = all(g.spec.has_fp8 for g in gpus)
+    all_fp8 = all(g.spec.has_fp8 for g in gpus) if s.fp8_dispatch is None else s.fp8_dispatch
     # DeepEP dispatches FP8 (with one FP32 scale per 128 values) when every GPU has FP8
     # tensor cores; combine is BF16.
     dispatch = model.hidden * (1 + 4 / 128) if all_fp8 else model.hidden * 2.0
@@ -294,6 +328,9 @@ def build_cost_table(
         hbm = (m.hbm_gbps if m and m.hbm_gbps else spec.hbm_bandwidth_gbps * eff.hbm) * 1e3  # B/us
         dense_rate = _peak_tflops(spec, model.weight_dtype, eff, m) * 1e6  # FLOP/us
         expert_rate = _peak_tflops(spec, model.expert_dtype, eff, m) * 1e6
+        if m and m.expert_gemm_tflops:
+            expert_rate = m.expert_gemm_tflops * 1e6
+        expert_read_bw = m.expert_read_gbps * 1e3 if m and m.expert_read_gbps else hbm
         launch = m.gemm_launch_us if m and m.gemm_launch_us is not None else eff.gemm_launch_us
         gemm_tok: dict[str, float] = {}
         read: dict[str, float] = {}
@@ -334,16 +371,25 @@ def build_cost_table(
         )
         remote = any(topo.channel[i][j] >= Channel.RDMA for j in range(n))
         alpha = 2 * (eff.alpha_rdma_us if remote else eff.alpha_nvlink_us)
+        if m and m.a2a_latency_us:
+            alpha = 2 * m.a2a_latency_us
+        if m and m.attn_extra_us_per_token:
+            core += m.attn_extra_us_per_token
+        # Per-pair work beyond the roofline adds to both branches of the expert phase's max,
+        # which is the same as adding it outside the max (keeps the solvers' linear form).
+        extra_pair = m.expert_extra_us_per_pair if m and m.expert_extra_us_per_pair else 0.0
         costs.append(
             GpuCost(
                 attn_gemm_us_per_token=gemm_tok,
                 attn_weight_read_us=read,
                 attn_core_us_per_token=core,
-                attn_overhead_us=4 * launch,
-                expert_flop_us_per_pair=2.0 * model.expert_params / expert_rate,
-                expert_read_us_per_replica=model.expert_bytes / hbm,
-                expert_act_us_per_pair=act_pair_bytes / hbm,
-                expert_overhead_us=2 * launch,
+                attn_overhead_us=(m.attn_overhead_us if m and m.attn_overhead_us else 4 * launch),
+                expert_flop_us_per_pair=2.0 * model.expert_params / expert_rate + extra_pair,
+                expert_read_us_per_replica=model.expert_bytes / expert_read_bw,
+                expert_act_us_per_pair=act_pair_bytes / hbm + extra_pair,
+                expert_overhead_us=(
+                    m.expert_overhead_us if m and m.expert_overhead_us else 2 * launch
+                ),
                 comm_bw_bytes_per_us=bw_by_channel,
                 comm_alpha_us=alpha,
                 usable_bytes=spec.memory_gib * GIB * (1.0 - s.memory_headroom),
@@ -370,6 +416,11 @@ def build_cost_table(
         act_bytes_per_token=s.activation_bytes_per_token,
         decode=workload.decode,
         context_len=ctx,
+        channel_masks=tuple(
+            (np.asarray(topo.channel) == ch).astype(float) for ch in range(len(Channel))
+        ),
+        comm_bw=np.array([c.comm_bw_bytes_per_us for c in costs], dtype=float),
+        comm_alpha=np.array([c.comm_alpha_us for c in costs], dtype=float),
     )
 
 
@@ -457,29 +508,19 @@ def comm_times_us(
     ``share_j * served_i`` from it; per channel the time is the larger direction over the
     channel's per-GPU bandwidth, and the GPU's time is its slowest channel plus alpha.
     """
-    n = table.num_gpus
     volume = table.total_tokens * table.top_k * table.bytes_per_copy
-    chan = table.topology.channel
-    out: list[float] = []
-    for i in range(n):
-        send = [0.0] * len(Channel)
-        recv = [0.0] * len(Channel)
-        row = chan[i]
-        for j in range(n):
-            ch = row[j]
-            if ch == Channel.LOCAL:
-                continue
-            send[ch] += attention_share[i] * served[j]
-            recv[ch] += attention_share[j] * served[i]
-        c = table.gpus[i]
-        t = 0.0
-        for ch in range(1, len(Channel)):
-            vol = max(send[ch], recv[ch]) * volume
-            if vol > 0:
-                t = max(t, vol / c.comm_bw_bytes_per_us[ch])
-        busy = attention_share[i] > 0 or served[i] > 0
-        out.append(t + c.comm_alpha_us if busy else 0.0)
-    return out
+    a = np.asarray(attention_share, dtype=float)
+    s = np.asarray(served, dtype=float)
+    t = np.zeros(table.num_gpus)
+    for k, mask in enumerate(table.channel_masks):
+        if k == Channel.LOCAL or not mask.any():
+            continue
+        send = a * (mask @ s)  # i's tokens' pairs served across channel k
+        recv = s * (mask @ a)  # pairs i serves for tokens across channel k
+        t = np.maximum(t, np.maximum(send, recv) * volume / table.comm_bw[:, k])
+    busy = (a > 0) | (s > 0)
+    out = np.where(busy, t + table.comm_alpha, 0.0)
+    return [float(x) for x in out]
 
 
 def evaluate(

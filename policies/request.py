@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from policies.costmodel import (
     GIB,
@@ -34,6 +34,7 @@ from policies.plan import (
     PlanSummary,
     RuntimeHints,
     placement_digest,
+    validate_plan,
 )
 from policies.workload import Workload
 
@@ -161,6 +162,13 @@ def check_request(req: PlacementRequest) -> None:
             f"engine form needs num_experts + redundant_experts ({e} + {r}) divisible by the "
             f"{g} GPUs (every rank holds the same number of slots). To fix: use "
             f"--redundant-experts {' or '.join(map(str, options))}, or --form native",
+            field="redundant_experts",
+        )
+    if req.model.is_moe and req.form == "engine" and (e + r) // g > e:
+        raise InputError(
+            f"engine form would give every GPU {(e + r) // g} slots but {req.model.name} has only "
+            f"{e} experts per layer. To fix: use fewer --redundant-experts (at most "
+            f"{e * g - e}) or more GPUs",
             field="redundant_experts",
         )
     if req.previous is not None and len(req.previous.moe_layers) != req.model.num_moe_layers:
@@ -348,4 +356,9 @@ def assemble_plan(
         violations=ev.violations,
         notes=raw.notes,
     )
-    return PlacementResult(plan, ev, ev.violations)
+    # Structural checks (equal slots, coverage, duplicates) join the cost model's memory and
+    # coverage findings, so a plan no engine can load never reports itself feasible.
+    problems = tuple(dict.fromkeys([*ev.violations, *validate_plan(plan)]))
+    if problems != plan.violations:
+        plan = replace(plan, violations=problems, summary=replace(summary, feasible=not problems))
+    return PlacementResult(plan, ev, problems)

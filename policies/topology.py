@@ -139,10 +139,8 @@ def build_topology(fleet: Fleet) -> Topology:
         gbs = link.gbps / 8.0
         g.add_edge(f"fabric:{link.a}", f"fabric:{link.b}", gbps=gbs, latency_us=link.latency_us)
         cross += gbs
-    domain = [
-        (fleet.node(x.node).nvlink.domain if fleet.node(x.node).nvlink else None)
-        for x in gpus  # type: ignore[union-attr]
-    ]
+    nvlink_of = {node.name: node.nvlink for node in fleet.nodes}
+    domain = [(nv.domain if (nv := nvlink_of[x.node]) is not None else None) for x in gpus]
     fabrics = [set(fleet.node(x.node).fabrics) for x in gpus]
     linked: set[tuple[str, str]] = set()
     for link in fleet.fabric_links:

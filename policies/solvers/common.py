@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import Counter
 from collections.abc import Sequence
@@ -98,3 +99,61 @@ def cap_shares_by_memory(
             out[i] += excess * max(out[i], 1e-9) / weight
     total = sum(out)
     return [x / total for x in out] if total > 0 else [1.0 / n] * n
+
+
+def make_room(
+    held: list[list[tuple[int, float]]],
+    has: list[set[int]],
+    load: list[float],
+    slots: Sequence[int],
+    e: int,
+) -> int:
+    """Free a slot for expert ``e`` on a GPU that lacks it: move one of that GPU's replicas
+    (one the receiving GPU lacks) to a GPU with a free slot. Engine form must fill every
+    slot, and the GPUs with room may all hold ``e`` already. Returns the GPU that now has
+    room for ``e``, or -1 when no such move exists."""
+    free = [g for g in range(len(held)) if len(held[g]) < slots[g]]
+    for g in free:
+        for h, items in enumerate(held):
+            if h == g or e in has[h]:
+                continue
+            for k, (e2, p2) in enumerate(items):
+                if e2 not in has[g]:
+                    items.pop(k)
+                    has[h].discard(e2)
+                    load[h] -= p2
+                    held[g].append((e2, p2))
+                    has[g].add(e2)
+                    load[g] += p2
+                    return h
+    return -1
+
+
+def replicate_capped(weight: Sequence[float], num_slots: int, max_replicas: int) -> list[int]:
+    """EPLB's replication rule with a cap: one replica per expert, then each extra slot to
+    the expert with the largest load per replica that has fewer than ``max_replicas``.
+
+    Args:
+        weight: load per logical expert (any unit).
+        num_slots: physical slots to fill (>= number of experts).
+        max_replicas: most replicas of one expert (the GPU count: two replicas of an
+            expert on one GPU gain nothing).
+
+    Returns:
+        physical slot -> logical expert, experts in order then extra replicas in the order
+        they were granted.
+    """
+    count = [1] * len(weight)
+    phy = list(range(len(weight)))
+    # max-heap on load per replica, lowest expert id first on ties (EPLB's argmax rule)
+    heap = [(-float(w), e) for e, w in enumerate(weight) if max_replicas > 1]
+    heapq.heapify(heap)
+    for _ in range(num_slots - len(weight)):
+        if not heap:
+            break
+        _, best = heapq.heappop(heap)
+        count[best] += 1
+        phy.append(best)
+        if count[best] < max_replicas:
+            heapq.heappush(heap, (-float(weight[best]) / count[best], best))
+    return phy

@@ -41,7 +41,7 @@ def place(req: PlacementRequest, table: CostTable) -> RawPlacement:
     weight = [
         [table.pairs(li, e) for e in range(table.num_experts)] for li in range(table.num_moe_layers)
     ]
-    layers = ()
+    layers: tuple[LayerPlacement, ...] = ()
     mode = "hierarchical" if num_nodes > 1 else "global"
     if weight:
         phy2log, _, _ = rebalance_experts(weight, physical, groups, num_nodes, n)

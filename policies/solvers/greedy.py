@@ -2,7 +2,7 @@
 
 1. Attention shares proportional to each GPU's modelled attention speed, capped by memory.
 2. Per MoE layer, EPLB's replication (each extra slot to the expert with the largest load
-   per replica) up to the slot budget.
+   per replica) up to the slot budget, never more replicas of an expert than GPUs.
 3. Longest-processing-time packing weighted by speed: replicas heaviest first, each onto
    the GPU whose predicted expert-phase time after taking it is smallest, among GPUs with a
    free slot that do not already hold that expert. Engine form: every GPU gets exactly
@@ -11,16 +11,19 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from policies.costmodel import CostTable, LayerPlacement
 from policies.errors import InfeasibleError
 from policies.request import PlacementRequest, RawPlacement
 from policies.solvers.common import (
     attention_speed_shares,
     cap_shares_by_memory,
+    make_room,
+    replicate_capped,
     slot_cap,
     slots_per_gpu,
 )
-from policies.solvers.eplb_core import replicate_experts
 
 
 def greedy_attention(req: PlacementRequest, table: CostTable) -> list[float]:
@@ -65,7 +68,12 @@ def capacities(req: PlacementRequest, table: CostTable, share: list[float]) -> l
 
 
 def pack_layer(table: CostTable, layer: int, phy2log: list[int], caps: list[int]) -> LayerPlacement:
-    """LPT-pack one layer's replicas onto GPUs with capacities ``caps``."""
+    """LPT-pack one layer's replicas onto GPUs with capacities ``caps``.
+
+    Replicas go heaviest first (ties by expert id) to the GPU whose expert-phase time after
+    taking the replica is smallest (ties to the lowest index) among GPUs with a free slot
+    that do not hold that expert yet.
+    """
     n = table.num_gpus
     count: dict[int, int] = {}
     for e in phy2log:
@@ -73,23 +81,39 @@ def pack_layer(table: CostTable, layer: int, phy2log: list[int], caps: list[int]
     items = sorted(
         ((table.pairs(layer, e) / count[e], e) for e in phy2log), key=lambda x: (-x[0], x[1])
     )
-    pairs = [0.0] * n
+    flop = np.array([c.expert_flop_us_per_pair for c in table.gpus])
+    read = np.array([c.expert_read_us_per_replica for c in table.gpus])
+    act = np.array([c.expert_act_us_per_pair for c in table.gpus])
+    cap = np.asarray(caps, dtype=float)
+    pairs = np.zeros(n)
+    slots = np.zeros(n)
+    holds = np.zeros((table.num_experts, n), dtype=bool)
     held: list[list[tuple[int, float]]] = [[] for _ in range(n)]
     held_set: list[set[int]] = [set() for _ in range(n)]
+    engine = len(set(caps)) == 1 and sum(caps) == len(phy2log)
     for load, e in items:
-        best, best_t = -1, float("inf")
-        for i in range(n):
-            if len(held[i]) >= caps[i] or e in held_set[i]:
-                continue
-            t = table.expert_us(i, pairs[i] + load, len(held[i]) + 1)
-            if t < best_t - 1e-12:
-                best, best_t = i, t
-        if best < 0:  # every GPU with room already holds e: drop this replica
+        finish = np.maximum(flop * (pairs + load), read * (slots + 1) + act * (pairs + load))
+        finish[(slots >= cap) | holds[e]] = np.inf
+        best = int(np.argmin(finish))
+        if not np.isfinite(finish[best]):
+            best = -1
+            if engine:  # every GPU with room holds e: shift a replica to make room
+                load_list = [float(x) for x in pairs]
+                best = make_room(held, held_set, load_list, caps, e)
+                if best >= 0:
+                    pairs[:] = load_list
+                    slots[:] = [len(h) for h in held]
+                    holds[:] = False
+                    for i, hs in enumerate(held_set):
+                        holds[list(hs), i] = True
+        if best < 0:  # more replicas of e than GPUs can take: drop this one
             count[e] -= 1
             continue
-        held[best].append((e, 0.0))
+        held[best].append((e, load))
         held_set[best].add(e)
+        holds[e, best] = True
         pairs[best] += load
+        slots[best] += 1
     per_gpu = tuple(tuple((e, 1.0 / count[e]) for e, _ in h) for h in held)
     return LayerPlacement(per_gpu)
 
@@ -102,6 +126,6 @@ def place(req: PlacementRequest, table: CostTable) -> RawPlacement:
     layers = []
     for li in range(table.num_moe_layers):
         weight = [table.pairs(li, e) for e in range(table.num_experts)]
-        phy2log, _, _ = replicate_experts(weight, budget)
+        phy2log = replicate_capped(weight, budget, table.num_gpus)
         layers.append(pack_layer(table, li, phy2log, caps))
     return RawPlacement(tuple(share), tuple(layers), solver="greedy (no solver)")

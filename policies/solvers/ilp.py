@@ -82,6 +82,7 @@ import math
 import multiprocessing
 import os
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
@@ -92,7 +93,7 @@ from policies.costmodel import CostTable, LayerPlacement, comm_times_us, evaluat
 from policies.errors import InfeasibleError
 from policies.request import PlacementRequest, RawPlacement, count_moves
 from policies.solvers import greedy
-from policies.solvers.common import slots_per_gpu
+from policies.solvers.common import make_room, replicate_capped, slots_per_gpu
 from policies.solvers.milp import solve_milp
 from policies.topology import Channel
 
@@ -193,7 +194,13 @@ def attention_lp(
             prob += m[i] == 0
     if L_moe and not engine:
         prob += pulp.lpSum(m) >= table.num_experts + req.redundant_experts  # (1e)
-    outcome = solve_milp(prob, solver=req.options.solver, time_limit_s=30, mip_gap=0, warm=False)
+    outcome = solve_milp(
+        prob,
+        solver=req.options.solver,
+        time_limit_s=max(1.0, req.options.time_limit_s / 4),
+        mip_gap=0,
+        warm=False,
+    )
     if outcome.status != "optimal":
         raise InfeasibleError(
             "no attention split fits GPU memory",
@@ -250,13 +257,12 @@ def _greedy_layers(
     req: PlacementRequest, table: CostTable, caps: Sequence[int]
 ) -> list[LayerPlacement]:
     """Greedy replication and speed-weighted LPT packing of every MoE layer."""
-    from policies.solvers.eplb_core import replicate_experts
 
     budget = min(table.num_experts + req.redundant_experts, sum(caps))
     out = []
     for li in range(table.num_moe_layers):
         weight = [table.pairs(li, e) for e in range(table.num_experts)]
-        phy, _, _ = replicate_experts(weight, budget)
+        phy = replicate_capped(weight, budget, table.num_gpus)
         out.append(greedy.pack_layer(table, li, phy, list(caps)))
     return out
 
@@ -562,32 +568,6 @@ def _solve_layers(problems: Sequence[LayerProblem], workers: int) -> list[LayerS
 # ------------------------------------------------------------------------ stage 3
 
 
-def _make_room(
-    held: list[list[tuple[int, float]]],
-    has: list[set[int]],
-    load: list[float],
-    slots: Sequence[int],
-    e: int,
-) -> int:
-    """Free a slot for expert ``e`` on a GPU that lacks it by moving one of that GPU's
-    replicas to a GPU with room (engine form must fill every slot); returns the GPU."""
-    free = [g for g in range(len(held)) if len(held[g]) < slots[g]]
-    for g in free:
-        for h, items in enumerate(held):
-            if h == g or e in has[h]:
-                continue
-            for k, (e2, p2) in enumerate(items):
-                if e2 not in has[g]:
-                    items.pop(k)
-                    has[h].discard(e2)
-                    load[h] -= p2
-                    held[g].append((e2, p2))
-                    has[g].add(e2)
-                    load[g] += p2
-                    return h
-    return free[0] if free else 0
-
-
 def _assign_class(
     members: Sequence[int],
     items: list[tuple[float, int]],
@@ -619,7 +599,9 @@ def _assign_class(
                 held[g] = [(ee, pp + pairs if ee == e else pp) for ee, pp in held[g]]
                 load[g] += pairs
                 continue
-            best = _make_room(held, has, load, slots, e)
+            best = make_room(held, has, load, slots, e)
+            if best < 0:  # cannot happen with a feasible class solution; keep it visible
+                best = max(range(n), key=lambda g: slots[g] - len(held[g]))
         held[best].append((e, pairs))
         has[best].add(e)
         load[best] += pairs
@@ -692,7 +674,7 @@ def _rebalance_native(
         prob += tau >= c.expert_read_us_per_replica * len(slots) + c.expert_act_us_per_pair * P
         prob += most >= P
     prob += tau + comm_us_per_pair * most
-    out = solve_milp(prob, solver=solver, time_limit_s=10, mip_gap=0, warm=False)
+    out = solve_milp(prob, solver=solver, time_limit_s=2, mip_gap=0, warm=False)
     if out.status != "optimal":
         return held
     return [[(e, float(x[e, g].varValue or 0.0)) for e, _ in slots] for g, slots in enumerate(held)]
@@ -766,6 +748,7 @@ def _prev_counts(
 
 def place(req: PlacementRequest, table: CostTable) -> RawPlacement:
     """Solve the three stages (see module docstring)."""
+    started = time.perf_counter()
     n = table.num_gpus
     groups = _class_of(table, req)
     share, reserve, attn_us = _choose_attention(req, table, groups)
@@ -789,11 +772,10 @@ def place(req: PlacementRequest, table: CostTable) -> RawPlacement:
     caps = [S] * n if engine else [max(1, math.floor(r + 1e-6)) for r in reserve]
     budget = min(table.num_experts + req.redundant_experts, sum(caps))
     warm_layers = []
-    from policies.solvers.eplb_core import replicate_experts
 
     for li in range(table.num_moe_layers):
         weight = [table.pairs(li, e) for e in range(table.num_experts)]
-        phy, _, _ = replicate_experts(weight, budget)
+        phy = replicate_capped(weight, budget, table.num_gpus)
         warm_layers.append(greedy.pack_layer(table, li, phy, caps))
     warm_eval = evaluate(table, share, warm_layers)
     classes = tuple(
@@ -816,7 +798,11 @@ def place(req: PlacementRequest, table: CostTable) -> RawPlacement:
     channel = _class_channel(table, classes)
     volume = table.total_tokens * table.top_k * table.bytes_per_copy
     workers = req.options.workers or (os.cpu_count() or 1)
-    per_layer_limit = max(1.0, req.options.time_limit_s * workers / table.num_moe_layers)
+    # The time limit is a wall-clock budget for the whole solve: what is left after stage 1
+    # and the warm start is shared by the layers, ``workers`` at a time.
+    left = max(0.0, req.options.time_limit_s - (time.perf_counter() - started))
+    waves = 1 + math.ceil((table.num_moe_layers - 1) / workers)  # the first layer runs alone
+    per_layer_limit = max(0.05, 0.9 * left / max(waves, 1))
     problems = []
     for li in range(table.num_moe_layers):
         lt = warm_eval.moe_layers[li]

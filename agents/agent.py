@@ -1,0 +1,676 @@
+"""The node agent: discover -> Register -> Heartbeat + WatchAssignments -> apply -> Ack.
+
+One :class:`Agent` speaks for one node (see proto/mixfleet/v1/agent.proto for the protocol
+it follows). Its life:
+
+1. discover the node (a discovery backend, in a worker thread);
+2. ``Register`` (retried with jittered exponential backoff while the controller is
+   unreachable); the reply gives the session and the heartbeat period;
+3. two loops run together until a re-register is needed or the agent stops:
+
+   * heartbeat: every period (+-10 % jitter) send state, GPU health and the applied plan
+     versions; on failure back off; a reply ``reregister = true`` ends the session;
+   * watch: keep a ``WatchAssignments`` stream open (reopened with backoff when it
+     breaks); PREPARE -> stage -> Ack PREPARED | FAILED; COMMIT -> switch -> Ack
+     COMMITTED | FAILED; ABORT -> discard the staged part; REMOVE -> withdraw.
+
+Failures are sorted the kopf way: an unreachable or restarting controller is temporary
+(retry with backoff, forever); refused credentials or an inventory the controller rejects
+are permanent (:class:`AgentFatalError`; the CLI exits non-zero with the reason).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
+
+import grpc
+import structlog
+from grpc import aio
+from mixfleet.v1 import agent_pb2, agent_pb2_grpc
+
+from agents.applier import Applier, ApplyResult, NodeAssignment, assignment_from_json
+from agents.backoff import Backoff, BackoffSettings
+from agents.inventory import NodeInventory, check_inventory
+from agents.wire import health_to_proto, inventory_to_proto
+from policies.errors import InputError, MixfleetError
+
+T = TypeVar("T")
+if TYPE_CHECKING:  # typing-only names of the generated stubs
+    Stub: TypeAlias = agent_pb2_grpc.AgentServiceAsyncStub
+    AckState: TypeAlias = agent_pb2.AckState.ValueType
+
+#: Status codes that mean "try again later" (controller down, restarting, overloaded).
+TEMPORARY_CODES = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.ABORTED,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.CANCELLED,
+    }
+)
+#: Status codes of Register that retrying cannot fix.
+FATAL_CODES = frozenset(
+    {
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.INVALID_ARGUMENT,
+    }
+)
+
+
+class AgentFatalError(MixfleetError):
+    """The controller refuses this agent for a reason retrying cannot fix (credentials,
+    invalid inventory). The message says what to do."""
+
+
+class _ReregisterError(Exception):
+    """The session ended (controller forgot it, stream says stale): register again."""
+
+
+# --------------------------------------------------------------------------- settings
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """Client side of mutual TLS (PEM files).
+
+    Attributes:
+        cert: this agent's certificate.
+        key: its private key.
+        ca: the CA that signed the controller's certificate.
+        server_name: name to check in the controller's certificate when it differs from
+            the address's host (e.g. ``localhost`` when dialing 127.0.0.1); "" = the host.
+    """
+
+    cert: Path
+    key: Path
+    ca: Path
+    server_name: str = ""
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """How an agent talks to its controller.
+
+    Attributes:
+        controller: ``host:port`` of the controller.
+        tls: mutual-TLS files; None only together with ``insecure``.
+        insecure: plaintext channel (loopback development only).
+        token: bearer token sent as ``authorization`` metadata ("" = none).
+        heartbeat_interval_s: heartbeat period, seconds; 0 = use the controller's.
+        heartbeat_jitter: each period is scaled by a random factor in ``1 +- jitter``.
+        rpc_timeout_s: deadline of each unary RPC, seconds.
+        ack_attempts: tries of one Ack before leaving it to the stream's replay.
+        rediscover_interval_s: re-run discovery this often to refresh GPU health, seconds;
+            0 = never (static and simulated nodes).
+        backoff: retry delays after failures.
+    """
+
+    controller: str
+    tls: TlsFiles | None = None
+    insecure: bool = False
+    token: str = ""
+    heartbeat_interval_s: float = 0.0
+    heartbeat_jitter: float = 0.1
+    rpc_timeout_s: float = 10.0
+    ack_attempts: int = 5
+    rediscover_interval_s: float = 0.0
+    backoff: BackoffSettings = field(default_factory=BackoffSettings)
+
+    def __post_init__(self) -> None:
+        if self.tls is None and not self.insecure:
+            raise InputError(
+                "no TLS credentials. To fix: pass --tls-cert, --tls-key and --tls-ca, or "
+                "--insecure for a plaintext loopback connection",
+                field="tls",
+            )
+        if self.heartbeat_interval_s < 0:
+            raise InputError(
+                f"must be >= 0, got {self.heartbeat_interval_s}", field="heartbeat_interval_s"
+            )
+        if not 0 <= self.heartbeat_jitter < 1:
+            raise InputError(
+                f"must be in [0, 1), got {self.heartbeat_jitter}", field="heartbeat_jitter"
+            )
+
+
+#: Channel options: keepalive so a dead controller is noticed within ~30 s even on an idle
+#: stream, and reconnect attempts that do not wait longer than our own backoff.
+CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 5_000),
+    ("grpc.max_receive_message_length", 64 * 2**20),
+)
+
+
+def make_channel(settings: AgentSettings) -> aio.Channel:
+    """A grpc.aio channel to the controller with the settings' credentials.
+
+    Raises:
+        InputError: a TLS file cannot be read (the message names it).
+    """
+    options = list(CHANNEL_OPTIONS)
+    if settings.tls is None:
+        return aio.insecure_channel(settings.controller, options=options)
+    t = settings.tls
+    pems: dict[str, bytes] = {}
+    for name, path in (("tls_cert", t.cert), ("tls_key", t.key), ("tls_ca", t.ca)):
+        try:
+            pems[name] = Path(path).read_bytes()
+        except OSError as exc:
+            raise InputError(
+                f"cannot read {str(path)!r}: {exc.strerror or exc}. To fix: make the files "
+                "with `mixfleetctl certs init` and pass their paths",
+                field=name,
+            ) from exc
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=pems["tls_ca"],
+        private_key=pems["tls_key"],
+        certificate_chain=pems["tls_cert"],
+    )
+    if t.server_name:
+        options.append(("grpc.ssl_target_name_override", t.server_name))
+    return aio.secure_channel(settings.controller, creds, options=options)
+
+
+# --------------------------------------------------------------------------- observations
+
+
+@dataclass
+class AgentStats:
+    """What an agent observed, for logs, tests and benchmarks.
+
+    Attributes:
+        registrations: successful Register calls.
+        heartbeats: successful heartbeats.
+        heartbeat_failures: failed heartbeats.
+        heartbeat_latency_s: latency of recent successful heartbeats, seconds (bounded).
+        stream_opens: WatchAssignments streams opened.
+        assignments: assignments received, by phase name.
+        acks: acks sent, by state name.
+        last_error: the latest error text.
+    """
+
+    registrations: int = 0
+    heartbeats: int = 0
+    heartbeat_failures: int = 0
+    heartbeat_latency_s: list[float] = field(default_factory=list)
+    stream_opens: int = 0
+    assignments: dict[str, int] = field(default_factory=dict)
+    acks: dict[str, int] = field(default_factory=dict)
+    last_error: str = ""
+    max_latencies: int = 10_000
+
+    def record_latency(self, seconds: float) -> None:
+        self.heartbeat_latency_s.append(seconds)
+        if len(self.heartbeat_latency_s) > self.max_latencies:
+            del self.heartbeat_latency_s[: self.max_latencies // 2]
+
+
+@dataclass(frozen=True)
+class AssignmentEvent:
+    """One handled assignment, for observers (tests, benchmarks, the demo).
+
+    Attributes:
+        node: node name.
+        deployment: deployment name.
+        version: plan version.
+        phase: ``prepare`` | ``commit`` | ``abort`` | ``remove``.
+        ok: the step succeeded (always True for abort and remove).
+        reason: why not.
+        received_unix_s: when the assignment arrived.
+        done_unix_s: when it was applied and acked.
+    """
+
+    node: str
+    deployment: str
+    version: int
+    phase: str
+    ok: bool
+    reason: str
+    received_unix_s: float
+    done_unix_s: float
+
+
+Observer = Callable[[AssignmentEvent], None]
+_PHASES = {
+    agent_pb2.ASSIGNMENT_PHASE_PREPARE: "prepare",
+    agent_pb2.ASSIGNMENT_PHASE_COMMIT: "commit",
+    agent_pb2.ASSIGNMENT_PHASE_ABORT: "abort",
+    agent_pb2.ASSIGNMENT_PHASE_REMOVE: "remove",
+}
+
+
+# --------------------------------------------------------------------------- the agent
+
+
+class Agent:
+    """One node's agent. ``await agent.run()`` until ``agent.stop()`` (or cancel the task:
+    that is how tests make a node die).
+
+    Args:
+        settings: controller address, credentials, periods.
+        discover: returns the node's inventory (called in a worker thread).
+        applier: where assignments are staged and committed.
+        channel: a channel to share between agents (simulation); None = own channel.
+        rand: random source for jitter (inject for tests).
+        observer: called after every handled assignment.
+    """
+
+    def __init__(
+        self,
+        settings: AgentSettings,
+        discover: Callable[[], NodeInventory],
+        applier: Applier,
+        *,
+        channel: aio.Channel | None = None,
+        rand: Callable[[], float] = random.random,
+        observer: Observer | None = None,
+    ) -> None:
+        self.settings = settings
+        self._discover = discover
+        self.applier = applier
+        self._own_channel = channel is None
+        self._channel = channel
+        self._rand = rand
+        self._observer = observer
+        self._stopped = asyncio.Event()
+        self.inventory: NodeInventory | None = None
+        self.session_id = ""
+        self.controller_id = ""
+        self.interval_s = settings.heartbeat_interval_s or 1.0
+        self.stats = AgentStats()
+        self.log: Any = structlog.get_logger("mixfleet.agent")
+        self._metadata: tuple[tuple[str, str], ...] = (
+            (("authorization", f"Bearer {settings.token}"),) if settings.token else ()
+        )
+
+    @property
+    def node(self) -> str:
+        return self.inventory.node if self.inventory else ""
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to return after the current step."""
+        self._stopped.set()
+
+    # -- the outer loop
+
+    async def run(self) -> None:
+        """Discover, then register and serve sessions until stopped.
+
+        Raises:
+            AgentFatalError: the controller refuses this agent permanently.
+            DiscoveryError: the node cannot be discovered.
+        """
+        inv = await asyncio.to_thread(self._discover)
+        check_inventory(inv)
+        self.inventory = inv
+        self.log = self.log.bind(node=inv.node, simulated=inv.simulated)
+        self.log.info(
+            "agent_starting",
+            controller=self.settings.controller,
+            gpus=len(inv.gpus),
+            nics=len(inv.nics),
+            discovered_by=list(inv.discovered_by),
+        )
+        if self._channel is None:
+            self._channel = make_channel(self.settings)
+        stub = agent_pb2_grpc.AgentServiceStub(self._channel)
+        backoff = self._backoff()
+        try:
+            while not self._stopped.is_set():
+                try:
+                    await self._register(stub)
+                except aio.AioRpcError as exc:
+                    if exc.code() in FATAL_CODES:
+                        raise AgentFatalError(_fatal_message(exc)) from exc
+                    self._note_error("register_failed", exc)
+                    if await self._sleep_or_stop(backoff.next_delay()):
+                        break
+                    continue
+                backoff.reset()
+                await self._serve_session(stub)
+        finally:
+            if self._own_channel and self._channel is not None:
+                await self._channel.close(None)
+            self.log.info("agent_stopped")
+
+    async def _register(self, stub: Stub) -> None:
+        assert self.inventory is not None
+        reply: agent_pb2.RegisterResponse = await stub.Register(
+            agent_pb2.RegisterRequest(inventory=inventory_to_proto(self.inventory)),
+            timeout=self.settings.rpc_timeout_s,
+            metadata=self._metadata,
+        )
+        self.session_id = reply.session_id
+        if self.controller_id and reply.controller_id and reply.controller_id != self.controller_id:
+            self.log.warning(
+                "controller_store_changed", before=self.controller_id, now=reply.controller_id
+            )
+        self.controller_id = reply.controller_id
+        if not self.settings.heartbeat_interval_s and reply.heartbeat_interval_s > 0:
+            self.interval_s = reply.heartbeat_interval_s
+        self.stats.registrations += 1
+        self.log.info("registered", session=self.session_id, heartbeat_interval_s=self.interval_s)
+
+    async def _serve_session(self, stub: Stub) -> None:
+        """Heartbeat and watch until one of them asks to re-register or the agent stops."""
+        tasks = [
+            asyncio.create_task(self._heartbeat_loop(stub), name=f"heartbeat-{self.node}"),
+            asyncio.create_task(self._watch_loop(stub), name=f"watch-{self.node}"),
+            asyncio.create_task(self._stopped.wait(), name=f"stop-{self.node}"),
+        ]
+        if self.settings.rediscover_interval_s > 0:
+            tasks.append(asyncio.create_task(self._rediscover_loop(), name=f"disc-{self.node}"))
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for t in done:
+            exc = t.exception()
+            if exc is not None and not isinstance(exc, _ReregisterError):
+                raise exc
+            if isinstance(exc, _ReregisterError):
+                self.log.info("reregistering", why=str(exc))
+
+    # -- heartbeat
+
+    async def _heartbeat_loop(self, stub: Stub) -> None:
+        backoff = self._backoff()
+        while True:
+            jitter = self.settings.heartbeat_jitter
+            await asyncio.sleep(self.interval_s * (1 - jitter + 2 * jitter * self._rand()))
+            t0 = time.perf_counter()
+            try:
+                reply: agent_pb2.HeartbeatResponse = await stub.Heartbeat(
+                    self._heartbeat_request(),
+                    timeout=self.settings.rpc_timeout_s,
+                    metadata=self._metadata,
+                )
+            except aio.AioRpcError as exc:
+                self.stats.heartbeat_failures += 1
+                if exc.code() in FATAL_CODES:
+                    raise AgentFatalError(_fatal_message(exc)) from exc
+                self._note_error("heartbeat_failed", exc)
+                await asyncio.sleep(backoff.next_delay())
+                continue
+            self.stats.record_latency(time.perf_counter() - t0)
+            self.stats.heartbeats += 1
+            backoff.reset()
+            if reply.reregister:
+                raise _ReregisterError("controller asked to re-register")
+            if not self.settings.heartbeat_interval_s and reply.heartbeat_interval_s > 0:
+                self.interval_s = reply.heartbeat_interval_s
+
+    def _heartbeat_request(self) -> agent_pb2.HeartbeatRequest:
+        assert self.inventory is not None
+        inv = self.inventory
+        sick = [g.index for g in inv.gpus if not g.health.healthy]
+        state = agent_pb2.NODE_STATE_DEGRADED if sick else agent_pb2.NODE_STATE_READY
+        return agent_pb2.HeartbeatRequest(
+            node=inv.node,
+            session_id=self.session_id,
+            state=state,
+            message=f"unhealthy GPUs: {sick}" if sick else "",
+            gpu_health=[
+                agent_pb2.GpuHealthReport(index=g.index, health=health_to_proto(g.health))
+                for g in inv.gpus
+            ],
+            applied=self._applied(),
+        )
+
+    def _applied(self) -> dict[str, int]:
+        return self.applier.applied()
+
+    async def _rediscover_loop(self) -> None:
+        """Refresh the inventory; a changed shape (GPUs, NICs) means re-register, changed
+        health only travels with the next heartbeat."""
+        while True:
+            await asyncio.sleep(self.settings.rediscover_interval_s)
+            try:
+                inv = await asyncio.to_thread(self._discover)
+                check_inventory(inv)
+            except Exception as exc:  # the loop boundary: keep the last good inventory
+                self.log.warning("rediscovery_failed", error=str(exc))
+                continue
+            before = self.inventory
+            self.inventory = inv
+            if before is not None and _shape(before) != _shape(inv):
+                raise _ReregisterError("inventory changed")
+
+    def update_inventory(self, inv: NodeInventory) -> None:
+        """Replace the inventory now (simulation: inject a GPU fault); health goes out with
+        the next heartbeat."""
+        self.inventory = inv
+
+    # -- assignments
+
+    async def _watch_loop(self, stub: Stub) -> None:
+        backoff = self._backoff()
+        while True:
+            call = stub.WatchAssignments(
+                agent_pb2.WatchAssignmentsRequest(node=self.node, session_id=self.session_id),
+                metadata=self._metadata,
+            )
+            try:
+                self.stats.stream_opens += 1
+                async for msg in call:
+                    backoff.reset()
+                    await self._handle(stub, msg)
+                self.log.info("assignment_stream_closed")
+            except aio.AioRpcError as exc:
+                code = exc.code()
+                if code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND):
+                    raise _ReregisterError(f"watch refused: {exc.details()}") from exc
+                if code in FATAL_CODES:
+                    raise AgentFatalError(_fatal_message(exc)) from exc
+                self._note_error("assignment_stream_failed", exc)
+            finally:
+                call.cancel()
+            await asyncio.sleep(backoff.next_delay())
+
+    async def _handle(self, stub: Stub, msg: agent_pb2.Assignment) -> None:
+        received = time.time()
+        phase = _PHASES.get(msg.phase, "unspecified")
+        self.stats.assignments[phase] = self.stats.assignments.get(phase, 0) + 1
+        log = self.log.bind(deployment=msg.deployment, plan=msg.plan_id, version=msg.version)
+        result = ApplyResult(True)
+        if phase == "prepare":
+            result = await self._prepare(msg)
+            await self._ack(stub, msg, agent_pb2.ACK_STATE_PREPARED, result, log)
+        elif phase == "commit":
+            result = await self._commit(msg)
+            await self._ack(stub, msg, agent_pb2.ACK_STATE_COMMITTED, result, log)
+        elif phase == "abort":
+            await self._call(self.applier.abort, msg.deployment, int(msg.version))
+        elif phase == "remove":
+            result = await self._call(self.applier.remove, msg.deployment)
+        else:
+            log.warning("assignment_phase_unknown", phase=int(msg.phase))
+            return
+        log.info(
+            "assignment_handled",
+            phase=phase,
+            ok=result.ok,
+            reason=result.reason or None,
+            gpus=len(msg.gpus),
+        )
+        if self._observer is not None:
+            self._observer(
+                AssignmentEvent(
+                    self.node,
+                    msg.deployment,
+                    int(msg.version),
+                    phase,
+                    result.ok,
+                    result.reason,
+                    received,
+                    time.time(),
+                )
+            )
+
+    def _part(self, msg: agent_pb2.Assignment) -> NodeAssignment:
+        """The assignment's part, checked against the message's own header fields.
+
+        Raises:
+            InputError: malformed part, or it disagrees with the message.
+        """
+        a = assignment_from_json(msg.part_json)
+        if (a.deployment, a.plan_id, a.version) != (msg.deployment, msg.plan_id, msg.version):
+            raise InputError(
+                f"part is for {a.deployment} {a.plan_id} v{a.version}, message for "
+                f"{msg.deployment} {msg.plan_id} v{msg.version}",
+                field="part_json",
+            )
+        return a
+
+    async def _prepare(self, msg: agent_pb2.Assignment) -> ApplyResult:
+        try:
+            a = self._part(msg)
+        except InputError as exc:
+            return ApplyResult(False, str(exc))
+        return await self._call(self.applier.stage, a)
+
+    async def _commit(self, msg: agent_pb2.Assignment) -> ApplyResult:
+        dep, version = msg.deployment, int(msg.version)
+        current = self.applier.committed(dep)
+        if current is not None and current.version == version and current.plan_id == msg.plan_id:
+            return ApplyResult(True)  # replayed on reconnect: already in force
+        if not self.applier.is_staged(dep, version):
+            # We never saw (or lost) the PREPARE: apply the part the COMMIT carries.
+            staged = await self._prepare(msg)
+            if not staged.ok:
+                return staged
+        return await self._call(self.applier.commit, dep, version)
+
+    async def _ack(
+        self,
+        stub: Stub,
+        msg: agent_pb2.Assignment,
+        ok_state: AckState,
+        result: ApplyResult,
+        log: Any,
+    ) -> None:
+        state: AckState = ok_state if result.ok else agent_pb2.ACK_STATE_FAILED
+        req = agent_pb2.AckRequest(
+            node=self.node,
+            session_id=self.session_id,
+            deployment=msg.deployment,
+            plan_id=msg.plan_id,
+            version=msg.version,
+            state=state,
+            reason=result.reason[:1000] if not result.ok else "",
+        )
+        name = agent_pb2.AckState.Name(state)
+        backoff = self._backoff()
+        for attempt in range(1, self.settings.ack_attempts + 1):
+            try:
+                await stub.Ack(req, timeout=self.settings.rpc_timeout_s, metadata=self._metadata)
+            except aio.AioRpcError as exc:
+                code = exc.code()
+                if code == grpc.StatusCode.FAILED_PRECONDITION:
+                    # The rollout is over (aborted or superseded): drop what we staged.
+                    log.info("ack_refused_rollout_over", state=name, details=exc.details())
+                    if ok_state == agent_pb2.ACK_STATE_PREPARED:
+                        await self._call(self.applier.abort, msg.deployment, int(msg.version))
+                    return
+                if code == grpc.StatusCode.NOT_FOUND or code not in TEMPORARY_CODES:
+                    log.warning("ack_refused", state=name, code=code.name, details=exc.details())
+                    return
+                self._note_error("ack_failed", exc, attempt=attempt)
+                if attempt < self.settings.ack_attempts:
+                    await asyncio.sleep(backoff.next_delay())
+                continue
+            self.stats.acks[name] = self.stats.acks.get(name, 0) + 1
+            return
+        # The stream's replay after reconnecting re-sends what is still pending.
+        log.warning("ack_given_up", state=name, attempts=self.settings.ack_attempts)
+
+    # -- helpers
+
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run an applier method: in a worker thread when it blocks on disk or a hook."""
+        if self.applier.blocking:
+            return await asyncio.to_thread(fn, *args)
+        return fn(*args)
+
+    def _backoff(self) -> Backoff:
+        return Backoff(self.settings.backoff, rand=self._rand)
+
+    async def _sleep_or_stop(self, delay: float) -> bool:
+        """Sleep ``delay`` seconds; True when stopped meanwhile."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopped.wait(), timeout=delay)
+        return self._stopped.is_set()
+
+    def _note_error(self, event: str, exc: aio.AioRpcError, **kw: Any) -> None:
+        self.stats.last_error = f"{exc.code().name}: {exc.details()}"
+        self.log.warning(event, code=exc.code().name, details=exc.details(), **kw)
+
+
+def _shape(inv: NodeInventory) -> tuple[Any, ...]:
+    """An inventory without its health: what the controller plans with."""
+    return (
+        tuple(replace(g, health=type(g.health)()) for g in inv.gpus),
+        inv.nics,
+        tuple(sorted(inv.labels.items())),
+    )
+
+
+def _fatal_message(exc: aio.AioRpcError) -> str:
+    code = exc.code()
+    hint = {
+        grpc.StatusCode.UNAUTHENTICATED: "To fix: check --tls-cert/--tls-key/--tls-ca (or the "
+        "token) against the controller's CA and token file",
+        grpc.StatusCode.PERMISSION_DENIED: "To fix: use the certificate issued for this node "
+        "(CN node:<name>) or the fleet agent certificate",
+        grpc.StatusCode.INVALID_ARGUMENT: "To fix: correct the reported inventory field named "
+        "above (discovery configuration or Fleet file)",
+    }.get(code, "")
+    return f"controller refused the agent ({code.name}): {exc.details()}. {hint}".strip()
+
+
+async def run_agents(agents: Sequence[Agent], *, stop: Awaitable[Any] | None = None) -> None:
+    """Run agents until all return or ``stop`` completes (then stop them all).
+
+    Raises:
+        AgentFatalError: the first agent the controller refused (the others are stopped).
+    """
+    tasks = [asyncio.create_task(a.run(), name=f"agent-{i}") for i, a in enumerate(agents)]
+    waiter = asyncio.ensure_future(stop) if stop is not None else None
+    pending: set[asyncio.Future[Any]] = set(tasks)
+    if waiter is not None:
+        pending.add(waiter)
+    try:
+        while pending - ({waiter} if waiter else set()):
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            if waiter is not None and waiter in done:
+                break
+            for t in done:
+                if t is not waiter and t.exception() is not None:
+                    raise t.exception()  # type: ignore[misc]
+    finally:
+        for a in agents:
+            a.stop()
+        await asyncio.wait(tasks, timeout=5.0)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if waiter is not None:
+            waiter.cancel()

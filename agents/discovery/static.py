@@ -1,0 +1,85 @@
+"""Static discovery: a node described in a Fleet file.
+
+For simulated agents (``mixfleet-agent --simulate-fleet``) and for hardware NVML cannot see.
+The file is the same YAML/JSON document ``mixfleetctl`` plans with (see
+:func:`policies.fleet.parse_fleet`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agents.discovery.base import DiscoveryError
+from agents.inventory import NodeInventory, inventory_from_node
+from policies.errors import InputError
+from policies.fleet import Fleet, parse_fleet
+
+
+def load_fleet_file(path: str | Path) -> Fleet:
+    """Read and parse a Fleet file (YAML or JSON).
+
+    Raises:
+        DiscoveryError: the file cannot be read or is not YAML.
+        InputError: the document is not a valid Fleet (the message names the field).
+    """
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise DiscoveryError(
+            f"cannot read fleet file {str(p)!r}: {exc.strerror or exc}. "
+            "To fix: pass an existing Fleet YAML, e.g. examples/fleets/mixed-24.yaml"
+        ) from exc
+    try:
+        doc: Any = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise DiscoveryError(f"fleet file {str(p)!r} is not valid YAML: {exc}") from exc
+    return parse_fleet(doc)
+
+
+class StaticDiscovery:
+    """A :class:`~agents.discovery.base.DiscoveryBackend` returning one node of a Fleet.
+
+    Attributes:
+        name: ``static``.
+        fleet: the parsed fleet.
+        node_name: the node this agent reports.
+        simulated: mark the inventory simulated (no real hardware behind it).
+    """
+
+    name = "static"
+
+    def __init__(self, fleet: Fleet, node_name: str, *, simulated: bool = False) -> None:
+        names = [n.name for n in fleet.nodes]
+        if node_name not in names:
+            raise InputError(
+                f"node {node_name!r} is not in fleet {fleet.name!r}. "
+                f"To fix: pick one of {', '.join(names)}",
+                field="node",
+            )
+        self.fleet = fleet
+        self.node_name = node_name
+        self.simulated = simulated
+
+    @classmethod
+    def from_file(
+        cls, path: str | Path, node_name: str, *, simulated: bool = False
+    ) -> StaticDiscovery:
+        """Backend for ``node_name`` of the Fleet file at ``path``.
+
+        Raises:
+            DiscoveryError: unreadable file.
+            InputError: invalid fleet or unknown node.
+        """
+        return cls(load_fleet_file(path), node_name, simulated=simulated)
+
+    def discover(self) -> NodeInventory:
+        return inventory_from_node(self.fleet.node(self.node_name), simulated=self.simulated)
+
+
+def discover_fleet(fleet: Fleet, *, simulated: bool = True) -> list[NodeInventory]:
+    """One inventory per node of a fleet, in fleet order (``--simulate-fleet``)."""
+    return [inventory_from_node(n, simulated=simulated) for n in fleet.nodes]

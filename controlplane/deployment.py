@@ -1,0 +1,538 @@
+"""Deployments: what the user asks the controller to serve, and how that becomes a solve.
+
+A deployment document (YAML, ``examples/deployments/*.yaml``)::
+
+    apiVersion: mixfleet.io/v1alpha1
+    kind: ModelDeployment
+    metadata: {name: dsv3}
+    spec:
+      model: deepseek-v3            # a preset; or modelConfig: {... Hugging Face config.json ...}
+      workload: {phase: decode, tokensPerGpu: 64, contextLen: 4096, kvCacheDtype: bf16,
+                 load: uniform}     # uniform | synthetic:zipf:S[:seed=N] | measured
+      policy: ilp                   # ilp | greedy | eplb | uniform
+      form: engine                  # engine | native
+      redundantExperts: 32          # optional; default the smallest valid count
+      nodeSelector: {rack: r1}      # optional; nodes whose labels contain all of these
+      solverTimeLimitS: 60
+      prepareTimeoutS: 30
+      rebalance: {enabled: true, imbalanceThreshold: 0.15, sustainS: 60, minIntervalS: 300,
+                  migrationWeightUs: 2}
+
+The same document (as JSON) is what the store keeps; :func:`spec_to_proto` /
+:func:`spec_from_proto` carry it over PlanService.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from mixfleet.v1 import plan_pb2
+
+from policies.errors import InputError
+from policies.fleet import Fleet
+from policies.models import ModelSpec, from_hf_config, preset
+from policies.plan import FORMS, Plan
+from policies.request import POLICIES, PlacementRequest, SolverOptions
+from policies.workload import (
+    KV_DTYPES,
+    PHASES,
+    Workload,
+    load_from_json,
+    make_workload,
+    synthetic_zipf,
+)
+
+API_VERSION = "mixfleet.io/v1alpha1"
+KIND = "ModelDeployment"
+_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """The workload to plan for.
+
+    Attributes:
+        phase: ``prefill`` or ``decode``.
+        tokens_per_gpu: tokens per step per GPU on average.
+        context_len: KV cache length per sequence, tokens.
+        kv_cache_dtype: ``bf16`` or ``fp8``.
+        load: ``uniform``, ``synthetic:zipf:S[:seed=N]`` or ``measured`` (load windows the
+            engines report; uniform until the first window arrives).
+        load_matrix: explicit ``[layers][experts]`` load; overrides ``load`` when set.
+    """
+
+    phase: str = "decode"
+    tokens_per_gpu: int = 64
+    context_len: int = 4096
+    kv_cache_dtype: str = "bf16"
+    load: str = "uniform"
+    load_matrix: tuple[tuple[float, ...], ...] | None = None
+
+
+@dataclass(frozen=True)
+class RebalanceSpec:
+    """When the controller re-plans because the measured expert load drifted.
+
+    Attributes:
+        enabled: re-plan on sustained imbalance.
+        imbalance_threshold: (max - mean) / mean expert-phase time of the committed plan
+            under the measured load above which a window counts as imbalanced.
+        sustain_s: the imbalance must hold over this many seconds of windows.
+        min_interval_s: at least this long between two rebalances, s.
+        migration_weight_us: ILP cost of moving one expert replica, us per move; 0 = the
+            solver's default.
+    """
+
+    enabled: bool = False
+    imbalance_threshold: float = 0.15
+    sustain_s: float = 60.0
+    min_interval_s: float = 300.0
+    migration_weight_us: float = 0.0
+
+
+@dataclass(frozen=True)
+class DeploymentSpec:
+    """A model deployment: the desired state the reconcile loop drives towards.
+
+    Attributes:
+        name: deployment name (DNS label).
+        model: model preset name; "" when ``model_config`` is given.
+        model_config: a Hugging Face ``config.json`` (used when ``model`` is "").
+        workload: the workload to plan for.
+        policy: placement policy (``ilp`` | ``greedy`` | ``eplb`` | ``uniform``).
+        form: ``engine`` or ``native``.
+        redundant_experts: extra expert slots per MoE layer; None = the smallest count the
+            form allows for the GPUs in the plan (engine form: ``E + r`` divisible by GPUs).
+            When the GPU count changes (a node is lost) the next valid count >= this is used.
+        node_selector: labels a node must carry (all of them) to be used.
+        solver_time_limit_s: solver wall-clock limit, s.
+        prepare_timeout_s: rollout prepare deadline, s.
+        rebalance: load-driven re-planning.
+    """
+
+    name: str
+    model: str = ""
+    model_config: Mapping[str, Any] | None = None
+    workload: WorkloadSpec = field(default_factory=WorkloadSpec)
+    policy: str = "ilp"
+    form: str = "engine"
+    redundant_experts: int | None = None
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    solver_time_limit_s: float = 60.0
+    prepare_timeout_s: float = 30.0
+    rebalance: RebalanceSpec = field(default_factory=RebalanceSpec)
+
+
+# ---------------------------------------------------------------------- validation
+
+
+def _number(v: Any, path: str, *, positive: bool = True, allow_zero: bool = False) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        raise InputError(f"must be a finite number, got {v!r}", field=path)
+    if positive and (v < 0 or (v == 0 and not allow_zero)):
+        raise InputError(f"must be {'>=' if allow_zero else '>'} 0, got {v!r}", field=path)
+    return float(v)
+
+
+def _int(v: Any, path: str, *, minimum: int = 1) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise InputError(f"must be an integer >= {minimum}, got {v!r}", field=path)
+    return v
+
+
+def check_spec(spec: DeploymentSpec, *, path: str = "spec") -> ModelSpec:
+    """Validate a spec; returns its model.
+
+    Raises:
+        InputError: naming the field (``spec.workload.phase`` ...).
+    """
+    if not _NAME_RE.match(spec.name or ""):
+        raise InputError(
+            f"{spec.name!r} is not a valid name. To fix: use lower-case letters, digits and "
+            "'-', at most 63 characters, starting and ending with a letter or digit",
+            field="metadata.name",
+        )
+    model = resolve_model(spec, path=path)
+    w = spec.workload
+    if w.phase not in PHASES:
+        raise InputError(
+            f"must be one of {PHASES}, got {w.phase!r}", field=f"{path}.workload.phase"
+        )
+    _int(w.tokens_per_gpu, f"{path}.workload.tokensPerGpu")
+    _int(w.context_len, f"{path}.workload.contextLen")
+    if w.kv_cache_dtype not in KV_DTYPES:
+        raise InputError(
+            f"must be one of {KV_DTYPES}, got {w.kv_cache_dtype!r}",
+            field=f"{path}.workload.kvCacheDtype",
+        )
+    if w.load not in ("", "uniform", "measured") and not w.load.startswith("synthetic:"):
+        raise InputError(
+            f"unknown load {w.load!r}. To fix: use uniform, measured or synthetic:zipf:S:seed=N",
+            field=f"{path}.workload.load",
+        )
+    try:
+        workload_for(spec, model, measured=None)
+    except InputError as exc:
+        raise InputError(str(exc), field=f"{path}.workload.{exc.field or 'load'}") from exc
+    if spec.policy not in POLICIES:
+        raise InputError(f"must be one of {POLICIES}, got {spec.policy!r}", field=f"{path}.policy")
+    if spec.form not in FORMS:
+        raise InputError(f"must be one of {FORMS}, got {spec.form!r}", field=f"{path}.form")
+    if spec.redundant_experts is not None:
+        _int(spec.redundant_experts, f"{path}.redundantExperts", minimum=0)
+    for k, v in spec.node_selector.items():
+        if not isinstance(k, str) or not isinstance(v, str) or not k:
+            raise InputError(
+                f"labels must be non-empty strings, got {k!r}: {v!r}", field=f"{path}.nodeSelector"
+            )
+    _number(spec.solver_time_limit_s, f"{path}.solverTimeLimitS")
+    _number(spec.prepare_timeout_s, f"{path}.prepareTimeoutS")
+    r = spec.rebalance
+    _number(r.imbalance_threshold, f"{path}.rebalance.imbalanceThreshold")
+    _number(r.sustain_s, f"{path}.rebalance.sustainS", allow_zero=True)
+    _number(r.min_interval_s, f"{path}.rebalance.minIntervalS", allow_zero=True)
+    _number(r.migration_weight_us, f"{path}.rebalance.migrationWeightUs", allow_zero=True)
+    return model
+
+
+def resolve_model(spec: DeploymentSpec, *, path: str = "spec") -> ModelSpec:
+    """The spec's model (preset or inline config).
+
+    Raises:
+        InputError: unknown preset, bad config, or neither given.
+    """
+    if spec.model:
+        try:
+            return preset(spec.model)
+        except InputError as exc:
+            raise InputError(str(exc), field=f"{path}.model") from exc
+    if spec.model_config is not None:
+        try:
+            return from_hf_config(dict(spec.model_config), spec.name)
+        except InputError as exc:
+            raise InputError(str(exc), field=f"{path}.modelConfig.{exc.field}") from exc
+    raise InputError("give a model preset or a modelConfig", field=f"{path}.model")
+
+
+def workload_for(
+    spec: DeploymentSpec, model: ModelSpec, *, measured: Sequence[Sequence[float]] | None
+) -> Workload:
+    """The workload to solve for; ``measured`` is the aggregated load windows (or None).
+
+    Raises:
+        InputError: bad sizes or load shape.
+    """
+    w = spec.workload
+    load: Sequence[Sequence[float]] | None = None
+    source = w.load or "uniform"
+    if w.load_matrix is not None:
+        load, source = w.load_matrix, "spec"
+    elif measured is not None and w.load == "measured":
+        load = measured
+    elif measured is not None:
+        load, source = measured, "measured"
+    elif w.load.startswith("synthetic:"):
+        load = synthetic_zipf(model, w.load)
+    if not model.is_moe:
+        load = None
+    return make_workload(
+        model,
+        phase=w.phase,
+        tokens_per_gpu=w.tokens_per_gpu,
+        context_len=w.context_len,
+        load=load,
+        kv_cache_dtype=w.kv_cache_dtype,
+        load_source=source if load is not None else "uniform",
+    )
+
+
+def effective_redundant(spec: DeploymentSpec, model: ModelSpec, num_gpus: int) -> int:
+    """Redundant slots for ``num_gpus`` GPUs: the spec's count, raised to the next count for
+    which engine form has equal slots per GPU (``E + r`` divisible by ``num_gpus``)."""
+    r = spec.redundant_experts or 0
+    if spec.form != "engine" or not model.is_moe or num_gpus <= 0:
+        return r
+    return r + (-(model.num_experts + r)) % num_gpus
+
+
+def build_request(
+    spec: DeploymentSpec,
+    fleet: Fleet,
+    *,
+    previous: Plan | None = None,
+    measured: Sequence[Sequence[float]] | None = None,
+) -> PlacementRequest:
+    """The planning core's request for a deployment on a fleet.
+
+    ``previous`` (the committed plan) makes the ILP migration-aware; it is dropped when it
+    is for a different model.
+
+    Raises:
+        InputError: invalid spec.
+    """
+    model = resolve_model(spec)
+    workload = workload_for(spec, model, measured=measured)
+    if previous is not None and (
+        previous.model != model.name or len(previous.moe_layers) != model.num_moe_layers
+    ):
+        previous = None
+    options = SolverOptions(time_limit_s=spec.solver_time_limit_s)
+    if spec.rebalance.migration_weight_us > 0:
+        options = replace(options, migration_weight_us=spec.rebalance.migration_weight_us)
+    return PlacementRequest(
+        fleet=fleet,
+        model=model,
+        workload=workload,
+        policy=spec.policy,
+        form=spec.form,
+        redundant_experts=effective_redundant(spec, model, len(fleet.gpus)),
+        options=options,
+        previous=previous,
+    )
+
+
+def selects(spec: DeploymentSpec, labels: Mapping[str, str]) -> bool:
+    """Whether a node with ``labels`` matches the spec's node selector."""
+    return all(labels.get(k) == v for k, v in spec.node_selector.items())
+
+
+# ---------------------------------------------------------------------- documents
+
+
+def parse_deployment(doc: Any) -> DeploymentSpec:
+    """Read a ModelDeployment document (parsed YAML or JSON) and validate it.
+
+    Raises:
+        InputError: naming the field.
+    """
+    if not isinstance(doc, Mapping):
+        raise InputError("a deployment must be a mapping", field="")
+    if doc.get("apiVersion", API_VERSION) != API_VERSION:
+        raise InputError(
+            f"unsupported apiVersion {doc.get('apiVersion')!r}; this mixfleet reads {API_VERSION}",
+            field="apiVersion",
+        )
+    if doc.get("kind", KIND) != KIND:
+        raise InputError(f"must be {KIND}, got {doc.get('kind')!r}", field="kind")
+    meta = doc.get("metadata") or {}
+    spec = doc.get("spec")
+    if not isinstance(meta, Mapping):
+        raise InputError("must be a mapping", field="metadata")
+    if not isinstance(spec, Mapping):
+        raise InputError("missing or not a mapping", field="spec")
+    known = {
+        "model",
+        "modelConfig",
+        "workload",
+        "policy",
+        "form",
+        "redundantExperts",
+        "nodeSelector",
+        "solverTimeLimitS",
+        "prepareTimeoutS",
+        "rebalance",
+    }
+    for key in spec:
+        if key not in known:
+            raise InputError(
+                f"unknown field {key!r}; known: {', '.join(sorted(known))}", field=f"spec.{key}"
+            )
+    w = spec.get("workload") or {}
+    rb = spec.get("rebalance") or {}
+    if not isinstance(w, Mapping):
+        raise InputError("must be a mapping", field="spec.workload")
+    if not isinstance(rb, Mapping):
+        raise InputError("must be a mapping", field="spec.rebalance")
+    matrix = w.get("loadMatrix")
+    cfg = spec.get("modelConfig")
+    if cfg is not None and not isinstance(cfg, Mapping):
+        raise InputError("must be a mapping (a config.json)", field="spec.modelConfig")
+    selector = spec.get("nodeSelector") or {}
+    if not isinstance(selector, Mapping):
+        raise InputError("must be a mapping of label: value", field="spec.nodeSelector")
+    d = WorkloadSpec()
+    dr = RebalanceSpec()
+    out = DeploymentSpec(
+        name=str(meta.get("name", "")),
+        model=str(spec.get("model", "") or ""),
+        model_config=dict(cfg) if cfg is not None else None,
+        workload=WorkloadSpec(
+            phase=w.get("phase", d.phase),
+            tokens_per_gpu=w.get("tokensPerGpu", d.tokens_per_gpu),
+            context_len=w.get("contextLen", d.context_len),
+            kv_cache_dtype=w.get("kvCacheDtype", d.kv_cache_dtype),
+            load=str(w.get("load", d.load)),
+            load_matrix=_matrix(matrix, "spec.workload.loadMatrix") if matrix is not None else None,
+        ),
+        policy=spec.get("policy", "ilp"),
+        form=spec.get("form", "engine"),
+        redundant_experts=spec.get("redundantExperts"),
+        node_selector={str(k): str(v) for k, v in selector.items()},
+        solver_time_limit_s=spec.get("solverTimeLimitS", 60.0),
+        prepare_timeout_s=spec.get("prepareTimeoutS", 30.0),
+        rebalance=RebalanceSpec(
+            enabled=bool(rb.get("enabled", dr.enabled)),
+            imbalance_threshold=rb.get("imbalanceThreshold", dr.imbalance_threshold),
+            sustain_s=rb.get("sustainS", dr.sustain_s),
+            min_interval_s=rb.get("minIntervalS", dr.min_interval_s),
+            migration_weight_us=rb.get("migrationWeightUs", dr.migration_weight_us),
+        ),
+    )
+    check_spec(out)
+    return out
+
+
+def _matrix(v: Any, path: str) -> tuple[tuple[float, ...], ...]:
+    if isinstance(v, Mapping):
+        v = v.get("logical_count")
+    if not isinstance(v, list) or not all(isinstance(r, list) for r in v):
+        raise InputError("must be a [layers][experts] list of numbers", field=path)
+    rows = []
+    for i, row in enumerate(v):
+        rows.append(tuple(_number(x, f"{path}[{i}]", allow_zero=True) for x in row))
+    return tuple(rows)
+
+
+def spec_to_doc(spec: DeploymentSpec) -> dict[str, Any]:
+    """The ModelDeployment document of a spec (inverse of :func:`parse_deployment`)."""
+    w = spec.workload
+    workload: dict[str, Any] = {
+        "phase": w.phase,
+        "tokensPerGpu": w.tokens_per_gpu,
+        "contextLen": w.context_len,
+        "kvCacheDtype": w.kv_cache_dtype,
+        "load": w.load,
+    }
+    if w.load_matrix is not None:
+        workload["loadMatrix"] = [list(r) for r in w.load_matrix]
+    body: dict[str, Any] = {"workload": workload}
+    if spec.model:
+        body["model"] = spec.model
+    if spec.model_config is not None:
+        body["modelConfig"] = dict(spec.model_config)
+    body.update(policy=spec.policy, form=spec.form)
+    if spec.redundant_experts is not None:
+        body["redundantExperts"] = spec.redundant_experts
+    if spec.node_selector:
+        body["nodeSelector"] = dict(spec.node_selector)
+    r = spec.rebalance
+    body.update(
+        solverTimeLimitS=spec.solver_time_limit_s,
+        prepareTimeoutS=spec.prepare_timeout_s,
+        rebalance={
+            "enabled": r.enabled,
+            "imbalanceThreshold": r.imbalance_threshold,
+            "sustainS": r.sustain_s,
+            "minIntervalS": r.min_interval_s,
+            "migrationWeightUs": r.migration_weight_us,
+        },
+    )
+    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": spec.name}, "spec": body}
+
+
+# ---------------------------------------------------------------------- wire
+
+
+def spec_to_proto(spec: DeploymentSpec) -> plan_pb2.DeploymentSpec:
+    w = spec.workload
+    r = spec.rebalance
+    msg = plan_pb2.DeploymentSpec(
+        name=spec.name,
+        model=spec.model,
+        model_config_json=json.dumps(dict(spec.model_config)).encode()
+        if spec.model_config
+        else b"",
+        workload=plan_pb2.WorkloadSpec(
+            phase=w.phase,
+            tokens_per_gpu=w.tokens_per_gpu,
+            context_len=w.context_len,
+            kv_cache_dtype=w.kv_cache_dtype,
+            load=w.load,
+            load_json=json.dumps([list(x) for x in w.load_matrix]).encode()
+            if w.load_matrix is not None
+            else b"",
+        ),
+        policy=spec.policy,
+        form=spec.form,
+        node_selector=dict(spec.node_selector),
+        solver_time_limit_s=spec.solver_time_limit_s,
+        prepare_timeout_s=spec.prepare_timeout_s,
+        rebalance=plan_pb2.RebalanceSpec(
+            enabled=r.enabled,
+            imbalance_threshold=r.imbalance_threshold,
+            sustain_s=r.sustain_s,
+            min_interval_s=r.min_interval_s,
+            migration_weight_us=r.migration_weight_us,
+        ),
+    )
+    if spec.redundant_experts is not None:
+        msg.redundant_experts = spec.redundant_experts
+    return msg
+
+
+def _json_field(raw: bytes, path: str) -> Any:
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise InputError(f"not valid UTF-8 JSON: {exc}", field=path) from exc
+
+
+def spec_from_proto(msg: plan_pb2.DeploymentSpec) -> DeploymentSpec:
+    """A validated spec from the wire; zero values mean the defaults.
+
+    Raises:
+        InputError: naming the proto field (``spec.workload.phase``...).
+    """
+    d = DeploymentSpec(name=msg.name)
+    dw = WorkloadSpec()
+    dr = RebalanceSpec()
+    w = msg.workload
+    r = msg.rebalance
+    cfg = (
+        _json_field(msg.model_config_json, "spec.model_config_json")
+        if msg.model_config_json
+        else None
+    )
+    if cfg is not None and not isinstance(cfg, dict):
+        raise InputError("must be a JSON object", field="spec.model_config_json")
+    matrix = None
+    if w.load_json:
+        loaded = _json_field(w.load_json, "spec.workload.load_json")
+        model_hint = resolve_model(replace(d, model=msg.model, model_config=cfg))
+        try:
+            matrix = _matrix(load_from_json(loaded, model_hint), "spec.workload.load_json")
+        except InputError as exc:
+            raise InputError(str(exc), field="spec.workload.load_json") from exc
+    spec = DeploymentSpec(
+        name=msg.name,
+        model=msg.model,
+        model_config=cfg,
+        workload=WorkloadSpec(
+            phase=w.phase or dw.phase,
+            tokens_per_gpu=w.tokens_per_gpu or dw.tokens_per_gpu,
+            context_len=w.context_len or dw.context_len,
+            kv_cache_dtype=w.kv_cache_dtype or dw.kv_cache_dtype,
+            load=w.load or dw.load,
+            load_matrix=matrix,
+        ),
+        policy=msg.policy or d.policy,
+        form=msg.form or d.form,
+        redundant_experts=msg.redundant_experts if msg.HasField("redundant_experts") else None,
+        node_selector=dict(msg.node_selector),
+        solver_time_limit_s=msg.solver_time_limit_s or d.solver_time_limit_s,
+        prepare_timeout_s=msg.prepare_timeout_s or d.prepare_timeout_s,
+        rebalance=RebalanceSpec(
+            enabled=r.enabled,
+            imbalance_threshold=r.imbalance_threshold or dr.imbalance_threshold,
+            sustain_s=r.sustain_s or dr.sustain_s,
+            min_interval_s=r.min_interval_s or dr.min_interval_s,
+            migration_weight_us=r.migration_weight_us,
+        ),
+    )
+    check_spec(spec, path="spec")
+    return spec

@@ -1,0 +1,52 @@
+"""State stores of the controller: the :class:`Store` contract and its backends."""
+
+from __future__ import annotations
+
+from controlplane.errors import StoreError
+from controlplane.store.base import (
+    ACK_STATES,
+    PLAN_STATES,
+    AckState,
+    LoadWindow,
+    NodeState,
+    PlanState,
+    Store,
+    StoredAck,
+    StoredDeployment,
+    StoredNode,
+    StoredPlan,
+)
+
+__all__ = [
+    "ACK_STATES",
+    "PLAN_STATES",
+    "AckState",
+    "LoadWindow",
+    "NodeState",
+    "PlanState",
+    "Store",
+    "StoreError",
+    "StoredAck",
+    "StoredDeployment",
+    "StoredNode",
+    "StoredPlan",
+    "open_store",
+]
+
+
+def open_store(url: str) -> Store:
+    """Open a store from a URL: ``sqlite:PATH`` (``sqlite:///abs/path`` also accepted).
+
+    Raises:
+        StoreError: unknown scheme or the backend cannot open.
+    """
+    scheme, _, rest = url.partition(":")
+    if scheme == "sqlite" and rest:
+        from controlplane.store.sqlite import SqliteStore
+
+        path = rest[2:] if rest.startswith("//") else rest
+        return SqliteStore(path)
+    raise StoreError(
+        f"unknown store {url!r}. To fix: use sqlite:PATH (e.g. sqlite:/var/lib/mixfleet/state.db)",
+        field="store",
+    )

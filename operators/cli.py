@@ -1,0 +1,218 @@
+"""Command line of the operator: ``python -m operators run`` or ``mixfleetctl operator run``.
+
+    python -m operators run --namespace team-a --namespace team-b \\
+        --lease-namespace mixfleet-system --identity "$POD_NAME" --health-listen 0.0.0.0:8081
+
+In a pod the Kubernetes connection comes from the service account; elsewhere from
+``--kubeconfig`` or ``~/.kube/config``. The gRPC health service answers ``""`` (ready: every
+informer listed once and the loops are alive) and ``liveness`` (the loops are alive), for
+the kubelet's gRPC probes. ``mixfleet.operator.Leader`` is SERVING on the leader only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import structlog
+
+from operators.kube import Kube, api_client_from
+from operators.leader import LeaderSettings
+from operators.operator import Operator, OperatorSettings
+from operators.reconcile import ReconcileSettings
+
+LEVELS = ("debug", "info", "warning", "error")
+HEALTH_LEADER_SERVICE = "mixfleet.operator.Leader"
+
+
+def configure_logging(level: str = "info") -> None:
+    """structlog JSON lines on stderr."""
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            structlog.processors.JSONRenderer(),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(
+            logging.getLevelNamesMapping()[level.upper()]
+        ),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+    logging.basicConfig(level=level.upper(), stream=sys.stderr)
+
+
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``operator run`` (shared by ``python -m operators`` and mixfleetctl)."""
+    p.add_argument(
+        "--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube/config)"
+    )
+    p.add_argument("--context", help="kubeconfig context")
+    p.add_argument(
+        "--namespace",
+        action="append",
+        default=[],
+        help="serve ModelDeployments of this namespace (repeat; default: all namespaces)",
+    )
+    p.add_argument(
+        "--default-policy",
+        default="default",
+        help="PlacementPolicy for deployments without policyRef",
+    )
+    p.add_argument("--workers", type=int, default=2, help="reconciles at once")
+    p.add_argument(
+        "--field-manager", default="mixfleet-operator", help="server-side apply field manager"
+    )
+    p.add_argument(
+        "--node-stale-after-s",
+        type=float,
+        default=90.0,
+        help="GPUNode heartbeat age that excludes a node, s",
+    )
+    p.add_argument("--plan-history", type=int, default=3, help="PartitionPlans kept per deployment")
+    p.add_argument(
+        "--resync-period-s", type=float, default=300.0, help="reconcile everything this often, s"
+    )
+    p.add_argument("--no-leader-election", action="store_true", help="run alone (one replica only)")
+    p.add_argument("--lease-name", default="mixfleet-operator")
+    p.add_argument(
+        "--lease-namespace",
+        default=os.environ.get("POD_NAMESPACE", "mixfleet-system"),
+        help="namespace of the Lease (default $POD_NAMESPACE)",
+    )
+    p.add_argument(
+        "--identity",
+        default=os.environ.get("POD_NAME", socket.gethostname()),
+        help="this replica's id in the Lease (default $POD_NAME)",
+    )
+    p.add_argument("--lease-duration-s", type=float, default=15.0)
+    p.add_argument("--renew-deadline-s", type=float, default=10.0)
+    p.add_argument("--retry-period-s", type=float, default=2.0)
+    p.add_argument(
+        "--health-listen", default="0.0.0.0:8081", help="gRPC health address; '' to disable"
+    )
+    p.add_argument("--metrics-port", type=int, default=9090, help="Prometheus port; 0 to disable")
+    p.add_argument("--log-level", default="info", choices=LEVELS)
+
+
+def settings_from(args: argparse.Namespace) -> OperatorSettings:
+    """Operator settings from parsed ``operator run`` arguments."""
+    leader = None
+    if not args.no_leader_election:
+        leader = LeaderSettings(
+            lease_name=args.lease_name,
+            namespace=args.lease_namespace,
+            identity=args.identity,
+            lease_duration_s=args.lease_duration_s,
+            renew_deadline_s=args.renew_deadline_s,
+            retry_period_s=args.retry_period_s,
+        )
+    return OperatorSettings(
+        field_manager=args.field_manager,
+        namespaces=tuple(args.namespace),
+        default_policy=args.default_policy,
+        workers=args.workers,
+        resync_period_s=args.resync_period_s,
+        reconcile=ReconcileSettings(
+            node_stale_after_s=args.node_stale_after_s,
+            plan_history=args.plan_history,
+            field_manager=args.field_manager,
+        ),
+        leader=leader,
+    )
+
+
+def serve_health(op: Operator, address: str, stop: threading.Event) -> Any:
+    """Start a gRPC health server reflecting the operator's state; returns the server."""
+    from concurrent import futures
+
+    import grpc
+    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    server.add_insecure_port(address)
+    server.start()
+    serving = health_pb2.HealthCheckResponse.SERVING
+    not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
+
+    def update() -> None:
+        while not stop.is_set():
+            alive = op.healthy()
+            servicer.set("liveness", serving if alive else not_serving)
+            servicer.set("", serving if alive and op.ready() else not_serving)
+            servicer.set(HEALTH_LEADER_SERVICE, serving if op.is_leader() else not_serving)
+            stop.wait(2.0)
+
+    threading.Thread(target=update, name="health", daemon=True).start()
+    return server
+
+
+def run(args: argparse.Namespace) -> int:
+    """``operator run``: serve until SIGTERM or SIGINT; returns the exit status."""
+    configure_logging(args.log_level)
+    log = structlog.get_logger("mixfleet.operator")
+    settings = settings_from(args)
+    api = api_client_from(args.kubeconfig, context=args.context)
+    api.user_agent = f"mixfleet-operator/{settings.leader.identity if settings.leader else 'solo'}"
+    op = Operator(Kube(api, field_manager=settings.field_manager), settings)
+    stop = threading.Event()
+    health_server = serve_health(op, args.health_listen, stop) if args.health_listen else None
+    if args.metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(args.metrics_port)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    op.start()
+    log.info(
+        "operator started",
+        namespaces=list(settings.namespaces) or "all",
+        leader_election=settings.leader is not None,
+    )
+    stop.wait()
+    log.info("operator stopping")
+    op.stop()
+    if health_server is not None:
+        health_server.stop(grace=2.0)
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    """Add ``operator run`` to a CLI's subparsers (``mixfleetctl operator run``).
+
+    Usage in controlplane/cli.py::
+
+        from operators.cli import register as register_operator
+        register_operator(sub)      # sub = parser.add_subparsers(...)
+
+    The ``run`` parser sets ``handler`` (parsed arguments -> exit status), mixfleetctl's
+    convention for leaf commands.
+    """
+    op = subparsers.add_parser("operator", help="the Kubernetes operator (ModelDeployment CRDs)")
+    op_sub = op.add_subparsers(dest="operator_command", required=True)
+    run_p = op_sub.add_parser("run", help="reconcile ModelDeployments until stopped")
+    add_run_arguments(run_p)
+    run_p.set_defaults(handler=run)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m operators ...``."""
+    parser = argparse.ArgumentParser(prog="python -m operators", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run_p = sub.add_parser("run", help="reconcile ModelDeployments until stopped")
+    add_run_arguments(run_p)
+    run_p.set_defaults(handler=run)
+    args = parser.parse_args(argv)
+    status: int = args.handler(args)
+    return status

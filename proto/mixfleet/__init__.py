@@ -1,0 +1,1 @@
+"""mixfleet's wire API; the generated stubs live in :mod:`mixfleet.v1`."""

@@ -1,0 +1,207 @@
+"""``mixfleet-agent`` command line: bad flags and files give one error line and exit 2."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import threading
+from pathlib import Path
+
+import pytest
+from fake_controller import FakeAgentService, start_fake
+
+from agents.cli import _rewrite_simulate_fleet, main
+
+REPO = Path(__file__).resolve().parents[2]
+MIXED_24 = str(REPO / "examples" / "fleets" / "mixed-24.yaml")
+
+
+def _one_error(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        ([], "COMMAND"),
+        (["run", "--controller", "h:1", "--insecure"], "--plan-dir"),
+        (
+            ["run", "--controller", "h:1", "--plan-dir", "p", "--discovery", "static"],
+            "needs --fleet-file and --node",
+        ),
+        (
+            [
+                "run",
+                "--controller",
+                "h:1",
+                "--plan-dir",
+                "p",
+                "--discovery",
+                "static",
+                "--fleet-file",
+                MIXED_24,
+                "--node",
+                "a100-0",
+            ],
+            "--insecure",
+        ),
+        (
+            [
+                "run",
+                "--controller",
+                "h:1",
+                "--insecure",
+                "--plan-dir",
+                "p",
+                "--discovery",
+                "static",
+                "--fleet-file",
+                MIXED_24,
+                "--node",
+                "zz-9",
+            ],
+            "pick one of a100-0",
+        ),
+        (
+            [
+                "run",
+                "--controller",
+                "h:1",
+                "--insecure",
+                "--tls-ca",
+                "ca.pem",
+                "--plan-dir",
+                "p",
+                "--discovery",
+                "static",
+                "--fleet-file",
+                MIXED_24,
+                "--node",
+                "a100-0",
+            ],
+            "exclude each other",
+        ),
+        (
+            [
+                "run",
+                "--controller",
+                "h:1",
+                "--tls-ca",
+                "ca.pem",
+                "--plan-dir",
+                "p",
+                "--discovery",
+                "static",
+                "--fleet-file",
+                MIXED_24,
+                "--node",
+                "a100-0",
+            ],
+            "missing --tls-cert",
+        ),
+        (
+            [
+                "run",
+                "--controller",
+                "nocolon",
+                "--insecure",
+                "--plan-dir",
+                "p",
+                "--discovery",
+                "static",
+                "--fleet-file",
+                MIXED_24,
+                "--node",
+                "a100-0",
+            ],
+            "HOST:PORT",
+        ),
+        (
+            [
+                "run",
+                "--controller",
+                "h:1",
+                "--insecure",
+                "--plan-dir",
+                "p",
+                "--discovery",
+                "static",
+                "--fleet-file",
+                MIXED_24,
+                "--node",
+                "a100-0",
+                "--hook-phases",
+                "later",
+            ],
+            "--hook-phases",
+        ),
+        (["--simulate-fleet", "missing.yaml", "--controller", "h:1", "--insecure"], "missing.yaml"),
+        (["simulate", "--fleet", MIXED_24, "--controller", "h:1"], "--insecure"),
+        (["run", "--bogus"], "required: --controller, --plan-dir"),
+    ],
+)
+def test_bad_usage_is_one_error_line_exit_2(
+    argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    assert needle in _one_error(capsys)
+
+
+def test_calibrate_slot_without_module_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    if importlib.util.find_spec("agents.calibrate") is not None:
+        pytest.skip("agents.calibrate exists; its own tests cover it")
+    assert main(["calibrate", "--quick"]) == 2
+    assert "agents.calibrate" in _one_error(capsys)
+
+
+def test_simulate_fleet_flag_is_rewritten_to_the_simulate_command() -> None:
+    assert _rewrite_simulate_fleet(["--simulate-fleet", "f.yaml", "--insecure"]) == [
+        "simulate",
+        "--fleet",
+        "f.yaml",
+        "--insecure",
+    ]
+    assert _rewrite_simulate_fleet(["--controller", "h:1", "--simulate-fleet=f.yaml"]) == [
+        "simulate",
+        "--fleet",
+        "f.yaml",
+        "--controller",
+        "h:1",
+    ]
+
+
+def test_refused_simulated_agents_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
+    import grpc
+
+    svc = FakeAgentService(refuse_register=grpc.StatusCode.UNAUTHENTICATED)
+    ready = threading.Event()
+    port_box: list[int] = []
+    loop = asyncio.new_event_loop()
+
+    async def serve() -> None:
+        server, port = await start_fake(svc)
+        port_box.append(port)
+        ready.set()
+        await server.wait_for_termination(timeout=20)
+
+    t = threading.Thread(target=lambda: loop.run_until_complete(serve()), daemon=True)
+    t.start()
+    assert ready.wait(10)
+    rc = main(
+        [
+            "--simulate-fleet",
+            MIXED_24,
+            "--controller",
+            f"127.0.0.1:{port_box[0]}",
+            "--insecure",
+            "--log-level",
+            "error",
+        ]
+    )
+    assert rc == 1
+    line = _one_error(capsys)
+    assert "3 simulated agent(s) failed" in line and "UNAUTHENTICATED" in line

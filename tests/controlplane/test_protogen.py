@@ -1,0 +1,28 @@
+"""The generated stubs are current and importable as ``mixfleet.v1``."""
+
+from __future__ import annotations
+
+import importlib.util
+
+from controlplane import protogen
+
+
+def test_stubs_are_current() -> None:
+    stale = protogen.stale_files()
+    assert stale == [], f"stale stubs {stale}. To fix: python -m controlplane.protogen"
+
+
+def test_stubs_import_as_mixfleet_v1_and_there_is_no_proto_package() -> None:
+    from mixfleet.v1 import agent_pb2, engine_pb2_grpc, plan_pb2_grpc
+
+    assert agent_pb2.DESCRIPTOR.package == "mixfleet.v1"
+    assert hasattr(plan_pb2_grpc, "PlanServiceStub")
+    assert hasattr(engine_pb2_grpc, "EngineServiceStub")
+    assert importlib.util.find_spec("proto") is None
+
+
+def test_fix_imports_makes_bare_imports_absolute() -> None:
+    text = "import inventory_pb2 as inventory__pb2\nfrom agent_pb2 import X\n"
+    fixed = protogen.fix_imports(text)
+    assert "from mixfleet.v1 import inventory_pb2 as inventory__pb2" in fixed
+    assert "from mixfleet.v1.agent_pb2 import X" in fixed

@@ -1,0 +1,166 @@
+"""An API server for the operator tests: the fake one, or a real cluster.
+
+Tests that take the ``cluster`` fixture (tests/operators/conftest.py) run twice:
+
+* ``fake`` - against :class:`operators.testing.fakeapi.FakeApiServer` on loopback (always);
+* ``real`` - against the cluster of the kubeconfig in ``MIXFLEET_E2E_KUBECONFIG`` (skipped
+  when it is not set). The fixture installs the CRDs from charts/mixfleet/crds, works in a
+  fresh namespace, prefixes cluster-scoped names with the run id, labels its GPUNodes with
+  ``mixfleet.io/e2e-run`` and deletes everything afterwards. Do not run it where a mixfleet
+  operator already serves that namespace. See docs/kubernetes.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client as k8s_client
+
+from agents.inventory import NodeInventory
+from operators.errors import ConflictError, NotFoundError
+from operators.gpunode import gpunode_object, gpunode_status
+from operators.kube import (
+    GPUNODES,
+    MODEL_DEPLOYMENTS,
+    PARTITION_PLANS,
+    PLACEMENT_POLICIES,
+    Json,
+    Kube,
+    Resource,
+)
+from operators.schema import to_wire
+from operators.testing.fakeapi import FakeApiServer, crd_manifests
+from operators.v1alpha1 import GPUNodeSpec
+
+E2E_ENV = "MIXFLEET_E2E_KUBECONFIG"
+CRD_DIR = Path(__file__).resolve().parents[2] / "charts" / "mixfleet" / "crds"
+RUN_LABEL = "mixfleet.io/e2e-run"
+
+
+@dataclass
+class Cluster:
+    """An API server for one test.
+
+    Attributes:
+        mode: ``fake`` or ``real``.
+        fake: the fake server (None on a real cluster).
+        namespace: namespace for namespaced objects (and Leases).
+        prefix: prefix for cluster-scoped names (empty on the fake).
+        run: value of the ``mixfleet.io/e2e-run`` label on this test's GPUNodes.
+    """
+
+    mode: str
+    fake: FakeApiServer | None
+    namespace: str
+    prefix: str
+    run: str
+    _configure: Callable[[k8s_client.Configuration], None]
+    _clients: list[Any] = field(default_factory=list)
+
+    def api_client(self, user_agent: str = "mixfleet-test") -> Any:
+        cfg = k8s_client.Configuration()
+        self._configure(cfg)
+        api = k8s_client.ApiClient(cfg)
+        api.user_agent = user_agent
+        self._clients.append(api)
+        return api
+
+    def kube(self, manager: str = "mixfleet-test", user_agent: str | None = None) -> Kube:
+        return Kube(self.api_client(user_agent or manager), field_manager=manager)
+
+    def name(self, base: str) -> str:
+        """A cluster-scoped name for this run."""
+        return f"{self.prefix}{base}"
+
+    def put_gpunode(
+        self,
+        kube: Kube,
+        base: str,
+        inv: NodeInventory,
+        *,
+        heartbeat: datetime | None = None,
+        spec: GPUNodeSpec | None = None,
+        labels: dict[str, str] | None = None,
+    ) -> str:
+        """Create a GPUNode and write its status as the controller would; returns its name."""
+        name = self.name(base)
+        obj = gpunode_object(name, spec=spec, labels={RUN_LABEL: self.run, **(labels or {})})
+        kube.create(GPUNODES, obj)
+        self.heartbeat(kube, name, inv, heartbeat)
+        return name
+
+    def heartbeat(
+        self, kube: Kube, name: str, inv: NodeInventory, at: datetime | None = None
+    ) -> None:
+        import dataclasses
+
+        status = gpunode_status(dataclasses.replace(inv, node=name), at or datetime.now(UTC))
+        kube.apply(
+            GPUNODES, {"metadata": {"name": name}, "status": to_wire(status)}, subresource="status"
+        )
+
+    def close(self) -> None:
+        for api in self._clients:
+            api.close()
+
+
+def wait_for(
+    fn: Callable[[], Any], *, timeout_s: float = 30.0, interval_s: float = 0.1, what: str = ""
+) -> Any:
+    """Poll ``fn`` until it returns a truthy value; fail with ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = fn()
+        if last:
+            return last
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what or fn}: last {last!r}")
+
+
+def install_crds(kube: Kube) -> None:
+    """Server-side apply the chart's CRDs and wait until they are Established."""
+    crd_res = Resource(
+        "apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", False
+    )
+    for doc in crd_manifests(str(CRD_DIR)):
+        name = doc["metadata"]["name"]
+        kube.apply(crd_res, doc)
+
+        def established(n: str = name) -> bool:
+            status = (kube.get(crd_res, n) or {}).get("status") or {}
+            return any(
+                c.get("type") == "Established" and c.get("status") == "True"
+                for c in status.get("conditions", [])
+            )
+
+        wait_for(established, timeout_s=60, what=f"CRD {name} established")
+
+
+def cleanup_real(kube: Kube, c: Cluster) -> None:
+    ns_res = Resource("", "v1", "namespaces", "Namespace", False)
+    for res in (MODEL_DEPLOYMENTS, PARTITION_PLANS):
+        items, _ = kube.list(res, c.namespace)
+        for o in items:
+            if o["metadata"].get("finalizers"):
+                with contextlib.suppress(NotFoundError, ConflictError):
+                    kube.merge_patch(
+                        res, o["metadata"]["name"], {"metadata": {"finalizers": None}}, c.namespace
+                    )
+    for res in (GPUNODES, PLACEMENT_POLICIES):
+        items, _ = kube.list(res)
+        for o in items:
+            if o["metadata"]["name"].startswith(c.prefix):
+                kube.delete(res, o["metadata"]["name"])
+    kube.delete(ns_res, c.namespace)
+
+
+def load_yaml(path: Path) -> list[Json]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
