@@ -71,43 +71,116 @@ SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in (
         Scenario(
-            "mixed-24-decode", "mixed-24.yaml", "deepseek-v3", "decode", 128, 4096, "fp8",
-            "synthetic:zipf:0.5:seed=1", 32, ("engine", "native"), 30.0,
+            "mixed-24-decode",
+            "mixed-24.yaml",
+            "deepseek-v3",
+            "decode",
+            128,
+            4096,
+            "fp8",
+            "synthetic:zipf:0.5:seed=1",
+            32,
+            ("engine", "native"),
+            30.0,
             description="8x A100 + 8x H100 + 8x H200, NVSwitch nodes, 4x400 Gb/s IB; DeepSeek-V3 decode",
         ),
         Scenario(
-            "mixed-24-prefill", "mixed-24.yaml", "deepseek-v3", "prefill", 4096, 4096, "fp8",
-            "synthetic:zipf:0.5:seed=1", 32, ("engine", "native"), 30.0,
+            "mixed-24-prefill",
+            "mixed-24.yaml",
+            "deepseek-v3",
+            "prefill",
+            4096,
+            4096,
+            "fp8",
+            "synthetic:zipf:0.5:seed=1",
+            32,
+            ("engine", "native"),
+            30.0,
             description="same fleet, DeepSeek-V3 prefill of 4096 tokens per GPU",
         ),
         Scenario(
-            "ada-hopper-decode", "ada-hopper.yaml", "qwen3-235b-a22b", "decode", 32, 2048, "fp8",
-            "synthetic:zipf:0.5:seed=1", 16, ("engine", "native"), 60.0,
+            "ada-hopper-decode",
+            "ada-hopper.yaml",
+            "qwen3-235b-a22b",
+            "decode",
+            32,
+            2048,
+            "fp8",
+            "synthetic:zipf:0.5:seed=1",
+            16,
+            ("engine", "native"),
+            60.0,
             description="2 nodes 8x L40S PCIe (2x200 Gb/s RoCE) + 1 node 8x H100; Qwen3-235B-A22B decode",
         ),
         Scenario(
-            "homog-32-decode", "homog-32.yaml", "deepseek-v3", "decode", 128, 4096, "fp8",
-            "synthetic:zipf:0.5:seed=1", 32, ("engine",), 30.0,
+            "homog-32-decode",
+            "homog-32.yaml",
+            "deepseek-v3",
+            "decode",
+            128,
+            4096,
+            "fp8",
+            "synthetic:zipf:0.5:seed=1",
+            32,
+            ("engine",),
+            30.0,
             description="4 nodes of 8x H100 (identical GPUs): the ILP must not lose to EPLB",
         ),
         Scenario(
-            "large-256-decode", "large-256.yaml", "deepseek-v3", "decode", 128, 4096, "fp8",
-            "synthetic:zipf:0.5:seed=1", 256, ("engine",), 120.0,
+            "large-256-decode",
+            "large-256.yaml",
+            "deepseek-v3",
+            "decode",
+            128,
+            4096,
+            "fp8",
+            "synthetic:zipf:0.5:seed=1",
+            256,
+            ("engine",),
+            100.0,
             description="32 nodes x 8 GPUs of four types (A100, H100, H200, B200); DeepSeek-V3 decode",
         ),
         Scenario(
-            "layer-256x64-decode", "mixed-64.yaml", "deepseek-v3", "decode", 128, 4096, "fp8",
-            "synthetic:zipf:0.5:seed=1", 64, ("engine",), 10.0, moe_layers=1,
+            "layer-256x64-decode",
+            "mixed-64.yaml",
+            "deepseek-v3",
+            "decode",
+            128,
+            4096,
+            "fp8",
+            "synthetic:zipf:0.5:seed=1",
+            64,
+            ("engine",),
+            0.9,
+            moe_layers=1,
             description="solve time of ONE MoE layer (256 experts) on 64 GPUs of four types",
         ),
         Scenario(
-            "mixed-24-decode-balanced", "mixed-24.yaml", "deepseek-v3", "decode", 128, 4096, "fp8",
-            "synthetic:zipf:0.0:seed=1", 32, ("engine",), 30.0,
+            "mixed-24-decode-balanced",
+            "mixed-24.yaml",
+            "deepseek-v3",
+            "decode",
+            128,
+            4096,
+            "fp8",
+            "synthetic:zipf:0.0:seed=1",
+            32,
+            ("engine",),
+            30.0,
             description="sensitivity: mixed-24 decode with perfectly even expert load",
         ),
         Scenario(
-            "mixed-24-decode-skewed", "mixed-24.yaml", "deepseek-v3", "decode", 128, 4096, "fp8",
-            "synthetic:zipf:1.0:seed=1", 32, ("engine",), 30.0,
+            "mixed-24-decode-skewed",
+            "mixed-24.yaml",
+            "deepseek-v3",
+            "decode",
+            128,
+            4096,
+            "fp8",
+            "synthetic:zipf:1.0:seed=1",
+            32,
+            ("engine",),
+            30.0,
             description="sensitivity: mixed-24 decode with a heavily skewed load (zipf 1.0)",
         ),
     )
@@ -126,12 +199,22 @@ def _request(s: Scenario, fleet: Fleet, policy: str, form: str) -> PlacementRequ
     m = _model(s)
     load = synthetic_zipf(m, s.load)
     w = make_workload(
-        m, phase=s.phase, tokens_per_gpu=s.tokens_per_gpu, context_len=s.context_len,
-        load=load, kv_cache_dtype=s.kv_cache_dtype, load_source=s.load,
+        m,
+        phase=s.phase,
+        tokens_per_gpu=s.tokens_per_gpu,
+        context_len=s.context_len,
+        load=load,
+        kv_cache_dtype=s.kv_cache_dtype,
+        load_source=s.load,
     )
     workers = 1 if s.moe_layers == 1 else 0
     return PlacementRequest(
-        fleet, m, w, policy=policy, form=form, redundant_experts=s.redundant_experts,
+        fleet,
+        m,
+        w,
+        policy=policy,
+        form=form,
+        redundant_experts=s.redundant_experts,
         options=SolverOptions(time_limit_s=s.time_limit_s, workers=workers),
     )
 
@@ -180,11 +263,17 @@ def run_scenario(s: Scenario, log: Callable[[str], None]) -> dict[str, Any]:
         "scenario": s.name,
         "description": s.description,
         "inputs": {
-            "fleet": f"examples/fleets/{s.fleet}", "gpus": len(fleet.gpus), "model": s.model,
-            "moe_layers": _model(s).num_moe_layers, "phase": s.phase,
-            "tokens_per_gpu": s.tokens_per_gpu, "context_len": s.context_len,
-            "kv_cache_dtype": s.kv_cache_dtype, "load": s.load,
-            "redundant_experts": s.redundant_experts, "time_limit_s": s.time_limit_s,
+            "fleet": f"examples/fleets/{s.fleet}",
+            "gpus": len(fleet.gpus),
+            "model": s.model,
+            "moe_layers": _model(s).num_moe_layers,
+            "phase": s.phase,
+            "tokens_per_gpu": s.tokens_per_gpu,
+            "context_len": s.context_len,
+            "kv_cache_dtype": s.kv_cache_dtype,
+            "load": s.load,
+            "redundant_experts": s.redundant_experts,
+            "time_limit_s": s.time_limit_s,
         },
         "results": rows,
         "targets": check_targets(s.name, rows),
@@ -193,7 +282,12 @@ def run_scenario(s: Scenario, log: Callable[[str], None]) -> dict[str, Any]:
 
 def _get(rows: Sequence[dict[str, Any]], policy: str, form: str) -> dict[str, Any] | None:
     for r in rows:
-        if r["policy"] == policy and r["form"] == form and r.get("feasible") and "tokens_per_s" in r:
+        if (
+            r["policy"] == policy
+            and r["form"] == form
+            and r.get("feasible")
+            and "tokens_per_s" in r
+        ):
             return r
     return None
 
@@ -210,28 +304,81 @@ def check_targets(name: str, rows: Sequence[dict[str, Any]]) -> list[dict[str, A
     out: list[dict[str, Any]] = []
 
     def target(what: str, value: float | None, ok: Callable[[float], bool], goal: str) -> None:
-        out.append({
-            "target": what, "goal": goal,
-            "value": None if value is None else round(value, 4),
-            "met": value is not None and ok(value),
-        })
+        out.append(
+            {
+                "target": what,
+                "goal": goal,
+                "value": None if value is None else round(value, 4),
+                "met": value is not None and ok(value),
+            }
+        )
 
     ilp_engine = _get(rows, "ilp", "engine")
     ilp_native = _get(rows, "ilp", "native")
     if name == "mixed-24-decode":
-        target("ilp / uniform tokens/s (engine)", _ratio(rows, "ilp", "uniform", "engine"), lambda v: v >= 1.30, ">= 1.30")
-        target("ilp / eplb tokens/s (engine)", _ratio(rows, "ilp", "eplb", "engine"), lambda v: v >= 1.15, ">= 1.15")
-        target("ilp / greedy tokens/s (engine)", _ratio(rows, "ilp", "greedy", "engine"), lambda v: v >= 1.0, ">= 1.00")
-        target("gap to proven bound (native)", ilp_native and ilp_native["gap"], lambda v: v <= 0.02, "<= 2%")
-        target("gap to proven bound (engine)", ilp_engine and ilp_engine["gap"], lambda v: v <= 0.05, "<= 5%")
-        target("solve time, all 58 MoE layers (engine)", ilp_engine and ilp_engine["wall_s"], lambda v: v <= 30, "<= 30 s")
-        target("solve time, all 58 MoE layers (native)", ilp_native and ilp_native["wall_s"], lambda v: v <= 30, "<= 30 s")
+        target(
+            "ilp / uniform tokens/s (engine)",
+            _ratio(rows, "ilp", "uniform", "engine"),
+            lambda v: v >= 1.30,
+            ">= 1.30",
+        )
+        target(
+            "ilp / eplb tokens/s (engine)",
+            _ratio(rows, "ilp", "eplb", "engine"),
+            lambda v: v >= 1.15,
+            ">= 1.15",
+        )
+        target(
+            "ilp / greedy tokens/s (engine)",
+            _ratio(rows, "ilp", "greedy", "engine"),
+            lambda v: v >= 1.0,
+            ">= 1.00",
+        )
+        target(
+            "gap to proven bound (native)",
+            ilp_native and ilp_native["gap"],
+            lambda v: v <= 0.02,
+            "<= 2%",
+        )
+        target(
+            "gap to proven bound (engine)",
+            ilp_engine and ilp_engine["gap"],
+            lambda v: v <= 0.05,
+            "<= 5%",
+        )
+        target(
+            "solve time, all 58 MoE layers (engine)",
+            ilp_engine and ilp_engine["wall_s"],
+            lambda v: v <= 30,
+            "<= 30 s",
+        )
+        target(
+            "solve time, all 58 MoE layers (native)",
+            ilp_native and ilp_native["wall_s"],
+            lambda v: v <= 30,
+            "<= 30 s",
+        )
     elif name == "homog-32-decode":
-        target("ilp / eplb tokens/s (engine)", _ratio(rows, "ilp", "eplb", "engine"), lambda v: v >= 1.0, ">= 1.00")
+        target(
+            "ilp / eplb tokens/s (engine)",
+            _ratio(rows, "ilp", "eplb", "engine"),
+            lambda v: v >= 1.0,
+            ">= 1.00",
+        )
     elif name == "large-256-decode":
-        target("solve time (engine)", ilp_engine and ilp_engine["wall_s"], lambda v: v <= 120, "<= 120 s")
+        target(
+            "solve time (engine)",
+            ilp_engine and ilp_engine["wall_s"],
+            lambda v: v <= 120,
+            "<= 120 s",
+        )
     elif name == "layer-256x64-decode":
-        target("solve time, one layer (engine)", ilp_engine and ilp_engine["wall_s"], lambda v: v <= 1.0, "<= 1 s")
+        target(
+            "solve time, one layer (engine)",
+            ilp_engine and ilp_engine["wall_s"],
+            lambda v: v <= 1.0,
+            "<= 1 s",
+        )
     return out
 
 
@@ -283,7 +430,9 @@ def render_markdown(report: dict[str, Any]) -> str:
         ]
         for r in sc["results"]:
             if "tokens_per_s" not in r:
-                lines.append(f"| {r['form']} | {r['policy']} | - | - | - | - | - | - | no: {r.get('error', '')[:80]} |")
+                lines.append(
+                    f"| {r['form']} | {r['policy']} | - | - | - | - | - | - | no: {r.get('error', '')[:80]} |"
+                )
                 continue
             base = _get(sc["results"], "uniform", r["form"])
             vs = f"{r['tokens_per_s'] / base['tokens_per_s']:.2f}x" if base else "-"
@@ -297,7 +446,9 @@ def render_markdown(report: dict[str, Any]) -> str:
         if sc["targets"]:
             lines += ["", "| target | goal | measured | met |", "|---|---|---:|---|"]
             for t in sc["targets"]:
-                lines.append(f"| {t['target']} | {t['goal']} | {t['value']} | {'yes' if t['met'] else '**no**'} |")
+                lines.append(
+                    f"| {t['target']} | {t['goal']} | {t['value']} | {'yes' if t['met'] else '**no**'} |"
+                )
         lines.append("")
     return "\n".join(lines)
 
@@ -307,7 +458,8 @@ def placement_main(args: argparse.Namespace) -> int:
     name = str(getattr(args, "scenario", "all") or "all")
     if name != "all" and name not in SCENARIOS:
         raise InputError(
-            f"unknown scenario {name!r}; choose one of {', '.join(SCENARIOS)} or all", field="scenario"
+            f"unknown scenario {name!r}; choose one of {', '.join(SCENARIOS)} or all",
+            field="scenario",
         )
     chosen = list(SCENARIOS.values()) if name == "all" else [SCENARIOS[name]]
 

@@ -30,7 +30,7 @@ import types
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any
 
 from policies.errors import InputError
 
@@ -100,12 +100,6 @@ _KEY = "k8s"
 def k8s(description: str, **kwargs: Any) -> dict[str, Meta]:
     """Field metadata: ``field(default=..., metadata=k8s("what it is, unit", minimum=0))``."""
     return {_KEY: Meta(description, **kwargs)}
-
-
-class DataclassType(Protocol):
-    """Any dataclass class (for typing the reflection helpers)."""
-
-    __dataclass_fields__: ClassVar[dict[str, Any]]
 
 
 def camel(name: str) -> str:

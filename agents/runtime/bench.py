@@ -599,7 +599,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ranks = spawn(_bench_rank, 2, c, backend="gloo" if args.cpu else "nccl", timeout_s=1200)
     doc = {
         "kind": "mixfleet.gpu-bench/v1",
-        "command": "python -m agents.runtime.bench " + " ".join(argv or sys.argv[1:]),
+        "command": "python -m agents.runtime.bench "
+        + " ".join(argv or sys.argv[1:]).replace(args.out, "OUT"),
         "environment": environment(),
         "config": {k: v for k, v in asdict(c).items() if k != "inventory"},
         "model": asdict(bench_model(c)),
@@ -609,12 +610,68 @@ def main(argv: Sequence[str] | None = None) -> int:
         "slowdown": ranks[0]["slowdown"],
         "duration_s": time.perf_counter() - t0,
     }
+    doc["report"] = report(doc)
     path = os.path.join(args.out, "gpu-bench.json")
     with open(path, "w", encoding="utf-8") as fh:
         json.dump(doc, fh, indent=1, default=str)
     print(summary(doc))
     print(f"wrote {path} in {doc['duration_s']:.0f} s")
     return 0
+
+
+def report(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """Headline figures: per scenario, phase and policy the measured layer time against
+    the calibrated and catalog predictions; ilp-vs-uniform speed-ups, measured and
+    predicted, and the measured share of the predicted gain."""
+    out: dict[str, Any] = {"fidelity": [], "heterogeneity": []}
+    for key in ("equal", "slowed"):
+        sc = doc.get(key)
+        if not sc or "runs" not in sc:
+            continue
+        for phase, by_policy in sc["runs"].items():
+            for policy, r in by_policy.items():
+                meas = max(m["layer_us"] for m in r["measured"])
+                pred = r["predicted"]["layer_us"]
+                cat = r["predicted_catalog"]["layer_us"]
+                out["fidelity"].append(
+                    {
+                        "scenario": key,
+                        "phase": phase,
+                        "policy": policy,
+                        "tokens_per_gpu": [m["tokens"] for m in r["measured"]],
+                        "experts_per_gpu": [m["slots"] for m in r["measured"]],
+                        "measured_layer_us": meas,
+                        "measured_free_layer_us": max(m["free_layer_us"] for m in r["measured"]),
+                        "predicted_layer_us": pred,
+                        "error": (pred - meas) / meas,
+                        "catalog_layer_us": cat,
+                        "catalog_error": (cat - meas) / meas,
+                        "measured_busy_us": [m["busy_us"] for m in r["measured"]],
+                        "predicted_busy_us": r["predicted"]["busy_us"],
+                        "busy_error": [
+                            (p - m["busy_us"]) / m["busy_us"]
+                            for p, m in zip(r["predicted"]["busy_us"], r["measured"], strict=True)
+                        ],
+                    }
+                )
+            uni, ilp = by_policy.get("uniform"), by_policy.get("ilp")
+            if uni and ilp:
+                mu = max(m["layer_us"] for m in uni["measured"])
+                mi = max(m["layer_us"] for m in ilp["measured"])
+                pu, pi = uni["predicted"]["layer_us"], ilp["predicted"]["layer_us"]
+                gain_pred = pu / pi - 1.0
+                out["heterogeneity"].append(
+                    {
+                        "scenario": key,
+                        "phase": phase,
+                        "measured_speedup": mu / mi,
+                        "predicted_speedup": pu / pi,
+                        "measured_gain_over_predicted": (mu / mi - 1.0) / gain_pred
+                        if abs(gain_pred) > 1e-3
+                        else None,
+                    }
+                )
+    return out
 
 
 def summary(doc: Mapping[str, Any]) -> str:

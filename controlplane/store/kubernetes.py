@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import uuid
@@ -531,10 +532,9 @@ class KubernetesStore:
                 continue
             except (ApiError, OperatorError) as exc:
                 raise StoreError(f"cannot store version {version}: {exc}", field="version") from exc
-            allocated = version
             self._call(
                 "record version",
-                lambda: record_version(self._kube, self.namespace, deployment, allocated),
+                functools.partial(record_version, self._kube, self.namespace, deployment, version),
             )
             self._set_state(deployment, version, "proposed", reason, now_s, None)
             return StoredPlan(

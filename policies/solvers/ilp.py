@@ -104,11 +104,39 @@ _EPS_SLOTS = 1e-4  # weight of "keep memory for experts" in stage 1, us per slot
 
 
 def _class_of(table: CostTable, req: PlacementRequest) -> list[list[int]]:
-    """Groups of interchangeable GPUs: same node and same spec, fleet order."""
-    groups: dict[tuple[str, object], list[int]] = {}
+    """Groups of interchangeable GPUs, fleet order: same spec on nodes of the same make-up
+    (GPU models, NVLink, NICs, fabrics). Swapping two GPUs of a group, or two such nodes
+    wholesale, changes no cost, so the MILP counts replicas per group instead of per GPU:
+    the symmetry is broken and big fleets shrink to a handful of groups (nodes first, then
+    GPUs)."""
+    groups: dict[tuple[object, ...], list[int]] = {}
     for i, gpu in enumerate(req.fleet.gpus):
-        groups.setdefault((gpu.node, gpu.spec), []).append(i)
+        node = req.fleet.node(gpu.node)
+        make_up = (
+            tuple(sorted(g.spec.model for g in node.gpus)),
+            node.nvlink.per_gpu_gbps if node.nvlink else None,
+            tuple(sorted((n.count, n.gbps, n.fabric) for n in node.nics)),
+        )
+        groups.setdefault((gpu.spec, make_up), []).append(i)
     return list(groups.values())
+
+
+def _class_frac(
+    table: CostTable, classes: Sequence[Sequence[int]]
+) -> tuple[tuple[tuple[float, ...], ...], ...]:
+    """``frac[c][d][ch]``: fraction of group d's GPUs that a GPU of group c reaches over
+    channel ch (LOCAL for itself). Groups are symmetric, so one representative suffices."""
+    out = []
+    for cls in classes:
+        row = table.topology.channel[cls[0]]
+        per = []
+        for other in classes:
+            counts = [0.0] * len(Channel)
+            for j in other:
+                counts[row[j]] += 1.0
+            per.append(tuple(x / len(other) for x in counts))
+        out.append(tuple(per))
+    return tuple(out)
 
 
 def attention_lp(
@@ -135,31 +163,40 @@ def attention_lp(
     kinds = ["moe"] if L_moe else []
     if L_dense:
         kinds.append("dense")
+    # Identical GPUs of a group get the same share (the LP is symmetric and convex, so
+    # averaging any optimum over a group stays optimal): one variable per group.
+    C = len(classes)
+    size = [len(cls) for cls in classes]
+    frac = _class_frac(table, classes)
+    served_c = (
+        None if served is None else [sum(served[i] for i in cls) / len(cls) for cls in classes]
+    )
     prob = pulp.LpProblem("attention", pulp.LpMinimize)
-    a = [pulp.LpVariable(f"a{i}", 0, 1) for i in range(n)]
+    a = [pulp.LpVariable(f"a{c}", 0, 1) for c in range(C)]
     tau = {k: pulp.LpVariable(f"tauA_{k}", 0) for k in kinds}
     tau_s = pulp.LpVariable("tauS", 0)
     engine = req.form == "engine"
     S = slots_per_gpu(table.num_experts, req.redundant_experts, n) if L_moe else 0
-    m = [pulp.LpVariable(f"m{i}", 0, table.num_experts) for i in range(n)]
+    m = [pulp.LpVariable(f"m{c}", 0, table.num_experts) for c in range(C)]
     weights = {"moe": L_moe, "dense": L_dense}
     obj = pulp.lpSum(weights[k] * tau[k] for k in kinds) + L_moe * tau_s
     if not engine and L_moe:
-        obj -= _EPS_SLOTS * pulp.lpSum(m)
+        obj -= _EPS_SLOTS * pulp.lpSum(size[c] * m[c] for c in range(C))
     prob += obj
-    prob += pulp.lpSum(a) == 1  # (1a)
+    prob += pulp.lpSum(size[c] * a[c] for c in range(C)) == 1  # (1a)
     V = T * table.top_k * table.bytes_per_copy
-    for i, c in enumerate(table.gpus):
+    for ci, cls in enumerate(classes):
+        c = table.gpus[cls[0]]
         for k in kinds:  # (1b), (1c)
             prob += (
                 tau[k]
-                >= (c.attn_gemm_us_per_token[k] + c.attn_core_us_per_token) * T * a[i]
+                >= (c.attn_gemm_us_per_token[k] + c.attn_core_us_per_token) * T * a[ci]
                 + c.attn_overhead_us
             )
             prob += (
                 tau[k]
                 >= c.attn_weight_read_us[k]
-                + c.attn_core_us_per_token * T * a[i]
+                + c.attn_core_us_per_token * T * a[ci]
                 + c.attn_overhead_us
             )
         per_share = T * table.act_bytes_per_token + (
@@ -170,30 +207,32 @@ def attention_lp(
         const = 0.0 if table.decode else table.context_len * table.kv_bytes_per_token
         expert_mem = L_moe * table.expert_bytes
         prob += (
-            c.fixed_bytes + expert_mem * m[i] + per_share * a[i] + const <= c.usable_bytes
+            c.fixed_bytes + expert_mem * m[ci] + per_share * a[ci] + const <= c.usable_bytes
         )  # (1d)
         if L_moe:
             if engine:
-                prob += m[i] == S  # (1e)
-            if served is None:
+                prob += m[ci] == S  # (1e)
+            if served_c is None:
                 continue
-            row = table.topology.channel[i]
             for ch in range(1, len(Channel) - 1):  # (1f) send and receive per channel
                 bw = c.comm_bw_bytes_per_us[ch]
-                peers = [j for j in range(n) if row[j] == ch]
-                if not peers or bw <= 0:
+                reach = [size[d] * frac[ci][d][ch] for d in range(C)]
+                if not any(reach) or bw <= 0:
                     continue
-                out_frac = sum(served[j] for j in peers)
+                out_frac = sum(reach[d] * served_c[d] for d in range(C))
                 if out_frac > 0:
-                    prob += tau_s >= c.comm_alpha_us + V / bw * out_frac * a[i]
-                if served[i] > 0:
-                    prob += tau_s >= c.comm_alpha_us + V / bw * served[i] * pulp.lpSum(
-                        a[j] for j in peers
+                    prob += tau_s >= c.comm_alpha_us + V / bw * out_frac * a[ci]
+                if served_c[ci] > 0:
+                    prob += tau_s >= c.comm_alpha_us + V / bw * served_c[ci] * pulp.lpSum(
+                        reach[d] * a[d] for d in range(C) if reach[d]
                     )
         else:
-            prob += m[i] == 0
+            prob += m[ci] == 0
     if L_moe and not engine:
-        prob += pulp.lpSum(m) >= table.num_experts + req.redundant_experts  # (1e)
+        prob += (
+            pulp.lpSum(size[c] * m[c] for c in range(C))
+            >= table.num_experts + req.redundant_experts
+        )  # (1e)
     outcome = solve_milp(
         prob,
         solver=req.options.solver,
@@ -210,14 +249,12 @@ def attention_lp(
                 "--redundant-experts, or add GPUs",
             ),
         )
-    share = [max(0.0, float(v.varValue or 0.0)) for v in a]
-    slots = [max(0.0, float(v.varValue or 0.0)) for v in m]
-    # Identical GPUs of a class get the class average (symmetric, convex: still feasible).
-    for cls in classes:
-        avg_a = sum(share[i] for i in cls) / len(cls)
-        avg_m = sum(slots[i] for i in cls) / len(cls)
+    share = [0.0] * n
+    slots = [0.0] * n
+    for ci, cls in enumerate(classes):
         for i in cls:
-            share[i], slots[i] = avg_a, avg_m
+            share[i] = max(0.0, float(a[ci].varValue or 0.0))
+            slots[i] = max(0.0, float(m[ci].varValue or 0.0))
     total = sum(share)
     share = [x / total for x in share]
     attn_us = sum(weights[k] * float(tau[k].varValue or 0.0) for k in kinds)
@@ -329,7 +366,7 @@ class LayerProblem:
     engine: bool
     pairs: tuple[float, ...]
     classes: tuple[ClassCost, ...]
-    channel: tuple[tuple[int, ...], ...]  # class x class; diagonal = intra-class channel
+    frac: tuple[tuple[tuple[float, ...], ...], ...]  # [c][d][channel], see _class_frac
     volume_bytes: float
     budget: int
     slots: int
@@ -357,7 +394,9 @@ class LayerSolution:
 
 
 def _solve_layer(p: LayerProblem) -> LayerSolution:
-    """Stage 2 for one layer (runs in a worker process)."""
+    """Stage 2 for one layer (runs in a worker process); ``p.time_limit_s`` covers building
+    the model too."""
+    started = time.perf_counter()
     E = len(p.pairs)
     C = len(p.classes)
     total_pairs = sum(p.pairs) or 1.0
@@ -466,21 +505,17 @@ def _solve_layer(p: LayerProblem) -> LayerSolution:
             src = 0.0
             dst = pulp.LpAffineExpression()
             for c2, cls2 in enumerate(p.classes):
-                if p.channel[c][c2] != ch:
+                f = p.frac[c][c2][ch]
+                if f <= 0:
                     continue
-                n2 = len(cls2.members)
-                if c2 == c:
-                    src += cls2.share_each * (n2 - 1)
-                    dst += served[c2] * ((n2 - 1) / n2)
-                else:
-                    src += cls2.share_each * n2
-                    dst += served[c2]
+                src += cls2.share_each * len(cls2.members) * f
+                dst += served[c2] * f
             bw = cls.bw[ch]
             if bw <= 0:
                 continue
             if src > 0:
                 prob += tau_c >= cls.alpha + p.volume_bytes / bw * src / n_c * served[c]
-            if cls.share_each > 0:
+            if cls.share_each > 0 and dst.keys():
                 prob += tau_c >= cls.alpha + p.volume_bytes / bw * cls.share_each * dst
         if p.prev is not None:
             for e in range(E):
@@ -492,9 +527,8 @@ def _solve_layer(p: LayerProblem) -> LayerSolution:
         warm_vars.append((k[c], float(p.warm_k[c])))
     for var, value in warm_vars:
         var.setInitialValue(value)
-    out = solve_milp(
-        prob, solver=p.solver, time_limit_s=p.time_limit_s, mip_gap=p.mip_gap, warm=True
-    )
+    limit = max(0.05, p.time_limit_s - (time.perf_counter() - started))
+    out = solve_milp(prob, solver=p.solver, time_limit_s=limit, mip_gap=p.mip_gap, warm=True)
     if not math.isfinite(out.objective):
         raise InfeasibleError(
             f"MoE layer {p.layer}: {out.solver} found no placement ({out.status})"
@@ -683,19 +717,6 @@ def _rebalance_native(
 # ------------------------------------------------------------------------ driver
 
 
-def _class_channel(table: CostTable, classes: Sequence[ClassCost]) -> tuple[tuple[int, ...], ...]:
-    out = []
-    for a in classes:
-        row = []
-        for b in classes:
-            i = a.members[0]
-            j = b.members[1] if a is b and len(b.members) > 1 else b.members[0]
-            ch = table.topology.channel[i][j]
-            row.append(int(ch if ch != Channel.LOCAL else Channel.NVLINK))
-        out.append(tuple(row))
-    return tuple(out)
-
-
 def _recv_us_per_pair(table: CostTable, cls: ClassCost, share: Sequence[float]) -> float:
     """Receive time per token-expert pair served by a GPU of ``cls``, us (slowest channel)."""
     i = cls.members[0]
@@ -795,14 +816,15 @@ def place(req: PlacementRequest, table: CostTable) -> RawPlacement:
     classes = tuple(
         replace(c, recv_us_per_pair=_recv_us_per_pair(table, c, share)) for c in classes
     )
-    channel = _class_channel(table, classes)
+    frac = _class_frac(table, groups)
     volume = table.total_tokens * table.top_k * table.bytes_per_copy
     workers = req.options.workers or (os.cpu_count() or 1)
     # The time limit is a wall-clock budget for the whole solve: what is left after stage 1
     # and the warm start is shared by the layers, ``workers`` at a time.
     left = max(0.0, req.options.time_limit_s - (time.perf_counter() - started))
     waves = 1 + math.ceil((table.num_moe_layers - 1) / workers)  # the first layer runs alone
-    per_layer_limit = max(0.05, 0.9 * left / max(waves, 1))
+    # keep a quarter of each wave for building the model and realising its answer
+    per_layer_limit = max(0.05, 0.85 * left / max(waves, 1))
     problems = []
     for li in range(table.num_moe_layers):
         lt = warm_eval.moe_layers[li]
@@ -817,7 +839,7 @@ def place(req: PlacementRequest, table: CostTable) -> RawPlacement:
                 engine=engine,
                 pairs=tuple(table.pairs(li, e) for e in range(table.num_experts)),
                 classes=classes,
-                channel=channel,
+                frac=frac,
                 volume_bytes=volume,
                 budget=budget,
                 slots=S,

@@ -34,6 +34,8 @@ from operators.schema import from_wire
 from operators.testing.fakeapi import Fault
 from operators.v1alpha1 import PartitionPlanSpec
 
+pytestmark = pytest.mark.slow
+
 
 def settings(cluster: Cluster, *, identity: str = "", leader: bool = False) -> OperatorSettings:
     return OperatorSettings(
