@@ -10,6 +10,9 @@ $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'
+	# torch for the reference runtime's CPU tests (gloo); on this machine image pip takes the
+	# 2.13.0 CPU wheel from the local wheel directory. NO_TORCH=1 skips it (those tests skip).
+	@if [ -z "$$NO_TORCH" ]; then $(BIN)/python -m pip install -q 'torch==2.13.0' || echo "torch not installed: reference-runtime tests will skip"; fi
 	@touch $(STAMP)
 
 install: $(STAMP)

@@ -200,6 +200,25 @@ def catalog_names() -> list[str]:
     return [spec.model for spec in _CATALOG]
 
 
+def closest(model: str, n: int = 3) -> list[str]:
+    """Catalog entries whose names (or aliases) look most like ``model``; a prefix of a long
+    name counts as a match (``H200`` is close to ``H200-SXM-141GB``)."""
+    key = model.strip().casefold()
+
+    def score(name: str) -> float:
+        name = name.casefold()
+        whole = difflib.SequenceMatcher(None, key, name).ratio()
+        prefix = difflib.SequenceMatcher(None, key, name[: len(key)]).ratio()
+        return max(whole, prefix)
+
+    best: dict[str, float] = {}
+    for name in [*CATALOG, *_ALIASES]:
+        entry = _ALIASES.get(name, name)
+        best[entry] = max(best.get(entry, 0.0), score(name))
+    ranked = sorted(best, key=lambda e: -best[e])
+    return [e for e in ranked[:n] if best[e] >= 0.3]
+
+
 def lookup(model: str, *, field_path: str = "") -> GpuSpec:
     """Find a GPU by catalog name, alias or NVML name (case-insensitive).
 
@@ -213,8 +232,7 @@ def lookup(model: str, *, field_path: str = "") -> GpuSpec:
     key = folded.get(model.strip().casefold())
     if key is not None:
         return CATALOG[_ALIASES.get(key, key)]
-    close = difflib.get_close_matches(model, [*CATALOG, *_ALIASES], n=3, cutoff=0.3)
-    suggestion = ", ".join(sorted({_ALIASES.get(c, c) for c in close})) or "none"
+    suggestion = ", ".join(closest(model)) or "none"
     raise InputError(
         f"unknown GPU model {model!r}; closest catalog entries: {suggestion}. To fix: use "
         "one of those names, or describe the GPU with explicit figures: "

@@ -933,6 +933,17 @@ def place(req: PlacementRequest, table: CostTable) -> RawPlacement:
         notes.append("re-planning: objective includes expert moves, so the bound is not reported")
     status = ", ".join(f"{k} x{v}" for k, v in sorted(statuses.items()))
     solver_name = solutions[0].solver if solutions else "HiGHS"
+    if req.previous is None:
+        # Whole-plan safety net: the greedy plan with its own attention shares.
+        mine = evaluate(table, share, layers)
+        fallback_raw = greedy.place(req, table)
+        theirs = evaluate(table, fallback_raw.attention_share, fallback_raw.layers)
+        if theirs.feasible and (theirs.step_time_us < mine.step_time_us - 1e-9 or not mine.feasible):
+            return replace_raw(
+                fallback_raw,
+                solver=f"{solver_name} ({status}); greedy plan kept",
+                notes=(*notes, "the greedy plan realised better than the MILP's; no bound reported"),
+            )
     return RawPlacement(
         tuple(share),
         tuple(layers),
@@ -941,6 +952,11 @@ def place(req: PlacementRequest, table: CostTable) -> RawPlacement:
         f"{solver_name} ({status})",
         tuple(notes),
     )
+
+
+def replace_raw(raw: RawPlacement, *, solver: str, notes: tuple[str, ...]) -> RawPlacement:
+    """``raw`` with another solver label and notes."""
+    return RawPlacement(raw.attention_share, raw.layers, raw.attention_heads, None, solver, notes)
 
 
 def _layer_cost(
