@@ -280,6 +280,75 @@ def run_scenario(s: Scenario, log: Callable[[str], None]) -> dict[str, Any]:
     }
 
 
+GROUPING_SCENARIO = Scenario(
+    "two-segments-grouping",
+    "two-segments.yaml",
+    "qwen3-235b-a22b",
+    "decode",
+    64,
+    4096,
+    "fp8",
+    "synthetic:zipf:0.5:seed=1",
+    32,
+    ("engine",),
+    30.0,
+    description="2 IB segments (2x 8x H200, 2x 8x H100) joined by a 2x400 Gb/s link: one "
+    "expert-parallel group across the link, or one group per segment",
+)
+
+
+def run_grouping_scenario(s: Scenario, log: Callable[[str], None]) -> dict[str, Any]:
+    """Issue 6 item 3: one EP group across segments vs one per segment, eplb and ilp."""
+    from policies.grouping import compare_groupings
+
+    fleet = read_fleet(FLEETS / s.fleet)
+    rows: list[dict[str, Any]] = []
+    for policy in ("eplb", "ilp"):
+        for g in compare_groupings(_request(s, fleet, policy, "engine")):
+            groups = []
+            for part in g.groups:
+                link = 0.0
+                if part.result is not None and part.result.evaluation.moe_layers:
+                    link = max(t.link_us for t in part.result.evaluation.moe_layers)
+                groups.append(
+                    {
+                        "nodes": list(part.nodes),
+                        "tokens_per_s": round(part.tokens_per_s, 1),
+                        "max_link_us": round(link, 1),
+                        "error": part.error,
+                    }
+                )
+            rows.append(
+                {
+                    "policy": policy,
+                    "grouping": g.name,
+                    "tokens_per_s": round(g.tokens_per_s, 1),
+                    "groups": groups,
+                }
+            )
+            log(f"  {policy:5} {g.name:12} {g.tokens_per_s:>11,.0f} tok/s")
+    return {
+        "scenario": s.name,
+        "description": s.description,
+        "inputs": {
+            "fleet": f"examples/fleets/{s.fleet}",
+            "gpus": len(fleet.gpus),
+            "model": s.model,
+            "moe_layers": _model(s).num_moe_layers,
+            "phase": s.phase,
+            "tokens_per_gpu": s.tokens_per_gpu,
+            "context_len": s.context_len,
+            "kv_cache_dtype": s.kv_cache_dtype,
+            "load": s.load,
+            "redundant_experts": s.redundant_experts,
+            "time_limit_s": s.time_limit_s,
+        },
+        "groupings": rows,
+        "results": [],
+        "targets": [],
+    }
+
+
 def _get(rows: Sequence[dict[str, Any]], policy: str, form: str) -> dict[str, Any] | None:
     for r in rows:
         if (
@@ -417,6 +486,26 @@ def render_markdown(report: dict[str, Any]) -> str:
     ]
     for sc in report["scenarios"]:
         inp = sc["inputs"]
+        if "groupings" in sc:
+            lines += [
+                f"## {sc['scenario']}",
+                "",
+                f"{sc['description']}. {inp['gpus']} GPUs, {inp['model']}, {inp['phase']}, {inp['tokens_per_gpu']} tokens/GPU, context {inp['context_len']}.",
+                "",
+                "| policy | grouping | tokens/s | groups (tokens/s, busiest link us per layer) |",
+                "|---|---|---:|---|",
+            ]
+            for r in sc["groupings"]:
+                parts = "; ".join(
+                    f"{'+'.join(g['nodes'])}: {g['tokens_per_s']:,.0f}, link {g['max_link_us']}"
+                    + (f" ({g['error']})" if g["error"] else "")
+                    for g in r["groups"]
+                )
+                lines.append(
+                    f"| {r['policy']} | {r['grouping']} | {r['tokens_per_s']:,.0f} | {parts} |"
+                )
+            lines.append("")
+            continue
         lines += [
             f"## {sc['scenario']}",
             "",
@@ -456,12 +545,18 @@ def render_markdown(report: dict[str, Any]) -> str:
 def placement_main(args: argparse.Namespace) -> int:
     """``mixfleetctl bench placement``: run scenarios, print, write JSON and docs."""
     name = str(getattr(args, "scenario", "all") or "all")
-    if name != "all" and name not in SCENARIOS:
+    if name != "all" and name not in SCENARIOS and name != GROUPING_SCENARIO.name:
         raise InputError(
             f"unknown scenario {name!r}; choose one of {', '.join(SCENARIOS)} or all",
             field="scenario",
         )
-    chosen = list(SCENARIOS.values()) if name == "all" else [SCENARIOS[name]]
+    chosen = (
+        list(SCENARIOS.values())
+        if name == "all"
+        else [SCENARIOS[name]]
+        if name in SCENARIOS
+        else []
+    )
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
@@ -470,6 +565,9 @@ def placement_main(args: argparse.Namespace) -> int:
     for s in chosen:
         log(f"{s.name}: {s.description}")
         scenarios.append(run_scenario(s, log))
+    if name in ("all", GROUPING_SCENARIO.name):
+        log(f"{GROUPING_SCENARIO.name}: {GROUPING_SCENARIO.description}")
+        scenarios.append(run_grouping_scenario(GROUPING_SCENARIO, log))
     argv = ["mixfleetctl", "bench", "placement", "--scenario", name]
     if getattr(args, "json", False):
         argv.append("--json")

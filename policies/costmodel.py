@@ -207,6 +207,9 @@ class CostTable:
         channel_masks: per channel an n x n 0/1 matrix, 1 where GPUs i, j talk over it.
         comm_bw: n x channels bandwidth, bytes/us (the GpuCost figures as an array).
         comm_alpha: per GPU dispatch+combine latency, us.
+        segment: per GPU the index of its fabric segment (its first fabric, sorted).
+        segment_links: ``(segment a, segment b, bytes/us per direction, alpha us)`` for each
+            link joining two segments; cross-segment traffic shares it.
     """
 
     gpus: tuple[GpuCost, ...]
@@ -228,6 +231,8 @@ class CostTable:
     channel_masks: tuple[npt.NDArray[np.float64], ...] = ()
     comm_bw: npt.NDArray[np.float64] = field(default_factory=lambda: np.zeros((0, 0)))
     comm_alpha: npt.NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
+    segment: tuple[int, ...] = ()
+    segment_links: tuple[tuple[int, int, float, float], ...] = ()
 
     @property
     def num_gpus(self) -> int:
@@ -366,7 +371,7 @@ def build_cost_table(
             nvl_bw if nvl_bw > 0 else topo.pcie_gbs[i] * eff.pcie * 1e3,  # NVLINK
             topo.pcie_gbs[i] * eff.pcie * 1e3,  # PCIE
             topo.rdma_gbs[i] * eff.rdma * 1e3,  # RDMA
-            min(topo.rdma_gbs[i], topo.cross_link_gbs or topo.rdma_gbs[i]) * eff.rdma * 1e3,
+            topo.rdma_gbs[i] * eff.rdma * 1e3,  # RDMA_CROSS: the NIC; the link is shared
             1e-9,  # UNREACHABLE: effectively forbidden
         )
         remote = any(topo.channel[i][j] >= Channel.RDMA for j in range(n))
@@ -396,6 +401,11 @@ def build_cost_table(
                 fixed_bytes=fixed_weights + s.comm_buffer_gib * GIB,
             )
         )
+    fabrics = sorted({f for node in fleet.nodes for f in node.fabrics})
+    seg_index = {f: k for k, f in enumerate(fabrics)}
+    seg_of_gpu = [
+        seg_index[fleet.node(g.node).fabrics[0]] if fleet.node(g.node).fabrics else -1 for g in gpus
+    ]
     load = tuple(
         tuple(workload.load_fractions(layer)) for layer in range(len(workload.expert_load))
     )
@@ -421,6 +431,16 @@ def build_cost_table(
         ),
         comm_bw=np.array([c.comm_bw_bytes_per_us for c in costs], dtype=float),
         comm_alpha=np.array([c.comm_alpha_us for c in costs], dtype=float),
+        segment=tuple(seg_of_gpu),
+        segment_links=tuple(
+            (
+                seg_index[x.a],
+                seg_index[x.b],
+                x.gbps / 8.0 * eff.rdma * 1e3,
+                2 * (eff.alpha_rdma_us + x.latency_us),
+            )
+            for x in fleet.fabric_links
+        ),
     )
 
 
@@ -446,13 +466,15 @@ class PhaseTimes:
     attention_us: tuple[float, ...]
     comm_us: tuple[float, ...]
     expert_us: tuple[float, ...]
+    link_us: float = 0.0
 
     @property
     def layer_us(self) -> float:
-        """Layer time: each phase costs its slowest GPU."""
+        """Layer time: each phase costs its slowest GPU; dispatch/combine also waits for the
+        busiest link between fabric segments (``link_us``)."""
         return (
             max(self.attention_us, default=0.0)
-            + max(self.comm_us, default=0.0)
+            + max(max(self.comm_us, default=0.0), self.link_us)
             + max(self.expert_us, default=0.0)
         )
 
@@ -523,6 +545,33 @@ def comm_times_us(
     return [float(x) for x in out]
 
 
+def link_time_us(
+    table: CostTable, attention_share: Sequence[float], served: Sequence[float]
+) -> float:
+    """Time the busiest link between two fabric segments needs for one layer's
+    dispatch+combine, us (0 without fabric links).
+
+    Tokens of segment A served in segment B cross the link twice (dispatch A->B, combine
+    B->A) and vice versa, so each direction carries about half of
+    ``V * (a_A * s_B + a_B * s_A)``, where a and s are the segments' attention and served
+    fractions and V the layer's pair bytes.
+    """
+    if not table.segment_links:
+        return 0.0
+    volume = table.total_tokens * table.top_k * table.bytes_per_copy
+    a_seg: dict[int, float] = {}
+    s_seg: dict[int, float] = {}
+    for i, seg in enumerate(table.segment):
+        a_seg[seg] = a_seg.get(seg, 0.0) + attention_share[i]
+        s_seg[seg] = s_seg.get(seg, 0.0) + served[i]
+    worst = 0.0
+    for sa, sb, bw, alpha in table.segment_links:
+        cross = a_seg.get(sa, 0.0) * s_seg.get(sb, 0.0) + a_seg.get(sb, 0.0) * s_seg.get(sa, 0.0)
+        if cross > 0:
+            worst = max(worst, alpha + volume * cross / 2 / bw)
+    return worst
+
+
 def evaluate(
     table: CostTable, attention_share: Sequence[float], layers: Sequence[LayerPlacement]
 ) -> Evaluation:
@@ -567,6 +616,7 @@ def evaluate(
             )
         served = served_fractions(table, li, placement)
         comm = comm_times_us(table, attention_share, served)
+        link = link_time_us(table, attention_share, served)
         exp: list[float] = []
         for i, slots in enumerate(placement.per_gpu):
             pairs = served[i] * table.total_tokens * table.top_k
@@ -576,6 +626,7 @@ def evaluate(
             tuple(table.attention_us(i, tokens[i], "moe") for i in range(n)),
             tuple(comm),
             tuple(exp),
+            link,
         )
         moe.append(t)
         step += t.layer_us

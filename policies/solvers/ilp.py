@@ -48,6 +48,8 @@ breaks the symmetry and shrinks the model by the class size. Native form::
           tau_C >= alpha_c + V * recv_c,ch / bw_c,ch,  recv_c,ch = s_c / n_c * src_c,ch   (2g)
           tau_C >= alpha_c + V * send_c,ch / bw_c,ch,  send_c,ch = a_c * dst_c,ch(s)      (2h)
           mv_e,c >= y_e,c - y0_e,c                          only with a previous plan (2i)
+          tau_C >= alpha_L + V / (2 bw_L) * (A_a S_b + A_b S_a)  per fabric link L
+                      joining segments a, b (A: attention share, S: served)  (2k)
           h_c >= p_e t_e,c - p_e (y_e,c - 1),  tau_E >= f_c h_c + o_c,
           tau_C >= alpha_c + rho_c h_c                      heaviest lone replica (2j)
                                     (engine form: h_c + (S - 1) * lightest replica)
@@ -89,7 +91,14 @@ from dataclasses import dataclass, replace
 
 import pulp
 
-from policies.costmodel import CostTable, LayerPlacement, comm_times_us, evaluate, served_fractions
+from policies.costmodel import (
+    CostTable,
+    LayerPlacement,
+    comm_times_us,
+    evaluate,
+    link_time_us,
+    served_fractions,
+)
 from policies.errors import InfeasibleError
 from policies.request import PlacementRequest, RawPlacement, count_moves
 from policies.solvers import greedy
@@ -367,6 +376,9 @@ class LayerProblem:
     pairs: tuple[float, ...]
     classes: tuple[ClassCost, ...]
     frac: tuple[tuple[tuple[float, ...], ...], ...]  # [c][d][channel], see _class_frac
+    class_segment: tuple[int, ...]  # fabric segment of each class
+    segment_share: tuple[tuple[int, float], ...]  # (segment, attention share of its GPUs)
+    segment_links: tuple[tuple[int, int, float, float], ...]  # see CostTable.segment_links
     volume_bytes: float
     budget: int
     slots: int
@@ -522,6 +534,13 @@ def _solve_layer(p: LayerProblem) -> LayerSolution:
                 mv = pulp.LpVariable(f"mv{e}_{c}", 0)
                 prob += mv >= rep[c][e] - p.prev[c][e]  # (2i)
                 moves.append(mv)
+    # (2k) links between fabric segments carry every pair that crosses them, shared
+    share_of = dict(p.segment_share)
+    for sa, sb, bw, alpha in p.segment_links:
+        served_a = pulp.lpSum(served[c] for c in range(C) if p.class_segment[c] == sa)
+        served_b = pulp.lpSum(served[c] for c in range(C) if p.class_segment[c] == sb)
+        cross = share_of.get(sa, 0.0) * served_b + share_of.get(sb, 0.0) * served_a
+        prob += tau_c >= alpha + p.volume_bytes / (2 * bw) * cross
     prob += tau_e + tau_c + p.migration_weight_us * pulp.lpSum(moves)
     for c in range(len(p.classes)):  # warm k_c: most replicas on one GPU of c
         warm_vars.append((k[c], float(p.warm_k[c])))
@@ -817,6 +836,9 @@ def place(req: PlacementRequest, table: CostTable) -> RawPlacement:
         replace(c, recv_us_per_pair=_recv_us_per_pair(table, c, share)) for c in classes
     )
     frac = _class_frac(table, groups)
+    seg_share: dict[int, float] = {}
+    for i, seg in enumerate(table.segment):
+        seg_share[seg] = seg_share.get(seg, 0.0) + share[i]
     volume = table.total_tokens * table.top_k * table.bytes_per_copy
     workers = req.options.workers or (os.cpu_count() or 1)
     # The time limit is a wall-clock budget for the whole solve: what is left after stage 1
@@ -840,6 +862,9 @@ def place(req: PlacementRequest, table: CostTable) -> RawPlacement:
                 pairs=tuple(table.pairs(li, e) for e in range(table.num_experts)),
                 classes=classes,
                 frac=frac,
+                class_segment=tuple(table.segment[c.members[0]] for c in classes),
+                segment_share=tuple(seg_share.items()),
+                segment_links=table.segment_links,
                 volume_bytes=volume,
                 budget=budget,
                 slots=S,
@@ -935,14 +960,17 @@ def place(req: PlacementRequest, table: CostTable) -> RawPlacement:
     solver_name = solutions[0].solver if solutions else "HiGHS"
     if req.previous is None:
         # Whole-plan safety net: the greedy plan with its own attention shares.
-        mine = evaluate(table, share, layers)
+        ours = evaluate(table, share, layers)
         fallback_raw = greedy.place(req, table)
-        theirs = evaluate(table, fallback_raw.attention_share, fallback_raw.layers)
-        if theirs.feasible and (theirs.step_time_us < mine.step_time_us - 1e-9 or not mine.feasible):
+        alt = evaluate(table, fallback_raw.attention_share, fallback_raw.layers)
+        if alt.feasible and (alt.step_time_us < ours.step_time_us - 1e-9 or not ours.feasible):
             return replace_raw(
                 fallback_raw,
                 solver=f"{solver_name} ({status}); greedy plan kept",
-                notes=(*notes, "the greedy plan realised better than the MILP's; no bound reported"),
+                notes=(
+                    *notes,
+                    "the greedy plan realised better than the MILP's; no bound reported",
+                ),
             )
     return RawPlacement(
         tuple(share),
@@ -969,7 +997,7 @@ def _layer_cost(
         table.expert_us(i, served[i] * table.total_tokens * table.top_k, len(slots))
         for i, slots in enumerate(layer.per_gpu)
     ]
-    cost = max(comm) + max(exp)
+    cost = max(max(comm), link_time_us(table, share, served)) + max(exp)
     if req.previous is not None:
         empty = LayerPlacement(tuple(() for _ in table.gpu_ids))
         moves = count_moves(req.previous, table.gpu_ids, [empty] * li + [layer]) or 0
