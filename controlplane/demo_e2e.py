@@ -57,6 +57,7 @@ SETTINGS = ControllerSettings(
     retry_after_error_s=2.0,
 )
 WINDOW_S = 0.5  # one load window every half second
+UNIFORM_S = 1.2  # load before the shift, s (kept short: the re-plan uses every window)
 HOT_EXPERTS = 8  # per MoE layer, after the shift
 HOT_FACTOR = 4.0  # their load relative to the others
 
@@ -134,9 +135,7 @@ class Demo:
         return rec, plan_from_dict(json.loads(rec.plan_json))
 
 
-async def _engine(
-    demo: Demo, stop: asyncio.Event, shift_at: asyncio.Event, rng: random.Random
-) -> int:
+async def _engine(demo: Demo, stop: asyncio.Event, shift_at: asyncio.Event) -> int:
     """A simulated engine: streams one load window every WINDOW_S until stopped."""
     sent = 0
 
@@ -260,10 +259,8 @@ async def _run(workdir: Path, time_limit_s: float) -> int:
                 f"(SGLang document {len(routing.engine_json) // 1024} KiB)"
             )
             shift = asyncio.Event()
-            engine_task = asyncio.create_task(
-                _engine(demo, stop_engine, shift, random.Random(1)), name="engine"
-            )
-            await asyncio.sleep(3.0)
+            engine_task = asyncio.create_task(_engine(demo, stop_engine, shift), name="engine")
+            await asyncio.sleep(UNIFORM_S)
             d = await demo.deployment()
             _say(
                 f"load         uniform: observed imbalance {d.status.observed_imbalance:+.2f} "

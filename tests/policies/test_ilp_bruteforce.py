@@ -9,16 +9,23 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections.abc import Sequence
 
 import pytest
 from builders import fleet, request, tiny_model, workload
 
-from policies.costmodel import LayerPlacement, build_cost_table, comm_times_us, served_fractions
+from policies.costmodel import (
+    CostTable,
+    LayerPlacement,
+    build_cost_table,
+    comm_times_us,
+    served_fractions,
+)
 from policies.request import solve
 from policies.solvers.common import engine_layer
 
 
-def _moe_us(table, share, li, layer):  # type: ignore[no-untyped-def]
+def _moe_us(table: CostTable, share: Sequence[float], li: int, layer: LayerPlacement) -> float:
     served = served_fractions(table, li, layer)
     comm = comm_times_us(table, share, served)
     exp = [
@@ -28,7 +35,9 @@ def _moe_us(table, share, li, layer):  # type: ignore[no-untyped-def]
     return max(comm) + max(exp)
 
 
-def _brute_force_engine(table, share, li, experts, gpus, slots):  # type: ignore[no-untyped-def]
+def _brute_force_engine(
+    table: CostTable, share: Sequence[float], li: int, experts: int, gpus: int, slots: int
+) -> float:
     best = float("inf")
     for phy in itertools.product(range(experts), repeat=gpus * slots):
         if len(set(phy)) < experts:
@@ -45,14 +54,25 @@ def test_engine_ilp_matches_brute_force(seed: int) -> None:
     experts, gpus, slots = 4, 3, 2
     m = tiny_model(experts=experts, moe_layers=1, top_k=2)
     load = [[rng.choice([1, 2, 5, 10, 30]) * rng.random() + 0.1 for _ in range(experts)]]
-    f = fleet([("a", "A100-SXM4-80GB", 1, None), ("b", "H100-SXM5-80GB", 1, None), ("c", "H200-SXM-141GB", 1, None)])
+    f = fleet(
+        [
+            ("a", "A100-SXM4-80GB", 1, None),
+            ("b", "H100-SXM5-80GB", 1, None),
+            ("c", "H200-SXM-141GB", 1, None),
+        ]
+    )
     w = workload(m, load)
     result = solve(request(f, m, w, redundant=gpus * slots - experts))
     plan = result.plan
     assert plan.summary.feasible, plan.violations
     table = build_cost_table(f, m, w)
     share = [g.attention_share for g in plan.gpus]
-    mine = _moe_us(table, share, 0, LayerPlacement(tuple(tuple((s.expert, s.share) for s in g.experts[0]) for g in plan.gpus)))
+    mine = _moe_us(
+        table,
+        share,
+        0,
+        LayerPlacement(tuple(tuple((s.expert, s.share) for s in g.experts[0]) for g in plan.gpus)),
+    )
     best = _brute_force_engine(table, share, 0, experts, gpus, slots)
     assert mine >= best - 1e-6  # it is a valid placement
     assert mine <= best * (1 + 1e-4) + 1e-6, (mine, best)

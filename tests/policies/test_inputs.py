@@ -32,7 +32,9 @@ def test_ampere_has_no_fp8_but_hopper_does() -> None:
 def test_fleet_overrides_and_custom_gpu() -> None:
     doc = fleet_doc([("n0", "H100-SXM5-80GB", 2, 900)])
     doc["spec"]["nodes"][0]["gpus"][0]["hbm_bandwidth_gbps"] = 3000
-    doc["spec"]["nodes"].append({"name": "n1", "gpus": [{"model": "MyGPU", "base": "L40S", "bf16_tflops": 400}]})
+    doc["spec"]["nodes"].append(
+        {"name": "n1", "gpus": [{"model": "MyGPU", "base": "L40S", "bf16_tflops": 400}]}
+    )
     f = parse_fleet(doc)
     assert f.gpus[0].spec.hbm_bandwidth_gbps == 3000
     assert f.gpus[2].spec.model == "MyGPU" and f.gpus[2].spec.bf16_tflops == 400
@@ -50,17 +52,26 @@ def _bad(mutate: Any) -> str:
 @pytest.mark.parametrize(
     ("mutate", "needle"),
     [
-        (lambda d: d["spec"]["nodes"][0]["nvlink"].update(per_gpu_gbps=math.nan), "spec.nodes[0].nvlink.per_gpu_gbps"),
+        (
+            lambda d: d["spec"]["nodes"][0]["nvlink"].update(per_gpu_gbps=math.nan),
+            "spec.nodes[0].nvlink.per_gpu_gbps",
+        ),
         (lambda d: d["spec"]["nodes"][1]["nics"][0].update(gbps=-1), "spec.nodes[1].nics[0].gbps"),
         (lambda d: d["spec"]["nodes"][1].update(name="n0"), "duplicate node name"),
-        (lambda d: d["spec"]["nodes"][0]["gpus"][0].update(uuids=["u1", "u1"]), "duplicate GPU uuid"),
+        (
+            lambda d: d["spec"]["nodes"][0]["gpus"][0].update(uuids=["u1", "u1"]),
+            "duplicate GPU uuid",
+        ),
         (lambda d: d["spec"]["nodes"][0]["gpus"][0].update(count=0), "count"),
         (lambda d: d["spec"]["nodes"][0]["gpus"][0].update(memory_gib="lots"), "must be a number"),
         (lambda d: d["spec"]["nodes"][0]["gpus"][0].update(warp_drive=1), "unknown GPU field"),
         (lambda d: d.update(apiVersion="v2"), "apiVersion"),
         (lambda d: d["spec"].update(nodes=[]), "at least one node"),
         (lambda d: d["spec"]["nodes"][0].update(name="Bad_Name"), "DNS-1123"),
-        (lambda d: d["spec"].update(fabric_links=[{"between": ["ib0", "nope"], "gbps": 100}]), "fabric_links[0].between"),
+        (
+            lambda d: d["spec"].update(fabric_links=[{"between": ["ib0", "nope"], "gbps": 100}]),
+            "fabric_links[0].between",
+        ),
     ],
 )
 def test_fleet_errors_name_the_field(mutate: Any, needle: str) -> None:
@@ -74,7 +85,14 @@ def test_presets_match_published_parameter_counts() -> None:
     assert 230e9 < preset("qwen3-235b-a22b").total_params < 240e9
     assert preset("gpt-oss-120b").expert_dtype == "mxfp4"
     assert not preset("llama-3.1-70b").is_moe
-    assert set(PRESETS) >= {"deepseek-v3", "qwen3-235b-a22b", "qwen3-30b-a3b", "mixtral-8x7b", "gpt-oss-120b", "llama-3.1-70b"}
+    assert set(PRESETS) >= {
+        "deepseek-v3",
+        "qwen3-235b-a22b",
+        "qwen3-30b-a3b",
+        "mixtral-8x7b",
+        "gpt-oss-120b",
+        "llama-3.1-70b",
+    }
 
 
 def test_model_errors() -> None:
@@ -99,7 +117,12 @@ def test_synthetic_load_is_seeded_and_differs_per_layer() -> None:
 
 def test_sglang_dump_sums_steps_and_drops_dense_layers() -> None:
     m = tiny_model(experts=4, moe_layers=2, dense_layers=1)
-    dump = {"logical_count": [[[0, 0, 0, 0], [1, 2, 3, 4], [4, 3, 2, 1]], [[0, 0, 0, 0], [1, 0, 0, 0], [0, 0, 0, 1]]]}
+    dump = {
+        "logical_count": [
+            [[0, 0, 0, 0], [1, 2, 3, 4], [4, 3, 2, 1]],
+            [[0, 0, 0, 0], [1, 0, 0, 0], [0, 0, 0, 1]],
+        ]
+    }
     rows = load_from_json(dump, m)
     w = make_workload(m, phase="decode", tokens_per_gpu=8, context_len=64, load=rows)
     assert w.expert_load == ((2.0, 2.0, 3.0, 4.0), (4.0, 3.0, 2.0, 2.0))

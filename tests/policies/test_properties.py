@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from builders import fleet, request, tiny_model, workload
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from builders import fleet, request, tiny_model, workload
 from policies.plan import validate_plan
 from policies.request import solve
 

@@ -8,9 +8,10 @@ import pytest
 from builders import fleet, request, tiny_model, workload
 
 from policies.catalog import lookup
-from policies.costmodel import build_cost_table
+from policies.costmodel import LayerPlacement, build_cost_table
 from policies.errors import InfeasibleError, InputError
 from policies.models import preset
+from policies.plan import Plan
 from policies.request import count_moves, solve
 from policies.topology import Channel, build_topology
 
@@ -29,7 +30,11 @@ def test_engine_form_needs_divisible_slots_and_says_which_budgets_work() -> None
 
 @pytest.mark.parametrize(
     ("kwargs", "needle"),
-    [({"policy": "magic"}, "unknown policy"), ({"form": "weird"}, "unknown form"), ({"redundant": -1}, ">= 0")],
+    [
+        ({"policy": "magic"}, "unknown policy"),
+        ({"form": "weird"}, "unknown form"),
+        ({"redundant": -1}, ">= 0"),
+    ],
 )
 def test_bad_options(kwargs: dict[str, object], needle: str) -> None:
     m = tiny_model(experts=8)
@@ -96,12 +101,16 @@ def test_replanning_moves_few_experts_for_nearly_the_same_step_time() -> None:
             row[e] *= 2.5
     first = solve(request(f, m, workload(m, before), redundant=8, time_limit_s=20)).plan
     scratch = solve(request(f, m, workload(m, after), redundant=8, time_limit_s=20)).plan
-    replan = solve(request(f, m, workload(m, after), redundant=8, previous=first, time_limit_s=20)).plan
+    replan = solve(
+        request(f, m, workload(m, after), redundant=8, previous=first, time_limit_s=20)
+    ).plan
     gpu_ids = [g.gpu for g in first.gpus]
-    from policies.costmodel import LayerPlacement
 
-    def layers(p):  # type: ignore[no-untyped-def]
-        return [LayerPlacement(tuple(tuple((s.expert, s.share) for s in g.experts[li]) for g in p.gpus)) for li in range(4)]
+    def layers(p: Plan) -> list[LayerPlacement]:
+        return [
+            LayerPlacement(tuple(tuple((s.expert, s.share) for s in g.experts[li]) for g in p.gpus))
+            for li in range(4)
+        ]
 
     scratch_moves = count_moves(first, gpu_ids, layers(scratch)) or 0
     assert replan.summary.expert_moves is not None
