@@ -43,7 +43,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import grpc
 from grpc import aio
@@ -54,6 +54,9 @@ from agents.backoff import BackoffSettings
 from agents.logs import configure_logging
 from agents.simulate import SimulatedFleet
 from policies.fleet import Fleet, parse_fleet
+
+if TYPE_CHECKING:
+    PlanStub: TypeAlias = plan_pb2_grpc.PlanServiceAsyncStub
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO / "bench" / "results" / "controlplane.json"
@@ -214,9 +217,7 @@ async def _poll(probe: Any, *, timeout_s: float, every_s: float = 0.05) -> Any:
     return None
 
 
-async def _watch_plans(
-    stub: plan_pb2_grpc.PlanServiceStub, out: list[tuple[str, int, int, float]]
-) -> None:
+async def _watch_plans(stub: PlanStub, out: list[tuple[str, int, int, float]]) -> None:
     """Record (deployment, version, state, state_changed_unix_s) of every plan event."""
     try:
         async for ev in stub.WatchPlans(plan_pb2.WatchPlansRequest()):
@@ -298,7 +299,7 @@ async def measure(n: int, args: argparse.Namespace, workdir: Path) -> dict[str, 
             plan_pb2.ApplyDeploymentRequest(spec=deployment(WIDE, WIDE, args.wide_policy)),
             timeout=30,
         )
-        wide_nodes = n - args.slice_nodes
+        wide_nodes: int = n - int(args.slice_nodes)
 
         async def wide_committed() -> bool:
             return len(events.of(WIDE, 1, "commit")) >= wide_nodes
@@ -365,7 +366,7 @@ async def measure(n: int, args: argparse.Namespace, workdir: Path) -> dict[str, 
 
 async def _node_loss(
     sim: SimulatedFleet,
-    stub: plan_pb2_grpc.PlanServiceStub,
+    stub: PlanStub,
     plan_events: list[tuple[str, int, int, float]],
     dep: str,
     victim: str,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import sys
@@ -156,10 +157,8 @@ async def _engine(demo: Demo, stop: asyncio.Event, shift_at: asyncio.Event) -> i
                 plan_version=0,
             )
             sent += 1
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), WINDOW_S)
-            except TimeoutError:
-                pass
 
     reply = await demo.engines.ReportExpertLoad(windows(), timeout=600)
     return int(reply.windows_accepted)

@@ -546,7 +546,8 @@ def _solve_layer(p: LayerProblem) -> LayerSolution:
         warm_vars.append((k[c], float(p.warm_k[c])))
     for var, value in warm_vars:
         var.setInitialValue(value)
-    limit = max(0.05, p.time_limit_s - (time.perf_counter() - started))
+    # HiGHS needs a moment for presolve and the root LP; below that it proves nothing.
+    limit = max(0.25, p.time_limit_s - (time.perf_counter() - started))
     out = solve_milp(prob, solver=p.solver, time_limit_s=limit, mip_gap=p.mip_gap, warm=True)
     if not math.isfinite(out.objective):
         raise InfeasibleError(
@@ -565,8 +566,16 @@ def _solve_layer(p: LayerProblem) -> LayerSolution:
                 else (1.0 if replicas[c][e] and c == _first(replicas, e) else 0.0)
             )
         share.append(tuple(row))
+    bound = out.bound
+    if not math.isfinite(bound):
+        # Stopped before the root LP: the LP relaxation is still a valid (weaker) bound.
+        # Solving it overwrites the variables, so the answer was read out above.
+        relaxed = solve_milp(
+            prob, solver=p.solver, time_limit_s=5.0, mip_gap=0, warm=False, relax=True
+        )
+        bound = relaxed.bound if relaxed.status == "optimal" else -math.inf
     return LayerSolution(
-        p.layer, replicas, tuple(share), out.bound, out.objective, out.status, out.solver
+        p.layer, replicas, tuple(share), bound, out.objective, out.status, out.solver
     )
 
 
@@ -598,13 +607,17 @@ def _rank_mapped(
     return replace(p, warm=tuple(tuple(r) for r in warm), warm_k=warm_k)
 
 
-def _solve_layers(problems: Sequence[LayerProblem], workers: int) -> list[LayerSolution]:
-    """Solve one layer, warm-start the others from it by load rank, solve them in parallel."""
+def _solve_layers(
+    problems: Sequence[LayerProblem], workers: int, first_weight: float = 1.0
+) -> list[LayerSolution]:
+    """Solve one layer (with ``first_weight`` times the per-layer time, since every other
+    layer starts from its answer), warm-start the others from it by load rank, and solve
+    them in parallel."""
     if not problems:
         return []
-    first = _solve_layer(problems[0])
+    first = _solve_layer(replace(problems[0], time_limit_s=problems[0].time_limit_s * first_weight))
     rest = list(problems[1:])
-    if first.status == "optimal" and problems[0].prev is None:
+    if math.isfinite(first.objective_us) and problems[0].prev is None:
         rest = [_rank_mapped(first, problems[0].pairs, p) for p in rest]
     if workers > 1 and len(rest) > 1:
         # fork is cheap and safe while this process runs no other thread; a threaded host
@@ -844,8 +857,10 @@ def place(req: PlacementRequest, table: CostTable) -> RawPlacement:
     # The time limit is a wall-clock budget for the whole solve: what is left after stage 1
     # and the warm start is shared by the layers, ``workers`` at a time.
     left = max(0.0, req.options.time_limit_s - (time.perf_counter() - started))
-    waves = 1 + math.ceil((table.num_moe_layers - 1) / workers)  # the first layer runs alone
-    # keep a quarter of each wave for building the model and realising its answer
+    rest_waves = math.ceil((table.num_moe_layers - 1) / workers)
+    first_weight = 4.0 if rest_waves >= 8 else 1.0  # the first layer runs alone, longer
+    waves = first_weight + rest_waves
+    # keep some of each wave for building the model and realising its answer
     per_layer_limit = max(0.05, 0.85 * left / max(waves, 1))
     problems = []
     for li in range(table.num_moe_layers):
@@ -880,7 +895,7 @@ def place(req: PlacementRequest, table: CostTable) -> RawPlacement:
                 solver=req.options.solver,
             )
         )
-    solutions = _solve_layers(problems, workers)
+    solutions = _solve_layers(problems, workers, first_weight)
     layers = []
     bound = attn_us
     statuses: dict[str, int] = {}

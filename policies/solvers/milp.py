@@ -88,9 +88,16 @@ class _WarmHiGHS(pulp.HiGHS):  # type: ignore[misc]
 
 
 def solve_milp(
-    prob: pulp.LpProblem, *, solver: str, time_limit_s: float, mip_gap: float, warm: bool
+    prob: pulp.LpProblem,
+    *,
+    solver: str,
+    time_limit_s: float,
+    mip_gap: float,
+    warm: bool,
+    relax: bool = False,
 ) -> MilpOutcome:
-    """Solve ``prob`` (a minimisation) and report status, objective and bound.
+    """Solve ``prob`` (a minimisation) and report status, objective and bound; with
+    ``relax`` solve its LP relaxation (integrality dropped), whose optimum bounds the MILP.
 
     Raises:
         SolverError: the solver could not run.
@@ -98,7 +105,7 @@ def solve_milp(
     use_highs = solver == "highs" and pulp.HiGHS().available()
     if use_highs:
         _silence_highs_banner()
-        s = _WarmHiGHS(msg=False, timeLimit=time_limit_s, gapRel=mip_gap, threads=1)
+        s = _WarmHiGHS(mip=not relax, msg=False, timeLimit=time_limit_s, gapRel=mip_gap, threads=1)
         prob.solve(s)
         status = s.model_status.lower()
         status = "optimal" if status == "optimal" else "time_limit" if "time" in status else status
@@ -111,7 +118,9 @@ def solve_milp(
             bound = objective if status == "optimal" else -math.inf
         return MilpOutcome(status, objective, bound, "HiGHS")
     try:
-        cbc = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, gapRel=mip_gap, warmStart=warm)
+        cbc = pulp.PULP_CBC_CMD(
+            mip=not relax, msg=False, timeLimit=time_limit_s, gapRel=mip_gap, warmStart=warm
+        )
         prob.solve(cbc)
     except pulp.PulpSolverError as exc:  # pragma: no cover - depends on the install
         raise SolverError(f"CBC failed: {exc}") from exc
