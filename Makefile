@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint typecheck layers pytest bench bench-placement bench-controlplane proto clean
+.PHONY: install demo test lint typecheck layers pytest bench bench-placement bench-controlplane proto crds e2e-k8s clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -37,12 +37,20 @@ test: install
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	$(BIN)/python -m operators.crdgen --check
+	$(BIN)/python -m controlplane.protogen --check
 	$(BIN)/pytest -q
 
 bench: install bench-placement
 
 bench-placement: install
 	$(BIN)/mixfleetctl bench placement --scenario all --json --out bench/results/placement.json --docs docs/benchmarks.md
+
+crds: install
+	$(BIN)/python -m operators.crdgen
+
+e2e-k8s: install
+	MIXFLEET_E2E_KUBECONFIG=$(KUBECONFIG) $(BIN)/pytest -q tests/operators -k real
 
 proto: install
 	$(BIN)/python -m controlplane.protogen

@@ -19,8 +19,19 @@ from policies.catalog import GpuSpec, lookup
 from policies.errors import InputError
 from policies.fleet import Gpu, GpuId, NicGroup, Node, NvLinkDomain
 
+#: AMD Infinity Fabric (xGMI) links are reported as :class:`NvLinkInfo` with this generation
+#: code, outside NVLink's 1-5: the MI300X's xGMI, 64 GB/s per direction per link (7 links,
+#: 896 GB/s per GPU bidirectional in AMD's published figures). See agents/discovery/amdsmi.py.
+XGMI_MI300_GENERATION = 103
 #: Per-direction bandwidth of one NVLink by NVLink generation, GB/s (REFERENCE.md section 1).
-NVLINK_GBS_PER_LINK_PER_DIRECTION = {1: 20.0, 2: 25.0, 3: 25.0, 4: 25.0, 5: 50.0}
+NVLINK_GBS_PER_LINK_PER_DIRECTION = {
+    1: 20.0,
+    2: 25.0,
+    3: 25.0,
+    4: 25.0,
+    5: 50.0,
+    XGMI_MI300_GENERATION: 64.0,
+}
 #: nvmlDeviceGetNvLinkVersion returns an enum, not the generation (6 == NVLink 4.0).
 NVML_NVLINK_VERSION_TO_GENERATION = {1: 1, 2: 2, 3: 2, 4: 3, 5: 3, 6: 4, 7: 5}
 AGENT_VERSION = "0.1.0"

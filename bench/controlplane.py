@@ -129,6 +129,12 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / ticks
 
 
+def _self_cpu() -> float:
+    """User + system CPU time of this process (the agents), seconds."""
+    t = os.times()
+    return t.user + t.system
+
+
 @dataclass
 class Events:
     """Assignment events of every agent, for fan-out times."""
@@ -237,14 +243,23 @@ def _state_time(
     return None
 
 
-async def _sample_latencies(sim: SimulatedFleet, seconds: float) -> list[float]:
-    """Heartbeat latencies of every agent recorded during the next ``seconds``."""
-    marks = {n: len(a.stats.heartbeat_latency_s) for n, a in sim.agents.items()}
-    await asyncio.sleep(seconds)
+def _marks(sim: SimulatedFleet) -> dict[str, int]:
+    return {n: len(a.stats.heartbeat_latency_s) for n, a in sim.agents.items()}
+
+
+def _since(sim: SimulatedFleet, marks: dict[str, int]) -> list[float]:
+    """Heartbeat latencies recorded since ``marks`` (a :func:`_marks` result)."""
     out: list[float] = []
     for n, a in sim.agents.items():
         out.extend(a.stats.heartbeat_latency_s[marks.get(n, 0) :])
     return out
+
+
+async def _sample_latencies(sim: SimulatedFleet, seconds: float) -> list[float]:
+    """Heartbeat latencies of every agent recorded during the next ``seconds``."""
+    marks = _marks(sim)
+    await asyncio.sleep(seconds)
+    return _since(sim, marks)
 
 
 async def measure(n: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
@@ -281,19 +296,37 @@ async def measure(n: int, args: argparse.Namespace, workdir: Path) -> dict[str, 
         await asyncio.sleep(2 * args.heartbeat_interval)  # let the start-up burst pass
 
         # ------------------------------------------------------------ steady heartbeats
-        cpu0 = cpu_seconds(ctl.pid)
+        cpu0, self0 = cpu_seconds(ctl.pid), _self_cpu()
         t_steady = time.monotonic()
         steady = await _sample_latencies(sim, args.steady_s)
-        cpu1 = cpu_seconds(ctl.pid)
+        cpu1, self1 = cpu_seconds(ctl.pid), _self_cpu()
         elapsed = time.monotonic() - t_steady
         result["heartbeat_steady"] = percentiles(steady)
         result["heartbeat_steady"]["rate_per_s"] = round(len(steady) / elapsed, 1)
         result["heartbeat_failures"] = sum(a.stats.heartbeat_failures for a in sim.agents.values())
         if cpu0 is not None and cpu1 is not None:
             result["controller_cpu_percent_steady"] = round(100 * (cpu1 - cpu0) / elapsed, 1)
+        result["agents_process_cpu_percent_steady"] = round(100 * (self1 - self0) / elapsed, 1)
+
+        # ------------------------------------------------------------ slice deployment
+        await stub.ApplyDeployment(
+            plan_pb2.ApplyDeploymentRequest(spec=deployment(SLICE, SLICE, "greedy")), timeout=30
+        )
+
+        async def slice_committed() -> bool:
+            d = await stub.GetDeployment(plan_pb2.GetDeploymentRequest(name=SLICE), timeout=30)
+            return bool(d.status.committed_version >= 1)
+
+        await _poll(slice_committed, timeout_s=args.timeout_s, every_s=0.1)
+
+        # ------------------------------------------------------------ node loss (slice)
+        # Measured before the wide rollout, on a quiet controller.
+        result["node_loss_slice"] = await _node_loss(
+            sim, stub, plan_events, SLICE, fleet.nodes[-1].name, args
+        )
 
         # ------------------------------------------------------------ fan-out (wide plan)
-        during = asyncio.create_task(_sample_latencies(sim, args.rollout_sample_s))
+        marks = _marks(sim)
         t_apply = time.time()
         await stub.ApplyDeployment(
             plan_pb2.ApplyDeploymentRequest(spec=deployment(WIDE, WIDE, args.wide_policy)),
@@ -301,10 +334,19 @@ async def measure(n: int, args: argparse.Namespace, workdir: Path) -> dict[str, 
         )
         wide_nodes: int = n - int(args.slice_nodes)
 
+        async def rollout_started() -> bool:
+            return _state_time(plan_events, WIDE, 1, plan_pb2.PLAN_STATE_PREPARING) is not None
+
+        await _poll(rollout_started, timeout_s=args.timeout_s, every_s=0.02)
+        result["heartbeat_during_solve"] = percentiles(_since(sim, marks))
+        during = asyncio.create_task(_sample_latencies(sim, args.rollout_sample_s))
+        cpu_ctl0, cpu_self0, t_cpu0 = cpu_seconds(ctl.pid), _self_cpu(), time.monotonic()
+
         async def wide_committed() -> bool:
             return len(events.of(WIDE, 1, "commit")) >= wide_nodes
 
         await _poll(wide_committed, timeout_s=args.timeout_s, every_s=0.1)
+        cpu_ctl1, cpu_self1, t_cpu1 = cpu_seconds(ctl.pid), _self_cpu(), time.monotonic()
         t_prep = _state_time(plan_events, WIDE, 1, plan_pb2.PLAN_STATE_PREPARING)
         t_commit = _state_time(plan_events, WIDE, 1, plan_pb2.PLAN_STATE_COMMITTED)
         prepares = events.of(WIDE, 1, "prepare")
@@ -333,24 +375,17 @@ async def measure(n: int, args: argparse.Namespace, workdir: Path) -> dict[str, 
         current = getattr(some, "current", {}).get(WIDE)
         if current is not None:
             fan["part_json_bytes_per_node"] = len(json.dumps(current.to_dict()))
+        if cpu_ctl0 is not None and cpu_ctl1 is not None:
+            fan["controller_cpu_percent"] = round(
+                100 * (cpu_ctl1 - cpu_ctl0) / (t_cpu1 - t_cpu0), 1
+            )
+        fan["agents_process_cpu_percent"] = round(
+            100 * (cpu_self1 - cpu_self0) / (t_cpu1 - t_cpu0), 1
+        )
         result["fanout"] = fan
         result["heartbeat_during_rollout"] = percentiles(await during)
 
-        # ------------------------------------------------------------ slice deployment
-        await stub.ApplyDeployment(
-            plan_pb2.ApplyDeploymentRequest(spec=deployment(SLICE, SLICE, "greedy")), timeout=30
-        )
-
-        async def slice_committed() -> bool:
-            d = await stub.GetDeployment(plan_pb2.GetDeploymentRequest(name=SLICE), timeout=30)
-            return bool(d.status.committed_version >= 1)
-
-        await _poll(slice_committed, timeout_s=args.timeout_s, every_s=0.1)
-
-        # ------------------------------------------------------------ node losses
-        result["node_loss_slice"] = await _node_loss(
-            sim, stub, plan_events, SLICE, fleet.nodes[-1].name, args
-        )
+        # ------------------------------------------------------------ node loss (wide)
         result["node_loss_wide"] = await _node_loss(
             sim, stub, plan_events, WIDE, fleet.nodes[0].name, args
         )
@@ -374,6 +409,8 @@ async def _node_loss(
 ) -> dict[str, Any]:
     d = await stub.GetDeployment(plan_pb2.GetDeploymentRequest(name=dep), timeout=30)
     before = int(d.status.committed_version)
+    if before == 0:
+        return {"deployment": dep, "skipped": "nothing committed to re-plan"}
     t_kill = time.time()
     await sim.kill(victim)
 
@@ -436,6 +473,7 @@ def check_targets(run: dict[str, Any]) -> dict[str, Any]:
     """Issue-3 targets against one run: value, target, met."""
     hb = run.get("heartbeat_steady", {}).get("p99_ms")
     hb_roll = run.get("heartbeat_during_rollout", {}).get("p99_ms")
+    hb_solve = run.get("heartbeat_during_solve", {}).get("p99_ms")
     fan = run.get("fanout", {}).get("fanout_s")
     slice_loss = run.get("node_loss_slice", {}).get("loss_to_commit_s")
     wide_loss = run.get("node_loss_wide", {}).get("loss_to_commit_s")
@@ -445,6 +483,7 @@ def check_targets(run: dict[str, Any]) -> dict[str, Any]:
 
     return {
         "heartbeat_p99_ms_steady": t(hb, TARGETS["heartbeat_p99_ms"]),
+        "heartbeat_p99_ms_during_solve": t(hb_solve, TARGETS["heartbeat_p99_ms"]),
         "heartbeat_p99_ms_during_rollout": t(hb_roll, TARGETS["heartbeat_p99_ms"]),
         "fanout_s": t(fan, TARGETS["fanout_s"]),
         "loss_to_commit_s_slice": t(slice_loss, TARGETS["loss_to_commit_s"]),
@@ -455,12 +494,14 @@ def check_targets(run: dict[str, Any]) -> dict[str, Any]:
 def summary_line(run: dict[str, Any]) -> str:
     hb = run.get("heartbeat_steady", {})
     hr = run.get("heartbeat_during_rollout", {})
+    hs = run.get("heartbeat_during_solve", {})
     fan = run.get("fanout", {})
     ls = run.get("node_loss_slice", {})
     lw = run.get("node_loss_wide", {})
     return (
         f"N={run['agents']:>5}  heartbeat p50/p99 {hb.get('p50_ms')}/{hb.get('p99_ms')} ms "
-        f"(rollout {hr.get('p50_ms')}/{hr.get('p99_ms')})  fan-out {fan.get('fanout_s')} s "
+        f"(solve {hs.get('p50_ms')}/{hs.get('p99_ms')}, rollout {hr.get('p50_ms')}/"
+        f"{hr.get('p99_ms')})  fan-out {fan.get('fanout_s')} s "
         f"(solve {fan.get('solve_s')} s)  loss->commit slice {ls.get('loss_to_commit_s')} s, "
         f"wide {lw.get('loss_to_commit_s')} s (solve {lw.get('solve_s')} s)"
     )
@@ -476,7 +517,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--slice-nodes", type=int, default=8)
     p.add_argument("--wide-policy", default="uniform", choices=("uniform", "greedy", "eplb", "ilp"))
     p.add_argument("--agents-per-channel", type=int, default=100)
-    p.add_argument("--timeout-s", type=float, default=300.0, help="longest wait for one step")
+    p.add_argument("--timeout-s", type=float, default=180.0, help="longest wait for one step")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = p.parse_args(argv)
     try:

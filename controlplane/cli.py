@@ -18,7 +18,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn, cast
 
-from controlplane import cli_local, cli_remote
+from controlplane import cli_local, cli_remote, cli_strategies
+from operators.cli import register as register_operator
 from policies.errors import InfeasibleError, InputError, MixfleetError
 
 EXIT_OK = 0
@@ -30,7 +31,12 @@ EXIT_INTERRUPTED = 130
 Register = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
 
 #: Modules of commands, in ``--help`` order. One line per module.
-COMMAND_MODULES: tuple[Register, ...] = (cli_local.register, cli_remote.register)
+COMMAND_MODULES: tuple[Register, ...] = (
+    cli_local.register,
+    cli_strategies.register,
+    cli_remote.register,
+    register_operator,
+)
 
 
 class _UsageError(Exception):

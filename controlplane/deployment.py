@@ -336,6 +336,8 @@ def parse_deployment(doc: Any) -> DeploymentSpec:
         "solverTimeLimitS",
         "prepareTimeoutS",
         "rebalance",
+        "policyRef",  # Kubernetes operator fields: read there, ignored here
+        "engineFormat",
     }
     for key in spec:
         if key not in known:

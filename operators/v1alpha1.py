@@ -17,6 +17,7 @@ classes (:func:`operators.schema.from_wire` / :func:`operators.schema.to_wire`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -260,6 +261,66 @@ class RebalanceSpec:
 
 
 @dataclass(frozen=True)
+class InteractiveTierSpec:
+    """An interactive (latency) tier: its SLO and traffic. Nodes are split between it and a
+    batch tier by :func:`policies.tiers.plan_tiers`; each interactive replica stays inside
+    one NVLink domain."""
+
+    tpot_ms: float | None = field(
+        default=None,
+        metadata=k8s(
+            "Time-per-output-token target (decode step time), milliseconds.",
+            json_name="tpotMs",
+            minimum=0,
+            exclusive_minimum=True,
+        ),
+    )
+    ttft_ms: float | None = field(
+        default=None,
+        metadata=k8s(
+            "Time-to-first-token target (prefill step time of a batch of prompts), milliseconds.",
+            json_name="ttftMs",
+            minimum=0,
+            exclusive_minimum=True,
+        ),
+    )
+    requests_per_s: float = field(
+        default=0.0,
+        metadata=k8s("Arrival rate the tier must serve, requests per second.", minimum=0),
+    )
+    prompt_tokens: int = field(
+        default=2048, metadata=k8s("Prompt length per request, tokens.", minimum=1)
+    )
+    output_tokens: int = field(
+        default=256, metadata=k8s("Generated tokens per request.", minimum=1)
+    )
+    max_utilisation: float = field(
+        default=0.8,
+        metadata=k8s(
+            "Most of a replica's time the tier may keep busy (queueing headroom), 0-1.",
+            minimum=0,
+            exclusive_minimum=True,
+            maximum=1,
+        ),
+    )
+    preference: str = field(
+        default="fastest",
+        metadata=k8s(
+            "fastest: the interactive tier takes the fastest nodes first; max-batch: the "
+            "split that leaves the batch tier the most throughput.",
+            enum=("fastest", "max-batch"),
+        ),
+    )
+
+    K8S_RULES: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            rule="has(self.tpotMs) || has(self.ttftMs)",
+            message="an interactive tier needs tpotMs or ttftMs",
+        ),
+    )
+
+
+@dataclass(frozen=True)
 class PlacementPolicySpec:
     """How ModelDeployments that reference this policy are placed. A deployment's own
     fields (policy, redundantExperts, solverTimeLimitS, rebalance) override these."""
@@ -320,6 +381,36 @@ class PlacementPolicySpec:
     rebalance: RebalanceSpec = field(
         default_factory=RebalanceSpec,
         metadata=k8s("Load-driven re-planning (applied by the controller)."),
+    )
+    interactive: InteractiveTierSpec | None = field(
+        default=None,
+        metadata=k8s(
+            "An interactive tier with a latency SLO served by whole NVLink domains; the "
+            "other nodes form the batch tier. Unset: one tier."
+        ),
+    )
+    allow_cross_vendor: bool = field(
+        default=False,
+        metadata=k8s(
+            "Let one deployment's expert-parallel all-to-all span GPU vendors (NVIDIA and "
+            "AMD). Off: a MoE model on a mixed-vendor fleet is placed as one deployment per "
+            "vendor."
+        ),
+    )
+    gpu_hour_prices: Mapping[str, float] = field(
+        default_factory=dict,
+        metadata=k8s(
+            "Price per GPU-hour by GPU model (catalog name), in USD; models not listed use "
+            "mixfleet's assumed defaults. Reports cost per million tokens.",
+            json_name="gpuHourPrices",
+            max_properties=64,
+            rules=(
+                Rule(
+                    rule="self.all(k, self[k] >= 0.0)",
+                    message="prices per GPU-hour must be >= 0",
+                ),
+            ),
+        ),
     )
 
 

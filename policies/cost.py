@@ -26,10 +26,11 @@ Units: US dollars (``usd``), hours, tokens per second. Pure: no I/O.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from policies.catalog import lookup
@@ -129,10 +130,8 @@ def price_table_from_dict(
         v = float(value)
         if math.isnan(v) or math.isinf(v) or v < 0:
             raise InputError(f"must be a finite number >= 0, got {value!r}", field=f"prices.{name}")
-        try:
+        with contextlib.suppress(InputError):  # a custom GPU of a fleet file keeps its name
             name = lookup(name).model
-        except InputError:
-            pass  # a custom GPU of a fleet file: keep its own name
         table[name] = v
     return PriceTable(table, currency, source)
 
@@ -188,6 +187,27 @@ def plan_cost(plan: Plan, prices: PriceTable) -> PlanCost:
 
 # ----------------------------------------------------------------------------- min-cost
 
+LAYOUTS = ("best", "group", "replicas")
+
+
+def plans_cost(plans: Sequence[Plan], prices: PriceTable) -> PlanCost:
+    """Cost of several plans run side by side (independent replicas): prices and
+    throughputs add up.
+
+    Raises:
+        InputError: a GPU model without a price; no plan.
+    """
+    if not plans:
+        raise InputError("no plan to price", field="plans")
+    parts = [plan_cost(p, prices) for p in plans]
+    counts: dict[str, int] = {}
+    for part in parts:
+        for m, c in part.gpus_by_model.items():
+            counts[m] = counts.get(m, 0) + c
+    per_hour = sum(x.usd_per_hour for x in parts)
+    tps = sum(x.tokens_per_s for x in parts)
+    return PlanCost(per_hour, tps, usd_per_million_tokens(per_hour, tps), counts, prices.currency)
+
 
 @dataclass(frozen=True)
 class CostCandidate:
@@ -199,6 +219,8 @@ class CostCandidate:
         gpus: GPU count.
         usd_per_hour: price of the subset.
         screened_tokens_per_s: throughput with the screening policy (0 when no plan fits).
+        layout: ``group`` (one expert-parallel deployment over the subset) or ``replicas``
+            (an independent copy of the model per node), whichever screened faster.
         final_tokens_per_s: throughput with the final policy; None when not solved with it.
         reason: why the subset has no usable plan; empty when it has one.
     """
@@ -208,6 +230,7 @@ class CostCandidate:
     gpus: int
     usd_per_hour: float
     screened_tokens_per_s: float
+    layout: str = "group"
     final_tokens_per_s: float | None = None
     reason: str = ""
 
@@ -220,8 +243,8 @@ class MinCostResult:
         target_tokens_per_s: throughput asked for.
         groups: node groups (interchangeable nodes), fleet order.
         best: the chosen subset.
-        result: its plan (final policy, or the screening plan when that was better).
-        cost: the plan's cost.
+        results: its plans: one (``group`` layout) or one per node (``replicas``).
+        cost: the plans' cost together.
         description: the subset in words (``1x (8x H200-SXM-141GB)``).
         screened: every subset screened, in order of price.
         finalists: subsets solved with the final policy, cheapest first.
@@ -231,7 +254,7 @@ class MinCostResult:
     target_tokens_per_s: float
     groups: tuple[tuple[str, ...], ...]
     best: CostCandidate
-    result: PlacementResult
+    results: tuple[PlacementResult, ...]
     cost: PlanCost
     description: str
     screened: tuple[CostCandidate, ...]
@@ -239,8 +262,95 @@ class MinCostResult:
     notes: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class _Evaluated:
+    """Throughput of a subset in one layout."""
+
+    tokens_per_s: float
+    results: tuple[PlacementResult, ...]
+    layout: str
+    reason: str
+
+
 def _subset(groups: Sequence[tuple[str, ...]], counts: Sequence[int]) -> tuple[str, ...]:
     return tuple(n for g, k in zip(groups, counts, strict=True) for n in g[:k])
+
+
+class _Evaluator:
+    """Solves subsets in either layout, caching per-node replica solves by node group."""
+
+    def __init__(
+        self, dep: Deployment, tokens_per_gpu: int, groups: Sequence[tuple[str, ...]], layout: str
+    ) -> None:
+        self.dep = dep
+        self.tokens = tokens_per_gpu
+        self.groups = groups
+        self.layout = layout
+        self.replica_tps: dict[tuple[int, str], Outcome] = {}
+
+    def group(self, names: Sequence[str], policy: str) -> _Evaluated:
+        fleet = self.dep.fleet
+        part = sub_fleet(fleet, names, name=f"{fleet.name}-subset")
+        out = try_solve(self.dep.request(self.tokens, fleet=part, policy=policy))
+        if out.ok and out.result is not None:
+            return _Evaluated(out.result.plan.summary.tokens_per_s, (out.result,), "group", "")
+        return _Evaluated(0.0, (), "group", out.reason)
+
+    def _replica(self, node: str, policy: str) -> Outcome:
+        part = sub_fleet(self.dep.fleet, [node], name=f"{self.dep.fleet.name}-{node}")
+        return try_solve(self.dep.request(self.tokens, fleet=part, policy=policy))
+
+    def replicas(self, counts: Sequence[int], policy: str, *, plans: bool) -> _Evaluated:
+        """One replica per node; with ``plans`` every node is solved (its own GPU ids),
+        else one node per group stands for the others."""
+        fleet = self.dep.fleet
+        if any(
+            fleet.node(n).nvlink is not None and self._shared_domain(n)
+            for g in self.groups
+            for n in g
+        ):
+            return _Evaluated(0.0, (), "replicas", "a multi-node NVLink domain")
+        tps = 0.0
+        results: list[PlacementResult] = []
+        for gi, (grp, k) in enumerate(zip(self.groups, counts, strict=True)):
+            if k == 0:
+                continue
+            key = (gi, policy)
+            if key not in self.replica_tps:
+                self.replica_tps[key] = self._replica(grp[0], policy)
+            out = self.replica_tps[key]
+            if not out.ok or out.result is None:
+                return _Evaluated(0.0, (), "replicas", f"{grp[0]} alone: {out.reason}")
+            tps += k * out.result.plan.summary.tokens_per_s
+            if plans:
+                results.append(out.result)
+                for node in grp[1:k]:
+                    more = self._replica(node, policy)
+                    if more.result is None or not more.ok:
+                        return _Evaluated(0.0, (), "replicas", f"{node} alone: {more.reason}")
+                    results.append(more.result)
+        return _Evaluated(tps, tuple(results), "replicas", "")
+
+    def _shared_domain(self, node: str) -> bool:
+        fleet = self.dep.fleet
+        nv = fleet.node(node).nvlink
+        return (
+            nv is not None
+            and sum(1 for n in fleet.nodes if n.nvlink and n.nvlink.domain == nv.domain) > 1
+        )
+
+    def best(
+        self, names: Sequence[str], counts: Sequence[int], policy: str, *, plans: bool
+    ) -> _Evaluated:
+        options: list[_Evaluated] = []
+        if self.layout in ("best", "group"):
+            options.append(self.group(names, policy))
+        if self.layout in ("best", "replicas"):
+            options.append(self.replicas(counts, policy, plans=plans))
+        ok = [o for o in options if o.tokens_per_s > 0]
+        if not ok:
+            return _Evaluated(0.0, (), options[0].layout, "; ".join(o.reason for o in options))
+        return max(ok, key=lambda o: o.tokens_per_s)
 
 
 def min_cost(
@@ -251,12 +361,13 @@ def min_cost(
     tokens_per_gpu: int,
     final_policy: str = "ilp",
     screen_policy: str = "greedy",
+    layout: str = "best",
     finalists: int = 3,
     slack: float = 0.15,
     max_screens: int = 200,
     allow_cross_vendor: bool = False,
 ) -> MinCostResult:
-    """The cheapest subset of the fleet's nodes whose plan reaches ``target_tokens_per_s``.
+    """The cheapest subset of the fleet's nodes whose plans reach ``target_tokens_per_s``.
 
     Args:
         dep: the deployment (fleet, model, phase, context...); its ``policy`` is ignored.
@@ -265,11 +376,15 @@ def min_cost(
         tokens_per_gpu: batch per GPU per step at which throughput is judged.
         final_policy: policy that solves the finalists.
         screen_policy: fast policy that screens every subset.
+        layout: ``group`` - the subset is one expert-parallel deployment; ``replicas`` -
+            every node runs its own copy of the model (no all-to-all over the network);
+            ``best`` - whichever is faster for each subset.
         finalists: stop screening after this many subsets meet the target.
         slack: subsets the screen puts within ``target / (1 + slack)`` also go to the final
             policy (it may lift them over the target).
         max_screens: most subsets screened.
-        allow_cross_vendor: let a MoE deployment's all-to-all span GPU vendors.
+        allow_cross_vendor: let a MoE deployment's all-to-all span GPU vendors (``group``
+            layout; replicas never span vendors).
 
     Raises:
         InputError: non-positive target, bad options, a GPU without a price.
@@ -280,21 +395,24 @@ def min_cost(
         raise InputError(f"must be > 0 tokens/s, got {target_tokens_per_s!r}", field="target")
     if finalists < 1 or max_screens < 1 or slack < 0:
         raise InputError("finalists and max_screens must be >= 1 and slack >= 0", field="min_cost")
+    if layout not in LAYOUTS:
+        raise InputError(f"must be one of {LAYOUTS}, got {layout!r}", field="layout")
+    dep = replace(dep, allow_cross_vendor=allow_cross_vendor)
     fleet = dep.fleet
     groups = tuple(node_groups(fleet))
     node_price = [
         sum(prices.price(g.spec.model) for g in fleet.node(grp[0]).gpus) for grp in groups
     ]
-    combos = [c for c in itertools.product(*(range(len(g) + 1) for g in groups)) if any(c)]
     gpus_in = [len(fleet.node(grp[0]).gpus) for grp in groups]
+    combos = [c for c in itertools.product(*(range(len(g) + 1) for g in groups)) if any(c)]
     combos.sort(
         key=lambda c: (
             sum(k * p for k, p in zip(c, node_price, strict=True)),
             sum(k * n for k, n in zip(c, gpus_in, strict=True)),
         )
     )
+    ev = _Evaluator(dep, tokens_per_gpu, groups, layout)
     screened: list[CostCandidate] = []
-    outcomes: dict[tuple[int, ...], Outcome] = {}
     met: list[tuple[int, ...]] = []
     near: list[CostCandidate] = []
     skipped_vendor = 0
@@ -304,25 +422,28 @@ def min_cost(
         if any(all(c >= m for c, m in zip(counts, prev, strict=True)) for prev in met):
             continue
         names = _subset(groups, counts)
-        part = sub_fleet(fleet, names, name=f"{fleet.name}-subset")
-        if dep.model.is_moe and not allow_cross_vendor and len(vendors_of(part)) > 1:
+        part = sub_fleet(fleet, names)
+        mixed = dep.model.is_moe and len(vendors_of(part)) > 1
+        if mixed and not allow_cross_vendor and layout == "group":
             skipped_vendor += 1
             continue
-        out = try_solve(dep.request(tokens_per_gpu, fleet=part, policy=screen_policy))
-        outcomes[counts] = out
-        tps = out.result.plan.summary.tokens_per_s if out.ok and out.result else 0.0
+        if mixed and not allow_cross_vendor:
+            got = ev.replicas(counts, screen_policy, plans=False)
+        else:
+            got = ev.best(names, counts, screen_policy, plans=False)
         cand = CostCandidate(
             counts,
             names,
             len(part.gpus),
             sum(k * p for k, p in zip(counts, node_price, strict=True)),
-            tps,
-            reason=out.reason,
+            got.tokens_per_s,
+            got.layout,
+            reason=got.reason,
         )
         screened.append(cand)
-        if tps >= target_tokens_per_s:
+        if got.tokens_per_s >= target_tokens_per_s:
             met.append(counts)
-        elif tps >= target_tokens_per_s / (1.0 + slack):
+        elif got.tokens_per_s >= target_tokens_per_s / (1.0 + slack):
             near.append(cand)
     notes: list[str] = []
     if skipped_vendor:
@@ -333,65 +454,50 @@ def min_cost(
     if len(screened) >= max_screens and len(met) < finalists:
         notes.append(f"screening stopped after {max_screens} subsets (max_screens)")
     pool = sorted(
-        [c for c in screened if c.counts in met] + near,
-        key=lambda c: (c.usd_per_hour, c.gpus),
+        [c for c in screened if c.counts in met] + near, key=lambda c: (c.usd_per_hour, c.gpus)
     )
     solved: list[CostCandidate] = []
     for cand in pool:
-        part = sub_fleet(fleet, cand.nodes, name=f"{fleet.name}-subset")
-        screen_out = outcomes[cand.counts]
-        final = screen_out
-        if final_policy != screen_policy:
-            final = try_solve(dep.request(tokens_per_gpu, fleet=part, policy=final_policy))
-        best_out = _better(final, screen_out)
-        tps = best_out.result.plan.summary.tokens_per_s if best_out.result else 0.0
+        if cand.layout == "replicas":
+            final = ev.replicas(cand.counts, final_policy, plans=True)
+            screen = ev.replicas(cand.counts, screen_policy, plans=True)
+        else:
+            final = ev.group(cand.nodes, final_policy)
+            screen = ev.group(cand.nodes, screen_policy)
+        best = final if final.tokens_per_s >= screen.tokens_per_s else screen
         done = CostCandidate(
             cand.counts,
             cand.nodes,
             cand.gpus,
             cand.usd_per_hour,
             cand.screened_tokens_per_s,
-            tps,
-            best_out.reason,
+            cand.layout,
+            best.tokens_per_s,
+            best.reason,
         )
         solved.append(done)
-        if best_out.ok and tps >= target_tokens_per_s and best_out.result is not None:
+        if best.results and best.tokens_per_s >= target_tokens_per_s:
             return MinCostResult(
                 target_tokens_per_s,
                 groups,
                 done,
-                best_out.result,
-                plan_cost(best_out.result.plan, prices),
+                best.results,
+                plans_cost([r.plan for r in best.results], prices),
                 describe_nodes(fleet, cand.nodes),
                 tuple(screened),
                 tuple(solved),
                 tuple(notes),
             )
     top = max(screened, key=lambda c: c.screened_tokens_per_s, default=None)
-    best_seen = (
-        "no subset produced a plan"
-        if top is None or top.screened_tokens_per_s <= 0
-        else (
+    if top is None or top.screened_tokens_per_s <= 0:
+        best_seen = "no subset produced a plan"
+    else:
+        best_seen = (
             f"the best subset screened reaches {top.screened_tokens_per_s:,.0f} tokens/s "
-            f"({describe_nodes(fleet, top.nodes)})"
+            f"({describe_nodes(fleet, top.nodes)}, {top.layout} layout)"
         )
-    )
     raise InfeasibleError(
         f"no subset of {fleet.name} reaches {target_tokens_per_s:,.0f} tokens/s at "
         f"{tokens_per_gpu} tokens per GPU",
-        (
-            f"{best_seen}. To fix: lower the target, raise the batch (--tokens), or add GPUs",
-            *notes,
-        ),
+        (f"{best_seen}. To fix: lower the target, raise the batch (--tokens), or add GPUs", *notes),
     )
-
-
-def _better(final: Outcome, screen: Outcome) -> Outcome:
-    """The usable outcome with the higher throughput (the final policy on ties)."""
-    if not screen.ok or screen.result is None:
-        return final
-    if not final.ok or final.result is None:
-        return screen
-    f = final.result.plan.summary.tokens_per_s
-    s = screen.result.plan.summary.tokens_per_s
-    return final if f >= s else screen

@@ -14,7 +14,8 @@ Pure: no I/O.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from policies.costmodel import CostSettings
 from policies.errors import InfeasibleError, InputError
@@ -94,6 +95,9 @@ class Deployment:
             deployment works on any subset of nodes.
         options: MILP solver options (used by ``ilp``).
         settings: cost-model settings.
+        allow_cross_vendor: let one deployment's expert-parallel all-to-all span GPU
+            vendors (passed on to the request once it has that field; see
+            :mod:`policies.vendors`).
     """
 
     fleet: Fleet
@@ -108,6 +112,7 @@ class Deployment:
     redundant_experts: int = 0
     options: SolverOptions = field(default_factory=SolverOptions)
     settings: CostSettings = field(default_factory=CostSettings)
+    allow_cross_vendor: bool = False
 
     def __post_init__(self) -> None:
         if self.phase not in PHASES:
@@ -158,7 +163,7 @@ class Deployment:
         """The placement request for one batch size (optionally another context, subset of
         the fleet or policy)."""
         f = self.fleet if fleet is None else fleet
-        return PlacementRequest(
+        req = PlacementRequest(
             fleet=f,
             model=self.model,
             workload=self.workload(tokens_per_gpu, context_len),
@@ -168,6 +173,13 @@ class Deployment:
             options=self.options,
             settings=self.settings,
         )
+        if (
+            self.allow_cross_vendor
+            and "allow_cross_vendor" in PlacementRequest.__dataclass_fields__
+        ):
+            extra: dict[str, Any] = {"allow_cross_vendor": True}
+            req = replace(req, **extra)
+        return req
 
 
 @dataclass(frozen=True)

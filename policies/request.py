@@ -51,14 +51,16 @@ class SolverOptions:
         solver: ``highs`` (default) or ``cbc`` (fallback, also used when HiGHS is missing).
         workers: processes solving layers in parallel; 0 = one per CPU.
         migration_weight_us: objective cost of moving one expert replica, us per move
-            (used only with a previous plan).
+            (used only with a previous plan); None = 30% of the previous plan's mean time
+            per MoE layer divided by its slots per layer: a move must buy back a third of
+            what one slot's share of the layer costs.
     """
 
     time_limit_s: float = 60.0
     mip_gap: float = 0.005
     solver: str = "highs"
     workers: int = 0
-    migration_weight_us: float = 2.0
+    migration_weight_us: float | None = None
 
 
 @dataclass(frozen=True)
@@ -150,7 +152,7 @@ def check_request(req: PlacementRequest) -> None:
         raise InputError(f"must be 'highs' or 'cbc', got {o.solver!r}", field="solver")
     if o.workers < 0:
         raise InputError(f"must be >= 0, got {o.workers}", field="workers")
-    if o.migration_weight_us < 0:
+    if o.migration_weight_us is not None and not o.migration_weight_us >= 0:
         raise InputError("must be >= 0", field="migration_weight_us")
     g = len(req.fleet.gpus)
     e = req.model.num_experts
@@ -175,6 +177,17 @@ def check_request(req: PlacementRequest) -> None:
         raise InputError(
             "previous plan is for a different model (MoE layer count differs)", field="previous"
         )
+
+
+def migration_weight_us(req: PlacementRequest) -> float:
+    """Price of one expert move in the re-planning objective, us (see SolverOptions)."""
+    if req.options.migration_weight_us is not None:
+        return req.options.migration_weight_us
+    if req.previous is None or not req.previous.moe_layers:
+        return 0.0
+    prev = req.previous
+    slots = sum(len(g.experts[0]) for g in prev.gpus) or 1
+    return 0.3 * prev.summary.step_time_us / len(prev.moe_layers) / slots
 
 
 def solve(req: PlacementRequest) -> PlacementResult:

@@ -339,7 +339,7 @@ def interactive_units(fleet: Fleet) -> list[tuple[str, ...]]:
 
 
 def _unit_key(fleet: Fleet, unit: Sequence[str]) -> tuple[object, ...]:
-    return tuple(sorted((repr(node_make_up(fleet.node(n))) for n in unit)))
+    return tuple(sorted(repr(node_make_up(fleet.node(n))) for n in unit))
 
 
 def _newness(fleet: Fleet, nodes: Sequence[str]) -> float:
@@ -387,9 +387,7 @@ def unit_capacity(
     if dec.best is None or pre.best is None:
         why = (dec.infeasible or pre.infeasible or ("no batch fits",))[0]
         return UnitCapacity(names, desc, first, len(gpus), dec.best, pre.best, 0.0, why)
-    busy = (
-        tier.output_tokens / dec.best.tokens_per_s + tier.prompt_tokens / pre.best.tokens_per_s
-    )
+    busy = tier.output_tokens / dec.best.tokens_per_s + tier.prompt_tokens / pre.best.tokens_per_s
     return UnitCapacity(
         names, desc, first, len(gpus), dec.best, pre.best, tier.max_utilisation / busy
     )
@@ -419,7 +417,13 @@ def batch_tier(
     parts = [part]
     if dep.model.is_moe and not allow_cross_vendor:
         parts = split_by_vendor(part)
-    dep_b = replace(dep, phase=tier.phase, context_len=tier.context_len, policy=policy)
+    dep_b = replace(
+        dep,
+        phase=tier.phase,
+        context_len=tier.context_len,
+        policy=policy,
+        allow_cross_vendor=allow_cross_vendor,
+    )
     outcomes: list[Outcome] = [
         try_solve(dep_b.request(tier.tokens_per_gpu, fleet=p)) for p in parts
     ]
@@ -484,7 +488,12 @@ def plan_tiers(req: TierRequest) -> TierPlan:
         chosen = [list(m) for _, m in eligible]
         batch_nodes = _rest(fleet, chosen)
         batch = batch_tier(
-            dep, req.batch, fleet, batch_nodes, dep.policy, allow_cross_vendor=req.allow_cross_vendor
+            dep,
+            req.batch,
+            fleet,
+            batch_nodes,
+            dep.policy,
+            allow_cross_vendor=req.allow_cross_vendor,
         )
         screened = 1
     elif req.preference == "fastest":
@@ -571,7 +580,7 @@ def _max_batch(
     fleet = dep.fleet
     c = [cap.requests_per_s for cap, _ in eligible]
     ranges = [
-        range(0, min(len(m), math.ceil(demand / ci) if ci > 0 else 0) + 1)
+        range(min(len(m), math.ceil(demand / ci) if ci > 0 else 0) + 1)
         for ci, (_, m) in zip(c, eligible, strict=True)
     ]
     minimal: list[tuple[int, ...]] = []
@@ -588,14 +597,21 @@ def _max_batch(
             f"{len(minimal)} minimal assignments, the {req.max_assignments} with the fewest "
             "GPUs screened (max_assignments)"
         )
-        minimal.sort(key=lambda k: sum(ki * cap.gpus for ki, (cap, _) in zip(k, eligible, strict=True)))
+        minimal.sort(
+            key=lambda k: sum(ki * cap.gpus for ki, (cap, _) in zip(k, eligible, strict=True))
+        )
         minimal = minimal[: req.max_assignments]
     scored: list[tuple[float, float, list[list[tuple[str, ...]]]]] = []
     for k in minimal:
         chosen = [list(m[:ki]) for ki, (_, m) in zip(k, eligible, strict=True)]
         rest = _rest(fleet, chosen)
         rep = batch_tier(
-            dep, req.batch, fleet, rest, req.screen_policy, allow_cross_vendor=req.allow_cross_vendor
+            dep,
+            req.batch,
+            fleet,
+            rest,
+            req.screen_policy,
+            allow_cross_vendor=req.allow_cross_vendor,
         )
         inter = [n for units in chosen for unit in units for n in unit]
         scored.append((rep.tokens_per_s, _newness(fleet, inter), chosen))

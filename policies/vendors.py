@@ -87,7 +87,7 @@ def check_vendors(fleet: Fleet, model: ModelSpec, *, allow_cross_vendor: bool = 
     vendors = vendors_of(fleet)
     if len(vendors) <= 1 or allow_cross_vendor or not model.is_moe:
         return
-    counts = {v: 0 for v in vendors}
+    counts = dict.fromkeys(vendors, 0)
     for g in fleet.gpus:
         counts[g.spec.vendor] += 1
     detail = ", ".join(f"{counts[v]} {v}" for v in vendors)

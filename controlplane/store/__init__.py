@@ -35,7 +35,8 @@ __all__ = [
 
 
 def open_store(url: str) -> Store:
-    """Open a store from a URL: ``sqlite:PATH`` (``sqlite:///abs/path`` also accepted).
+    """Open a store from a URL: ``sqlite:PATH`` (``sqlite:///abs/path`` also accepted) or
+    ``kubernetes:NAMESPACE`` (the cluster's API as the store).
 
     Raises:
         StoreError: unknown scheme or the backend cannot open.
@@ -46,7 +47,11 @@ def open_store(url: str) -> Store:
 
         path = rest[2:] if rest.startswith("//") else rest
         return SqliteStore(path)
+    if scheme == "kubernetes":
+        from controlplane.store.kubernetes import KubernetesStore
+
+        return KubernetesStore.from_url(rest)
     raise StoreError(
-        f"unknown store {url!r}. To fix: use sqlite:PATH (e.g. sqlite:/var/lib/mixfleet/state.db)",
+        f"unknown store {url!r}. To fix: use sqlite:PATH (e.g. sqlite:/var/lib/mixfleet/state.db) or kubernetes:NAMESPACE",
         field="store",
     )

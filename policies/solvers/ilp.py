@@ -100,7 +100,7 @@ from policies.costmodel import (
     served_fractions,
 )
 from policies.errors import InfeasibleError
-from policies.request import PlacementRequest, RawPlacement, count_moves
+from policies.request import PlacementRequest, RawPlacement, count_moves, migration_weight_us
 from policies.solvers import greedy
 from policies.solvers.common import make_room, replicate_capped, slots_per_gpu
 from policies.solvers.milp import solve_milp
@@ -645,12 +645,35 @@ def _assign_class(
     """Place replicas (pairs, expert) on a class's GPUs: heaviest first onto the GPU with the
     lowest load plus re-planning penalty, then pairwise swaps to lower the maximum.
 
+    When re-planning (``penalty > 0``), replicas first stay on GPUs that held their expert
+    before, as far as the class keeps that many replicas, and no swap moves them: the moves
+    are then exactly the new replicas the MILP priced.
+
     Returns per member GPU a list of (expert, pairs)."""
     n = len(members)
     load = [0.0] * n
     held: list[list[tuple[int, float]]] = [[] for _ in range(n)]
     has: list[set[int]] = [set() for _ in range(n)]
-    for pairs, e in sorted(items, key=lambda x: (-x[0], x[1])):
+    pinned: set[tuple[int, int]] = set()
+    todo = sorted(items, key=lambda x: (-x[0], x[1]))
+    if penalty > 0:
+        rest = []
+        for pairs, e in todo:
+            keep = [
+                g
+                for g in range(n)
+                if e in prev_held[g] and e not in has[g] and len(held[g]) < slots[g]
+            ]
+            if keep:
+                g = min(keep, key=lambda x: load[x])
+                held[g].append((e, pairs))
+                has[g].add(e)
+                load[g] += pairs
+                pinned.add((g, e))
+            else:
+                rest.append((pairs, e))
+        todo = rest
+    for pairs, e in todo:
         best, best_cost = -1, math.inf
         for g in range(n):
             if len(held[g]) >= slots[g] or e in has[g]:
@@ -681,13 +704,20 @@ def _assign_class(
             gap = load[g_max] - load[g]
             best_swap: tuple[float, int, int] | None = None
             for a_idx, (ea, pa) in enumerate(held[g_max]):
+                if ea in has[g]:
+                    continue
                 for b_idx, (eb, pb) in enumerate(held[g]):
                     delta = pa - pb
-                    if 0 < delta < gap and ea not in has[g] and eb not in has[g_max]:
-                        score = abs(gap - 2 * delta)
-                        if best_swap is None or score < best_swap[0]:
-                            best_swap = (score, a_idx, b_idx)
-            if best_swap is not None and best_swap[0] < gap - 1e-9:
+                    if not 0 < delta < gap or eb in has[g_max]:
+                        continue
+                    # pairs off the busiest GPU, less the re-planning price of the replicas
+                    # this swap takes away from GPUs that held them before
+                    away = int(ea not in prev_held[g]) + int(eb not in prev_held[g_max])
+                    home = int(ea not in prev_held[g_max]) + int(eb not in prev_held[g])
+                    value = min(delta, gap - delta) - penalty * (away - home)
+                    if value > 1e-9 and (best_swap is None or value > best_swap[0]):
+                        best_swap = (value, a_idx, b_idx)
+            if best_swap is not None:
                 _, a_idx, b_idx = best_swap
                 ea, pa = held[g_max][a_idx]
                 eb, pb = held[g][b_idx]
@@ -764,6 +794,52 @@ def _recv_us_per_pair(table: CostTable, cls: ClassCost, share: Sequence[float]) 
         ),
         default=0.0,
     )
+
+
+def _previous_layers(req: PlacementRequest, table: CostTable) -> list[LayerPlacement] | None:
+    """The previous plan's placement on this fleet, or None when its GPUs differ."""
+    prev = req.previous
+    if prev is None or [g.gpu for g in prev.gpus] != list(table.gpu_ids):
+        return None
+    if any(len(g.experts) != table.num_moe_layers for g in prev.gpus):
+        return None
+    return [
+        LayerPlacement(tuple(tuple((s.expert, s.share) for s in g.experts[li]) for g in prev.gpus))
+        for li in range(table.num_moe_layers)
+    ]
+
+
+def _previous_start(
+    req: PlacementRequest,
+    table: CostTable,
+    classes: Sequence[ClassCost],
+    prev_counts: Sequence[tuple[tuple[int, ...], ...] | None],
+    caps: Sequence[int],
+    engine: bool,
+) -> tuple[list[tuple[int, ...]], list[bool]]:
+    """Per layer: most replicas on one GPU of each class in the previous plan, and whether
+    that plan is a valid start here (every expert still covered, slots within the caps)."""
+    ks: list[tuple[int, ...]] = []
+    fits: list[bool] = []
+    held = {}
+    if req.previous is not None:
+        held = {g.gpu: g.experts for g in req.previous.gpus}
+    for li, counts in enumerate(prev_counts):
+        if counts is None:
+            ks.append(())
+            fits.append(False)
+            continue
+        per_gpu = [len(held[gid][li]) if gid in held else 0 for gid in table.gpu_ids]
+        k = tuple(max(per_gpu[i] for i in c.members) for c in classes)
+        covered = all(
+            sum(counts[c][e] for c in range(len(classes))) >= 1 for e in range(table.num_experts)
+        )
+        within = all(per_gpu[i] <= caps[i] for i in range(table.num_gpus))
+        if engine:
+            within = within and all(per_gpu[i] == caps[i] for i in range(table.num_gpus))
+        ks.append(k)
+        fits.append(covered and within)
+    return ks, fits
 
 
 def _warm_counts(
@@ -862,6 +938,8 @@ def place(req: PlacementRequest, table: CostTable) -> RawPlacement:
     waves = first_weight + rest_waves
     # keep some of each wave for building the model and realising its answer
     per_layer_limit = max(0.05, 0.85 * left / max(waves, 1))
+    prev_counts = [_prev_counts(req, table, classes, li) for li in range(table.num_moe_layers)]
+    prev_k, prev_fits = _previous_start(req, table, classes, prev_counts, caps, engine)
     problems = []
     for li in range(table.num_moe_layers):
         lt = warm_eval.moe_layers[li]
@@ -884,12 +962,18 @@ def place(req: PlacementRequest, table: CostTable) -> RawPlacement:
                 budget=budget,
                 slots=S,
                 pair_cap=pair_cap,
-                prev=_prev_counts(req, table, classes, li),
-                warm=_warm_counts(classes, warm_layers[li], table.num_experts),
-                warm_k=tuple(
+                prev=prev_counts[li],
+                # re-planning starts from the previous placement (zero moves) when it still
+                # fits the slots; otherwise from the greedy plan
+                warm=prev_counts[li]  # type: ignore[arg-type]  # prev_fits implies not None
+                if prev_fits[li]
+                else _warm_counts(classes, warm_layers[li], table.num_experts),
+                warm_k=prev_k[li]
+                if prev_fits[li]
+                else tuple(
                     max(len(warm_layers[li].per_gpu[i]) for i in c.members) for c in classes
                 ),
-                migration_weight_us=req.options.migration_weight_us,
+                migration_weight_us=migration_weight_us(req),
                 time_limit_s=per_layer_limit,
                 mip_gap=req.options.mip_gap,
                 solver=req.options.solver,
@@ -932,9 +1016,7 @@ def place(req: PlacementRequest, table: CostTable) -> RawPlacement:
                 slots = [min(cls.cap, base + (1 if g < extra else 0)) for g in range(len(members))]
                 if sum(slots) < total:
                     slots = [cls.cap] * len(members)
-            penalty = (
-                req.options.migration_weight_us / cls.flop if req.previous is not None else 0.0
-            )
+            penalty = migration_weight_us(req) / cls.flop if req.previous is not None else 0.0
             held = _assign_class(members, items, slots, prev_held, penalty, merge=not engine)
             if not engine:
                 held = _rebalance_native(
@@ -971,6 +1053,24 @@ def place(req: PlacementRequest, table: CostTable) -> RawPlacement:
         notes.append(f"{fallback} layer(s) kept the greedy warm start, which realised better")
     if req.previous is not None:
         notes.append("re-planning: objective includes expert moves, so the bound is not reported")
+        kept = _previous_layers(req, table)
+        if kept is not None:
+            # Keeping the previous plan as it is (no moves) is always a candidate.
+            old_share = [g.attention_share for g in req.previous.gpus]
+            lam = migration_weight_us(req)
+            new_cost = evaluate(table, share, layers).step_time_us + lam * (
+                count_moves(req.previous, table.gpu_ids, layers) or 0
+            )
+            old_eval = evaluate(table, old_share, kept)
+            if old_eval.feasible and old_eval.step_time_us <= new_cost:
+                return RawPlacement(
+                    tuple(old_share),
+                    tuple(kept),
+                    tuple(g.attention_heads or 0 for g in req.previous.gpus) if heads else None,
+                    None,
+                    "previous plan kept",
+                    (*notes, "no re-placement paid for its moves; the previous placement stands"),
+                )
     status = ", ".join(f"{k} x{v}" for k, v in sorted(statuses.items()))
     solver_name = solutions[0].solver if solutions else "HiGHS"
     if req.previous is None:
@@ -1016,7 +1116,7 @@ def _layer_cost(
     if req.previous is not None:
         empty = LayerPlacement(tuple(() for _ in table.gpu_ids))
         moves = count_moves(req.previous, table.gpu_ids, [empty] * li + [layer]) or 0
-        cost += req.options.migration_weight_us * moves
+        cost += migration_weight_us(req) * moves
     return cost
 
 

@@ -112,7 +112,7 @@ class Cluster:
 
 
 def wait_for(
-    fn: Callable[[], Any], *, timeout_s: float = 30.0, interval_s: float = 0.1, what: str = ""
+    fn: Callable[[], Any], *, timeout_s: float = 90.0, interval_s: float = 0.1, what: str = ""
 ) -> Any:
     """Poll ``fn`` until it returns a truthy value; fail with ``what`` after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s

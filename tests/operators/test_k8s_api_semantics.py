@@ -318,9 +318,16 @@ def test_cluster_scoped_resources_and_label_selectors(cluster: Cluster) -> None:
     assert pol is not None and pol["spec"]["solverTimeLimitS"] == 60.0
 
 
-def _collect(k: Any, rv: str, ns: str, out: list[WatchEvent], **kw: Any) -> threading.Thread:
+def _collect(
+    k: Any, rv: str, ns: str, out: list[WatchEvent], want: int, **kw: Any
+) -> threading.Thread:
+    """Watch in a thread until ``want`` events (bookmarks aside) or the watch ends."""
+
     def run() -> None:
-        out.extend(k.watch(MODEL_DEPLOYMENTS, rv, ns, **kw))
+        for ev in k.watch(MODEL_DEPLOYMENTS, rv, ns, **kw):
+            out.append(ev)
+            if sum(e.type != "BOOKMARK" for e in out) >= want:
+                return
 
     t = threading.Thread(target=run, daemon=True)
     t.start()
@@ -333,7 +340,7 @@ def test_watch_from_a_resource_version_sees_later_events_in_order(cluster: Clust
     k.create(MODEL_DEPLOYMENTS, md_object("before", ns))
     _, rv = k.list(MODEL_DEPLOYMENTS, ns)
     events: list[WatchEvent] = []
-    t = _collect(k, rv, ns, events, timeout_s=3, label_selector="w=1")
+    t = _collect(k, rv, ns, events, 4, timeout_s=60, label_selector="w=1")
     time.sleep(0.5)
     k.create(
         MODEL_DEPLOYMENTS,
@@ -344,7 +351,7 @@ def test_watch_from_a_resource_version_sees_later_events_in_order(cluster: Clust
     )  # enters the selection
     k.merge_patch(MODEL_DEPLOYMENTS, "x", {"metadata": {"labels": {"w": "2"}}}, ns)  # leaves it
     k.delete(MODEL_DEPLOYMENTS, "before", ns)
-    t.join(10)
+    t.join(90)
     seen = [(e.type, e.object["metadata"]["name"]) for e in events if e.type != "BOOKMARK"]
     assert seen == [("ADDED", "x"), ("ADDED", "before"), ("DELETED", "x"), ("DELETED", "before")]
     rvs = [int(e.resource_version) for e in events if e.type != "BOOKMARK"]

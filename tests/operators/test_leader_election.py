@@ -118,7 +118,7 @@ def test_released_lease_is_taken_at_once_an_abandoned_one_after_it_expires(
     assert events == ["a+", "a-", "b+"]
     # b vanishes without releasing; a waits for the lease duration (wall clock, 4 s).
     assert not a.try_once()
-    wait_for(a.try_once, timeout_s=8, interval_s=0.25, what="a takes the expired lease")
+    wait_for(a.try_once, timeout_s=30, interval_s=0.25, what="a takes the expired lease")
     lease = cluster.kube().get(LEASES, cluster.name("test-lease"), cluster.namespace)
     assert lease is not None and lease["spec"]["holderIdentity"] == "a"
     assert lease["spec"]["leaseTransitions"] == 2

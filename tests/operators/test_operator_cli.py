@@ -79,11 +79,11 @@ def test_operator_process_serves_health_leads_solves_and_stops(
     )
     try:
         serving = health_pb2.HealthCheckResponse.SERVING
-        wait_for(lambda: _health(port, "") == serving, timeout_s=30, what="ready")
+        wait_for(lambda: _health(port, "") == serving, timeout_s=90, what="ready")
         assert _health(port, "liveness") == serving
         wait_for(
             lambda: _health(port, "mixfleet.operator.Leader") == serving,
-            timeout_s=10,
+            timeout_s=60,
             what="leader",
         )
         k.create(MODEL_DEPLOYMENTS, md_object("mx", cluster.namespace))
@@ -93,7 +93,7 @@ def test_operator_process_serves_health_leads_solves_and_stops(
             conds = (obj.get("status") or {}).get("conditions") or []
             return any(c["type"] == "Solved" and c["status"] == "True" for c in conds)
 
-        wait_for(solved, timeout_s=30, what="Solved")
+        wait_for(solved, timeout_s=90, what="Solved")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0
     finally:

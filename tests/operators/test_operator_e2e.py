@@ -52,9 +52,9 @@ def settings(cluster: Cluster, *, identity: str = "", leader: bool = False) -> O
                 lease_name=cluster.name("operator"),
                 namespace=cluster.namespace,
                 identity=identity,
-                lease_duration_s=3.0,
-                renew_deadline_s=2.0,
-                retry_period_s=0.2,
+                lease_duration_s=6.0,
+                renew_deadline_s=4.0,
+                retry_period_s=0.3,
             )
             if leader
             else None
@@ -74,7 +74,8 @@ def world(cluster: Cluster) -> Iterator[Kube]:
     """Two GPUNodes (h100-0, a100-0) and a fast default policy; yields the test's client."""
     k = cluster.kube("mixfleet-test")
     k.create(
-        PLACEMENT_POLICIES, policy_object(cluster.name("default"), policy="ilp", solverTimeLimitS=5)
+        PLACEMENT_POLICIES,
+        policy_object(cluster.name("default"), policy="ilp", solverTimeLimitS=5, workers=1),
     )
     for n in ("h100-0", "a100-0"):
         cluster.put_gpunode(k, n, inventory(n), labels={"rack": "r1"})
@@ -309,7 +310,7 @@ def test_expired_watches_relist_and_keep_reacting(cluster: Cluster, world: Kube)
         fake.compact()
         # Watches restart from their last version (now compacted) within watch_timeout_s.
         wait_for(
-            lambda: sum(inf.lists for inf in op.informers) > lists, timeout_s=15, what="re-list"
+            lambda: sum(inf.lists for inf in op.informers) > lists, timeout_s=60, what="re-list"
         )
         k.merge_patch(
             MODEL_DEPLOYMENTS, "mx", {"spec": {"workload": {"tokensPerGpu": 24}}}, cluster.namespace
@@ -341,7 +342,7 @@ def test_two_replicas_only_the_leader_writes_and_the_standby_takes_over(
             assert cluster.fake.writes(user_agent=standby_ua) == []
 
         leader.stop()  # releases the lease
-        wait_for(standby.is_leader, timeout_s=10, what="standby takes over")
+        wait_for(standby.is_leader, timeout_s=60, what="standby takes over")
         k.merge_patch(
             MODEL_DEPLOYMENTS, "mx", {"spec": {"workload": {"tokensPerGpu": 40}}}, cluster.namespace
         )
