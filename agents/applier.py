@@ -546,6 +546,8 @@ class PlanApplier:
         self.versions = self.root / ".versions"
         for d in (self.root, self.staging, self.versions):
             d.mkdir(parents=True, exist_ok=True)
+        # deployment -> (link target, what it holds): heartbeats ask often, links rarely move.
+        self._committed_cache: dict[str, tuple[str, CommittedPlan]] = {}
 
     # -- naming
 
@@ -564,10 +566,19 @@ class PlanApplier:
     def committed(self, deployment: str) -> CommittedPlan | None:
         """The plan in force for ``deployment``, None when none was committed."""
         try:
-            doc = json.loads((self.link(deployment) / "plan.json").read_text())
-        except (OSError, ValueError):
+            target = os.readlink(self.link(deployment))
+        except OSError:
             return None
-        return CommittedPlan(deployment, str(doc["plan_id"]), int(doc["version"]))
+        cached = self._committed_cache.get(deployment)
+        if cached is not None and cached[0] == target:
+            return cached[1]
+        try:
+            doc = json.loads((self.link(deployment) / "plan.json").read_text())
+            found = CommittedPlan(deployment, str(doc["plan_id"]), int(doc["version"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        self._committed_cache[deployment] = (target, found)
+        return found
 
     def is_staged(self, deployment: str, version: int) -> bool:
         return self._staged_dir(deployment, version).is_dir()

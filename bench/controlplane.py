@@ -155,10 +155,14 @@ class Events:
 class ControllerProcess:
     """``mixfleetctl controller run`` in a child process."""
 
-    def __init__(self, workdir: Path, heartbeat_s: float, lost_after_s: float) -> None:
+    def __init__(
+        self, workdir: Path, heartbeat_s: float, lost_after_s: float, profile: Path | None = None
+    ) -> None:
         self.log_path = workdir / "controller.log"
+        prof = ["-m", "cProfile", "-o", str(profile)] if profile is not None else []
         self.cmd = [
             sys.executable,
+            *prof,
             "-m",
             "controlplane.cli",
             "controller",
@@ -265,7 +269,10 @@ async def _sample_latencies(sim: SimulatedFleet, seconds: float) -> list[float]:
 async def measure(n: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     """One benchmark run with ``n`` agents."""
     fleet = bench_fleet(n, args.slice_nodes)
-    ctl = ControllerProcess(workdir, args.heartbeat_interval, args.node_lost_after)
+    profile = args.profile_controller
+    if profile is not None:
+        profile = profile.with_name(f"{profile.stem}-n{n}{profile.suffix}")
+    ctl = ControllerProcess(workdir, args.heartbeat_interval, args.node_lost_after, profile)
     address = ctl.start()
     result: dict[str, Any] = {"agents": n}
     settings = AgentSettings(
@@ -351,8 +358,17 @@ async def measure(n: int, args: argparse.Namespace, workdir: Path) -> dict[str, 
         t_commit = _state_time(plan_events, WIDE, 1, plan_pb2.PLAN_STATE_COMMITTED)
         prepares = events.of(WIDE, 1, "prepare")
         commits = events.of(WIDE, 1, "commit")
-        rec = await stub.GetPlan(plan_pb2.GetPlanRequest(deployment=WIDE, version=1), timeout=60)
+        d_wide = await stub.GetDeployment(plan_pb2.GetDeploymentRequest(name=WIDE), timeout=60)
+        try:
+            rec = await stub.GetPlan(
+                plan_pb2.GetPlanRequest(deployment=WIDE, version=1), timeout=60
+            )
+        except aio.AioRpcError:
+            rec = plan_pb2.PlanRecord()
         fan: dict[str, Any] = {
+            "deployment_phase": plan_pb2.DeploymentPhase.Name(d_wide.status.phase),
+            "deployment_message": d_wide.status.message[:500],
+            "v1_state": plan_pb2.PlanState.Name(rec.state),
             "nodes": wide_nodes,
             "gpus": rec.summary.num_gpus,
             "policy": args.wide_policy,
@@ -507,11 +523,49 @@ def summary_line(run: dict[str, Any]) -> str:
     )
 
 
+def render_markdown(doc: dict[str, Any]) -> str:
+    """The results as a Markdown section (``--docs``)."""
+    m = doc["machine"]
+    lines = [
+        "# Control-plane benchmark",
+        "",
+        f"`{doc['command']}` on {m['cpu_count']} CPUs ({m['cpu_model']}), {doc['date']}.",
+        "Controller and simulated agents share the machine; see `bench/controlplane.py` for",
+        "what each figure measures.",
+        "",
+        "| N | heartbeat p50 / p99 ms (steady) | p99 during solve | p99 during rollout "
+        "| fan-out s (solve s) | loss -> commit s, slice | loss -> commit s, wide (solve s) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in doc["runs"]:
+        hb = r.get("heartbeat_steady", {})
+        fan = r.get("fanout", {})
+        ls = r.get("node_loss_slice", {})
+        lw = r.get("node_loss_wide", {})
+        lines.append(
+            f"| {r['agents']} | {hb.get('p50_ms')} / {hb.get('p99_ms')} "
+            f"| {r.get('heartbeat_during_solve', {}).get('p99_ms')} "
+            f"| {r.get('heartbeat_during_rollout', {}).get('p99_ms')} "
+            f"| {fan.get('fanout_s')} ({fan.get('solve_s')}) "
+            f"| {ls.get('loss_to_commit_s')} "
+            f"| {lw.get('loss_to_commit_s')} ({lw.get('solve_s')}) |"
+        )
+    t = doc["targets_at_2000"]
+    lines += [
+        "",
+        f"Targets at N = 2000: heartbeat p99 <= {t['heartbeat_p99_ms']:.0f} ms, fan-out <= "
+        f"{t['fanout_s']:.0f} s, new plan committed <= {t['loss_to_commit_s']:.0f} s after the "
+        "loss is detected. `None` means the step did not complete within the time limit.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.controlplane", description=__doc__)
     p.add_argument("--agents", default="100,500,2000", help="comma-separated N values")
     p.add_argument("--heartbeat-interval", type=float, default=1.0, metavar="S")
-    p.add_argument("--node-lost-after", type=float, default=3.0, metavar="S")
+    p.add_argument("--node-lost-after", type=float, default=10.0, metavar="S")
     p.add_argument("--steady-s", type=float, default=15.0, help="steady-state sample, s")
     p.add_argument("--rollout-sample-s", type=float, default=10.0, help="sample after apply, s")
     p.add_argument("--slice-nodes", type=int, default=8)
@@ -519,6 +573,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--agents-per-channel", type=int, default=100)
     p.add_argument("--timeout-s", type=float, default=180.0, help="longest wait for one step")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    p.add_argument("--docs", type=Path, default=None, help="also write a Markdown summary")
+    p.add_argument("--keep-dir", type=Path, default=None, help="keep state and controller logs")
+    p.add_argument(
+        "--profile-controller",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="run the controller under cProfile, writing FILE (suffixed -nN per run)",
+    )
     args = p.parse_args(argv)
     try:
         ns = [int(x) for x in args.agents.split(",") if x]
@@ -533,8 +596,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging("error")
     runs = []
     for n in ns:
-        with tempfile.TemporaryDirectory(prefix=f"mixfleet-bench-{n}-") as tmp:
-            run = asyncio.run(measure(n, args, Path(tmp)))
+        if args.keep_dir is not None:
+            workdir = args.keep_dir / f"n{n}"
+            workdir.mkdir(parents=True, exist_ok=True)
+            run = asyncio.run(measure(n, args, workdir))
+        else:
+            with tempfile.TemporaryDirectory(prefix=f"mixfleet-bench-{n}-") as tmp:
+                run = asyncio.run(measure(n, args, Path(tmp)))
         run["targets"] = check_targets(run)
         runs.append(run)
         print(summary_line(run), flush=True)
@@ -559,6 +627,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"wrote {args.out}")
+    if args.docs is not None:
+        args.docs.parent.mkdir(parents=True, exist_ok=True)
+        args.docs.write_text(render_markdown(doc))
+        print(f"wrote {args.docs}")
     return 0
 
 

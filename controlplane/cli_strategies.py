@@ -414,6 +414,12 @@ def register(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     )
 
     p = _leaf(advise, "tiers", cmd_advise_tiers, "split nodes into interactive and batch tiers")
+    p.description = (
+        "Split the fleet's nodes between an interactive tier (replicas inside one NVLink "
+        "domain each, meeting --tpot-ms/--ttft-ms at --rate requests/s) and a batch tier "
+        "(one expert-parallel deployment over the rest). --phase, --context and --tokens "
+        "describe the batch tier's workload; --policy solves the final plans."
+    )
     _add_inputs(p, policy="ilp", redundant=0)
     _add_targets(p)
     p.add_argument("--rate", type=float, required=True, metavar="R", help="requests/s")

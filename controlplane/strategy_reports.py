@@ -201,7 +201,9 @@ def tiers_table(tp: TierPlan) -> str:
         ),
         "",
         f"interactive ({tp.preference}): {len(i.replicas)} replica(s) on "
-        f"{', '.join(i.nodes) or 'no nodes'}; capacity {i.capacity_requests_per_s:,.2f} "
+        f"{', '.join(i.nodes) or 'no nodes'}, "
+        f"{sum(r.result.plan.summary.tokens_per_s for r in i.replicas):,.0f} decode tokens/s "
+        f"at full batch; capacity {i.capacity_requests_per_s:,.2f} "
         f"req/s for {i.demand_requests_per_s:,.2f} asked, utilisation "
         f"{'-' if math.isinf(i.utilisation) else f'{i.utilisation:.2f}'}; TPOT "
         f"{'-' if i.tpot_ms is None else f'{i.tpot_ms:.2f}'} ms, TTFT "
@@ -263,6 +265,7 @@ def tiers_document(tp: TierPlan) -> dict[str, Any]:
                     "decode_tokens_per_gpu": r.decode_tokens_per_gpu,
                     "prefill_tokens_per_gpu": r.prefill_tokens_per_gpu,
                     "requests_per_s": round(r.requests_per_s, 3),
+                    "decode_tokens_per_s": round(r.result.plan.summary.tokens_per_s, 1),
                 }
                 for r in i.replicas
             ],

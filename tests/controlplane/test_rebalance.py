@@ -57,7 +57,7 @@ SPEC = DeploymentSpec(
         imbalance_threshold=0.1,
         sustain_s=0.5,
         min_interval_s=0.01,
-        migration_weight_us=200.0,
+        migration_weight_us=0.0,  # 0: the solver prices a move from the plan itself
     ),
 )
 

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Any
+
 import pytest
-from builders import fleet, fleet_doc, tiny_model
+from builders import fleet, fleet_doc, request, tiny_model, workload
 
 from policies.errors import InputError
 from policies.fleet import parse_fleet
 from policies.models import preset
+from policies.request import PlacementRequest, solve
 from policies.vendors import check_vendors, split_by_vendor, vendors_of
 
 MIXED_VENDORS = [
@@ -62,3 +66,20 @@ def test_node_with_two_vendors_is_an_input_error() -> None:
     doc["spec"]["nodes"][0]["gpus"].append({"model": "MI300X", "count": 1})
     with pytest.raises(InputError, match="several vendors"):
         vendors_of(parse_fleet(doc))
+
+
+WIRED = "allow_cross_vendor" in PlacementRequest.__dataclass_fields__
+
+
+@pytest.mark.skipif(not WIRED, reason="request.solve does not call check_vendors yet")
+def test_solve_refuses_a_cross_vendor_group_unless_allowed() -> None:
+    f = fleet(MIXED_VENDORS)
+    m = tiny_model()
+    req = request(f, m, workload(m), policy="greedy", redundant=4)
+    with pytest.raises(InputError, match="To fix: deploy one copy per vendor"):
+        solve(req)
+    allow: dict[str, Any] = {"allow_cross_vendor": True}  # a field once request.py has it
+    allowed = replace(req, **allow)
+    assert solve(allowed).plan.summary.feasible
+    for part in split_by_vendor(f):
+        solve(request(part, m, workload(m), policy="greedy", redundant=0))
