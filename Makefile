@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint typecheck layers pytest bench bench-placement bench-controlplane proto crds e2e-k8s clean
+.PHONY: install demo test lint typecheck layers pytest bench bench-placement bench-strategies bench-controlplane proto crds e2e-k8s clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -41,10 +41,13 @@ test: install
 	$(BIN)/python -m controlplane.protogen --check
 	$(BIN)/pytest -q
 
-bench: install bench-placement
+bench: install bench-placement bench-strategies
 
 bench-placement: install
-	$(BIN)/mixfleetctl bench placement --scenario all --json --out bench/results/placement.json --docs docs/benchmarks.md
+	$(BIN)/mixfleetctl bench placement --scenario all --out bench/results/placement.json --docs docs/benchmarks.md
+
+bench-strategies: install
+	$(BIN)/mixfleetctl bench strategies --scenario all --out bench/results/strategies.json --docs docs/strategies.md
 
 crds: install
 	$(BIN)/python -m operators.crdgen

@@ -464,6 +464,22 @@ async def _node_loss(
     return out
 
 
+async def _measure_all(ns: Sequence[int], args: argparse.Namespace) -> list[dict[str, Any]]:
+    runs = []
+    for n in ns:
+        if args.keep_dir is not None:
+            workdir = args.keep_dir / f"n{n}"
+            workdir.mkdir(parents=True, exist_ok=True)
+            run = await measure(n, args, workdir)
+        else:
+            with tempfile.TemporaryDirectory(prefix=f"mixfleet-bench-{n}-") as tmp:
+                run = await measure(n, args, Path(tmp))
+        run["targets"] = check_targets(run)
+        runs.append(run)
+        print(summary_line(run), flush=True)
+    return runs
+
+
 # --------------------------------------------------------------------------- report
 
 
@@ -594,18 +610,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     configure_logging("error")
-    runs = []
-    for n in ns:
-        if args.keep_dir is not None:
-            workdir = args.keep_dir / f"n{n}"
-            workdir.mkdir(parents=True, exist_ok=True)
-            run = asyncio.run(measure(n, args, workdir))
-        else:
-            with tempfile.TemporaryDirectory(prefix=f"mixfleet-bench-{n}-") as tmp:
-                run = asyncio.run(measure(n, args, Path(tmp)))
-        run["targets"] = check_targets(run)
-        runs.append(run)
-        print(summary_line(run), flush=True)
+    # One event loop for every run: grpc.aio binds to the first loop of the process.
+    runs = asyncio.run(_measure_all(ns, args))
     doc = {
         "benchmark": "controlplane",
         "command": " ".join(["python -m bench.controlplane", *(argv or sys.argv[1:])]),

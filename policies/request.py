@@ -36,6 +36,7 @@ from policies.plan import (
     placement_digest,
     validate_plan,
 )
+from policies.vendors import check_vendors
 from policies.workload import Workload
 
 POLICIES = ("uniform", "eplb", "greedy", "ilp")
@@ -78,6 +79,8 @@ class PlacementRequest:
         options: solver options.
         previous: plan to stay close to (re-planning); None for a fresh plan.
         settings: cost-model settings (efficiencies, measured figures, headroom).
+        allow_cross_vendor: let one expert-parallel group span GPU vendors (NVIDIA and AMD
+            all-to-all in one group); off by default.
     """
 
     fleet: Fleet
@@ -89,6 +92,7 @@ class PlacementRequest:
     options: SolverOptions = field(default_factory=SolverOptions)
     previous: Plan | None = None
     settings: CostSettings = field(default_factory=CostSettings)
+    allow_cross_vendor: bool = False
 
 
 @dataclass(frozen=True)
@@ -173,6 +177,7 @@ def check_request(req: PlacementRequest) -> None:
             f"{e * g - e}) or more GPUs",
             field="redundant_experts",
         )
+    check_vendors(req.fleet, req.model, allow_cross_vendor=req.allow_cross_vendor)
     if req.previous is not None and len(req.previous.moe_layers) != req.model.num_moe_layers:
         raise InputError(
             "previous plan is for a different model (MoE layer count differs)", field="previous"
