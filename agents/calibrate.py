@@ -629,11 +629,44 @@ def apply_calibration(inv: NodeInventory, calibration: Mapping[str, Any]) -> Nod
     return replace(inv, gpus=tuple(gpus))
 
 
+#: Figures of same-model GPUs of a node that agree within this fraction are measurement
+#: noise around one true value: they are pooled (averaged) so identical GPUs plan as equals.
+NOISE_TOLERANCE = 0.10
+
+
+def pool_within_noise(
+    inventories: Sequence[NodeInventory], tolerance: float = NOISE_TOLERANCE
+) -> list[NodeInventory]:
+    """Inventories where, per node and GPU model, every measured figure whose values agree
+    within ``tolerance`` (max / min - 1) is replaced by its mean; a GPU measured genuinely
+    slower (outside the tolerance) keeps its own figure."""
+    out = []
+    for inv in inventories:
+        groups: dict[str, list[int]] = {}
+        for k, g in enumerate(inv.gpus):
+            groups.setdefault(g.catalog_model or g.name, []).append(k)
+        measured = [dict(g.measured) for g in inv.gpus]
+        for members in groups.values():
+            keys = set().union(*(measured[k].keys() for k in members))
+            for key in keys:
+                values = [measured[k][key] for k in members if key in measured[k]]
+                if len(values) != len(members) or min(values) <= 0:
+                    continue
+                if max(values) / min(values) - 1 <= tolerance:
+                    mean = sum(values) / len(values)
+                    for k in members:
+                        measured[k][key] = mean
+        gpus = tuple(replace(g, measured=m) for g, m in zip(inv.gpus, measured, strict=True))
+        out.append(replace(inv, gpus=gpus))
+    return out
+
+
 def planning_inputs(
     inventories: Sequence[NodeInventory],
     name: str = "calibrated",
     efficiency: Efficiency | None = None,
     fp8_dispatch: bool | None = None,
+    noise_tolerance: float = NOISE_TOLERANCE,
 ) -> tuple[Fleet, CostSettings]:
     """Fleet and cost settings for a solve from calibrated inventories.
 
@@ -642,9 +675,11 @@ def planning_inputs(
     GPUs that measured differently are different specs - solvers that group identical
     GPUs then keep them apart - and the settings carry the same figures per GPU id, which
     the cost model prefers. ``fp8_dispatch`` is the runtime's dispatch dtype (None: the
-    cost model's default).
+    cost model's default). Figures of same-model GPUs that agree within
+    ``noise_tolerance`` are pooled first (:func:`pool_within_noise`).
     """
     eff = efficiency or Efficiency()
+    inventories = pool_within_noise(inventories, noise_tolerance)
     nodes = []
     measured: dict[str, MeasuredFigures] = {}
     for inv in inventories:
