@@ -127,12 +127,32 @@ def run(out: str | None = None, *, time_limit_s: float = 60.0, quiet: bool = Fal
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m controlplane.demo``; returns the exit status."""
+    """Entry point of ``python -m controlplane.demo`` (``make demo``); returns the exit status.
+
+    Without options: the control plane end to end (controlplane/demo_e2e.py: controller on
+    SQLite, simulated agents for mixed-24, a DeepSeek-V3 deployment, a load shift and the
+    migration-aware re-plan). ``--compare``: the four policies side by side on the
+    mixed-24-decode scenario, with the picture of the ilp plan.
+    """
     parser = argparse.ArgumentParser(prog="python -m controlplane.demo", description=__doc__)
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="compare the four policies instead of the end-to-end run",
+    )
     parser.add_argument("--out", metavar="DIR", help="where plans and the picture go")
     parser.add_argument("--time-limit", type=float, default=60.0, metavar="S")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     args = parser.parse_args(argv)
+    if not args.compare:
+        from controlplane import demo_e2e
+
+        status = demo_e2e.main([])
+        if status == 0:
+            print(
+                "\nthe four policies side by side: .venv/bin/python -m controlplane.demo --compare"
+            )
+        return status
     try:
         run(args.out, time_limit_s=args.time_limit, quiet=args.quiet)
     except InfeasibleError as exc:

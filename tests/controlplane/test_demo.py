@@ -14,7 +14,7 @@ from controlplane.files import read_plan
 def test_demo_solves_compares_and_renders(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["--out", str(tmp_path), "-q"]) == 0
+    assert main(["--compare", "--out", str(tmp_path), "-q"]) == 0
     out = capsys.readouterr().out
     policies = ("uniform", "eplb", "greedy", "ilp")
     table = [
