@@ -219,6 +219,23 @@ def _request(s: Scenario, fleet: Fleet, policy: str, form: str) -> PlacementRequ
     )
 
 
+def _inputs(s: Scenario, fleet: Fleet) -> dict[str, Any]:
+    """What a scenario solves, for its results record."""
+    return {
+        "fleet": f"examples/fleets/{s.fleet}",
+        "gpus": len(fleet.gpus),
+        "model": s.model,
+        "moe_layers": _model(s).num_moe_layers,
+        "phase": s.phase,
+        "tokens_per_gpu": s.tokens_per_gpu,
+        "context_len": s.context_len,
+        "kv_cache_dtype": s.kv_cache_dtype,
+        "load": s.load,
+        "redundant_experts": s.redundant_experts,
+        "time_limit_s": s.time_limit_s,
+    }
+
+
 def _row(result: PlacementResult, wall_s: float) -> dict[str, Any]:
     sm = result.plan.summary
     return {
@@ -262,19 +279,7 @@ def run_scenario(s: Scenario, log: Callable[[str], None]) -> dict[str, Any]:
     return {
         "scenario": s.name,
         "description": s.description,
-        "inputs": {
-            "fleet": f"examples/fleets/{s.fleet}",
-            "gpus": len(fleet.gpus),
-            "model": s.model,
-            "moe_layers": _model(s).num_moe_layers,
-            "phase": s.phase,
-            "tokens_per_gpu": s.tokens_per_gpu,
-            "context_len": s.context_len,
-            "kv_cache_dtype": s.kv_cache_dtype,
-            "load": s.load,
-            "redundant_experts": s.redundant_experts,
-            "time_limit_s": s.time_limit_s,
-        },
+        "inputs": _inputs(s, fleet),
         "results": rows,
         "targets": check_targets(s.name, rows),
     }
@@ -330,19 +335,7 @@ def run_grouping_scenario(s: Scenario, log: Callable[[str], None]) -> dict[str, 
     return {
         "scenario": s.name,
         "description": s.description,
-        "inputs": {
-            "fleet": f"examples/fleets/{s.fleet}",
-            "gpus": len(fleet.gpus),
-            "model": s.model,
-            "moe_layers": _model(s).num_moe_layers,
-            "phase": s.phase,
-            "tokens_per_gpu": s.tokens_per_gpu,
-            "context_len": s.context_len,
-            "kv_cache_dtype": s.kv_cache_dtype,
-            "load": s.load,
-            "redundant_experts": s.redundant_experts,
-            "time_limit_s": s.time_limit_s,
-        },
+        "inputs": _inputs(s, fleet),
         "groupings": rows,
         "results": [],
         "targets": [],
