@@ -41,10 +41,13 @@ test: install
 	$(BIN)/python -m controlplane.protogen --check
 	$(BIN)/pytest -q
 
-bench: install bench-placement bench-strategies
+bench: install bench-placement bench-strategies bench-controlplane
 
 bench-placement: install
 	$(BIN)/mixfleetctl bench placement --scenario all --out bench/results/placement.json --docs docs/benchmarks.md
+
+bench-controlplane: install
+	$(BIN)/python -m bench.controlplane --agents 100,500,2000 --out bench/results/controlplane.json --docs docs/controlplane-benchmark.md
 
 bench-strategies: install
 	$(BIN)/mixfleetctl bench strategies --scenario all --out bench/results/strategies.json --docs docs/strategies.md

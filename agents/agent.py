@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
@@ -294,6 +294,8 @@ class Agent:
         self.controller_id = ""
         self.interval_s = settings.heartbeat_interval_s or 1.0
         self.stats = AgentStats()
+        self._health_of: NodeInventory | None = None
+        self._health_msg = agent_pb2.HeartbeatRequest()
         self.log: Any = structlog.get_logger("mixfleet.agent")
         self._metadata: tuple[tuple[str, str], ...] = (
             (("authorization", f"Bearer {settings.token}"),) if settings.token else ()
@@ -421,19 +423,23 @@ class Agent:
     def _heartbeat_request(self) -> agent_pb2.HeartbeatRequest:
         assert self.inventory is not None
         inv = self.inventory
-        sick = [g.index for g in inv.gpus if not g.health.healthy]
-        state = agent_pb2.NODE_STATE_DEGRADED if sick else agent_pb2.NODE_STATE_READY
-        return agent_pb2.HeartbeatRequest(
-            node=inv.node,
-            session_id=self.session_id,
-            state=state,
-            message=f"unhealthy GPUs: {sick}" if sick else "",
-            gpu_health=[
-                agent_pb2.GpuHealthReport(index=g.index, health=health_to_proto(g.health))
-                for g in inv.gpus
-            ],
-            applied=self._applied(),
-        )
+        if self._health_of is not inv:  # rebuilt only when the inventory changes
+            sick = [g.index for g in inv.gpus if not g.health.healthy]
+            self._health_msg = agent_pb2.HeartbeatRequest(
+                node=inv.node,
+                state=agent_pb2.NODE_STATE_DEGRADED if sick else agent_pb2.NODE_STATE_READY,
+                message=f"unhealthy GPUs: {sick}" if sick else "",
+                gpu_health=[
+                    agent_pb2.GpuHealthReport(index=g.index, health=health_to_proto(g.health))
+                    for g in inv.gpus
+                ],
+            )
+            self._health_of = inv
+        req = agent_pb2.HeartbeatRequest()
+        req.CopyFrom(self._health_msg)
+        req.session_id = self.session_id
+        req.applied.update(self._applied())
+        return req
 
     def _applied(self) -> dict[str, int]:
         return self.applier.applied()
@@ -575,7 +581,7 @@ class Agent:
             plan_id=msg.plan_id,
             version=msg.version,
             state=state,
-            reason=result.reason[:1000] if not result.ok else "",
+            reason="" if result.ok else (result.reason or "unspecified failure")[:1000],
         )
         name = agent_pb2.AckState.Name(state)
         backoff = self._backoff()
@@ -644,33 +650,3 @@ def _fatal_message(exc: aio.AioRpcError) -> str:
         "above (discovery configuration or Fleet file)",
     }.get(code, "")
     return f"controller refused the agent ({code.name}): {exc.details()}. {hint}".strip()
-
-
-async def run_agents(agents: Sequence[Agent], *, stop: Awaitable[Any] | None = None) -> None:
-    """Run agents until all return or ``stop`` completes (then stop them all).
-
-    Raises:
-        AgentFatalError: the first agent the controller refused (the others are stopped).
-    """
-    tasks = [asyncio.create_task(a.run(), name=f"agent-{i}") for i, a in enumerate(agents)]
-    waiter = asyncio.ensure_future(stop) if stop is not None else None
-    pending: set[asyncio.Future[Any]] = set(tasks)
-    if waiter is not None:
-        pending.add(waiter)
-    try:
-        while pending - ({waiter} if waiter else set()):
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            if waiter is not None and waiter in done:
-                break
-            for t in done:
-                if t is not waiter and t.exception() is not None:
-                    raise t.exception()  # type: ignore[misc]
-    finally:
-        for a in agents:
-            a.stop()
-        await asyncio.wait(tasks, timeout=5.0)
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        if waiter is not None:
-            waiter.cancel()

@@ -147,11 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--agents-per-channel", type=int, default=100, metavar="N")
     sim.set_defaults(handler=_cmd_simulate)
 
-    cal = sub.add_parser(
-        "calibrate", help="measure this node's GPUs (agents.calibrate)", add_help=False
-    )
-    cal.add_argument("rest", nargs=argparse.REMAINDER)
-    cal.set_defaults(handler=_cmd_calibrate)
+    # Listed for --help only: main() hands "calibrate ..." to _cmd_calibrate, which lets
+    # agents.calibrate declare its own flags.
+    sub.add_parser("calibrate", help="measure this node's GPUs (see 'calibrate --help')")
     return parser
 
 
@@ -355,19 +353,32 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _cmd_calibrate(args: argparse.Namespace) -> int:
+def _cmd_calibrate(argv: Sequence[str]) -> int:
+    """``mixfleet-agent calibrate ...``: :mod:`agents.calibrate` adds its own flags
+    (``add_arguments(parser)``) and runs with ``main(namespace)``; imported only here."""
     try:
         mod = importlib.import_module("agents.calibrate")
-    except ModuleNotFoundError as exc:
-        if exc.name not in ("agents.calibrate",):
-            raise
+    except ImportError as exc:
+        missing = getattr(exc, "name", None)
+        what = (
+            "module agents.calibrate is missing"
+            if missing == "agents.calibrate"
+            else f"it needs {missing or exc}"
+        )
         print(
-            "error: calibration is not available in this build (module agents.calibrate is "
-            "missing). To fix: install a mixfleet build with GPU calibration",
+            f"error: calibration is not available in this installation ({what}). To fix: "
+            "install mixfleet with GPU support (pip install 'mixfleet[gpu]') on a GPU node",
             file=sys.stderr,
         )
         return EXIT_USAGE
-    rc = mod.main(list(args.rest))
+    parser = _Parser(
+        prog="mixfleet-agent calibrate",
+        description="Measure this node's GPUs (GEMM, attention, HBM, all-to-all).",
+    )
+    add_arguments = getattr(mod, "add_arguments", None)
+    if callable(add_arguments):
+        add_arguments(parser)
+    rc = mod.main(parser.parse_args(list(argv)))
     return int(rc or 0)
 
 
@@ -380,7 +391,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         if raw[:1] == ["calibrate"]:  # calibrate parses its own flags
-            return _cmd_calibrate(argparse.Namespace(rest=raw[1:]))
+            return _cmd_calibrate(raw[1:])
         args = parser.parse_args(_rewrite_simulate_fleet(raw))
         return int(args.handler(args))
     except _UsageError as exc:

@@ -88,9 +88,25 @@ class SimulatedFleet:
         return self._channels[k // self.agents_per_channel]
 
     def start(self) -> None:
-        """Start every agent (call inside a running event loop)."""
+        """Start every agent at once (call inside a running event loop)."""
         for k, node in enumerate(self.inventories):
             self._start(node, k)
+
+    async def start_over(self, ramp_s: float) -> None:
+        """Start the agents evenly over ``ramp_s`` seconds, like nodes booting over time
+        rather than all registering in the same instant."""
+        nodes = list(self.inventories)
+        if ramp_s <= 0 or len(nodes) < 2:
+            self.start()
+            return
+        step = ramp_s / len(nodes)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        for k, node in enumerate(nodes):
+            self._start(node, k)
+            delay = t0 + (k + 1) * step - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
 
     def _start(self, node: str, k: int) -> None:
         agent = Agent(

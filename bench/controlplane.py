@@ -293,7 +293,9 @@ async def measure(n: int, args: argparse.Namespace, workdir: Path) -> dict[str, 
     try:
         # ------------------------------------------------------------ registration
         t0 = time.monotonic()
-        sim.start()
+        ramp_s = args.ramp_s if args.ramp_s is not None else n / 100.0
+        result["start_ramp_s"] = ramp_s
+        await sim.start_over(ramp_s)
 
         async def all_registered() -> bool:
             return sum(1 for a in sim.agents.values() if a.stats.heartbeats > 0) == n
@@ -585,6 +587,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--steady-s", type=float, default=15.0, help="steady-state sample, s")
     p.add_argument("--rollout-sample-s", type=float, default=10.0, help="sample after apply, s")
     p.add_argument("--slice-nodes", type=int, default=8)
+    p.add_argument(
+        "--ramp-s",
+        type=float,
+        default=None,
+        help="start the agents over this many seconds (default N/100)",
+    )
     p.add_argument("--wide-policy", default="uniform", choices=("uniform", "greedy", "eplb", "ilp"))
     p.add_argument("--agents-per-channel", type=int, default=100)
     p.add_argument("--timeout-s", type=float, default=180.0, help="longest wait for one step")

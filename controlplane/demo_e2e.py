@@ -12,7 +12,7 @@
    the new routing the engine receives;
 6. everything stops cleanly.
 
-Run ``python -m controlplane.demo_e2e`` (about a minute on 2 cores: three ILP solves of
+Run ``python -m controlplane.demo_e2e`` (about 30 s on 2 cores: three ILP solves of
 DeepSeek-V3 on 24 GPUs dominate). ``--keep DIR`` keeps the state and plan files.
 """
 
@@ -58,7 +58,7 @@ SETTINGS = ControllerSettings(
     retry_after_error_s=2.0,
 )
 WINDOW_S = 0.5  # one load window every half second
-UNIFORM_S = 1.2  # load before the shift, s (kept short: the re-plan uses every window)
+UNIFORM_S = 3.0  # load before the shift, s
 HOT_EXPERTS = 8  # per MoE layer, after the shift
 HOT_FACTOR = 4.0  # their load relative to the others
 
@@ -88,13 +88,10 @@ def _spec(time_limit_s: float) -> plan_pb2.DeploymentSpec:
     )
 
 
-def _load(shifted: bool) -> list[list[float]]:
-    """Expert token counts of one window, ``[moe_layers][experts]``: uniform before the
-    shift; after it, ``HOT_EXPERTS`` experts per layer (fixed per layer) are hot.
-
-    No sampling noise: the planning core's migration-aware mode currently answers a few
-    percent of noise with large reshuffles (see the issue-3 report), which would hide what
-    the demo shows."""
+def _load(shifted: bool, rng: random.Random) -> list[list[float]]:
+    """Expert token counts of one window, ``[moe_layers][experts]``: uniform up to +-5 %
+    sampling noise before the shift; after it, ``HOT_EXPERTS`` experts per layer (fixed per
+    layer) get ``HOT_FACTOR`` times the tokens."""
     model = preset(MODEL)
     hot = random.Random(5)
     rows = []
@@ -102,7 +99,7 @@ def _load(shifted: bool) -> list[list[float]]:
         hot_set = set(hot.sample(range(model.num_experts), HOT_EXPERTS))
         rows.append(
             [
-                1000.0 * (HOT_FACTOR if shifted and e in hot_set else 1.0)
+                1000.0 * (HOT_FACTOR if shifted and e in hot_set else 1.0) * rng.uniform(0.95, 1.05)
                 for e in range(model.num_experts)
             ]
         )
@@ -136,7 +133,9 @@ class Demo:
         return rec, plan_from_dict(json.loads(rec.plan_json))
 
 
-async def _engine(demo: Demo, stop: asyncio.Event, shift_at: asyncio.Event) -> int:
+async def _engine(
+    demo: Demo, stop: asyncio.Event, shift_at: asyncio.Event, rng: random.Random
+) -> int:
     """A simulated engine: streams one load window every WINDOW_S until stopped."""
     sent = 0
 
@@ -145,7 +144,7 @@ async def _engine(demo: Demo, stop: asyncio.Event, shift_at: asyncio.Event) -> i
         model = preset(MODEL)
         while not stop.is_set():
             end = time.time()
-            counts = _load(shift_at.is_set())
+            counts = _load(shift_at.is_set(), rng)
             yield engine_pb2.ExpertLoadWindow(
                 deployment=DEPLOYMENT,
                 engine_id="sim-engine-0",
@@ -258,7 +257,9 @@ async def _run(workdir: Path, time_limit_s: float) -> int:
                 f"(SGLang document {len(routing.engine_json) // 1024} KiB)"
             )
             shift = asyncio.Event()
-            engine_task = asyncio.create_task(_engine(demo, stop_engine, shift), name="engine")
+            engine_task = asyncio.create_task(
+                _engine(demo, stop_engine, shift, random.Random(1)), name="engine"
+            )
             await asyncio.sleep(UNIFORM_S)
             d = await demo.deployment()
             _say(
@@ -280,7 +281,10 @@ async def _run(workdir: Path, time_limit_s: float) -> int:
                     "DEPLOYMENT_PHASE_"
                 )
                 line = f"{phase.lower()}: {d.status.message.splitlines()[0] if d.status.message else ''}"
-                if "imbalance" in d.status.message and not stop_engine.is_set():
+                if (
+                    d.status.phase == plan_pb2.DEPLOYMENT_PHASE_PLANNING
+                    and not stop_engine.is_set()
+                ):
                     # The re-plan has started; stop reporting so that the from-scratch
                     # comparison below plans for exactly the same measured load.
                     stop_engine.set()

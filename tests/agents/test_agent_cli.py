@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
-import importlib.util
+import sys
 import threading
+import types
 from pathlib import Path
 
 import pytest
@@ -151,11 +153,34 @@ def test_bad_usage_is_one_error_line_exit_2(
     assert needle in _one_error(capsys)
 
 
-def test_calibrate_slot_without_module_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
-    if importlib.util.find_spec("agents.calibrate") is not None:
-        pytest.skip("agents.calibrate exists; its own tests cover it")
+def test_calibrate_slot_without_module_exits_2(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def missing(name: str) -> types.ModuleType:
+        raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+    monkeypatch.setattr("agents.cli.importlib.import_module", missing)
     assert main(["calibrate", "--quick"]) == 2
-    assert "agents.calibrate" in _one_error(capsys)
+    assert "agents.calibrate is missing" in _one_error(capsys)
+
+
+def test_calibrate_hands_its_own_flags_to_the_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[argparse.Namespace] = []
+    fake = types.ModuleType("agents.calibrate")
+
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--gpus", type=int, default=0)
+
+    def fake_main(ns: argparse.Namespace) -> int:
+        seen.append(ns)
+        return 0
+
+    fake.add_arguments = add_arguments  # type: ignore[attr-defined]
+    fake.main = fake_main  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "agents.calibrate", fake)
+    assert main(["calibrate", "--gpus", "2"]) == 0
+    assert seen[0].gpus == 2
+    assert main(["calibrate", "--nope"]) == 2
 
 
 def test_simulate_fleet_flag_is_rewritten_to_the_simulate_command() -> None:
