@@ -25,7 +25,7 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from agents.agent import Agent, AgentFatalError, AgentSettings, TlsFiles
 from agents.applier import HOOK_PHASES, ApplierSettings, PlanApplier
@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run the agent of this node")
     _add_connection_flags(run)
     d = run.add_argument_group("discovery")
-    d.add_argument("--discovery", choices=("nvml", "static"), default="nvml")
+    d.add_argument("--discovery", choices=("nvml", "amdsmi", "static"), default="nvml")
     d.add_argument("--fleet-file", type=Path, metavar="F", help="Fleet file (static discovery)")
     d.add_argument("--node", default="", metavar="NAME", help="node name (default: host name)")
     d.add_argument(
@@ -294,14 +294,20 @@ def _discovery(
     if args.discovery == "static":
         static = StaticDiscovery.from_file(args.fleet_file, args.node)
         return static.discover
-    try:
-        nvml_mod = importlib.import_module("agents.discovery.nvml")
-    except ModuleNotFoundError as exc:
-        raise DiscoveryError(
-            "NVML discovery is not available in this build. To fix: use --discovery static "
-            "--fleet-file F --node NAME"
-        ) from exc
-    backend = nvml_mod.NvmlDiscovery(node_name=args.node, watch_xid=True, labels=labels)
+    backend: Any
+    if args.discovery == "amdsmi":  # AMD GPUs; the amdsmi module loads on first use
+        from agents.discovery.amdsmi import AmdSmiDiscovery
+
+        backend = AmdSmiDiscovery(node_name=args.node, labels=labels)
+    else:
+        try:
+            nvml_mod = importlib.import_module("agents.discovery.nvml")
+        except ModuleNotFoundError as exc:
+            raise DiscoveryError(
+                "NVML discovery is not available in this build. To fix: use --discovery "
+                "static --fleet-file F --node NAME"
+            ) from exc
+        backend = nvml_mod.NvmlDiscovery(node_name=args.node, watch_xid=True, labels=labels)
     nics = None
     if not args.no_sysfs:
         nics = SysfsNicDiscovery(
