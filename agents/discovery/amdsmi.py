@@ -46,7 +46,7 @@ from enum import IntEnum
 from functools import partial
 from typing import Any
 
-from agents.discovery.base import DiscoveryError
+from agents.discovery.base import DiscoveryError, recording_main
 from agents.discovery.nvml import normalize_bus_id
 from agents.inventory import (
     XGMI_MI300_GENERATION,
@@ -613,26 +613,7 @@ def record_node(amdsmi: Any = None, *, node_name: str = "") -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m agents.discovery.amdsmi [--node NAME] [--out FILE]``: print or write what
     AMD SMI discovery reports (inventory plus the raw answers, a test fixture)."""
-    import argparse
-    import json
-    import sys
-
-    parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("--node", default="", help="node name (default: host name)")
-    parser.add_argument("--out", default="", help="write JSON here instead of stdout")
-    args = parser.parse_args(argv)
-    try:
-        doc = record_node(node_name=args.node)
-    except DiscoveryError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    text = json.dumps(doc, indent=1)
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as fh:
-            fh.write(text + "\n")
-    else:
-        print(text)
-    return 0
+    return recording_main(argv, main.__doc__ or "", record_node)
 
 
 if __name__ == "__main__":

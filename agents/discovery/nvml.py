@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from agents.discovery.base import DiscoveryError
+from agents.discovery.base import DiscoveryError, recording_main
 from agents.inventory import (
     NVML_NVLINK_VERSION_TO_GENERATION,
     GpuHealth,
@@ -918,26 +918,7 @@ def inventory_from_dict(d: Mapping[str, Any]) -> NodeInventory:
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m agents.discovery.nvml [--node NAME] [--out FILE]``: print or write what
     NVML discovery reports (inventory plus the raw NVML answers)."""
-    import argparse
-    import json
-    import sys
-
-    parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("--node", default="", help="node name (default: host name)")
-    parser.add_argument("--out", default="", help="write JSON here instead of stdout")
-    args = parser.parse_args(argv)
-    try:
-        doc = record_node(node_name=args.node)
-    except DiscoveryError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    text = json.dumps(doc, indent=1, sort_keys=False)
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as fh:
-            fh.write(text + "\n")
-    else:
-        print(text)
-    return 0
+    return recording_main(argv, main.__doc__ or "", record_node)
 
 
 if __name__ == "__main__":
