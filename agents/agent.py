@@ -537,7 +537,7 @@ class Agent:
         Raises:
             InputError: malformed part, or it disagrees with the message.
         """
-        a = assignment_from_json(msg.part_json)
+        a = assignment_from_json(msg.part_json, msg.expert_location_json)
         if (a.deployment, a.plan_id, a.version) != (msg.deployment, msg.plan_id, msg.version):
             raise InputError(
                 f"part is for {a.deployment} {a.plan_id} v{a.version}, message for "
@@ -559,6 +559,10 @@ class Agent:
         if current is not None and current.version == version and current.plan_id == msg.plan_id:
             return ApplyResult(True)  # replayed on reconnect: already in force
         if not self.applier.is_staged(dep, version):
+            if not msg.part_json:
+                # A COMMIT for what we staged, but nothing is staged (lost since the PREPARE):
+                # a new session's stream replays the committed part in full.
+                raise _ReregisterError(f"COMMIT of {dep} v{version} without a staged part")
             # We never saw (or lost) the PREPARE: apply the part the COMMIT carries.
             staged = await self._prepare(msg)
             if not staged.ok:

@@ -29,6 +29,7 @@ any point leaves either the old or the new version committed, never a torn one;
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import os
@@ -44,6 +45,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from policies.errors import InputError
+from policies.exports import export_plan
 from policies.plan import ExpertSlot, GpuPlan, Plan, RuntimeHints
 
 _DEPLOYMENT_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
@@ -70,8 +72,11 @@ class NodeAssignment:
             MoE layers, experts, slots, summary.
         gpus: this node's GPUs in the plan (may be empty: the node holds nothing).
         ranks: rank of each of ``gpus`` in the whole plan (its position in ``Plan.gpus``).
-        expert_location: engine form: ``{"physical_to_logical_map": [[...]]}`` for the whole
-            plan in SGLang's ``--init-expert-location`` format; None in native form.
+        expert_location_json: engine form: the whole plan's SGLang ``--init-expert-location``
+            document (``{"physical_to_logical_map": [[...]]}``) as UTF-8 JSON, kept as bytes
+            (written to disk verbatim); empty in native form.
+        expert_location_sha256: hex SHA-256 the part names for ``expert_location_json``
+            (``""`` when the part names none).
     """
 
     deployment: str
@@ -82,7 +87,25 @@ class NodeAssignment:
     header: Mapping[str, Any]
     gpus: tuple[GpuPlan, ...]
     ranks: tuple[int, ...]
-    expert_location: Mapping[str, Any] | None = None
+    expert_location_json: bytes = b""
+    expert_location_sha256: str = ""
+
+    @property
+    def expert_location(self) -> dict[str, Any] | None:
+        """``expert_location_json`` parsed (None when absent).
+
+        Raises:
+            InputError: it is not a JSON object.
+        """
+        if not self.expert_location_json:
+            return None
+        try:
+            doc = json.loads(self.expert_location_json)
+        except ValueError as exc:
+            raise InputError(f"not valid JSON: {exc}", field="expert_location_json") from exc
+        if not isinstance(doc, dict):
+            raise InputError("must be a JSON object", field="expert_location_json")
+        return doc
 
     @property
     def model(self) -> str:
@@ -125,18 +148,10 @@ class NodeAssignment:
             "plan": dict(self.header),
             "gpus": gpus,
         }
-        if self.expert_location is not None:
-            doc["expert_location"] = dict(self.expert_location)
+        if self.expert_location_sha256:
+            doc["expert_location_sha256"] = self.expert_location_sha256
+            doc["expert_location_bytes"] = len(self.expert_location_json)
         return doc
-
-
-def sglang_expert_location(plan: Plan) -> dict[str, Any]:
-    """SGLang ``--init-expert-location`` document: ``physical_to_logical_map`` with one row per
-    model layer, dense layers repeating the first MoE layer's row."""
-    rows = plan.physical_to_logical()
-    by_layer = dict(zip(plan.moe_layers, rows, strict=True))
-    first = rows[0] if rows else []
-    return {"physical_to_logical_map": [by_layer.get(li, first) for li in range(plan.num_layers)]}
 
 
 def assignment_from_plan(deployment: str, plan: Plan, node: str) -> NodeAssignment:
@@ -145,6 +160,9 @@ def assignment_from_plan(deployment: str, plan: Plan, node: str) -> NodeAssignme
     header = plan.to_dict()
     del header["gpus"]
     header = json.loads(json.dumps(header))  # the wire form: lists, not tuples
+    location = b""
+    if plan.form == "engine" and plan.moe_layers:
+        location = json.dumps(export_plan(plan, "sglang"), separators=(",", ":")).encode()
     return NodeAssignment(
         deployment=deployment,
         plan_id=plan.id,
@@ -154,7 +172,8 @@ def assignment_from_plan(deployment: str, plan: Plan, node: str) -> NodeAssignme
         header=header,
         gpus=tuple(g for _, g in mine),
         ranks=tuple(r for r, _ in mine),
-        expert_location=sglang_expert_location(plan) if plan.form == "engine" else None,
+        expert_location_json=location,
+        expert_location_sha256=hashlib.sha256(location).hexdigest() if location else "",
     )
 
 
@@ -166,8 +185,8 @@ def _field(d: Mapping[str, Any], key: str, path: str) -> Any:
     return d[key]
 
 
-def assignment_from_dict(d: Any) -> NodeAssignment:
-    """Read a ``part_json`` document.
+def assignment_from_dict(d: Any, expert_location_json: bytes = b"") -> NodeAssignment:
+    """Read a ``part_json`` document (and the plan's expert location that came with it).
 
     Raises:
         InputError: naming the missing or malformed field.
@@ -202,9 +221,9 @@ def assignment_from_dict(d: Any) -> NodeAssignment:
         header = _field(d, "plan", "part")
         if not isinstance(header, Mapping):
             raise InputError("must be a JSON object", field="part.plan")
-        location = d.get("expert_location")
-        if location is not None and not isinstance(location, Mapping):
-            raise InputError("must be a JSON object", field="part.expert_location")
+        digest = d.get("expert_location_sha256", "")
+        if not isinstance(digest, str):
+            raise InputError("must be a hex string", field="part.expert_location_sha256")
         return NodeAssignment(
             deployment=str(_field(d, "deployment", "part")),
             plan_id=str(_field(d, "plan_id", "part")),
@@ -214,13 +233,14 @@ def assignment_from_dict(d: Any) -> NodeAssignment:
             header=dict(header),
             gpus=tuple(gpus),
             ranks=tuple(ranks),
-            expert_location=None if location is None else dict(location),
+            expert_location_json=bytes(expert_location_json),
+            expert_location_sha256=digest,
         )
     except (TypeError, ValueError, AttributeError) as exc:
         raise InputError(f"malformed assignment: {exc}", field="part") from exc
 
 
-def assignment_from_json(data: bytes) -> NodeAssignment:
+def assignment_from_json(data: bytes, expert_location_json: bytes = b"") -> NodeAssignment:
     """:func:`assignment_from_dict` of UTF-8 JSON bytes.
 
     Raises:
@@ -230,7 +250,7 @@ def assignment_from_json(data: bytes) -> NodeAssignment:
         doc = json.loads(data)
     except ValueError as exc:
         raise InputError(f"not valid JSON: {exc}", field="part_json") from exc
-    return assignment_from_dict(doc)
+    return assignment_from_dict(doc, expert_location_json)
 
 
 def check_assignment(a: NodeAssignment, node: str) -> list[str]:
@@ -251,6 +271,15 @@ def check_assignment(a: NodeAssignment, node: str) -> list[str]:
         problems.append(f"ranks: {bad_ranks[:3]} outside world size {a.world_size}")
     if a.form not in ("engine", "native"):
         problems.append(f"form: must be 'engine' or 'native', got {a.form!r}")
+    if a.expert_location_sha256 or a.expert_location_json:
+        got = hashlib.sha256(a.expert_location_json).hexdigest()
+        if got != a.expert_location_sha256:
+            problems.append(
+                f"expert_location_json: {len(a.expert_location_json)} bytes with SHA-256 "
+                f"{got[:12]}..., the part names {a.expert_location_sha256[:12] or '(none)'}..."
+            )
+    elif a.form == "engine" and a.moe_layers:
+        problems.append("expert_location_json: missing (an engine-form MoE part needs it)")
     for k, g in enumerate(a.gpus):
         path = f"gpus[{k}] ({g.gpu})"
         if g.node != node:
@@ -282,6 +311,32 @@ def check_assignment(a: NodeAssignment, node: str) -> list[str]:
                 f"{path}.memory_bytes: needs {total / 2**30:.1f} GiB, {usable / 2**30:.1f} usable"
             )
     return problems
+
+
+def check_expert_location(a: NodeAssignment) -> list[str]:
+    """Problems with the content of ``a``'s expert location: JSON, one row per model layer,
+    one entry per physical slot of the plan (``world_size * slots_per_gpu``), experts in
+    range. Empty when there is none (native form) or it is sound."""
+    if not a.expert_location_json:
+        return []
+    try:
+        doc = a.expert_location
+    except InputError as exc:
+        return [str(exc)]
+    rows = (doc or {}).get("physical_to_logical_map")
+    if not isinstance(rows, list) or not all(isinstance(r, list) for r in rows):
+        return ["expert_location_json.physical_to_logical_map: must be a list of lists"]
+    num_layers = a.header.get("num_layers")
+    if isinstance(num_layers, int) and len(rows) != num_layers:
+        return [f"expert_location_json: {len(rows)} rows, the model has {num_layers} layers"]
+    slots = a.slots_per_gpu
+    width = a.world_size * slots if slots is not None else None
+    for i, row in enumerate(rows):
+        if width is not None and len(row) != width:
+            return [f"expert_location_json row {i}: {len(row)} slots, the plan has {width}"]
+        if any(not isinstance(e, int) or not 0 <= e < a.num_experts for e in row):
+            return [f"expert_location_json row {i}: expert ids outside 0..{a.num_experts - 1}"]
+    return []
 
 
 def _gpu_index(g: GpuPlan) -> int | None:
@@ -724,8 +779,11 @@ class PlanApplier:
         files["plan.json"] = json.dumps(a.to_dict(), indent=1, sort_keys=True).encode()
         link = self.link(a.deployment).absolute()
         location_file = None
-        if a.expert_location is not None:
-            files["expert_location.json"] = json.dumps(a.expert_location).encode()
+        if a.expert_location_json:
+            problems = check_expert_location(a)
+            if problems:
+                raise InputError("; ".join(problems), field="expert_location_json")
+            files["expert_location.json"] = a.expert_location_json
             location_file = link / "expert_location.json"
         for k, g in enumerate(a.gpus):
             idx = _gpu_index(g)

@@ -81,6 +81,12 @@ class Metrics:
             registry=r,
         )
 
+        self.loop_stall_seconds = Counter(
+            "mixfleet_loop_stall_seconds",
+            "Time the controller's event loop could not run (not counted as node silence).",
+            registry=r,
+        )
+
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
         """Serve ``/metrics`` over HTTP on ``port`` (a daemon thread)."""
         start_http_server(port, addr=addr, registry=self.registry)

@@ -7,9 +7,11 @@ No I/O; everything here is a function of plans, fleets and numbers.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from policies.costmodel import LayerPlacement, build_cost_table, evaluate
@@ -44,26 +46,29 @@ class NodePart:
     Attributes:
         gpus: the node's GPUs in the plan (rank order).
         document: the JSON object carried in ``Assignment.part_json`` (schema in agent.proto).
+            It holds only this node's GPUs, so its size does not grow with the fleet.
+        expert_location_json: engine form: the whole plan's SGLang ``--init-expert-location``
+            document as UTF-8 JSON (``Assignment.expert_location_json``), one bytes object
+            shared by every node's part of the plan; empty in native form.
     """
 
     gpus: tuple[GpuPart, ...]
     document: dict[str, Any]
+    expert_location_json: bytes = b""
+
+    @cached_property
+    def json(self) -> bytes:
+        """``document`` as compact UTF-8 JSON, serialised once however often it is sent."""
+        return json.dumps(self.document, separators=(",", ":")).encode()
 
     def to_json(self) -> bytes:
-        return json.dumps(self.document, separators=(",", ":")).encode()
+        return self.json
 
 
 def _gpu_index(gpu_id: str) -> int:
     tail = gpu_id.rsplit("/", 1)[-1]
     digits = tail.removeprefix("gpu")
     return int(digits) if digits.isdigit() else -1
-
-
-def plan_header(plan: Plan) -> dict[str, Any]:
-    """``Plan.to_dict()`` without the per-GPU parts."""
-    doc = plan.to_dict()
-    doc.pop("gpus")
-    return doc
 
 
 def expert_location(plan: Plan) -> dict[str, Any] | None:
@@ -78,13 +83,25 @@ def split_plan(
 ) -> dict[str, NodePart]:
     """Every node's part of ``plan`` (node name -> part), in plan node order.
 
+    The whole-plan expert location is serialised once and shared by every part; each part's
+    document names its digest (``expert_location_sha256``) so a node can check what it got.
+
     Args:
         uuids: GPU id -> hardware UUID from the nodes' inventories.
     """
     uuids = uuids or {}
-    header = plan_header(plan)
+    doc_all = plan.to_dict()
+    docs = doc_all.pop("gpus")
+    header = doc_all
     location = expert_location(plan)
-    docs = plan.to_dict()["gpus"]
+    location_json = b""
+    location_ref: dict[str, Any] = {}
+    if location is not None:
+        location_json = json.dumps(location, separators=(",", ":")).encode()
+        location_ref = {
+            "expert_location_sha256": hashlib.sha256(location_json).hexdigest(),
+            "expert_location_bytes": len(location_json),
+        }
     gpus: dict[str, list[GpuPart]] = {}
     entries: dict[str, list[dict[str, Any]]] = {}
     for rank, g in enumerate(plan.gpus):
@@ -110,10 +127,9 @@ def split_plan(
             "world_size": len(plan.gpus),
             "plan": header,
             "gpus": entries[node],
+            **location_ref,
         }
-        if location is not None:
-            doc["expert_location"] = location
-        parts[node] = NodePart(tuple(node_gpus), doc)
+        parts[node] = NodePart(tuple(node_gpus), doc, location_json)
     return parts
 
 

@@ -32,6 +32,8 @@ FAST = ControllerSettings(
     tick_s=0.05,
     retry_after_abort_s=0.5,
     retry_after_error_s=0.5,
+    solver_processes=0,
+    min_tick_interval_s=0.0,
 )
 
 

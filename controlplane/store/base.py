@@ -328,6 +328,12 @@ class Store(Protocol):
         """
         ...
 
+    def record_acks(self, acks: Sequence[StoredAck]) -> int:
+        """Store many acks at once (one transaction where the backend has them); acks
+        already stored, or for a plan version that no longer exists, are skipped. Returns
+        how many were new."""
+        ...
+
     def acks(self, deployment: str, version: int) -> list[StoredAck]:
         """Acks of one version, oldest first."""
         ...

@@ -713,31 +713,55 @@ class KubernetesStore:
         reason: str = "",
         now_s: float,
     ) -> bool:
-        k8s_state = _ACK_TO_K8S[state]
-        for _ in range(self.conflict_retries):
+        obj = self._get_plan_obj(deployment, version)
+        if obj is None:
+            raise NotFoundError(
+                f"deployment {deployment!r} has no plan version {version}", field="version"
+            )
+        ack = StoredAck(deployment, version, node, state, reason, now_s)
+        return self._add_acks(deployment, version, [ack], obj) == 1
+
+    def record_acks(self, acks: Sequence[StoredAck]) -> int:
+        by_plan: dict[tuple[str, int], list[StoredAck]] = {}
+        for a in acks:
+            by_plan.setdefault((a.deployment, a.version), []).append(a)
+        stored = 0
+        for (deployment, version), group in by_plan.items():
             obj = self._get_plan_obj(deployment, version)
-            if obj is None:
-                raise NotFoundError(
-                    f"deployment {deployment!r} has no plan version {version}", field="version"
-                )
+            if obj is not None:  # a plan deleted meanwhile: its acks no longer matter
+                stored += self._add_acks(deployment, version, group, obj)
+        return stored
+
+    def _add_acks(self, deployment: str, version: int, new: Sequence[StoredAck], obj: Json) -> int:
+        """Add ``new`` acks to one PartitionPlan's status in one patch (retried on a
+        conflict); returns how many were not there yet."""
+        for _ in range(self.conflict_retries):
             status = obj.get("status") or {}
             acks = list(status.get("acks") or [])
-            if any(a.get("node") == node and a.get("state") == k8s_state for a in acks):
-                return False
-            at = to_time(now_s)
-            acks.append({"node": node, "state": k8s_state, "at": at, "reason": reason[:4096]})
-            nodes = [n for n in status.get("nodes") or [] if n.get("node") != node]
-            nodes.append(
-                {
-                    "node": node,
+            nodes = {n.get("node"): n for n in status.get("nodes") or []}
+            have = {(a.get("node"), a.get("state")) for a in acks}
+            added = 0
+            for a in new:
+                k8s_state = _ACK_TO_K8S[a.state]
+                if (a.node, k8s_state) in have:
+                    continue
+                have.add((a.node, k8s_state))
+                at = to_time(a.at_s)
+                acks.append(
+                    {"node": a.node, "state": k8s_state, "at": at, "reason": a.reason[:4096]}
+                )
+                nodes[a.node] = {
+                    "node": a.node,
                     "state": k8s_state,
-                    "reason": reason[:1024],
+                    "reason": a.reason[:1024],
                     "lastTransitionTime": at,
                 }
-            )
+                added += 1
+            if not added:
+                return 0
             patch = {
                 "metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]},
-                "status": {"acks": acks, "nodes": nodes},
+                "status": {"acks": acks, "nodes": list(nodes.values())},
             }
             try:
                 self._kube.merge_patch(
@@ -747,14 +771,16 @@ class KubernetesStore:
                     self.namespace,
                     subresource="status",
                 )
-                return True
+                return added
             except ConflictError:
+                fresh = self._get_plan_obj(deployment, version)
+                if fresh is None:
+                    return 0
+                obj = fresh
                 continue
             except (ApiError, OperatorError) as exc:
-                raise StoreError(f"ack of {node}: {exc}", field="store") from exc
-        raise StoreError(
-            f"ack of {node} for {deployment} v{version}: too many conflicts", field="store"
-        )
+                raise StoreError(f"acks for {deployment} v{version}: {exc}", field="store") from exc
+        raise StoreError(f"acks for {deployment} v{version}: too many conflicts", field="store")
 
     def acks(self, deployment: str, version: int) -> list[StoredAck]:
         obj = self._get_plan_obj(deployment, version)

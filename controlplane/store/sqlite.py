@@ -567,6 +567,26 @@ class SqliteStore:
             )
             return cur.rowcount > 0
 
+    def record_acks(self, acks: Sequence[StoredAck]) -> int:
+        stored = 0
+        with self._tx() as db:
+            known: dict[tuple[str, int], bool] = {}
+            for a in acks:
+                key = (a.deployment, a.version)
+                if key not in known:
+                    known[key] = bool(
+                        db.execute(
+                            "SELECT 1 FROM plans WHERE deployment = ? AND version = ?", key
+                        ).fetchone()
+                    )
+                if known[key]:
+                    cur = db.execute(
+                        "INSERT OR IGNORE INTO acks VALUES (?, ?, ?, ?, ?, ?)",
+                        (a.deployment, a.version, a.node, a.state, a.reason, a.at_s),
+                    )
+                    stored += cur.rowcount
+        return stored
+
     def acks(self, deployment: str, version: int) -> list[StoredAck]:
         rows = self._query(
             "SELECT * FROM acks WHERE deployment = ? AND version = ? ORDER BY at, node",

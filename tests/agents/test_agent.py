@@ -54,6 +54,7 @@ def _msg(
         phase=phase,
         world_size=a.world_size,
         part_json=json.dumps(a.to_dict()).encode() if part is None else part,
+        expert_location_json=a.expert_location_json,
     )
 
 
@@ -251,6 +252,33 @@ def test_unhealthy_gpu_is_reported_degraded() -> None:
             last = svc.heartbeats[-1]
             assert list(last.gpu_health[1].health.xid_errors) == [79]
             assert "[1]" in last.message
+        finally:
+            agent.stop()
+            await asyncio.wait_for(task, 5)
+            await server.stop(None)
+
+    asyncio.run(go())
+
+
+def test_partless_commit_with_nothing_staged_makes_the_agent_resync() -> None:
+    """A COMMIT that relies on a staged part the agent no longer has: the agent registers
+    again (a new stream replays the committed part in full) instead of acking a guess."""
+    plan = small_plan()
+    a = assignment_from_plan("mixtral", plan, "n0")
+
+    async def go() -> None:
+        svc = FakeAgentService()
+        server, port = await start_fake(svc)
+        applier = MemoryApplier("n0")
+        agent = Agent(_settings(port), lambda: _inventory(), applier)
+        task = asyncio.create_task(agent.run())
+        try:
+            await wait_for(lambda: agent.stats.stream_opens == 1)
+            await svc.queue("n0").put(_msg(a, agent_pb2.ASSIGNMENT_PHASE_COMMIT, part=b""))
+            await wait_for(lambda: agent.stats.registrations == 2, what="re-register")
+            assert applier.applied() == {} and svc.acks == []
+            await svc.queue("n0").put(_msg(a, agent_pb2.ASSIGNMENT_PHASE_COMMIT))
+            await wait_for(lambda: applier.applied() == {"mixtral": 1}, what="full replay")
         finally:
             agent.stop()
             await asyncio.wait_for(task, 5)

@@ -6,6 +6,7 @@ import json
 import os
 import sys
 from dataclasses import replace
+from hashlib import sha256
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from agents.applier import (
     assignment_from_plan,
     atomic_write,
     check_assignment,
+    check_expert_location,
     parse_env,
 )
 from policies.errors import InputError
@@ -51,7 +53,7 @@ def _hook_script(tmp_path: Path, body: str) -> str:
 
 def test_part_json_round_trip_keeps_every_field() -> None:
     _, a = _assignment()
-    again = assignment_from_json(json.dumps(a.to_dict()).encode())
+    again = assignment_from_json(json.dumps(a.to_dict()).encode(), a.expert_location_json)
     assert again == a
     assert again.ranks == (0, 1)
     assert again.world_size == 4
@@ -317,3 +319,29 @@ def test_memory_applier_follows_the_same_rules() -> None:
     assert ap.committed("mixtral").version == 1  # type: ignore[union-attr]
     failing = MemoryApplier("n0", fail_stage="disk full")
     assert failing.stage(a1).reason == "disk full"
+
+
+def test_expert_location_must_match_the_digest_the_part_names() -> None:
+    _, a = _assignment()
+    assert check_assignment(a, a.node) == []
+    tampered = replace(a, expert_location_json=a.expert_location_json.replace(b"[0,", b"[1,", 1))
+    assert tampered.expert_location_json != a.expert_location_json
+    problems = check_assignment(tampered, a.node)
+    assert any("expert_location_json" in p and "SHA-256" in p for p in problems)
+    missing = replace(a, expert_location_json=b"", expert_location_sha256="")
+    assert any("missing" in p for p in check_assignment(missing, a.node))
+
+
+def test_disk_applier_refuses_an_expert_location_of_the_wrong_shape(tmp_path: Path) -> None:
+    _, a = _assignment()
+    doc = json.loads(a.expert_location_json)
+    doc["physical_to_logical_map"] = doc["physical_to_logical_map"][:-1]  # a layer short
+    data = json.dumps(doc).encode()
+    bad = replace(a, expert_location_json=data, expert_location_sha256=sha256(data).hexdigest())
+    assert check_expert_location(bad) == ["expert_location_json: 31 rows, the model has 32 layers"]
+    applier = _applier(tmp_path)
+    result = applier.stage(bad)
+    assert not result.ok and "31 rows" in result.reason
+    assert applier.stage(a).ok and applier.commit(a.deployment, a.version).ok
+    written = applier.link(a.deployment) / "expert_location.json"
+    assert written.read_bytes() == a.expert_location_json

@@ -27,8 +27,9 @@ class FakeAgent:
     Attributes:
         fail_prepare: reason to ack FAILED with on PREPARE ("" = prepare succeeds).
         silent_prepare: never ack a PREPARE (to make the rollout time out).
-        applied: deployment -> (version, part document) now applied.
-        staged: deployment -> version staged by PREPARE.
+        applied: deployment -> (version, part document, expert location JSON) now applied.
+        staged: deployment -> (version, part document, expert location JSON) staged by
+            PREPARE.
         events: (phase name, deployment, version) of every message received.
     """
 
@@ -39,8 +40,8 @@ class FakeAgent:
     interval_s: float = 0.2
     fail_prepare: str = ""
     silent_prepare: bool = False
-    applied: dict[str, tuple[int, dict[str, Any]]] = field(default_factory=dict)
-    staged: dict[str, int] = field(default_factory=dict)
+    applied: dict[str, tuple[int, dict[str, Any], bytes]] = field(default_factory=dict)
+    staged: dict[str, tuple[int, dict[str, Any], bytes]] = field(default_factory=dict)
     events: list[tuple[str, str, int]] = field(default_factory=list)
     session_id: str = ""
     changed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -93,7 +94,7 @@ class FakeAgent:
                 node=self.node,
                 session_id=self.session_id,
                 state=agent_pb2.NODE_STATE_READY,
-                applied={d: v for d, (v, _) in self.applied.items()},
+                applied={d: v for d, (v, _, _) in self.applied.items()},
             ),
             metadata=self.metadata,
         )
@@ -148,15 +149,26 @@ class FakeAgent:
             elif self.fail_prepare:
                 await self._ack(a, agent_pb2.ACK_STATE_FAILED, self.fail_prepare)
             else:
-                json.loads(a.part_json)
-                self.staged[a.deployment] = a.version
+                self.staged[a.deployment] = (
+                    a.version,
+                    json.loads(a.part_json),
+                    a.expert_location_json,
+                )
                 await self._ack(a, agent_pb2.ACK_STATE_PREPARED)
         elif a.phase == agent_pb2.ASSIGNMENT_PHASE_COMMIT:
-            self.staged.pop(a.deployment, None)
-            self.applied[a.deployment] = (a.version, json.loads(a.part_json))
+            staged = self.staged.pop(a.deployment, None)
+            if a.part_json:  # replayed on a new stream: the part comes with it
+                self.applied[a.deployment] = (
+                    a.version,
+                    json.loads(a.part_json),
+                    a.expert_location_json,
+                )
+            else:  # switch to what this stream's PREPARE staged
+                assert staged is not None and staged[0] == a.version, (staged, a.version)
+                self.applied[a.deployment] = staged
             await self._ack(a, agent_pb2.ACK_STATE_COMMITTED)
         elif a.phase == agent_pb2.ASSIGNMENT_PHASE_ABORT:
-            if self.staged.get(a.deployment) == a.version:
+            if (self.staged.get(a.deployment) or (0,))[0] == a.version:
                 del self.staged[a.deployment]
         elif a.phase == agent_pb2.ASSIGNMENT_PHASE_REMOVE:
             self.applied.pop(a.deployment, None)

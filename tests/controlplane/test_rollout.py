@@ -4,6 +4,7 @@ agent_fakes.py) on a real controller and SQLite store."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
@@ -82,7 +83,9 @@ def test_deploy_commits_on_every_agent_and_engines_get_the_routing(tmp_path: Pat
                 part = a.applied["mx"][1]
                 assert part["node"] == a.node and part["world_size"] == 6
                 assert [g["gpu"] for g in part["gpus"]] == [f"{a.node}/gpu0", f"{a.node}/gpu1"]
-                assert "physical_to_logical_map" in part["expert_location"]
+                location = a.applied["mx"][2]
+                assert hashlib.sha256(location).hexdigest() == part["expert_location_sha256"]
+                assert len(json.loads(location)["physical_to_logical_map"]) == 32
             ranks = sorted(g["rank"] for a in w.agents for g in a.applied["mx"][1]["gpus"])
             assert ranks == list(range(6))
             await wait_until(

@@ -14,7 +14,7 @@ from agent_fakes import small_fleet_doc, small_inventories
 
 from controlplane.deployment import DeploymentSpec
 from controlplane.errors import AlreadyExistsError, NotFoundError, PreconditionError, StoreError
-from controlplane.store import LoadWindow, StoredNode, open_store
+from controlplane.store import LoadWindow, StoredAck, StoredNode, open_store
 from controlplane.store.sqlite import SCHEMA_VERSION, SqliteStore
 from policies.fleet import parse_fleet
 from policies.plan import Plan
@@ -168,6 +168,28 @@ def test_acks_are_idempotent_and_need_a_known_plan(tmp_path: Path, plan: Plan) -
         s.record_ack("mx", 7, "n0", "prepared", now_s=6.0)
     with pytest.raises(NotFoundError):
         s.record_ack("nope", 1, "n0", "prepared", now_s=6.0)
+    s.close()
+
+
+def test_acks_in_a_batch_skip_duplicates_and_unknown_plans(tmp_path: Path, plan: Plan) -> None:
+    s = SqliteStore(tmp_path / "b.db")
+    s.put_deployment(SPEC, now_s=1.0)
+    s.add_plan("mx", plan, reason="r", inputs_key="k", now_s=2.0)
+    s.record_ack("mx", 1, "n0", "prepared", now_s=3.0)
+    batch = [
+        StoredAck("mx", 1, "n0", "prepared", "", 3.5),  # already stored
+        StoredAck("mx", 1, "n1", "prepared", "", 3.6),
+        StoredAck("mx", 1, "n1", "prepared", "", 3.7),  # twice in the batch
+        StoredAck("mx", 1, "n2", "failed", "disk full", 3.8),
+        StoredAck("mx", 9, "n0", "prepared", "", 3.9),  # no such version
+    ]
+    assert s.record_acks(batch) == 2
+    assert [(a.node, a.state, a.reason) for a in s.acks("mx", 1)] == [
+        ("n0", "prepared", ""),
+        ("n1", "prepared", ""),
+        ("n2", "failed", "disk full"),
+    ]
+    assert s.record_acks([]) == 0
     s.close()
 
 

@@ -12,7 +12,7 @@ from k8s_cluster import Cluster
 
 from controlplane.deployment import DeploymentSpec, WorkloadSpec
 from controlplane.errors import AlreadyExistsError, NotFoundError, PreconditionError
-from controlplane.store.base import LoadWindow, Store, StoredNode
+from controlplane.store.base import LoadWindow, Store, StoredAck, StoredNode
 from controlplane.store.kubernetes import KubernetesStore, from_time, to_time
 from operators.kube import MODEL_DEPLOYMENTS, PARTITION_PLANS
 from policies.fleet import parse_fleet
@@ -208,6 +208,33 @@ def test_acks_are_idempotent_and_feed_the_rollout_state(
     }
     with pytest.raises(NotFoundError):
         store.record_ack("mx", 7, "h100-0", "prepared", now_s=1.0)
+
+
+def test_acks_in_a_batch_take_one_patch_per_plan(
+    cluster: Cluster, store: KubernetesStore, plan: Plan
+) -> None:
+    store.put_deployment(SPEC, now_s=1.0)
+    store.add_plan("mx", plan, reason="a", inputs_key="k", now_s=2.0)
+    store.record_ack("mx", 1, "h100-0", "prepared", now_s=3.0)
+    batch = [
+        StoredAck("mx", 1, "h100-0", "prepared", "", 3.5),  # already stored
+        StoredAck("mx", 1, "a100-0", "prepared", "", 3.6),
+        StoredAck("mx", 1, "a100-0", "prepared", "", 3.7),  # twice in the batch
+        StoredAck("mx", 1, "h100-0", "committed", "", 4.0),
+        StoredAck("mx", 8, "h100-0", "prepared", "", 4.1),  # no such version
+    ]
+    assert store.record_acks(batch) == 2
+    assert [(a.node, a.state) for a in store.acks("mx", 1)] == [
+        ("h100-0", "prepared"),
+        ("a100-0", "prepared"),
+        ("h100-0", "committed"),
+    ]
+    obj = cluster.kube().get(PARTITION_PLANS, "mx-v1", cluster.namespace)
+    assert obj is not None
+    assert {n["node"]: n["state"] for n in obj["status"]["nodes"]} == {
+        "h100-0": "Committed",
+        "a100-0": "Prepared",
+    }
 
 
 def test_load_windows_and_pruning(store: KubernetesStore) -> None:

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from mixfleet.v1 import inventory_pb2 as mixfleet_dot_v1_dot_inventory__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17mixfleet/v1/agent.proto\x12\x0bmixfleet.v1\x1a\x1bmixfleet/v1/inventory.proto\"<\n\x0fRegisterRequest\x12)\n\tinventory\x18\x01 \x01(\x0b\x32\x16.mixfleet.v1.Inventory\"\x84\x01\n\x10RegisterResponse\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x1c\n\x14heartbeat_interval_s\x18\x03 \x01(\x01\x12\x19\n\x11node_lost_after_s\x18\x04 \x01(\x01\x12\x15\n\rcontroller_id\x18\x05 \x01(\t\"H\n\x0fGpuHealthReport\x12\r\n\x05index\x18\x01 \x01(\x05\x12&\n\x06health\x18\x02 \x01(\x0b\x32\x16.mixfleet.v1.GpuHealth\"\x8b\x02\n\x10HeartbeatRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12%\n\x05state\x18\x03 \x01(\x0e\x32\x16.mixfleet.v1.NodeState\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x30\n\ngpu_health\x18\x05 \x03(\x0b\x32\x1c.mixfleet.v1.GpuHealthReport\x12;\n\x07\x61pplied\x18\x06 \x03(\x0b\x32*.mixfleet.v1.HeartbeatRequest.AppliedEntry\x1a.\n\x0c\x41ppliedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"E\n\x11HeartbeatResponse\x12\x12\n\nreregister\x18\x01 \x01(\x08\x12\x1c\n\x14heartbeat_interval_s\x18\x02 \x01(\x01\";\n\x17WatchAssignmentsRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\"\x89\x01\n\rGpuAssignment\x12\x0b\n\x03gpu\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x05\x12\x0c\n\x04uuid\x18\x03 \x01(\t\x12\x0c\n\x04rank\x18\x04 \x01(\x05\x12\x17\n\x0f\x61ttention_share\x18\x05 \x01(\x01\x12\x11\n\tdp_weight\x18\x06 \x01(\x01\x12\x14\n\x0c\x65xpert_slots\x18\x07 \x01(\x05\"\xe1\x01\n\nAssignment\x12\x12\n\ndeployment\x18\x01 \x01(\t\x12\x0f\n\x07plan_id\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x04\x12+\n\x05phase\x18\x04 \x01(\x0e\x32\x1c.mixfleet.v1.AssignmentPhase\x12\x12\n\nworld_size\x18\x05 \x01(\x05\x12(\n\x04gpus\x18\x06 \x03(\x0b\x32\x1a.mixfleet.v1.GpuAssignment\x12\x11\n\tpart_json\x18\x07 \x01(\x0c\x12\x1f\n\x17prepare_deadline_unix_s\x18\x08 \x01(\x01\"\x9a\x01\n\nAckRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x12\n\ndeployment\x18\x03 \x01(\t\x12\x0f\n\x07plan_id\x18\x04 \x01(\t\x12\x0f\n\x07version\x18\x05 \x01(\x04\x12$\n\x05state\x18\x06 \x01(\x0e\x32\x15.mixfleet.v1.AckState\x12\x0e\n\x06reason\x18\x07 \x01(\t\" \n\x0b\x41\x63kResponse\x12\x11\n\tduplicate\x18\x01 \x01(\x08*o\n\tNodeState\x12\x1a\n\x16NODE_STATE_UNSPECIFIED\x10\x00\x12\x14\n\x10NODE_STATE_READY\x10\x01\x12\x17\n\x13NODE_STATE_DRAINING\x10\x02\x12\x17\n\x13NODE_STATE_DEGRADED\x10\x03*\xa7\x01\n\x0f\x41ssignmentPhase\x12 \n\x1c\x41SSIGNMENT_PHASE_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x41SSIGNMENT_PHASE_PREPARE\x10\x01\x12\x1b\n\x17\x41SSIGNMENT_PHASE_COMMIT\x10\x02\x12\x1a\n\x16\x41SSIGNMENT_PHASE_ABORT\x10\x03\x12\x1b\n\x17\x41SSIGNMENT_PHASE_REMOVE\x10\x04*l\n\x08\x41\x63kState\x12\x19\n\x15\x41\x43K_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12\x41\x43K_STATE_PREPARED\x10\x01\x12\x17\n\x13\x41\x43K_STATE_COMMITTED\x10\x02\x12\x14\n\x10\x41\x43K_STATE_FAILED\x10\x03\x32\xb2\x02\n\x0c\x41gentService\x12G\n\x08Register\x12\x1c.mixfleet.v1.RegisterRequest\x1a\x1d.mixfleet.v1.RegisterResponse\x12J\n\tHeartbeat\x12\x1d.mixfleet.v1.HeartbeatRequest\x1a\x1e.mixfleet.v1.HeartbeatResponse\x12S\n\x10WatchAssignments\x12$.mixfleet.v1.WatchAssignmentsRequest\x1a\x17.mixfleet.v1.Assignment0\x01\x12\x38\n\x03\x41\x63k\x12\x17.mixfleet.v1.AckRequest\x1a\x18.mixfleet.v1.AckResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17mixfleet/v1/agent.proto\x12\x0bmixfleet.v1\x1a\x1bmixfleet/v1/inventory.proto\"<\n\x0fRegisterRequest\x12)\n\tinventory\x18\x01 \x01(\x0b\x32\x16.mixfleet.v1.Inventory\"\x84\x01\n\x10RegisterResponse\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x1c\n\x14heartbeat_interval_s\x18\x03 \x01(\x01\x12\x19\n\x11node_lost_after_s\x18\x04 \x01(\x01\x12\x15\n\rcontroller_id\x18\x05 \x01(\t\"H\n\x0fGpuHealthReport\x12\r\n\x05index\x18\x01 \x01(\x05\x12&\n\x06health\x18\x02 \x01(\x0b\x32\x16.mixfleet.v1.GpuHealth\"\x8b\x02\n\x10HeartbeatRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12%\n\x05state\x18\x03 \x01(\x0e\x32\x16.mixfleet.v1.NodeState\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x30\n\ngpu_health\x18\x05 \x03(\x0b\x32\x1c.mixfleet.v1.GpuHealthReport\x12;\n\x07\x61pplied\x18\x06 \x03(\x0b\x32*.mixfleet.v1.HeartbeatRequest.AppliedEntry\x1a.\n\x0c\x41ppliedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"E\n\x11HeartbeatResponse\x12\x12\n\nreregister\x18\x01 \x01(\x08\x12\x1c\n\x14heartbeat_interval_s\x18\x02 \x01(\x01\";\n\x17WatchAssignmentsRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\"\x89\x01\n\rGpuAssignment\x12\x0b\n\x03gpu\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x05\x12\x0c\n\x04uuid\x18\x03 \x01(\t\x12\x0c\n\x04rank\x18\x04 \x01(\x05\x12\x17\n\x0f\x61ttention_share\x18\x05 \x01(\x01\x12\x11\n\tdp_weight\x18\x06 \x01(\x01\x12\x14\n\x0c\x65xpert_slots\x18\x07 \x01(\x05\"\xff\x01\n\nAssignment\x12\x12\n\ndeployment\x18\x01 \x01(\t\x12\x0f\n\x07plan_id\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x04\x12+\n\x05phase\x18\x04 \x01(\x0e\x32\x1c.mixfleet.v1.AssignmentPhase\x12\x12\n\nworld_size\x18\x05 \x01(\x05\x12(\n\x04gpus\x18\x06 \x03(\x0b\x32\x1a.mixfleet.v1.GpuAssignment\x12\x11\n\tpart_json\x18\x07 \x01(\x0c\x12\x1f\n\x17prepare_deadline_unix_s\x18\x08 \x01(\x01\x12\x1c\n\x14\x65xpert_location_json\x18\t \x01(\x0c\"\x9a\x01\n\nAckRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x12\n\ndeployment\x18\x03 \x01(\t\x12\x0f\n\x07plan_id\x18\x04 \x01(\t\x12\x0f\n\x07version\x18\x05 \x01(\x04\x12$\n\x05state\x18\x06 \x01(\x0e\x32\x15.mixfleet.v1.AckState\x12\x0e\n\x06reason\x18\x07 \x01(\t\" \n\x0b\x41\x63kResponse\x12\x11\n\tduplicate\x18\x01 \x01(\x08*o\n\tNodeState\x12\x1a\n\x16NODE_STATE_UNSPECIFIED\x10\x00\x12\x14\n\x10NODE_STATE_READY\x10\x01\x12\x17\n\x13NODE_STATE_DRAINING\x10\x02\x12\x17\n\x13NODE_STATE_DEGRADED\x10\x03*\xa7\x01\n\x0f\x41ssignmentPhase\x12 \n\x1c\x41SSIGNMENT_PHASE_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x41SSIGNMENT_PHASE_PREPARE\x10\x01\x12\x1b\n\x17\x41SSIGNMENT_PHASE_COMMIT\x10\x02\x12\x1a\n\x16\x41SSIGNMENT_PHASE_ABORT\x10\x03\x12\x1b\n\x17\x41SSIGNMENT_PHASE_REMOVE\x10\x04*l\n\x08\x41\x63kState\x12\x19\n\x15\x41\x43K_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12\x41\x43K_STATE_PREPARED\x10\x01\x12\x17\n\x13\x41\x43K_STATE_COMMITTED\x10\x02\x12\x14\n\x10\x41\x43K_STATE_FAILED\x10\x03\x32\xb2\x02\n\x0c\x41gentService\x12G\n\x08Register\x12\x1c.mixfleet.v1.RegisterRequest\x1a\x1d.mixfleet.v1.RegisterResponse\x12J\n\tHeartbeat\x12\x1d.mixfleet.v1.HeartbeatRequest\x1a\x1e.mixfleet.v1.HeartbeatResponse\x12S\n\x10WatchAssignments\x12$.mixfleet.v1.WatchAssignmentsRequest\x1a\x17.mixfleet.v1.Assignment0\x01\x12\x38\n\x03\x41\x63k\x12\x17.mixfleet.v1.AckRequest\x1a\x18.mixfleet.v1.AckResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,12 +34,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_HEARTBEATREQUEST_APPLIEDENTRY']._loaded_options = None
   _globals['_HEARTBEATREQUEST_APPLIEDENTRY']._serialized_options = b'8\001'
-  _globals['_NODESTATE']._serialized_start=1301
-  _globals['_NODESTATE']._serialized_end=1412
-  _globals['_ASSIGNMENTPHASE']._serialized_start=1415
-  _globals['_ASSIGNMENTPHASE']._serialized_end=1582
-  _globals['_ACKSTATE']._serialized_start=1584
-  _globals['_ACKSTATE']._serialized_end=1692
+  _globals['_NODESTATE']._serialized_start=1331
+  _globals['_NODESTATE']._serialized_end=1442
+  _globals['_ASSIGNMENTPHASE']._serialized_start=1445
+  _globals['_ASSIGNMENTPHASE']._serialized_end=1612
+  _globals['_ACKSTATE']._serialized_start=1614
+  _globals['_ACKSTATE']._serialized_end=1722
   _globals['_REGISTERREQUEST']._serialized_start=69
   _globals['_REGISTERREQUEST']._serialized_end=129
   _globals['_REGISTERRESPONSE']._serialized_start=132
@@ -57,11 +57,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GPUASSIGNMENT']._serialized_start=743
   _globals['_GPUASSIGNMENT']._serialized_end=880
   _globals['_ASSIGNMENT']._serialized_start=883
-  _globals['_ASSIGNMENT']._serialized_end=1108
-  _globals['_ACKREQUEST']._serialized_start=1111
-  _globals['_ACKREQUEST']._serialized_end=1265
-  _globals['_ACKRESPONSE']._serialized_start=1267
-  _globals['_ACKRESPONSE']._serialized_end=1299
-  _globals['_AGENTSERVICE']._serialized_start=1695
-  _globals['_AGENTSERVICE']._serialized_end=2001
+  _globals['_ASSIGNMENT']._serialized_end=1138
+  _globals['_ACKREQUEST']._serialized_start=1141
+  _globals['_ACKREQUEST']._serialized_end=1295
+  _globals['_ACKRESPONSE']._serialized_start=1297
+  _globals['_ACKRESPONSE']._serialized_end=1329
+  _globals['_AGENTSERVICE']._serialized_start=1725
+  _globals['_AGENTSERVICE']._serialized_end=2031
 # @@protoc_insertion_point(module_scope)
