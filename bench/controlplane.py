@@ -393,6 +393,7 @@ async def measure(n: int, args: argparse.Namespace, workdir: Path) -> dict[str, 
         current = getattr(some, "current", {}).get(WIDE)
         if current is not None:
             fan["part_json_bytes_per_node"] = len(json.dumps(current.to_dict()))
+            fan["expert_location_bytes"] = len(current.expert_location_json)
         if cpu_ctl0 is not None and cpu_ctl1 is not None:
             fan["controller_cpu_percent"] = round(
                 100 * (cpu_ctl1 - cpu_ctl0) / (t_cpu1 - t_cpu0), 1

@@ -13,8 +13,9 @@ Callers are identified, in this order:
 Otherwise the call is refused with UNAUTHENTICATED.
 
 Roles and what they may call (:func:`allowed_roles`): ``agent`` -> AgentService; ``engine``
--> EngineService; ``viewer`` -> PlanService reads (Get*, List*, Watch*, DiffPlans, Solve);
-``admin`` -> PlanService and EngineService. Health checks and reflection are open.
+-> EngineService; ``viewer`` -> PlanService reads and dry runs (Get*, List*, Watch*,
+DiffPlans, Solve, Advise*, EstimateCost, MinCost); ``admin`` -> PlanService and
+EngineService. Health checks and reflection are open.
 
 Token file: one token a line, ``<token> <role> [<name>]``; ``#`` starts a comment. Tokens
 must be at least 16 characters. ``mixfleetctl certs init`` writes one with an admin, a
@@ -40,7 +41,8 @@ ADMIN_CN = "mixfleet-admin"
 ENGINE_CN = "mixfleet-engine"
 NODE_CN_PREFIX = "node:"
 _OPEN_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
-_READ_PREFIXES = ("Get", "List", "Watch", "Diff", "Solve")
+#: PlanService methods a viewer may call: reads and dry runs (Solve, the strategy advice).
+_READ_PREFIXES = ("Get", "List", "Watch", "Diff", "Solve", "Advise", "EstimateCost", "MinCost")
 
 
 @dataclass(frozen=True)

@@ -589,6 +589,20 @@ def render_markdown(report: dict[str, Any]) -> str:
         "- MI300X figures are the catalog's datasheet figures; the amdsmi discovery fixture is",
         "  modelled on AMD's published specs (no AMD host was available).",
         "",
+        "A running controller answers the same questions on its live fleet (registered, healthy",
+        "nodes matching a node selector) through PlanService `AdviseTiers`, `AdviseBatch`,",
+        "`AdviseContext`, `EstimateCost` and `MinCost` (docs/api.md), with the same planners.",
+        "",
+        "Deployed, the same rules apply. A deployment document carries `allowCrossVendor` and",
+        "`gpuHourPrices` (catalog GPU model -> USD per GPU-hour over the assumed prices;",
+        "`mixfleetctl plan solve|compare --allow-cross-vendor` locally); the controller reports",
+        "the committed plan's `cost_per_million_tokens_usd`. On Kubernetes the operator takes",
+        "both from the PlacementPolicy (a ModelDeployment's own fields win) and, when the policy",
+        "defines an `interactive` tier, splits the eligible GPUNodes with `plan_tiers`: the split",
+        "and the `InteractiveSLO` condition (with the nodes to add when it is not met) are in the",
+        "ModelDeployment's status, and its own plan is the batch tier on the nodes left",
+        "(docs/kubernetes.md).",
+        "",
     ]
     for sc in report["scenarios"]:
         lines += [f"## {sc['scenario']}", "", sc["description"] + ".", "", "```"]

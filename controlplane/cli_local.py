@@ -122,6 +122,8 @@ class Problem:
         redundant_experts: extra expert slots per MoE layer.
         options: solver options.
         previous: plan to stay close to, or None.
+        allow_cross_vendor: let one expert-parallel group span GPU vendors (NVIDIA and
+            AMD); off, a MoE model on a mixed-vendor fleet is refused with how to split it.
     """
 
     fleet: Fleet
@@ -131,6 +133,7 @@ class Problem:
     redundant_experts: int
     options: SolverOptions
     previous: Plan | None = None
+    allow_cross_vendor: bool = False
 
     def request(self, policy: str) -> PlacementRequest:
         """The placement request for one policy."""
@@ -143,6 +146,7 @@ class Problem:
             redundant_experts=self.redundant_experts,
             options=self.options,
             previous=self.previous,
+            allow_cross_vendor=self.allow_cross_vendor,
         )
 
 
@@ -197,7 +201,16 @@ def problem_from_args(args: argparse.Namespace) -> Problem:
         workers=args.workers,
     )
     previous = files.read_plan(args.previous) if args.previous else None
-    return Problem(fleet, model, workload, args.form, args.redundant_experts, options, previous)
+    return Problem(
+        fleet,
+        model,
+        workload,
+        args.form,
+        args.redundant_experts,
+        options,
+        previous,
+        allow_cross_vendor=bool(getattr(args, "allow_cross_vendor", False)),
+    )
 
 
 def _add_problem_args(p: argparse.ArgumentParser) -> None:
@@ -256,6 +269,12 @@ def _add_problem_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--previous", metavar="PLAN", help="plan to stay close to (re-planning), JSON or YAML"
+    )
+    p.add_argument(
+        "--allow-cross-vendor",
+        action="store_true",
+        help="let one expert-parallel group span NVIDIA and AMD GPUs (only for runtimes that "
+        "bridge vendors; default: a MoE model on a mixed-vendor fleet is refused)",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
 

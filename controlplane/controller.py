@@ -2,8 +2,9 @@
 
 One :class:`Controller` runs on one asyncio event loop. The servicers
 (:mod:`controlplane.server`) translate messages and call its plain methods; everything
-durable goes through the :class:`controlplane.store.Store`; solves run in a worker thread
-(``asyncio.to_thread``; the ILP fans its layers out to a process pool from there).
+durable goes through the :class:`controlplane.store.Store`; solves run in a worker process
+(:class:`controlplane.solver_pool.SolverPool`; the ILP fans its layers out to more processes
+from there), so a long solve never stalls heartbeats, acks or streams.
 
 The loop (:meth:`Controller.run`), once per ``tick_s`` or as soon as something changed:
 
@@ -51,16 +52,19 @@ from controlplane.deployment import (
     build_request,
     check_spec,
     resolve_model,
+    usd_per_million_tokens,
     workload_for,
 )
 from controlplane.errors import NotFoundError, PreconditionError
 from controlplane.metrics import Metrics
 from controlplane.routing import NodePart, aggregate_load, imbalance_under_load, split_plan
+from controlplane.solver_pool import SolverPool
 from controlplane.store import (
     AckState,
     LoadWindow,
     NodeState,
     Store,
+    StoredAck,
     StoredDeployment,
     StoredNode,
     StoredPlan,
@@ -68,7 +72,7 @@ from controlplane.store import (
 from policies.errors import InfeasibleError, InputError
 from policies.fleet import Fleet
 from policies.plan import Plan
-from policies.request import PlacementResult, solve
+from policies.request import PlacementResult
 
 Phase = Literal["prepare", "commit", "abort", "remove"]
 NodeHealth = Literal["ready", "degraded", "draining", "lost"]
@@ -88,6 +92,11 @@ class ControllerSettings:
             (liveness itself is kept in memory).
         load_window_retention_s: load windows older than this are pruned, s.
         max_imbalance_samples: imbalance samples kept per deployment.
+        solver_processes: worker processes for solves (solves that can run at once);
+            0 = a thread of the controller process (holds the GIL: tests, tiny fleets).
+        min_tick_interval_s: shortest time between two reconcile ticks, s. Acks, heartbeats
+            and registrations wake the loop; ticks woken within this interval are merged,
+            so a burst of N acks costs a few ticks, not N.
     """
 
     heartbeat_interval_s: float = 5.0
@@ -98,6 +107,8 @@ class ControllerSettings:
     heartbeat_persist_s: float = 30.0
     load_window_retention_s: float = 3600.0
     max_imbalance_samples: int = 256
+    solver_processes: int = 1
+    min_tick_interval_s: float = 0.05
 
     def reconcile_settings(self) -> rc.ReconcileSettings:
         return rc.ReconcileSettings(
@@ -190,14 +201,24 @@ class Controller:
         self.clock = clock
         self.metrics = metrics or Metrics()
         self.log = structlog.get_logger("mixfleet.controller")
+        self.solver = SolverPool(self.settings.solver_processes)
         self.started_s = clock()
         self._nodes: dict[str, StoredNode] = {}  # write-through cache of the store's nodes
         self._streams: dict[str, _Stream] = {}
         self._sessions: dict[str, str] = {}
         self._last_seen: dict[str, float] = {}
+        # Liveness credit for the controller's own stalls (see _credit_stall): total stalled
+        # seconds so far, and that total when each node was last heard from.
+        self._stalled_s = 0.0
+        self._stalled_at_seen: dict[str, float] = {}
         self._last_persisted: dict[str, float] = {}
         self._lost: set[str] = set()
         self._rollouts: dict[str, _Rollout] = {}
+        self._ack_buffer: list[StoredAck] = []
+        # deployment -> (version, plan, node parts) of its latest proposed plan, split off
+        # the event loop
+        self._proposed: dict[str, tuple[int, Plan, dict[str, NodePart]]] = {}
+        self._ack_cache: dict[tuple[str, int], dict[str, set[AckState]]] = {}
         self._committed: dict[str, _Committed] = {}
         self._solving: dict[str, asyncio.Task[None]] = {}
         self._failures: dict[str, rc.FailureObs] = {}
@@ -254,6 +275,7 @@ class Controller:
     async def start(self) -> None:
         """Start the reconcile loop."""
         if self._loop_task is None:
+            self.solver.warm_up()
             self._loop_task = asyncio.create_task(self.run(), name="mixfleet-reconcile")
 
     async def stop(self) -> None:
@@ -273,14 +295,48 @@ class Controller:
         for t in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
+        self.solver.close()
+        with contextlib.suppress(Exception):
+            self._flush_acks()
 
     def wake(self) -> None:
         """Run a reconcile tick soon."""
         self._wake.set()
 
+    def _credit_stall(self, gap_s: float) -> None:
+        """Account for the event loop having been unable to run the reconcile loop.
+
+        Ticks start at most ``tick_s`` apart while the loop is free; a longer ``gap_s``
+        between two tick starts means the loop was stalled (overloaded, or a tick's own work),
+        and meanwhile heartbeats waited unread in gRPC's queues. That excess is not counted
+        as any node's silence: without this credit an overloaded controller would declare
+        healthy nodes lost and re-plan around them, overloading itself further.
+        """
+        late = gap_s - self.settings.tick_s - _STALL_TOLERANCE_S
+        if late > 0:
+            self._stalled_s += late
+            self.metrics.loop_stall_seconds.inc(late)
+            self.log.warning("controller stalled", stalled_s=round(late, 3))
+
+    def _seen(self, name: str, fallback_s: float) -> float:
+        """When ``name`` was last heard from for liveness: the last heartbeat, moved later
+        by the time this controller has been stalled since (see :meth:`_credit_stall`)."""
+        seen = self._last_seen.get(name, fallback_s)
+        return seen + (self._stalled_s - self._stalled_at_seen.get(name, self._stalled_s))
+
+    def _heard_from(self, name: str, now: float) -> None:
+        self._last_seen[name] = now
+        self._stalled_at_seen[name] = self._stalled_s
+
     async def run(self) -> None:
         """The reconcile loop (until :meth:`stop`)."""
+        loop = asyncio.get_running_loop()
+        previous: float | None = None
         while not self._stopping:
+            started = loop.time()
+            if previous is not None:
+                self._credit_stall(started - previous)
+            previous = started
             try:
                 self.tick()
             except Exception:  # the loop boundary: log, keep going
@@ -288,9 +344,14 @@ class Controller:
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=self.settings.tick_s)
+            # Merge wake-ups that arrive in a burst (acks of a rollout) into one tick.
+            pause = self.settings.min_tick_interval_s - (loop.time() - started)
+            if pause > 0 and not self._stopping:
+                await asyncio.sleep(pause)
 
     def tick(self) -> list[rc.Action]:
         """One observe -> reconcile -> act round; returns the actions taken."""
+        self._flush_acks()
         observed = self.observe()
         actions = rc.reconcile(observed, self.settings.reconcile_settings())
         for action in actions:
@@ -314,7 +375,7 @@ class Controller:
                 rc.NodeObs(
                     name=n.name,
                     labels=dict(n.inventory.labels),
-                    last_seen_s=self._last_seen.get(n.name, n.last_heartbeat_s),
+                    last_seen_s=self._seen(n.name, n.last_heartbeat_s),
                     state=n.state,
                     healthy_gpus=_healthy_gpu_ids(n.inventory),
                     marked_lost=n.name in self._lost,
@@ -443,7 +504,7 @@ class Controller:
         try:
             try:
                 request = build_request(d.spec, fleet, previous=previous, measured=measured)
-                result = await asyncio.to_thread(solve, request)
+                result = await self.solver.solve(request)
             except (InputError, InfeasibleError) as exc:
                 self._failures[name] = rc.FailureObs(a.inputs_key, self.clock(), str(exc), True)
                 self.metrics.solve_failures.labels(name, "permanent").inc()
@@ -469,9 +530,13 @@ class Controller:
                 log.info("solve discarded: the deployment changed meanwhile")
                 return
             self._failures.pop(name, None)
-            stored = self.store.add_plan(
-                name, result.plan, reason=a.reason, inputs_key=a.inputs_key, now_s=self.clock()
+            # Storing serialises the whole plan and splitting builds every node's part: both
+            # grow with the fleet (about a second at 2,000 GPUs), so they run in a thread.
+            stored, parts = await asyncio.to_thread(
+                self._persist, name, result.plan, a, self._uuids(result.plan), self.clock()
             )
+            assert stored.plan is not None
+            self._proposed[name] = (stored.version, stored.plan, parts)
             s = result.plan.summary
             log.info(
                 "plan proposed",
@@ -509,37 +574,55 @@ class Controller:
             )
         measured = self._measured_load(spec, self.clock() - 3600.0)
         request = build_request(spec, fleet, measured=measured)
-        return await asyncio.to_thread(solve, request)
+        return await self.solver.solve(request)
 
     # ----------------------------------------------------------------- rollout
 
-    def _split(self, plan: Plan, deployment: str) -> dict[str, NodePart]:
+    def _uuids(self, plan: Plan) -> dict[str, str]:
+        """GPU id -> hardware UUID of the plan's GPUs, from the nodes' inventories."""
         uuids: dict[str, str] = {}
         for node in {g.node for g in plan.gpus}:
             stored = self._nodes.get(node)
             if stored is not None:
                 for g in stored.inventory.gpus:
                     uuids[f"{node}/gpu{g.index}"] = g.uuid
-        return split_plan(plan, deployment, uuids)
+        return uuids
+
+    def _split(self, plan: Plan, deployment: str) -> dict[str, NodePart]:
+        return split_plan(plan, deployment, self._uuids(plan))
+
+    def _persist(
+        self, deployment: str, plan: Plan, a: rc.Solve, uuids: Mapping[str, str], now_s: float
+    ) -> tuple[StoredPlan, dict[str, NodePart]]:
+        """Store a solved plan as the next version and split it into node parts (run in a
+        thread: see :meth:`_solve`)."""
+        stored = self.store.add_plan(
+            deployment, plan, reason=a.reason, inputs_key=a.inputs_key, now_s=now_s
+        )
+        assert stored.plan is not None
+        return stored, split_plan(stored.plan, deployment, uuids)
 
     def _start_rollout(self, deployment: str, version: int) -> None:
         d = self.store.get_deployment(deployment)
-        stored = self.store.get_plan(deployment, version)
-        if d is None or stored is None or stored.plan is None:
+        stored = self.store.get_plan(deployment, version, with_plan=False)
+        if d is None or stored is None:
+            return
+        proposed = self._proposed.pop(deployment, None)
+        plan: Plan | None
+        if proposed is not None and proposed[0] == version:
+            _, plan, parts = proposed
+        else:  # proposed before a restart: read it back
+            full = self.store.get_plan(deployment, version)
+            plan = full.plan if full is not None else None
+            parts = self._split(plan, deployment) if plan is not None else {}
+        if plan is None:
             return
         now = self.clock()
         deadline = now + d.spec.prepare_timeout_s
         self.store.set_plan_state(
             deployment, version, "preparing", now_s=now, prepare_deadline_s=deadline
         )
-        r = _Rollout(
-            version,
-            stored.plan_id,
-            stored.plan,
-            self._split(stored.plan, deployment),
-            deadline,
-            now,
-        )
+        r = _Rollout(version, stored.plan_id, plan, parts, deadline, now)
         self._rollouts[deployment] = r
         self.log.info(
             "rollout started",
@@ -568,10 +651,11 @@ class Controller:
         del self._rollouts[deployment]
         self._committed[deployment] = _Committed(version, r.plan, r.parts)
         self._samples.pop(deployment, None)
-        for node, part in r.parts.items():
+        # Every target acked PREPARED on its current stream, so COMMIT carries no part: the
+        # agent switches to what it staged (a stream opened later replays it with the part).
+        for node in r.parts:
             self._send(
-                node,
-                AssignmentEvent(deployment, r.plan_id, version, "commit", len(r.plan.gpus), part),
+                node, AssignmentEvent(deployment, r.plan_id, version, "commit", len(r.plan.gpus))
             )
         if before is not None:
             for node in before.parts:
@@ -599,6 +683,7 @@ class Controller:
                 imbalance=s.imbalance,
                 nodes=list(r.targets),
                 committed_plan_id=r.plan_id,
+                cost_per_million_tokens_usd=usd_per_million_tokens(d.spec, r.plan),
             )
             self.store.set_deployment_status(deployment, status)
         stored = self._emit_version(deployment, version)
@@ -678,7 +763,7 @@ class Controller:
         self.store.upsert_node(stored)
         self._nodes[inventory.node] = stored
         self._sessions[inventory.node] = session
-        self._last_seen[inventory.node] = now
+        self._heard_from(inventory.node, now)
         self._last_persisted[inventory.node] = now
         old = self._streams.pop(inventory.node, None)
         if old is not None:
@@ -723,7 +808,7 @@ class Controller:
         if stored is None:
             return False
         now = self.clock()
-        self._last_seen[node] = now
+        self._heard_from(node, now)
         inventory = None
         if health:
             by_index = {g.index: g for g in stored.inventory.gpus}
@@ -796,7 +881,7 @@ class Controller:
             old.queue.put_nowait(None)
         stream = _Stream(session_id)
         self._streams[node] = stream
-        self._last_seen[node] = self.clock()
+        self._heard_from(node, self.clock())
         try:
             for event in self._snapshot(node):
                 yield event
@@ -889,20 +974,48 @@ class Controller:
                 f"version {version} of {deployment!r} is {plan_state}, not committed",
                 field="version",
             )
-        new = self.store.record_ack(
-            deployment, version, node, state, reason=reason, now_s=self.clock()
-        )
+        known = self._known_acks(deployment, version)
+        duplicate = state in known.get(node, ())
+        if not duplicate:
+            known.setdefault(node, set()).add(state)
+            self._ack_buffer.append(
+                StoredAck(deployment, version, node, state, reason, self.clock())
+            )
         if r is not None and r.version == version:
             if state == "prepared":
                 r.prepared.add(node)
             elif state == "failed":
                 r.failed[node] = reason
-            self.wake()
+        self.wake()  # the next tick stores the buffered acks (and commits when all prepared)
         if state == "failed":
             self.log.warning(
                 "agent failed", node=node, deployment=deployment, version=version, reason=reason
             )
-        return not new
+        return duplicate
+
+    def _known_acks(self, deployment: str, version: int) -> dict[str, set[AckState]]:
+        """node -> ack states recorded for a version (stored or buffered), cached for the
+        few versions being acked at a time."""
+        key = (deployment, version)
+        known = self._ack_cache.get(key)
+        if known is None:
+            self._flush_acks()
+            known = {}
+            for a in self.store.acks(deployment, version):
+                known.setdefault(a.node, set()).add(a.state)
+            self._ack_cache[key] = known
+            while len(self._ack_cache) > 32:
+                self._ack_cache.pop(next(iter(self._ack_cache)))
+        return known
+
+    def _flush_acks(self) -> None:
+        """Store buffered acks in one transaction. Acks are buffered because a rollout
+        brings one per node and phase; an ack lost in a crash before its flush is sent
+        again by the agent (a new stream replays the PREPARE, acks are idempotent), and the
+        commit point is only reached in a tick, after the flush."""
+        if self._ack_buffer:
+            batch, self._ack_buffer = self._ack_buffer, []
+            self.store.record_acks(batch)
 
     # ================================================================= PlanService
 
@@ -943,6 +1056,7 @@ class Controller:
             for node in c.parts:
                 self._send(node, AssignmentEvent(name, c.plan.id, c.version, "remove"))
         self._committed.pop(name, None)
+        self._proposed.pop(name, None)
         self._samples.pop(name, None)
         self._failures.pop(name, None)
         self._status.pop(name, None)
@@ -976,6 +1090,7 @@ class Controller:
 
     def acks_of(self, deployment: str, version: int) -> dict[str, str]:
         """node -> latest ack state (``failed: reason`` for failures)."""
+        self._flush_acks()
         out: dict[str, str] = {}
         for a in self.store.acks(deployment, version):
             out[a.node] = f"failed: {a.reason}" if a.state == "failed" else a.state
@@ -1006,7 +1121,8 @@ class Controller:
         for n in sorted(self._nodes.values(), key=lambda n: n.name):
             seen = self._last_seen.get(n.name, n.last_heartbeat_s)
             health: NodeHealth
-            if n.name in self._lost or now - seen >= self.settings.node_lost_after_s:
+            silent = now - self._seen(n.name, n.last_heartbeat_s)
+            if n.name in self._lost or silent >= self.settings.node_lost_after_s:
                 health = "lost"
             elif n.state == "draining":
                 health = "draining"
@@ -1133,6 +1249,8 @@ class Controller:
 
 
 _STOP: Any = object()
+#: Lateness of a tick beyond ``tick_s`` that still counts as on time, s.
+_STALL_TOLERANCE_S = 0.25
 
 
 def _healthy_gpu_ids(inv: NodeInventory) -> tuple[str, ...]:

@@ -17,6 +17,8 @@ A deployment document (YAML, ``examples/deployments/*.yaml``)::
       prepareTimeoutS: 30
       rebalance: {enabled: true, imbalanceThreshold: 0.15, sustainS: 60, minIntervalS: 300,
                   migrationWeightUs: 2}
+      allowCrossVendor: false       # optional; let the all-to-all span NVIDIA and AMD GPUs
+      gpuHourPrices: {H100-SXM5-80GB: 2.5}   # optional; USD per GPU-hour, catalog names
 
 The same document (as JSON) is what the store keeps; :func:`spec_to_proto` /
 :func:`spec_from_proto` carry it over PlanService.
@@ -33,6 +35,7 @@ from typing import Any
 
 from mixfleet.v1 import plan_pb2
 
+from policies.cost import PriceTable, catalog_price_table, plan_cost
 from policies.errors import InputError
 from policies.fleet import Fleet
 from policies.models import ModelSpec, from_hf_config, preset
@@ -113,6 +116,11 @@ class DeploymentSpec:
         solver_time_limit_s: solver wall-clock limit, s.
         prepare_timeout_s: rollout prepare deadline, s.
         rebalance: load-driven re-planning.
+        allow_cross_vendor: let one expert-parallel all-to-all group span GPU vendors
+            (NVIDIA and AMD); off, a MoE deployment over both is refused
+            (:mod:`policies.vendors`).
+        gpu_hour_prices: catalog GPU model -> USD per GPU-hour, replacing the built-in
+            assumed prices (:mod:`policies.cost`) in the status's cost per million tokens.
     """
 
     name: str
@@ -126,6 +134,8 @@ class DeploymentSpec:
     solver_time_limit_s: float = 60.0
     prepare_timeout_s: float = 30.0
     rebalance: RebalanceSpec = field(default_factory=RebalanceSpec)
+    allow_cross_vendor: bool = False
+    gpu_hour_prices: Mapping[str, float] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------- validation
@@ -197,7 +207,32 @@ def check_spec(spec: DeploymentSpec, *, path: str = "spec") -> ModelSpec:
     _number(r.sustain_s, f"{path}.rebalance.sustainS", allow_zero=True)
     _number(r.min_interval_s, f"{path}.rebalance.minIntervalS", allow_zero=True)
     _number(r.migration_weight_us, f"{path}.rebalance.migrationWeightUs", allow_zero=True)
+    if not isinstance(spec.allow_cross_vendor, bool):
+        raise InputError(
+            f"must be true or false, got {spec.allow_cross_vendor!r}",
+            field=f"{path}.allowCrossVendor",
+        )
+    price_table(spec, path=path)
     return model
+
+
+def price_table(spec: DeploymentSpec, *, path: str = "spec") -> PriceTable:
+    """The prices a deployment's cost is reported with: the built-in assumed prices, with
+    the spec's ``gpu_hour_prices`` replacing them (USD per GPU-hour).
+
+    Raises:
+        InputError: a name that is not a catalog GPU model (the closest are suggested) or a
+            price that is not a finite number >= 0.
+    """
+    if not isinstance(spec.gpu_hour_prices, Mapping):
+        raise InputError(
+            "must map catalog GPU models to USD per GPU-hour", field=f"{path}.gpuHourPrices"
+        )
+    return catalog_price_table(
+        spec.gpu_hour_prices,
+        field_path=f"{path}.gpuHourPrices",
+        source=f"deployment {spec.name} gpuHourPrices over the assumed defaults",
+    )
 
 
 def resolve_model(spec: DeploymentSpec, *, path: str = "spec") -> ModelSpec:
@@ -251,6 +286,22 @@ def workload_for(
     )
 
 
+def usd_per_million_tokens(spec: DeploymentSpec, plan: Plan) -> float | None:
+    """Cost of a million tokens of ``plan``: its GPUs at the spec's prices (USD per GPU-hour,
+    :func:`price_table`) over its predicted throughput. None when a GPU model has no price
+    (a GPU outside the catalog) or the plan produces nothing.
+
+    Raises:
+        InputError: invalid ``gpu_hour_prices``.
+    """
+    prices = price_table(spec)
+    try:
+        cost = plan_cost(plan, prices).usd_per_million_tokens
+    except InputError:  # a custom GPU without a price: cost unknown, not an error
+        return None
+    return cost if math.isfinite(cost) else None
+
+
 def effective_redundant(spec: DeploymentSpec, model: ModelSpec, num_gpus: int) -> int:
     """Redundant slots for ``num_gpus`` GPUs: the spec's count, raised to the next count for
     which engine form has equal slots per GPU (``E + r`` divisible by ``num_gpus``)."""
@@ -293,6 +344,7 @@ def build_request(
         redundant_experts=effective_redundant(spec, model, len(fleet.gpus)),
         options=options,
         previous=previous,
+        allow_cross_vendor=spec.allow_cross_vendor,
     )
 
 
@@ -336,6 +388,8 @@ def parse_deployment(doc: Any) -> DeploymentSpec:
         "solverTimeLimitS",
         "prepareTimeoutS",
         "rebalance",
+        "allowCrossVendor",
+        "gpuHourPrices",
         "policyRef",  # Kubernetes operator fields: read there, ignored here
         "engineFormat",
     }
@@ -357,6 +411,14 @@ def parse_deployment(doc: Any) -> DeploymentSpec:
     selector = spec.get("nodeSelector") or {}
     if not isinstance(selector, Mapping):
         raise InputError("must be a mapping of label: value", field="spec.nodeSelector")
+    prices = spec.get("gpuHourPrices") or {}
+    if not isinstance(prices, Mapping):
+        raise InputError(
+            "must be a mapping of catalog GPU model: USD per GPU-hour. To fix: write e.g. "
+            "gpuHourPrices: {H100-SXM5-80GB: 2.5}",
+            field="spec.gpuHourPrices",
+        )
+    cross = spec.get("allowCrossVendor")
     d = WorkloadSpec()
     dr = RebalanceSpec()
     out = DeploymentSpec(
@@ -384,6 +446,8 @@ def parse_deployment(doc: Any) -> DeploymentSpec:
             min_interval_s=rb.get("minIntervalS", dr.min_interval_s),
             migration_weight_us=rb.get("migrationWeightUs", dr.migration_weight_us),
         ),
+        allow_cross_vendor=False if cross is None else cross,
+        gpu_hour_prices={str(k): v for k, v in prices.items()},
     )
     check_spec(out)
     return out
@@ -434,6 +498,10 @@ def spec_to_doc(spec: DeploymentSpec) -> dict[str, Any]:
             "migrationWeightUs": r.migration_weight_us,
         },
     )
+    if spec.allow_cross_vendor:
+        body["allowCrossVendor"] = True
+    if spec.gpu_hour_prices:
+        body["gpuHourPrices"] = dict(spec.gpu_hour_prices)
     return {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": spec.name}, "spec": body}
 
 
@@ -471,6 +539,8 @@ def spec_to_proto(spec: DeploymentSpec) -> plan_pb2.DeploymentSpec:
             min_interval_s=r.min_interval_s,
             migration_weight_us=r.migration_weight_us,
         ),
+        allow_cross_vendor=spec.allow_cross_vendor,
+        gpu_hour_prices=dict(spec.gpu_hour_prices),
     )
     if spec.redundant_experts is not None:
         msg.redundant_experts = spec.redundant_experts
@@ -535,6 +605,8 @@ def spec_from_proto(msg: plan_pb2.DeploymentSpec) -> DeploymentSpec:
             min_interval_s=r.min_interval_s or dr.min_interval_s,
             migration_weight_us=r.migration_weight_us,
         ),
+        allow_cross_vendor=msg.allow_cross_vendor,
+        gpu_hour_prices=dict(msg.gpu_hour_prices),
     )
     check_spec(spec, path="spec")
     return spec

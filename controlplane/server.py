@@ -55,6 +55,19 @@ from controlplane.errors import (
 )
 from controlplane.routing import diff_plans
 from controlplane.store import LoadWindow, StoredDeployment
+from controlplane.strategy_service import StrategyService
+from controlplane.strategy_wire import (
+    batch_question,
+    batch_to_proto,
+    context_question,
+    context_to_proto,
+    cost_question,
+    cost_to_proto,
+    min_cost_question,
+    min_cost_to_proto,
+    tiers_question,
+    tiers_to_proto,
+)
 from controlplane.wire import (
     ACK_FROM_PROTO,
     NODE_STATE_FROM_PROTO,
@@ -332,6 +345,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
 class PlanServicer(plan_pb2_grpc.PlanServiceServicer):
     def __init__(self, controller: Controller) -> None:
         self.c = controller
+        self.strategies = StrategyService(controller)
 
     def _deployment(self, d: StoredDeployment) -> plan_pb2.Deployment:
         latest = self.c.store.list_plans(d.name, limit=1)
@@ -458,6 +472,35 @@ class PlanServicer(plan_pb2_grpc.PlanServiceServicer):
             if v.stored.name == request.name:
                 return node_to_proto(v)
         raise NotFoundError(f"no node {request.name!r}", field="name")
+
+    # Deployment strategies: parse and validate (strategy_wire), answer on the live fleet
+    # in a worker thread (strategy_service), reply.
+
+    async def AdviseTiers(
+        self, request: plan_pb2.AdviseTiersRequest, context: Ctx
+    ) -> plan_pb2.AdviseTiersResponse:
+        return tiers_to_proto(await self.strategies.tiers(tiers_question(request)))
+
+    async def AdviseBatch(
+        self, request: plan_pb2.AdviseBatchRequest, context: Ctx
+    ) -> plan_pb2.AdviseBatchResponse:
+        return batch_to_proto(await self.strategies.batch(batch_question(request)))
+
+    async def AdviseContext(
+        self, request: plan_pb2.AdviseContextRequest, context: Ctx
+    ) -> plan_pb2.AdviseContextResponse:
+        return context_to_proto(await self.strategies.context(context_question(request)))
+
+    async def EstimateCost(
+        self, request: plan_pb2.EstimateCostRequest, context: Ctx
+    ) -> plan_pb2.EstimateCostResponse:
+        return cost_to_proto(await self.strategies.cost(cost_question(request)))
+
+    async def MinCost(
+        self, request: plan_pb2.MinCostRequest, context: Ctx
+    ) -> plan_pb2.MinCostResponse:
+        answer = await self.strategies.min_cost(min_cost_question(request))
+        return min_cost_to_proto(answer, with_docs=request.include_plans)
 
 
 class EngineServicer(engine_pb2_grpc.EngineServiceServicer):

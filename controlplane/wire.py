@@ -92,7 +92,8 @@ def assignment_to_proto(e: AssignmentEvent) -> agent_pb2.Assignment:
             )
             for g in e.part.gpus
         )
-        msg.part_json = e.part.to_json()
+        msg.part_json = e.part.json
+        msg.expert_location_json = e.part.expert_location_json
     return msg
 
 
@@ -165,6 +166,9 @@ def deployment_to_proto(d: StoredDeployment, *, latest_version: int = 0) -> plan
         step_time_us=float(st.get("step_time_us", 0.0)) if d.committed_version else 0.0,
         imbalance=float(st.get("imbalance", 0.0)) if d.committed_version else 0.0,
         observed_imbalance=float(st.get("observed_imbalance", 0.0)),
+        cost_per_million_tokens_usd=float(st.get("cost_per_million_tokens_usd") or 0.0)
+        if d.committed_version
+        else 0.0,
     )
     return plan_pb2.Deployment(
         spec=spec_to_proto(d.spec),

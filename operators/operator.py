@@ -76,6 +76,8 @@ from operators.reconcile import (
     SetFinalizer,
     SolveAction,
     SolveOutcome,
+    TierAction,
+    TierOutcome,
     config_map_name,
     reconcile,
 )
@@ -92,6 +94,7 @@ from operators.v1alpha1 import (
 from operators.versions import read_floor, record_version
 from policies.errors import InfeasibleError, InputError, SolverError
 from policies.request import PlacementRequest, PlacementResult, solve
+from policies.tiers import TierPlan, TierRequest, plan_tiers
 
 Key = tuple[str, str]
 """A ModelDeployment key: (namespace, name)."""
@@ -101,6 +104,11 @@ SOLVES = Histogram(
     "mixfleet_operator_solve_seconds",
     "Wall time of placement solves, seconds",
     buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300),
+)
+TIER_SPLITS = Histogram(
+    "mixfleet_operator_tier_split_seconds",
+    "Wall time of interactive / batch tier splits, seconds",
+    buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600),
 )
 LEADER = Gauge("mixfleet_operator_leader", "1 while this replica holds the leader lease")
 
@@ -296,6 +304,8 @@ class Operator:
         clock: wall clock, UTC (injectable for tests).
         solver: the placement solve (``policies.request.solve``; injectable for tests).
         lease_kube: API access for the Lease (default: a copy of ``kube`` without guard).
+        tier_planner: the interactive / batch split (``policies.tiers.plan_tiers``;
+            injectable for tests).
     """
 
     def __init__(
@@ -306,6 +316,7 @@ class Operator:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         solver: Callable[[PlacementRequest], PlacementResult] = solve,
         lease_kube: Kube | None = None,
+        tier_planner: Callable[[TierRequest], TierPlan] = plan_tiers,
     ) -> None:
         from operators.workqueue import WorkQueue
 
@@ -313,6 +324,7 @@ class Operator:
         self.kube = kube
         self.clock = clock
         self.solver = solver
+        self.tier_planner = tier_planner
         self.log = structlog.get_logger("mixfleet.operator")
         self.queue: WorkQueue[Key] = WorkQueue(
             base_delay_s=self.settings.retry_base_delay_s,
@@ -330,8 +342,9 @@ class Operator:
                 on_stopped_leading=lambda: LEADER.set(0),
             )
             kube.write_guard = self.elector.is_leader
-        #: solves run, for tests and metrics.
+        #: solves and tier splits run, for tests and metrics.
         self.solves = 0
+        self.tier_splits = 0
         self._last_beat = time.monotonic()
         ns_list: list[str | None] = list(self.settings.namespaces) or [None]
         managed = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
@@ -553,6 +566,31 @@ class Operator:
             )
         return SolveOutcome(action.inputs_digest, result.plan, "Solved", "", elapsed)
 
+    def run_tiers(self, action: TierAction) -> TierOutcome:
+        """Split the nodes into interactive and batch tiers; a bad tier becomes a failed
+        outcome (``InvalidTier``, permanent), a solver failure ``TierPlanningFailed``
+        (retried), never an exception."""
+        self.tier_splits += 1
+        t0 = time.monotonic()
+        try:
+            split = self.tier_planner(action.request)
+        except InputError as exc:
+            return TierOutcome(
+                action.inputs_digest,
+                None,
+                "InvalidTier",
+                f"{exc}. To fix: correct the PlacementPolicy's interactive tier or the "
+                "deployment's spec",
+                time.monotonic() - t0,
+            )
+        except (InfeasibleError, SolverError) as exc:
+            return TierOutcome(
+                action.inputs_digest, None, "TierPlanningFailed", str(exc), time.monotonic() - t0
+            )
+        elapsed = time.monotonic() - t0
+        TIER_SPLITS.observe(elapsed)
+        return TierOutcome(action.inputs_digest, split, "Planned", "", elapsed)
+
     # ---------------------------------------------------------------------- act
 
     def reconcile_key(self, key: Key) -> tuple[Action, ...]:
@@ -568,29 +606,45 @@ class Operator:
             return ()
         rs = self.settings.reconcile
         actions = reconcile(observed, rs)
-        solve_action = next((a for a in actions if isinstance(a, SolveAction)), None)
-        if solve_action is not None:
+        # At most a tier split, then a solve (and one more round if the inputs moved on
+        # meanwhile); each outcome goes back into the decision.
+        for _ in range(3):
+            step = next((a for a in actions if isinstance(a, TierAction | SolveAction)), None)
+            if step is None:
+                break
             for a in actions:
                 if isinstance(a, SetFinalizer):
                     self._set_finalizer(observed.deployment, a.present)
-            outcome = self.run_solve(solve_action)
-            self.log.info(
-                "solved",
-                deployment=f"{key[0]}/{key[1]}",
-                reason=outcome.reason,
-                seconds=round(outcome.duration_s, 3),
-                plan=outcome.plan.id if outcome.plan else None,
+            deployment = dataclasses.replace(
+                observed.deployment,
+                finalizers=tuple({*observed.deployment.finalizers, FINALIZER}),
             )
-            observed = dataclasses.replace(
-                observed,
-                solve=outcome,
-                now=self.clock(),
-                deployment=dataclasses.replace(
-                    observed.deployment,
-                    finalizers=tuple({*observed.deployment.finalizers, FINALIZER}),
-                ),
-            )
+            if isinstance(step, TierAction):
+                tiers = self.run_tiers(step)
+                self.log.info(
+                    "tiers split",
+                    deployment=f"{key[0]}/{key[1]}",
+                    reason=tiers.reason,
+                    seconds=round(tiers.duration_s, 3),
+                )
+                observed = dataclasses.replace(
+                    observed, tiers=tiers, now=self.clock(), deployment=deployment
+                )
+            else:
+                outcome = self.run_solve(step)
+                self.log.info(
+                    "solved",
+                    deployment=f"{key[0]}/{key[1]}",
+                    reason=outcome.reason,
+                    seconds=round(outcome.duration_s, 3),
+                    plan=outcome.plan.id if outcome.plan else None,
+                )
+                observed = dataclasses.replace(
+                    observed, solve=outcome, now=self.clock(), deployment=deployment
+                )
             actions = reconcile(observed, rs)
+        if any(isinstance(a, TierAction | SolveAction) for a in actions):
+            actions = (*actions, Requeue(0.1))  # inputs kept moving: look again
         self.act(observed, actions)
         return actions
 

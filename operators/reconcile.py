@@ -16,9 +16,25 @@ keep ``lastTransitionTime`` of unchanged conditions and the record of the last f
 solve, so a bad spec is not re-solved in a hot loop).
 
 Errors in the spec are *permanent* (kopf's term): they become ``Solved=False`` with a reason
-(``UnknownModel``, ``InvalidModelConfig``, ``InvalidWorkload``, ``PolicyNotFound``,
-``NoEligibleNodes``, ``NothingToExport``, ``Infeasible``, ``PlanTooLarge``) and a message
-that says how to fix it; the deployment is solved again only when its inputs change.
+(``UnknownModel``, ``InvalidModelConfig``, ``InvalidWorkload``, ``InvalidPrices``,
+``PolicyNotFound``, ``NoEligibleNodes``, ``MixedVendors``, ``NothingToExport``,
+``Infeasible``, ``PlanTooLarge``) and a message that says how to fix it; the deployment is
+solved again only when its inputs change.
+
+Tiers. When the PlacementPolicy defines an ``interactive`` tier, a tick first asks for a
+:class:`TierAction`: :func:`policies.tiers.plan_tiers` splits the eligible nodes into
+interactive replicas (each one NVLink domain, an independent copy of the model sized to the
+SLO) and a batch tier. The split is recorded in ``status.tiers`` (with the digest of its
+inputs, so it is planned again only when they change) and reported by the
+``InteractiveSLO`` condition. The deployment's own plan - its PartitionPlan, ConfigMap and
+agent rollout - is then the batch tier: the deployment's workload solved on the batch
+nodes only, the interactive nodes left out of its fleet. Interactive replicas run the
+model on their nodes at the batches ``status.tiers.replicas`` gives (one domain of
+identical GPUs needs no heterogeneous placement).
+
+Cost. ``status.costPerMillionTokensUSD`` prices the current plan's GPUs at the
+deployment's ``gpuHourPrices`` over the policy's over the built-in assumed prices
+(:mod:`policies.cost`).
 """
 
 from __future__ import annotations
@@ -27,6 +43,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -48,14 +65,20 @@ from operators.v1alpha1 import (
     PlacementPolicySpec,
     PlanRef,
     SolveRecord,
+    TierAddition,
+    TierReplica,
+    TiersStatus,
 )
+from policies.cost import PriceTable, catalog_price_table, usd_per_million_tokens
 from policies.costmodel import CostSettings, MeasuredFigures, measured_from_dict
+from policies.deployment import Deployment
 from policies.errors import InputError
 from policies.exports import export_plan, export_sidecar
 from policies.fleet import Fleet, Node, fleet_to_doc
 from policies.models import ModelSpec, from_hf_config, preset
 from policies.plan import Plan
 from policies.request import PlacementRequest, SolverOptions
+from policies.tiers import BatchTier, InteractiveTier, TierPlan, TierRequest
 from policies.workload import make_workload, synthetic_zipf
 
 FINALIZER = "mixfleet.io/cleanup"
@@ -78,6 +101,10 @@ SIDECAR_FILE = "placement-sidecar.json"
 PERMANENT_SOLVE_REASONS = frozenset({"Infeasible", "InvalidSpec", "PlanTooLarge"})
 
 SOLVED, ROLLED_OUT, DEGRADED = "Solved", "RolledOut", "Degraded"
+INTERACTIVE_SLO = "InteractiveSLO"
+
+#: Tier-split failures that planning the same inputs again cannot fix.
+PERMANENT_TIER_REASONS = frozenset({"InvalidTier"})
 
 
 # ------------------------------------------------------------------------- observations
@@ -181,6 +208,26 @@ class SolveOutcome:
 
 
 @dataclass(frozen=True)
+class TierOutcome:
+    """The result of running a :class:`TierAction`.
+
+    Attributes:
+        inputs_digest: digest of the inputs planned.
+        plan: the split, or None when planning failed.
+        reason: ``Planned`` or the failure's condition reason (``InvalidTier``,
+            ``TierPlanningFailed``).
+        message: failure message (with "To fix:"), empty on success.
+        duration_s: wall time of the planning, seconds.
+    """
+
+    inputs_digest: str
+    plan: TierPlan | None
+    reason: str
+    message: str = ""
+    duration_s: float = 0.0
+
+
+@dataclass(frozen=True)
 class Observed:
     """Everything one reconcile of one deployment looks at.
 
@@ -196,6 +243,7 @@ class Observed:
         solve: outcome of the solve this tick ran, if any.
         version_floor: highest plan version ever used for this deployment name (also by
             deleted incarnations); new versions are above it.
+        tiers: outcome of the tier split this tick ran, if any.
     """
 
     deployment: DeploymentView
@@ -208,6 +256,7 @@ class Observed:
     policy_missing: str = ""
     solve: SolveOutcome | None = None
     version_floor: int = 0
+    tiers: TierOutcome | None = None
 
 
 @dataclass(frozen=True)
@@ -252,6 +301,20 @@ class SolveAction:
     request: PlacementRequest
     inputs_digest: str
     version: int
+
+
+@dataclass(frozen=True)
+class TierAction:
+    """Split the eligible nodes between the interactive and the batch tier
+    (:func:`policies.tiers.plan_tiers`); feed the outcome back into :func:`reconcile`.
+
+    Attributes:
+        request: the tier request (the whole eligible fleet).
+        inputs_digest: digest of the inputs, recorded in ``status.tiers``.
+    """
+
+    request: TierRequest
+    inputs_digest: str
 
 
 @dataclass(frozen=True)
@@ -301,6 +364,7 @@ class Requeue:
 
 Action = (
     SetFinalizer
+    | TierAction
     | SolveAction
     | ApplyPlan
     | DeletePlan
@@ -441,12 +505,27 @@ def _to_node(name: str, inv: NodeInventory, labels: Mapping[str, str]) -> Node:
 
 @dataclass(frozen=True)
 class SolveInputs:
-    """What a solve of this deployment would read, and its digest."""
+    """What a solve of this deployment would read, and its digest.
+
+    Attributes:
+        request: the placement request (its fleet leaves out ``reserved`` nodes).
+        digest: digest of the inputs.
+        fleet_view: the eligible GPUNodes (reserved ones included in ``fleet``).
+        redundant_note: why redundantExperts was raised, if it was.
+        effective: solver settings after overrides.
+        load: the expert load the workload was built from (None: uniform), and its source.
+        prices: price table of the cost report (USD per GPU-hour).
+        reserved: node -> why it is left out of this plan (the interactive tier).
+    """
 
     request: PlacementRequest
     digest: str
     fleet_view: FleetView
     redundant_note: str = ""
+    effective: Effective | None = None
+    load: tuple[tuple[tuple[float, ...], ...] | None, str] = (None, "uniform")
+    prices: PriceTable = field(default_factory=PriceTable)
+    reserved: Mapping[str, str] = field(default_factory=dict)
 
 
 def model_of(spec: ModelDeploymentSpec, name: str) -> ModelSpec:
@@ -497,8 +576,54 @@ def effective_settings(spec: ModelDeploymentSpec, policy: PlacementPolicySpec) -
     )
 
 
-def solve_inputs(observed: Observed, settings: ReconcileSettings) -> SolveInputs:
+def effective_prices(observed: Observed) -> PriceTable:
+    """Prices of the cost report: the deployment's ``gpuHourPrices`` over the policy's over
+    the built-in assumed prices, USD per GPU-hour.
+
+    Raises:
+        PermanentError: ``InvalidPrices`` - a name that is not a catalog GPU model (the
+            closest are named) or a negative or non-finite price.
+    """
+    spec = observed.deployment.spec
+    where = f"PlacementPolicy {observed.policy_name}" if observed.policy_name else "policy"
+    try:
+        policy = catalog_price_table(
+            observed.policy.gpu_hour_prices,
+            field_path=f"{where} spec.gpuHourPrices",
+            source=f"{where} gpuHourPrices",
+        )
+        if spec is None or not spec.gpu_hour_prices:
+            return policy
+        return catalog_price_table(
+            spec.gpu_hour_prices,
+            base=policy.usd_per_gpu_hour,
+            field_path="spec.gpuHourPrices",
+            source="spec.gpuHourPrices",
+        )
+    except InputError as exc:
+        raise PermanentError("InvalidPrices", str(exc)) from exc
+
+
+def allow_cross_vendor(spec: ModelDeploymentSpec, policy: PlacementPolicySpec) -> bool:
+    """Whether one expert-parallel group may span GPU vendors: the deployment's
+    ``allowCrossVendor`` when set, else the policy's."""
+    if spec.allow_cross_vendor is not None:
+        return spec.allow_cross_vendor
+    return policy.allow_cross_vendor
+
+
+def solve_inputs(
+    observed: Observed,
+    settings: ReconcileSettings,
+    *,
+    reserved: Mapping[str, str] | None = None,
+) -> SolveInputs:
     """Build the placement request of a deployment from its spec, policy and GPUNodes.
+
+    Args:
+        observed: the observation.
+        settings: decision knobs.
+        reserved: eligible nodes to leave out of the plan, with why (the interactive tier).
 
     Raises:
         PermanentError: the spec cannot be solved as it stands (reason says why).
@@ -513,6 +638,7 @@ def solve_inputs(observed: Observed, settings: ReconcileSettings) -> SolveInputs
             f"PlacementPolicy {observed.policy_missing!r} does not exist. To fix: create it "
             "(kubectl apply -f placementpolicy.yaml) or remove spec.policyRef",
         )
+    prices = effective_prices(observed)
     model = model_of(spec, d.name)
     if spec.engine_format != "none" and not model.is_moe:
         raise PermanentError(
@@ -522,18 +648,21 @@ def solve_inputs(observed: Observed, settings: ReconcileSettings) -> SolveInputs
         )
     w = spec.workload
     try:
-        load: Sequence[Sequence[float]] | None = None
+        load: tuple[tuple[float, ...], ...] | None = None
         source = "uniform"
         if w.load_matrix is not None:
             load, source = w.load_matrix, "spec"
         elif w.load.startswith("synthetic:"):
-            load, source = synthetic_zipf(model, w.load), w.load
+            rows = synthetic_zipf(model, w.load)
+            load, source = tuple(tuple(float(x) for x in r) for r in rows), w.load
+        if not model.is_moe:
+            load = None
         workload = make_workload(
             model,
             phase=w.phase,
             tokens_per_gpu=w.tokens_per_gpu,
             context_len=w.context_len,
-            load=load if model.is_moe else None,
+            load=load,
             kv_cache_dtype=w.kv_cache_dtype,
             load_source=source,
         )
@@ -541,10 +670,23 @@ def solve_inputs(observed: Observed, settings: ReconcileSettings) -> SolveInputs
         raise PermanentError("InvalidWorkload", f"spec.workload: {exc}") from exc
     policy = observed.policy
     eff = effective_settings(spec, policy)
+    cross = allow_cross_vendor(spec, policy)
     view = eligible_fleet(
         observed.nodes, spec.node_selector, policy, observed.now, settings.node_stale_after_s
     )
-    gpus = len(view.fleet.gpus)
+    reserved = dict(reserved or {})
+    fleet = view.fleet
+    if reserved:
+        fleet = Fleet(fleet.name, tuple(n for n in fleet.nodes if n.name not in reserved))
+    gpus = len(fleet.gpus)
+    if gpus == 0 and reserved and view.fleet.gpus:
+        why = "; ".join(f"{k}: {v}" for k, v in sorted(reserved.items())[:10])
+        raise PermanentError(
+            "NoEligibleNodes",
+            f"every eligible GPUNode is reserved for the interactive tier ({why}); none is "
+            "left for the batch tier, which is this deployment's plan. To fix: add GPUNodes, "
+            "lower the policy's interactive.requestsPerS or relax its tpotMs / ttftMs",
+        )
     if gpus == 0:
         why = "; ".join(f"{k}: {v}" for k, v in sorted(view.excluded.items())[:10])
         raise PermanentError(
@@ -573,8 +715,10 @@ def solve_inputs(observed: Observed, settings: ReconcileSettings) -> SolveInputs
     )
     if eff.migration_weight_us > 0:
         options = dataclasses.replace(options, migration_weight_us=eff.migration_weight_us)
+    kept = {n.name for n in fleet.nodes}
+    measured = {k: v for k, v in view.measured.items() if k.split("/", 1)[0] in kept}
     request = PlacementRequest(
-        fleet=view.fleet,
+        fleet=fleet,
         model=model,
         workload=workload,
         policy=eff.policy,
@@ -582,19 +726,290 @@ def solve_inputs(observed: Observed, settings: ReconcileSettings) -> SolveInputs
         redundant_experts=redundant,
         options=options,
         previous=previous,
-        settings=CostSettings(measured=dict(view.measured)),
+        settings=CostSettings(measured=measured),
+        allow_cross_vendor=cross,
     )
-    solve_doc = {
+    solve_doc: dict[str, Any] = {
         "model": spec.model or spec.model_config,
         "workload": to_wire(spec.workload),
         "form": spec.form,
         "effective": dataclasses.asdict(eff),
         "solver": [policy.milp_solver, policy.mip_gap, policy.workers],
         "redundant": redundant,
-        "fleet": fleet_to_doc(view.fleet),
-        "measured": {k: dataclasses.asdict(v) for k, v in sorted(view.measured.items())},
+        "fleet": fleet_to_doc(fleet),
+        "measured": {k: dataclasses.asdict(v) for k, v in sorted(measured.items())},
     }
-    return SolveInputs(request, digest(solve_doc), view, note)
+    if cross:  # only when set, so digests of existing deployments stay as they were
+        solve_doc["allowCrossVendor"] = True
+    return SolveInputs(
+        request,
+        digest(solve_doc),
+        view,
+        note,
+        effective=eff,
+        load=(load, source),
+        prices=prices,
+        reserved=reserved,
+    )
+
+
+@dataclass(frozen=True)
+class TierInputs:
+    """What a tier split of this deployment would read, and its digest.
+
+    Attributes:
+        request: the tier request, or None when it cannot be built (see ``error``).
+        digest: digest of the inputs.
+        error: why the policy's interactive tier is invalid (``InvalidTier``), or None.
+    """
+
+    request: TierRequest | None
+    digest: str
+    error: PermanentError | None = None
+
+
+def tier_inputs(observed: Observed, inputs: SolveInputs) -> TierInputs | None:
+    """The tier split the deployment's policy asks for; None without an interactive tier.
+
+    ``inputs`` are the deployment's solve inputs over every eligible node (nothing
+    reserved): the split shares their model, load, solver settings, measured figures,
+    vendor rule and prices. The batch tier is the deployment's own workload.
+    """
+    tier = observed.policy.interactive
+    spec = observed.deployment.spec
+    eff = inputs.effective
+    if tier is None or spec is None or eff is None:
+        return None
+    req = inputs.request
+    key = digest(
+        {
+            "interactive": to_wire(tier),
+            "solve": inputs.digest,
+            "prices": sorted(inputs.prices.usd_per_gpu_hour.items()),
+        }
+    )
+    w = spec.workload
+    load, source = inputs.load
+    where = f"PlacementPolicy {observed.policy_name}" if observed.policy_name else "policy"
+    if tier.tpot_ms is None and tier.ttft_ms is None:
+        return TierInputs(
+            None,
+            key,
+            PermanentError(
+                "InvalidTier",
+                f"{where} spec.interactive has no latency target. To fix: set tpotMs and/or "
+                "ttftMs, or remove interactive",
+            ),
+        )
+    try:
+        interactive = InteractiveTier(
+            tpot_ms=tier.tpot_ms,
+            ttft_ms=tier.ttft_ms,
+            requests_per_s=tier.requests_per_s,
+            prompt_tokens=tier.prompt_tokens,
+            output_tokens=tier.output_tokens,
+            max_utilisation=tier.max_utilisation,
+        )
+        interactive.check()
+        dep = Deployment(
+            fleet=req.fleet,
+            model=req.model,
+            phase=w.phase,
+            context_len=w.context_len,
+            kv_cache_dtype=w.kv_cache_dtype,
+            load=load,
+            load_source=source,
+            policy=eff.policy,
+            form=req.form,
+            redundant_experts=eff.redundant_experts,
+            options=req.options,
+            settings=req.settings,
+            allow_cross_vendor=req.allow_cross_vendor,
+        )
+    except InputError as exc:
+        return TierInputs(
+            None, key, PermanentError("InvalidTier", f"{where} spec.interactive: {exc}")
+        )
+    request = TierRequest(
+        deployment=dep,
+        interactive=interactive,
+        batch=BatchTier(phase=w.phase, tokens_per_gpu=w.tokens_per_gpu, context_len=w.context_len),
+        preference=tier.preference,
+        allow_cross_vendor=req.allow_cross_vendor,
+        prices=inputs.prices,
+    )
+    return TierInputs(request, key)
+
+
+def _tier_step(
+    observed: Observed, settings: ReconcileSettings, t_in: TierInputs
+) -> TierAction | tuple[TiersStatus, float]:
+    """The split to use this tick and seconds until a failed one is retried (0: none), or
+    the action that plans it. A split recorded for the same inputs is reused."""
+    now = observed.now
+    fresh = observed.tiers
+    if fresh is not None and fresh.inputs_digest == t_in.digest:
+        st = tiers_status(fresh, observed, now)
+        transient = st.outcome == "Failed" and st.reason not in PERMANENT_TIER_REASONS
+        return st, settings.solver_error_retry_s if transient else 0.0
+    prev = observed.deployment.status.tiers
+    if prev is not None and prev.inputs_digest == t_in.digest:
+        if prev.outcome == "Succeeded" or prev.reason in PERMANENT_TIER_REASONS:
+            return prev, 0.0
+        t = parse_time(prev.time)
+        elapsed = (now - t).total_seconds() if t else settings.solver_error_retry_s
+        if elapsed < settings.solver_error_retry_s:
+            return prev, settings.solver_error_retry_s - elapsed
+    if t_in.error is not None:
+        failed = TiersStatus(
+            inputs_digest=t_in.digest,
+            outcome="Failed",
+            reason=t_in.error.reason,
+            message=str(t_in.error)[:8192],
+            time=rfc3339(now),
+        )
+        return failed, 0.0
+    assert t_in.request is not None  # built whenever there is no error
+    return TierAction(t_in.request, t_in.digest)
+
+
+def _targets(observed: Observed) -> str:
+    tier = observed.policy.interactive
+    if tier is None:
+        return "the SLO"
+    parts = []
+    if tier.tpot_ms is not None:
+        parts.append(f"TPOT {tier.tpot_ms:g} ms")
+    if tier.ttft_ms is not None:
+        parts.append(f"TTFT {tier.ttft_ms:g} ms")
+    return " / ".join(parts)
+
+
+def tiers_status(outcome: TierOutcome, observed: Observed, now: datetime) -> TiersStatus:
+    """``status.tiers`` of a split (or of a failed attempt)."""
+    when = rfc3339(now)
+    duration = round(outcome.duration_s, 3)
+    tp = outcome.plan
+    if tp is None:
+        return TiersStatus(
+            inputs_digest=outcome.inputs_digest,
+            outcome="Failed",
+            reason=outcome.reason,
+            message=outcome.message[:8192],
+            time=when,
+            duration_s=duration,
+        )
+    inter = tp.interactive
+    replicas = tuple(
+        TierReplica(
+            nodes=r.nodes,
+            gpu_model=r.gpu_model,
+            gpus=len(r.result.plan.gpus),
+            decode_tokens_per_gpu=r.decode_tokens_per_gpu,
+            prefill_tokens_per_gpu=r.prefill_tokens_per_gpu,
+            tpot_ms=round(r.tpot_ms, 3),
+            ttft_ms=round(r.ttft_ms, 3),
+            requests_per_s=round(r.requests_per_s, 3),
+        )
+        for r in inter.replicas
+    )
+    additions = tuple(
+        TierAddition(
+            gpu_model=a.gpu_model,
+            nodes=a.nodes,
+            gpus_per_node=a.gpus_per_node,
+            usd_per_hour=round(a.usd_per_hour, 2) if a.usd_per_hour is not None else None,
+        )
+        for a in inter.additions[:32]
+    )
+    targets = _targets(observed)
+    demand = inter.demand_requests_per_s
+    capacity = inter.capacity_requests_per_s
+    batch = ", ".join(tp.batch.nodes) or "none"
+    if inter.slo_met and not replicas:
+        message = (
+            f"interactive.requestsPerS is {demand:g}: no interactive replica; every "
+            f"eligible node is in the batch tier ({batch})"
+        )
+    elif inter.slo_met:
+        message = (
+            f"{len(replicas)} interactive replica(s) ("
+            + "; ".join(", ".join(r.nodes) for r in replicas)
+            + f") serve {capacity:.2f} requests/s within {targets} ({demand:.2f} asked; "
+            f"predicted TPOT {inter.tpot_ms or 0.0:.2f} ms, TTFT {inter.ttft_ms or 0.0:.2f} "
+            f"ms); batch tier, this deployment's plan: {batch}"
+        )
+    else:
+        fixes = "; ".join(
+            f"{a.nodes} node(s) of {a.gpus_per_node}x {a.gpu_model}"
+            + (f" ({a.usd_per_hour:.2f} USD/h)" if a.usd_per_hour is not None else "")
+            for a in additions[:5]
+        )
+        adds = (
+            f"To meet it, add any one of: {fixes}; or lower interactive.requestsPerS or "
+            "relax its targets"
+            if fixes
+            else "No catalog GPU meets these targets. To fix: relax tpotMs / ttftMs or shorten "
+            "promptTokens / outputTokens"
+        )
+        why = [x for x in inter.reasons if not x.startswith("the eligible units serve")]
+        message = (
+            f"the interactive tier cannot meet its SLO: the eligible NVLink domains serve "
+            f"{capacity:.2f} requests/s within {targets}, {demand:.2f} asked. {adds}."
+            + (f" Not eligible: {'; '.join(why)}." if why else "")
+            + f" Meanwhile the interactive tier keeps {', '.join(inter.nodes) or 'no node'}; "
+            f"batch tier: {batch}"
+        )
+    return TiersStatus(
+        inputs_digest=outcome.inputs_digest,
+        outcome="Succeeded",
+        reason="SLOMet" if inter.slo_met else "SLONotMet",
+        message=message[:8192],
+        time=when,
+        slo_met=inter.slo_met,
+        demand_requests_per_s=round(demand, 3),
+        capacity_requests_per_s=round(capacity, 3),
+        interactive_nodes=inter.nodes,
+        batch_nodes=tp.batch.nodes,
+        replicas=replicas,
+        additions=additions,
+        duration_s=duration,
+    )
+
+
+def reserved_nodes(tiers: TiersStatus | None) -> dict[str, str]:
+    """Nodes the interactive tier keeps out of the deployment's plan, with why."""
+    if tiers is None or tiers.outcome != "Succeeded":
+        return {}
+    out = dict.fromkeys(tiers.interactive_nodes, "interactive tier")
+    for i, r in enumerate(tiers.replicas):
+        for n in r.nodes:
+            out[n] = f"interactive replica {i + 1} ({r.gpu_model})"
+    return out
+
+
+def check_vendor_mix(request: PlacementRequest) -> None:
+    """Refuse one expert-parallel group over several GPU vendors unless allowed.
+
+    Raises:
+        PermanentError: ``MixedVendors``, counting the GPUs per vendor.
+    """
+    if request.allow_cross_vendor or not request.model.is_moe:
+        return
+    counts: dict[str, int] = {}
+    for g in request.fleet.gpus:
+        counts[g.spec.vendor] = counts.get(g.spec.vendor, 0) + 1
+    if len(counts) <= 1:
+        return
+    detail = ", ".join(f"{n} {v}" for v, n in sorted(counts.items()))
+    raise PermanentError(
+        "MixedVendors",
+        f"one plan of {request.model.name} would put expert-parallel all-to-all traffic "
+        f"across GPU vendors ({detail} GPUs); NCCL/DeepEP and RCCL cannot form one such "
+        "group. To fix: give each vendor its own ModelDeployment (spec.nodeSelector on a "
+        "label only that vendor's GPUNodes carry), or set allowCrossVendor: true on the "
+        "PlacementPolicy or the deployment if your runtime bridges vendors",
+    )
 
 
 def _previous_plan(observed: Observed, model: ModelSpec) -> Plan | None:
@@ -645,6 +1060,29 @@ def reconcile(observed: Observed, settings: ReconcileSettings) -> tuple[Action, 
         inputs = solve_inputs(observed, settings)
     except PermanentError as exc:
         input_error = exc
+    requeue: list[float] = []
+
+    # With an interactive tier, split first; the deployment's plan is then the batch tier.
+    tiers: TiersStatus | None = None
+    t_in = tier_inputs(observed, inputs) if inputs is not None else None
+    if t_in is not None:
+        step = _tier_step(observed, settings, t_in)
+        if isinstance(step, TierAction):
+            return (*actions, step)
+        tiers, retry_tiers_in = step
+        if retry_tiers_in > 0:
+            requeue.append(retry_tiers_in)
+        reserved = reserved_nodes(tiers)
+        if reserved:
+            try:
+                inputs = solve_inputs(observed, settings, reserved=reserved)
+            except PermanentError as exc:
+                inputs, input_error = None, exc
+    if inputs is not None:
+        try:
+            check_vendor_mix(inputs.request)
+        except PermanentError as exc:
+            inputs, input_error = None, exc
 
     plans = [p for p in observed.plans if not p.deleting]
     current = current_plan(plans)
@@ -652,7 +1090,6 @@ def reconcile(observed: Observed, settings: ReconcileSettings) -> tuple[Action, 
     last = d.status.last_solve
     solve = observed.solve
     new_record: SolveRecord | None = last
-    requeue: list[float] = []
 
     # The operator re-solves when the inputs of its own newest plan no longer match; a
     # newer plan the controller made for a load shift stays current until then.
@@ -733,7 +1170,9 @@ def reconcile(observed: Observed, settings: ReconcileSettings) -> tuple[Action, 
             actions.append(DeletePlan(p.name, p.uid))
 
     ours = current_plan([p for p in plans if p.spec.made_by == "operator"])
-    status = _status(observed, inputs, input_error, current, ours, new_record, solve, cm_wanted)
+    status = _status(
+        observed, inputs, input_error, current, ours, new_record, solve, cm_wanted, tiers
+    )
     # committedVersion and controller belong to the controller's field manager: compare
     # with them carried over, apply without them.
     seen = dataclasses.replace(
@@ -789,11 +1228,12 @@ def _why(observed: Observed, ours: PlanView | None, inputs: SolveInputs) -> str:
         return "first plan"
     if ours.spec.deployment_generation != d.generation:
         return f"spec changed (generation {d.generation})"
-    now_nodes = {n.name for n in inputs.fleet_view.fleet.nodes}
+    now_nodes = {n.name for n in inputs.request.fleet.nodes}
     gone = sorted(set(ours.spec.nodes) - now_nodes)
     new = sorted(now_nodes - set(ours.spec.nodes))
     if gone or new:
-        parts = [f"-{n} ({inputs.fleet_view.excluded.get(n, 'not selected')})" for n in gone]
+        why = {**inputs.fleet_view.excluded, **inputs.reserved}
+        parts = [f"-{n} ({why.get(n, 'not selected')})" for n in gone]
         parts += [f"+{n}" for n in new]
         return "fleet changed: " + ", ".join(parts)
     return "fleet or policy changed"
@@ -914,6 +1354,7 @@ def _status(
     record: SolveRecord | None,
     solve: SolveOutcome | None,
     cm_wanted: bool,
+    tiers: TiersStatus | None = None,
 ) -> ModelDeploymentStatus:
     d = observed.deployment
     gen, now, prev = d.generation, observed.now, d.status.conditions
@@ -979,24 +1420,64 @@ def _status(
         elif rolled[1] == "RolloutFailed":
             degraded = ("True", "RolloutFailed", rolled[2])
 
-    conditions = (
+    conditions: tuple[Condition, ...] = (
         _condition(prev, SOLVED, *solved, gen, now),
         _condition(prev, ROLLED_OUT, *rolled, gen, now),
         _condition(prev, DEGRADED, *degraded, gen, now),
     )
+    slo = _interactive_slo(observed, tiers, input_error)
+    if slo is not None:
+        conditions += (_condition(prev, INTERACTIVE_SLO, *slo, gen, now),)
     if current is None:
         return ModelDeploymentStatus(
-            observed_generation=gen, conditions=conditions, last_solve=record
+            observed_generation=gen, conditions=conditions, last_solve=record, tiers=tiers
         )
     s = current.spec
+    prices = inputs.prices if inputs is not None else None
+    if prices is None:
+        with contextlib.suppress(PermanentError):
+            prices = effective_prices(observed)
+    per_hour, per_mtok = plan_spec_cost(s, prices) if prices is not None else (None, None)
     return ModelDeploymentStatus(
         observed_generation=gen,
         conditions=conditions,
         current_plan=PlanRef(current.name, s.plan_id, s.version),
         predicted_step_time_us=s.step_time_us,
         predicted_tokens_per_s=s.tokens_per_s,
+        cost_per_hour_usd=per_hour,
+        cost_per_million_tokens_usd=per_mtok,
+        tiers=tiers,
         gpus=len(s.gpus),
         nodes=s.nodes,
         config_map=config_map_name(d.name) if cm_wanted else None,
         last_solve=record,
     )
+
+
+def _interactive_slo(
+    observed: Observed, tiers: TiersStatus | None, input_error: PermanentError | None
+) -> tuple[str, str, str] | None:
+    """``(status, reason, message)`` of the InteractiveSLO condition; None without an
+    interactive tier."""
+    if observed.policy.interactive is None:
+        return None
+    if tiers is None:
+        why = f"{input_error.reason}: {input_error}" if input_error else "not planned yet"
+        return "Unknown", "NotPlanned", f"the tier split waits for a solvable deployment ({why})"
+    if tiers.outcome == "Failed":
+        return "False", tiers.reason, tiers.message
+    return ("True" if tiers.slo_met else "False"), tiers.reason, tiers.message
+
+
+def plan_spec_cost(
+    spec: PartitionPlanSpec, prices: PriceTable
+) -> tuple[float | None, float | None]:
+    """``(USD per hour, USD per million tokens)`` of a plan: its GPUs at ``prices`` over its
+    predicted tokens/s. ``(None, None)`` when a GPU model has no price; the per-token cost
+    is None when the plan produces nothing."""
+    try:
+        per_hour = sum(prices.price(g.model) for g in spec.gpus)
+    except InputError:
+        return None, None
+    per_mtok = usd_per_million_tokens(per_hour, spec.tokens_per_s)
+    return round(per_hour, 4), (round(per_mtok, 6) if math.isfinite(per_mtok) else None)

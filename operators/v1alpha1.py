@@ -10,19 +10,22 @@ classes (:func:`operators.schema.from_wire` / :func:`operators.schema.to_wire`).
   heartbeat. Spec: cordon it out of placement, tag its tier.
 * ``PlacementPolicy`` (cluster-scoped): solver settings, slot budget, tiers, rebalancing.
 * ``ModelDeployment`` (namespaced): a model to place on GPUNodes, with conditions
-  ``Solved``, ``RolledOut`` and ``Degraded``.
+  ``Solved``, ``RolledOut``, ``Degraded`` and, under a policy with an interactive tier,
+  ``InteractiveSLO``.
 * ``PartitionPlan`` (namespaced, owned by its ModelDeployment): one immutable plan
   version, gzip+base64 compressed; status holds the rollout state of each node.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from agents.inventory import NodeInventory
 from operators.schema import Json, Meta, Rule, k8s, openapi_schema
+from policies.catalog import CATALOG
 from policies.exports import EXPORT_FORMATS
 from policies.plan import FORMS
 from policies.request import POLICIES
@@ -46,6 +49,11 @@ LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 HEX16 = r"^[0-9a-f]{16}$"
 
 ENGINE_FORMATS = (*EXPORT_FORMATS, "none")
+#: gpuHourPrices keys are catalog GPU models (prices are looked up by a GPU's catalog name).
+CATALOG_KEYS_RULE = Rule(
+    rule="self.all(k, k in [" + ", ".join(f"'{m}'" for m in CATALOG) + "])",
+    message="gpuHourPrices keys must be catalog GPU models: " + ", ".join(CATALOG),
+)
 CONDITION_STATUSES = ("True", "False", "Unknown")
 HEALTH_STATES = ("Healthy", "Degraded", "Unhealthy", "Unknown")
 ROLLOUT_STATES = ("Pending", "Prepared", "Committed", "Failed", "Aborted")
@@ -70,7 +78,7 @@ class Condition:
 
     type: str = field(
         metadata=k8s(
-            "Condition type: Solved, RolledOut or Degraded.",
+            "Condition type: Solved, RolledOut, Degraded or InteractiveSLO.",
             pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$",
             max_length=316,
         )
@@ -323,7 +331,8 @@ class InteractiveTierSpec:
 @dataclass(frozen=True)
 class PlacementPolicySpec:
     """How ModelDeployments that reference this policy are placed. A deployment's own
-    fields (policy, redundantExperts, solverTimeLimitS, rebalance) override these."""
+    fields (policy, redundantExperts, solverTimeLimitS, rebalance, allowCrossVendor,
+    gpuHourPrices) override these."""
 
     policy: str = field(
         default="ilp",
@@ -409,6 +418,7 @@ class PlacementPolicySpec:
                     rule="self.all(k, self[k] >= 0.0)",
                     message="prices per GPU-hour must be >= 0",
                 ),
+                CATALOG_KEYS_RULE,
             ),
         ),
     )
@@ -566,6 +576,30 @@ class ModelDeploymentSpec:
         default=None,
         metadata=k8s("Load-driven re-planning; overrides the PlacementPolicy's."),
     )
+    allow_cross_vendor: bool | None = field(
+        default=None,
+        metadata=k8s(
+            "Let this deployment's expert-parallel all-to-all span GPU vendors (NVIDIA and "
+            "AMD); overrides the PlacementPolicy's. Unset: the policy's."
+        ),
+    )
+    gpu_hour_prices: dict[str, float] = field(
+        default_factory=dict,
+        metadata=k8s(
+            "Price per GPU-hour by GPU model (catalog name), in USD; entries replace the "
+            "PlacementPolicy's and mixfleet's assumed defaults in "
+            "status.costPerMillionTokensUSD.",
+            json_name="gpuHourPrices",
+            max_properties=64,
+            rules=(
+                Rule(
+                    rule="self.all(k, self[k] >= 0.0)",
+                    message="prices per GPU-hour must be >= 0",
+                ),
+                CATALOG_KEYS_RULE,
+            ),
+        ),
+    )
 
     K8S_RULES: ClassVar[tuple[Rule, ...]] = (
         Rule(
@@ -611,6 +645,121 @@ class SolveRecord:
 
 
 @dataclass(frozen=True)
+class TierReplica:
+    """One interactive replica: an independent copy of the model on one NVLink domain."""
+
+    nodes: tuple[str, ...] = field(
+        metadata=k8s("GPUNodes of the replica (one NVLink domain).", max_items=MAX_PLAN_NODES)
+    )
+    gpu_model: str = field(metadata=k8s("GPU catalog model.", max_length=63))
+    gpus: int = field(metadata=k8s("GPUs in the replica.", minimum=1))
+    decode_tokens_per_gpu: int = field(
+        metadata=k8s("Largest decode batch meeting the TPOT target, sequences per GPU.", minimum=1)
+    )
+    prefill_tokens_per_gpu: int = field(
+        metadata=k8s("Largest prefill batch meeting the TTFT target, tokens per GPU.", minimum=1)
+    )
+    tpot_ms: float = field(
+        metadata=k8s("Predicted decode step time, milliseconds.", json_name="tpotMs", minimum=0)
+    )
+    ttft_ms: float = field(
+        metadata=k8s("Predicted prefill step time, milliseconds.", json_name="ttftMs", minimum=0)
+    )
+    requests_per_s: float = field(
+        metadata=k8s(
+            "Requests per second the replica serves within the SLO.",
+            json_name="requestsPerSecond",
+            minimum=0,
+        )
+    )
+
+
+@dataclass(frozen=True)
+class TierAddition:
+    """More nodes of one catalog GPU that would let the interactive tier meet its SLO."""
+
+    gpu_model: str = field(metadata=k8s("GPU catalog model.", max_length=63))
+    nodes: int = field(metadata=k8s("Nodes to add.", minimum=1))
+    gpus_per_node: int = field(metadata=k8s("GPUs per added node.", minimum=1))
+    usd_per_hour: float | None = field(
+        default=None,
+        metadata=k8s(
+            "Price of the added nodes at gpuHourPrices, USD per hour.",
+            json_name="usdPerHour",
+            minimum=0,
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class TiersStatus:
+    """The split between the interactive tier (its SLO from the PlacementPolicy) and the batch
+    tier (the deployment's own plan), as last planned."""
+
+    inputs_digest: str = field(
+        metadata=k8s(
+            "Digest of everything the split read (tier, spec, policy, eligible nodes, prices).",
+            pattern=HEX16,
+        )
+    )
+    outcome: str = field(metadata=k8s("Succeeded or Failed.", enum=SOLVE_OUTCOMES))
+    reason: str = field(
+        metadata=k8s("InteractiveSLO condition reason of the outcome.", max_length=1024)
+    )
+    message: str = field(metadata=k8s("What the split found, for a person.", max_length=8192))
+    time: str = field(metadata=k8s("When the split was planned (RFC 3339).", format="date-time"))
+    slo_met: bool = field(
+        default=False,
+        metadata=k8s("The interactive replicas serve the requested rate within the SLO."),
+    )
+    demand_requests_per_s: float = field(
+        default=0.0,
+        metadata=k8s(
+            "Requested rate, requests per second.",
+            json_name="demandRequestsPerSecond",
+            minimum=0,
+        ),
+    )
+    capacity_requests_per_s: float = field(
+        default=0.0,
+        metadata=k8s(
+            "What the replicas serve within the SLO together, requests per second.",
+            json_name="capacityRequestsPerSecond",
+            minimum=0,
+        ),
+    )
+    interactive_nodes: tuple[str, ...] = field(
+        default=(),
+        metadata=k8s(
+            "GPUNodes reserved for interactive replicas (left out of the deployment's plan).",
+            max_items=MAX_PLAN_NODES,
+        ),
+    )
+    batch_nodes: tuple[str, ...] = field(
+        default=(),
+        metadata=k8s(
+            "GPUNodes of the batch tier: the deployment's own plan.", max_items=MAX_PLAN_NODES
+        ),
+    )
+    replicas: tuple[TierReplica, ...] = field(
+        default=(),
+        metadata=k8s("Interactive replicas, one per NVLink domain.", max_items=MAX_PLAN_NODES),
+    )
+    additions: tuple[TierAddition, ...] = field(
+        default=(),
+        metadata=k8s(
+            "When the SLO is not met: nodes of one GPU model that would close the gap, "
+            "cheapest first (any one of them).",
+            max_items=32,
+        ),
+    )
+    duration_s: float = field(
+        default=0.0,
+        metadata=k8s("Wall time of the split, seconds.", json_name="durationSeconds", minimum=0),
+    )
+
+
+@dataclass(frozen=True)
 class ModelDeploymentStatus:
     """What the operator observed, rebuilt from the world on every reconcile."""
 
@@ -621,7 +770,7 @@ class ModelDeploymentStatus:
     conditions: tuple[Condition, ...] = field(
         default=(),
         metadata=k8s(
-            "Solved, RolledOut and Degraded.",
+            "Solved, RolledOut, Degraded and (with an interactive tier) InteractiveSLO.",
             list_type="map",
             list_map_keys=("type",),
             max_items=16,
@@ -640,6 +789,29 @@ class ModelDeploymentStatus:
             "Predicted throughput, tokens per second.",
             json_name="predictedTokensPerSecond",
             minimum=0,
+        ),
+    )
+    cost_per_hour_usd: float | None = field(
+        default=None,
+        metadata=k8s(
+            "The current plan's GPUs for one hour at gpuHourPrices, USD.",
+            json_name="costPerHourUSD",
+            minimum=0,
+        ),
+    )
+    cost_per_million_tokens_usd: float | None = field(
+        default=None,
+        metadata=k8s(
+            "Cost of a million tokens at the predicted throughput: costPerHourUSD / "
+            "(predictedTokensPerSecond * 3600) * 1e6, USD. Unset when a GPU has no price.",
+            json_name="costPerMillionTokensUSD",
+            minimum=0,
+        ),
+    )
+    tiers: TiersStatus | None = field(
+        default=None,
+        metadata=k8s(
+            "Interactive / batch split, when the PlacementPolicy defines an interactive tier."
         ),
     )
     gpus: int | None = field(default=None, metadata=k8s("GPUs in the current plan.", minimum=0))
@@ -1020,6 +1192,16 @@ MODEL_DEPLOYMENT = CrdDef(
             "TokensPerS", "number", ".status.predictedTokensPerSecond", "Predicted tokens/s"
         ),
         _cond("Degraded", "Serving an outdated plan or nodes are lost"),
+        PrinterColumn(
+            "USDPerMTok",
+            "number",
+            ".status.costPerMillionTokensUSD",
+            "USD per million tokens",
+            1,
+        ),
+        dataclasses.replace(
+            _cond("InteractiveSLO", "The interactive tier meets its SLO"), priority=1
+        ),
     ),
     max_name_length=63,
 )

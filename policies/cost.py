@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from policies.catalog import lookup
+from policies.catalog import CATALOG, closest, lookup
 from policies.deployment import (
     Deployment,
     Outcome,
@@ -134,6 +134,50 @@ def price_table_from_dict(
             name = lookup(name).model
         table[name] = v
     return PriceTable(table, currency, source)
+
+
+def catalog_price_table(
+    usd_per_gpu_hour: Mapping[str, Any],
+    *,
+    base: Mapping[str, float] | None = None,
+    field_path: str = "gpuHourPrices",
+    source: str = "gpuHourPrices",
+) -> PriceTable:
+    """Prices keyed by exact catalog GPU names (what deployment documents and
+    PlacementPolicies carry), replacing ``base`` (default: the built-in assumed prices).
+
+    Args:
+        usd_per_gpu_hour: catalog GPU model -> USD per GPU-hour.
+        base: prices of the models not listed, USD per GPU-hour.
+        field_path: field named in errors (``spec.gpuHourPrices``).
+        source: where the prices came from, for messages.
+
+    Raises:
+        InputError: a name that is not a catalog name (the message lists the closest ones),
+            or a price that is not a finite number >= 0; ``field`` is ``<field_path>.<name>``.
+    """
+    table = dict(DEFAULT_USD_PER_GPU_HOUR if base is None else base)
+    for key, value in usd_per_gpu_hour.items():
+        name = str(key)
+        if name not in CATALOG:
+            near = ", ".join(closest(name)) or "none"
+            raise InputError(
+                f"{name!r} is not a catalog GPU model (closest: {near}). To fix: key the "
+                f"prices by catalog names: {', '.join(CATALOG)}",
+                field=f"{field_path}.{name}",
+            )
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+            or value < 0
+        ):
+            raise InputError(
+                f"must be a finite number >= 0, USD per GPU-hour; got {value!r}",
+                field=f"{field_path}.{name}",
+            )
+        table[name] = float(value)
+    return PriceTable(table, "USD", source)
 
 
 def fleet_usd_per_hour(fleet: Fleet, prices: PriceTable) -> float:

@@ -204,7 +204,8 @@ class CostTable:
         act_bytes_per_token: activation workspace per token.
         decode: phase flag.
         context_len: KV length per sequence.
-        channel_masks: per channel an n x n 0/1 matrix, 1 where GPUs i, j talk over it.
+        channel_masks: per channel an n x n 0/1 matrix, 1 where GPUs i, j talk over it
+            (0 x 0 for a channel no pair uses).
         comm_bw: n x channels bandwidth, bytes/us (the GpuCost figures as an array).
         comm_alpha: per GPU dispatch+combine latency, us.
         segment: per GPU the index of its fabric segment (its first fabric, sorted).
@@ -374,7 +375,7 @@ def build_cost_table(
             topo.rdma_gbs[i] * eff.rdma * 1e3,  # RDMA_CROSS: the NIC; the link is shared
             1e-9,  # UNREACHABLE: effectively forbidden
         )
-        remote = any(topo.channel[i][j] >= Channel.RDMA for j in range(n))
+        remote = bool((topo.channel[i] >= Channel.RDMA).any())
         alpha = 2 * (eff.alpha_rdma_us if remote else eff.alpha_nvlink_us)
         if m and m.a2a_latency_us:
             alpha = 2 * m.a2a_latency_us
@@ -427,7 +428,8 @@ def build_cost_table(
         decode=workload.decode,
         context_len=ctx,
         channel_masks=tuple(
-            (np.asarray(topo.channel) == ch).astype(float) for ch in range(len(Channel))
+            (topo.channel == ch).astype(float) if (topo.channel == ch).any() else np.zeros((0, 0))
+            for ch in range(len(Channel))
         ),
         comm_bw=np.array([c.comm_bw_bytes_per_us for c in costs], dtype=float),
         comm_alpha=np.array([c.comm_alpha_us for c in costs], dtype=float),
@@ -535,7 +537,7 @@ def comm_times_us(
     s = np.asarray(served, dtype=float)
     t = np.zeros(table.num_gpus)
     for k, mask in enumerate(table.channel_masks):
-        if k == Channel.LOCAL or not mask.any():
+        if k == Channel.LOCAL or mask.size == 0:
             continue
         send = a * (mask @ s)  # i's tokens' pairs served across channel k
         recv = s * (mask @ a)  # pairs i serves for tokens across channel k

@@ -13,6 +13,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, NewType
 
 from policies.catalog import GpuSpec, lookup
@@ -127,15 +128,22 @@ class Fleet:
     nodes: tuple[Node, ...]
     fabric_links: tuple[FabricLink, ...] = ()
 
-    @property
+    @cached_property
     def gpus(self) -> tuple[Gpu, ...]:
+        """Every GPU in node order (computed once: planners index it per GPU)."""
         return tuple(g for n in self.nodes for g in n.gpus)
 
+    @cached_property
+    def _by_name(self) -> dict[str, Node]:
+        return {n.name: n for n in self.nodes}
+
     def node(self, name: str) -> Node:
-        for n in self.nodes:
-            if n.name == name:
-                return n
-        raise KeyError(name)
+        """The node called ``name``.
+
+        Raises:
+            KeyError: no such node.
+        """
+        return self._by_name[name]
 
     def without_nodes(self, names: Sequence[str]) -> Fleet:
         """The fleet less some nodes (failed or cordoned)."""

@@ -36,6 +36,7 @@ from policies.plan import (
     placement_digest,
     validate_plan,
 )
+from policies.topology import Channel
 from policies.vendors import check_vendors
 from policies.workload import Workload
 
@@ -261,7 +262,7 @@ def _hints(req: PlacementRequest, table: CostTable, i: int, tokens: float) -> Ru
     buf = copies * table.bytes_per_copy * 2  # dispatch + combine in flight, double-buffered
     mib = 1 << 20
     nvl = int(math.ceil(buf / mib) * mib)
-    remote = any(c >= 3 for c in table.topology.channel[i])
+    remote = bool((table.topology.channel[i] >= Channel.RDMA).any())
     splits = 1
     if decode:
         kv_heads = 1 if req.model.attention == "mla" else req.model.num_kv_heads

@@ -8,10 +8,14 @@ fabric link) and each GPU's share of that channel.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from enum import IntEnum
 
 import networkx as nx
+import numpy as np
+import numpy.typing as npt
 
 from policies.fleet import Fleet, Gpu
 
@@ -31,7 +35,7 @@ class Channel(IntEnum):
     UNREACHABLE = 5
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Topology:
     """Graph plus per-pair channel matrix.
 
@@ -40,13 +44,14 @@ class Topology:
             ``nic:<node>:<fabric>``, ``fabric:<name>``; edge attrs ``gbps`` (GB/s per direction)
             and ``latency_us``.
         gpus: GPUs in fleet order (index = position in every per-GPU array).
-        channel: ``channel[i][j]`` for GPU indices i, j.
+        channel: ``channel[i][j]`` (a :class:`Channel` value) for GPU indices i, j; a
+            read-only ``int8`` array of shape (GPUs, GPUs).
         nvlink_gbs, pcie_gbs, rdma_gbs: per-GPU per-direction bandwidth of each channel, GB/s.
     """
 
     graph: nx.Graph
     gpus: tuple[Gpu, ...]
-    channel: tuple[tuple[Channel, ...], ...]
+    channel: npt.NDArray[np.int8]
     nvlink_gbs: tuple[float, ...]
     pcie_gbs: tuple[float, ...]
     rdma_gbs: tuple[float, ...]
@@ -150,22 +155,48 @@ def build_topology(fleet: Fleet) -> Topology:
     fab_graph.add_nodes_from({f for fs in fabrics for f in fs})
     fab_graph.add_edges_from(linked)
     component = {f: k for k, comp in enumerate(nx.connected_components(fab_graph)) for f in comp}
-    chan: list[tuple[Channel, ...]] = []
-    for i, a in enumerate(gpus):
-        row: list[Channel] = []
-        for j, b in enumerate(gpus):
-            if i == j:
-                c = Channel.LOCAL
-            elif domain[i] is not None and domain[i] == domain[j]:
-                c = Channel.NVLINK
-            elif a.node == b.node:
-                c = Channel.PCIE
-            elif fabrics[i] & fabrics[j]:
-                c = Channel.RDMA
-            elif any(component[f] == component[h] for f in fabrics[i] for h in fabrics[j]):
-                c = Channel.RDMA_CROSS
-            else:
-                c = Channel.UNREACHABLE
-            row.append(c)
-        chan.append(tuple(row))
-    return Topology(g, gpus, tuple(chan), tuple(nvl), tuple(pcie), tuple(rdma), cross)
+    chan = _channel_matrix(
+        [x.node for x in gpus], domain, fabrics, [{component[f] for f in fs} for fs in fabrics]
+    )
+    return Topology(g, gpus, chan, tuple(nvl), tuple(pcie), tuple(rdma), cross)
+
+
+def _channel_matrix(
+    nodes: list[str],
+    domains: list[str | None],
+    fabrics: list[set[str]],
+    components: list[set[int]],
+) -> npt.NDArray[np.int8]:
+    """Channel of every GPU pair, fastest that applies: the same GPU, one NVLink domain,
+    one node (PCIe), a shared fabric (RDMA), fabrics joined by links (RDMA_CROSS), else
+    unreachable. Vectorised: a 2,000-GPU fleet has four million pairs."""
+    n = len(nodes)
+
+    def ids(values: list[str]) -> npt.NDArray[np.int64]:
+        index: dict[str, int] = {}
+        return np.array([index.setdefault(v, len(index)) for v in values], dtype=np.int64)
+
+    def share(sets: Sequence[AbstractSet[object]]) -> npt.NDArray[np.bool_]:
+        """``out[i, j]``: sets i and j intersect (one boolean membership column per
+        distinct element, then a matrix product)."""
+        elements = sorted({e for s in sets for e in s}, key=str)
+        if not elements:
+            return np.zeros((n, n), dtype=bool)
+        member = np.zeros((n, len(elements)), dtype=np.float32)
+        col = {e: k for k, e in enumerate(elements)}
+        for i, s in enumerate(sets):
+            for e in s:
+                member[i, col[e]] = 1.0
+        return np.asarray((member @ member.T) > 0.5)
+
+    chan = np.full((n, n), Channel.UNREACHABLE, dtype=np.int8)
+    chan[share(components)] = Channel.RDMA_CROSS
+    chan[share(fabrics)] = Channel.RDMA
+    node = ids(nodes)
+    chan[node[:, None] == node[None, :]] = Channel.PCIE
+    dom = ids([d if d is not None else "" for d in domains])
+    has = np.array([d is not None for d in domains])
+    chan[(dom[:, None] == dom[None, :]) & has[:, None] & has[None, :]] = Channel.NVLINK
+    np.fill_diagonal(chan, Channel.LOCAL)
+    chan.setflags(write=False)
+    return chan

@@ -15,8 +15,9 @@ import grpc
 from agent_fakes import FakeAgent, small_inventories, wait_until
 from mixfleet.v1 import engine_pb2, engine_pb2_grpc, plan_pb2, plan_pb2_grpc
 
+from controlplane.controller import ControllerSettings
 from controlplane.deployment import DeploymentSpec, WorkloadSpec, spec_to_proto
-from controlplane.testing import RunningController, start_controller
+from controlplane.testing import FAST, RunningController, start_controller
 
 SPEC = DeploymentSpec(
     name="mx",
@@ -46,8 +47,10 @@ class World:
 
 
 @asynccontextmanager
-async def world(tmp_path: Path, nodes: int = 3, port: int = 0) -> AsyncIterator[World]:
-    async with start_controller(tmp_path, port=port) as ctl:
+async def world(
+    tmp_path: Path, nodes: int = 3, port: int = 0, settings: ControllerSettings = FAST
+) -> AsyncIterator[World]:
+    async with start_controller(tmp_path, port=port, settings=settings) as ctl:
         agents = [FakeAgent(ctl.address, inv) for inv in small_inventories(nodes)]
         for a in agents:
             await a.start()

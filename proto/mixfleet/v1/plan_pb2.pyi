@@ -234,6 +234,26 @@ class DeploymentSpec(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class GpuHourPricesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     NAME_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
     MODEL_CONFIG_JSON_FIELD_NUMBER: _builtins.int
@@ -245,6 +265,8 @@ class DeploymentSpec(_message.Message):
     SOLVER_TIME_LIMIT_S_FIELD_NUMBER: _builtins.int
     REBALANCE_FIELD_NUMBER: _builtins.int
     PREPARE_TIMEOUT_S_FIELD_NUMBER: _builtins.int
+    ALLOW_CROSS_VENDOR_FIELD_NUMBER: _builtins.int
+    GPU_HOUR_PRICES_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """[a-z0-9][a-z0-9-]*, at most 63 characters"""
     model: _builtins.str
@@ -261,6 +283,8 @@ class DeploymentSpec(_message.Message):
     """0 = 60 s"""
     prepare_timeout_s: _builtins.float
     """two-phase rollout prepare deadline; 0 = 30 s"""
+    allow_cross_vendor: _builtins.bool
+    """let one expert-parallel group span NVIDIA and AMD GPUs"""
     @_builtins.property
     def workload(self) -> Global___WorkloadSpec: ...
     @_builtins.property
@@ -269,6 +293,10 @@ class DeploymentSpec(_message.Message):
 
     @_builtins.property
     def rebalance(self) -> Global___RebalanceSpec: ...
+    @_builtins.property
+    def gpu_hour_prices(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """catalog GPU model -> USD per GPU-hour (over the assumed defaults)"""
+
     def __init__(
         self,
         *,
@@ -283,10 +311,12 @@ class DeploymentSpec(_message.Message):
         solver_time_limit_s: _builtins.float = ...,
         rebalance: Global___RebalanceSpec | None = ...,
         prepare_timeout_s: _builtins.float = ...,
+        allow_cross_vendor: _builtins.bool = ...,
+        gpu_hour_prices: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_redundant_experts", b"_redundant_experts", "rebalance", b"rebalance", "redundant_experts", b"redundant_experts", "workload", b"workload"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_redundant_experts", b"_redundant_experts", "form", b"form", "model", b"model", "model_config_json", b"model_config_json", "name", b"name", "node_selector", b"node_selector", "policy", b"policy", "prepare_timeout_s", b"prepare_timeout_s", "rebalance", b"rebalance", "redundant_experts", b"redundant_experts", "solver_time_limit_s", b"solver_time_limit_s", "workload", b"workload"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_redundant_experts", b"_redundant_experts", "allow_cross_vendor", b"allow_cross_vendor", "form", b"form", "gpu_hour_prices", b"gpu_hour_prices", "model", b"model", "model_config_json", b"model_config_json", "name", b"name", "node_selector", b"node_selector", "policy", b"policy", "prepare_timeout_s", b"prepare_timeout_s", "rebalance", b"rebalance", "redundant_experts", b"redundant_experts", "solver_time_limit_s", b"solver_time_limit_s", "workload", b"workload"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__redundant_experts: _TypeAlias = _typing.Literal["redundant_experts"]  # noqa: Y015
     _WhichOneofArgType__redundant_experts: _TypeAlias = _typing.Literal["_redundant_experts", b"_redundant_experts"]  # noqa: Y015
@@ -307,6 +337,7 @@ class DeploymentStatus(_message.Message):
     STEP_TIME_US_FIELD_NUMBER: _builtins.int
     IMBALANCE_FIELD_NUMBER: _builtins.int
     OBSERVED_IMBALANCE_FIELD_NUMBER: _builtins.int
+    COST_PER_MILLION_TOKENS_USD_FIELD_NUMBER: _builtins.int
     phase: Global___DeploymentPhase.ValueType
     message: _builtins.str
     """why (infeasibility reasons, last abort reason ...)"""
@@ -321,6 +352,8 @@ class DeploymentStatus(_message.Message):
     """committed plan's predicted imbalance"""
     observed_imbalance: _builtins.float
     """imbalance of the committed plan under measured load"""
+    cost_per_million_tokens_usd: _builtins.float
+    """committed plan's GPUs at gpu_hour_prices / its predicted tokens; 0 = unknown"""
     @_builtins.property
     def nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """nodes of the committed plan"""
@@ -337,10 +370,11 @@ class DeploymentStatus(_message.Message):
         step_time_us: _builtins.float = ...,
         imbalance: _builtins.float = ...,
         observed_imbalance: _builtins.float = ...,
+        cost_per_million_tokens_usd: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["committed_plan_id", b"committed_plan_id", "committed_version", b"committed_version", "imbalance", b"imbalance", "latest_version", b"latest_version", "message", b"message", "nodes", b"nodes", "observed_imbalance", b"observed_imbalance", "phase", b"phase", "step_time_us", b"step_time_us"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["committed_plan_id", b"committed_plan_id", "committed_version", b"committed_version", "cost_per_million_tokens_usd", b"cost_per_million_tokens_usd", "imbalance", b"imbalance", "latest_version", b"latest_version", "message", b"message", "nodes", b"nodes", "observed_imbalance", b"observed_imbalance", "phase", b"phase", "step_time_us", b"step_time_us"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1036,3 +1070,1140 @@ class GetNodeRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetNodeRequest: _TypeAlias = GetNodeRequest  # noqa: Y015
+
+@_typing.final
+class InteractiveTierSpec(_message.Message):
+    """------------------------------------------------------------------ strategies
+
+    Every request carries a DeploymentSpec for what stays fixed: the model (preset or
+    model_config_json), the workload (phase, tokens_per_gpu, context_len, kv_cache_dtype,
+    load), policy, form, redundant_experts, node_selector (which live nodes form the fleet),
+    solver_time_limit_s (per ILP solve) and allow_cross_vendor. Zero values mean the same
+    defaults as in ApplyDeployment. Prices are per GPU-hour: the built-in ASSUMED list
+    prices (policies/cost.py), then spec.gpu_hour_prices (for EstimateCost of a deployment:
+    that deployment's), then the request's `prices` (catalog names, aliases, or a GPU model
+    the nodes report); `currency` labels the result.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TPOT_MS_FIELD_NUMBER: _builtins.int
+    TTFT_MS_FIELD_NUMBER: _builtins.int
+    REQUESTS_PER_S_FIELD_NUMBER: _builtins.int
+    PROMPT_TOKENS_FIELD_NUMBER: _builtins.int
+    OUTPUT_TOKENS_FIELD_NUMBER: _builtins.int
+    MAX_UTILISATION_FIELD_NUMBER: _builtins.int
+    tpot_ms: _builtins.float
+    """time-per-output-token target, ms (> 0)"""
+    ttft_ms: _builtins.float
+    """time-to-first-token target, ms (> 0); one of the two is required"""
+    requests_per_s: _builtins.float
+    """arrival rate, requests/s (>= 0)"""
+    prompt_tokens: _builtins.int
+    """prompt length per request, tokens; 0 = 2048"""
+    output_tokens: _builtins.int
+    """generated tokens per request; 0 = 256"""
+    max_utilisation: _builtins.float
+    """most of a replica's time the tier may keep busy, (0, 1]; 0 = 0.8"""
+    def __init__(
+        self,
+        *,
+        tpot_ms: _builtins.float | None = ...,
+        ttft_ms: _builtins.float | None = ...,
+        requests_per_s: _builtins.float = ...,
+        prompt_tokens: _builtins.int = ...,
+        output_tokens: _builtins.int = ...,
+        max_utilisation: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_tpot_ms", b"_tpot_ms", "_ttft_ms", b"_ttft_ms", "tpot_ms", b"tpot_ms", "ttft_ms", b"ttft_ms"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_tpot_ms", b"_tpot_ms", "_ttft_ms", b"_ttft_ms", "max_utilisation", b"max_utilisation", "output_tokens", b"output_tokens", "prompt_tokens", b"prompt_tokens", "requests_per_s", b"requests_per_s", "tpot_ms", b"tpot_ms", "ttft_ms", b"ttft_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__tpot_ms: _TypeAlias = _typing.Literal["tpot_ms"]  # noqa: Y015
+    _WhichOneofArgType__tpot_ms: _TypeAlias = _typing.Literal["_tpot_ms", b"_tpot_ms"]  # noqa: Y015
+    _WhichOneofReturnType__ttft_ms: _TypeAlias = _typing.Literal["ttft_ms"]  # noqa: Y015
+    _WhichOneofArgType__ttft_ms: _TypeAlias = _typing.Literal["_ttft_ms", b"_ttft_ms"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__tpot_ms) -> _WhichOneofReturnType__tpot_ms | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__ttft_ms) -> _WhichOneofReturnType__ttft_ms | None: ...
+
+Global___InteractiveTierSpec: _TypeAlias = InteractiveTierSpec  # noqa: Y015
+
+@_typing.final
+class AdviseTiersRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class PricesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    SPEC_FIELD_NUMBER: _builtins.int
+    INTERACTIVE_FIELD_NUMBER: _builtins.int
+    PREFERENCE_FIELD_NUMBER: _builtins.int
+    BATCH_MIN_TOKENS_PER_S_FIELD_NUMBER: _builtins.int
+    ADDITIONS_FIELD_NUMBER: _builtins.int
+    PRICES_FIELD_NUMBER: _builtins.int
+    CURRENCY_FIELD_NUMBER: _builtins.int
+    preference: _builtins.str
+    """"fastest" (default) | "max-batch" """
+    batch_min_tokens_per_s: _builtins.float
+    """batch tier target (reported, not enforced)"""
+    currency: _builtins.str
+    """unit of the prices; "" = USD"""
+    @_builtins.property
+    def spec(self) -> Global___DeploymentSpec:
+        """The batch tier: spec.workload (phase, tokens_per_gpu, context_len) is its workload,
+        spec.policy solves the final plans of both tiers.
+        """
+
+    @_builtins.property
+    def interactive(self) -> Global___InteractiveTierSpec: ...
+    @_builtins.property
+    def additions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """catalog GPUs to size when the SLO is unmet; empty = every FlashAttention-class GPU"""
+
+    @_builtins.property
+    def prices(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """GPU model -> price per GPU-hour (ranks additions)"""
+
+    def __init__(
+        self,
+        *,
+        spec: Global___DeploymentSpec | None = ...,
+        interactive: Global___InteractiveTierSpec | None = ...,
+        preference: _builtins.str = ...,
+        batch_min_tokens_per_s: _builtins.float | None = ...,
+        additions: _abc.Iterable[_builtins.str] | None = ...,
+        prices: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        currency: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_batch_min_tokens_per_s", b"_batch_min_tokens_per_s", "batch_min_tokens_per_s", b"batch_min_tokens_per_s", "interactive", b"interactive", "spec", b"spec"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_batch_min_tokens_per_s", b"_batch_min_tokens_per_s", "additions", b"additions", "batch_min_tokens_per_s", b"batch_min_tokens_per_s", "currency", b"currency", "interactive", b"interactive", "preference", b"preference", "prices", b"prices", "spec", b"spec"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__batch_min_tokens_per_s: _TypeAlias = _typing.Literal["batch_min_tokens_per_s"]  # noqa: Y015
+    _WhichOneofArgType__batch_min_tokens_per_s: _TypeAlias = _typing.Literal["_batch_min_tokens_per_s", b"_batch_min_tokens_per_s"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__batch_min_tokens_per_s) -> _WhichOneofReturnType__batch_min_tokens_per_s | None: ...
+
+Global___AdviseTiersRequest: _TypeAlias = AdviseTiersRequest  # noqa: Y015
+
+@_typing.final
+class BatchPoint(_message.Message):
+    """One batch size, solved (policies.advise.BatchPoint)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOKENS_PER_GPU_FIELD_NUMBER: _builtins.int
+    STEP_TIME_US_FIELD_NUMBER: _builtins.int
+    TOKENS_PER_S_FIELD_NUMBER: _builtins.int
+    MAX_GPU_TOKENS_FIELD_NUMBER: _builtins.int
+    FITS_MEMORY_FIELD_NUMBER: _builtins.int
+    MEETS_TARGET_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    PLAN_ID_FIELD_NUMBER: _builtins.int
+    tokens_per_gpu: _builtins.int
+    """tokens per step per GPU on average (decode: sequences)"""
+    step_time_us: _builtins.float
+    """predicted step time (TPOT decode, TTFT prefill); unset without a plan"""
+    tokens_per_s: _builtins.float
+    """predicted throughput of the deployment; 0 when it does not fit"""
+    max_gpu_tokens: _builtins.float
+    """most tokens one GPU serves per step in the plan"""
+    fits_memory: _builtins.bool
+    meets_target: _builtins.bool
+    reason: _builtins.str
+    """why the point is not usable; "" when it is"""
+    plan_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        tokens_per_gpu: _builtins.int = ...,
+        step_time_us: _builtins.float | None = ...,
+        tokens_per_s: _builtins.float = ...,
+        max_gpu_tokens: _builtins.float = ...,
+        fits_memory: _builtins.bool = ...,
+        meets_target: _builtins.bool = ...,
+        reason: _builtins.str = ...,
+        plan_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_step_time_us", b"_step_time_us", "step_time_us", b"step_time_us"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_step_time_us", b"_step_time_us", "fits_memory", b"fits_memory", "max_gpu_tokens", b"max_gpu_tokens", "meets_target", b"meets_target", "plan_id", b"plan_id", "reason", b"reason", "step_time_us", b"step_time_us", "tokens_per_gpu", b"tokens_per_gpu", "tokens_per_s", b"tokens_per_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__step_time_us: _TypeAlias = _typing.Literal["step_time_us"]  # noqa: Y015
+    _WhichOneofArgType__step_time_us: _TypeAlias = _typing.Literal["_step_time_us", b"_step_time_us"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__step_time_us) -> _WhichOneofReturnType__step_time_us | None: ...
+
+Global___BatchPoint: _TypeAlias = BatchPoint  # noqa: Y015
+
+@_typing.final
+class TierUnit(_message.Message):
+    """An interactive replica's unit type (one NVLink domain) and what one replica serves."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODES_FIELD_NUMBER: _builtins.int
+    DESCRIPTION_FIELD_NUMBER: _builtins.int
+    GPU_MODEL_FIELD_NUMBER: _builtins.int
+    GPUS_FIELD_NUMBER: _builtins.int
+    DECODE_FIELD_NUMBER: _builtins.int
+    PREFILL_FIELD_NUMBER: _builtins.int
+    REQUESTS_PER_S_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    description: _builtins.str
+    """"1x (8x H200-SXM-141GB)" """
+    gpu_model: _builtins.str
+    gpus: _builtins.int
+    requests_per_s: _builtins.float
+    """capacity at max_utilisation; 0 when it cannot serve"""
+    reason: _builtins.str
+    """why it cannot serve"""
+    @_builtins.property
+    def nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """nodes of the representative unit"""
+
+    @_builtins.property
+    def decode(self) -> Global___BatchPoint:
+        """largest decode batch meeting TPOT (unset when none)"""
+
+    @_builtins.property
+    def prefill(self) -> Global___BatchPoint:
+        """largest prefill batch meeting TTFT (unset when none)"""
+
+    def __init__(
+        self,
+        *,
+        nodes: _abc.Iterable[_builtins.str] | None = ...,
+        description: _builtins.str = ...,
+        gpu_model: _builtins.str = ...,
+        gpus: _builtins.int = ...,
+        decode: Global___BatchPoint | None = ...,
+        prefill: Global___BatchPoint | None = ...,
+        requests_per_s: _builtins.float = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["decode", b"decode", "prefill", b"prefill"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decode", b"decode", "description", b"description", "gpu_model", b"gpu_model", "gpus", b"gpus", "nodes", b"nodes", "prefill", b"prefill", "reason", b"reason", "requests_per_s", b"requests_per_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TierUnit: _TypeAlias = TierUnit  # noqa: Y015
+
+@_typing.final
+class TierReplica(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODES_FIELD_NUMBER: _builtins.int
+    GPU_MODEL_FIELD_NUMBER: _builtins.int
+    PLAN_FIELD_NUMBER: _builtins.int
+    TPOT_MS_FIELD_NUMBER: _builtins.int
+    TTFT_MS_FIELD_NUMBER: _builtins.int
+    DECODE_TOKENS_PER_GPU_FIELD_NUMBER: _builtins.int
+    PREFILL_TOKENS_PER_GPU_FIELD_NUMBER: _builtins.int
+    REQUESTS_PER_S_FIELD_NUMBER: _builtins.int
+    gpu_model: _builtins.str
+    tpot_ms: _builtins.float
+    ttft_ms: _builtins.float
+    decode_tokens_per_gpu: _builtins.int
+    prefill_tokens_per_gpu: _builtins.int
+    requests_per_s: _builtins.float
+    """capacity within the SLO"""
+    @_builtins.property
+    def nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def plan(self) -> Global___PlanRecord:
+        """its decode plan (not stored: version 0, no plan_json)"""
+
+    def __init__(
+        self,
+        *,
+        nodes: _abc.Iterable[_builtins.str] | None = ...,
+        gpu_model: _builtins.str = ...,
+        plan: Global___PlanRecord | None = ...,
+        tpot_ms: _builtins.float = ...,
+        ttft_ms: _builtins.float = ...,
+        decode_tokens_per_gpu: _builtins.int = ...,
+        prefill_tokens_per_gpu: _builtins.int = ...,
+        requests_per_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["plan", b"plan"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decode_tokens_per_gpu", b"decode_tokens_per_gpu", "gpu_model", b"gpu_model", "nodes", b"nodes", "plan", b"plan", "prefill_tokens_per_gpu", b"prefill_tokens_per_gpu", "requests_per_s", b"requests_per_s", "tpot_ms", b"tpot_ms", "ttft_ms", b"ttft_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TierReplica: _TypeAlias = TierReplica  # noqa: Y015
+
+@_typing.final
+class TierAddition(_message.Message):
+    """Nodes of one catalog GPU that would close the gap to the SLO."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GPU_MODEL_FIELD_NUMBER: _builtins.int
+    NODES_FIELD_NUMBER: _builtins.int
+    GPUS_PER_NODE_FIELD_NUMBER: _builtins.int
+    GPUS_FIELD_NUMBER: _builtins.int
+    REQUESTS_PER_S_PER_NODE_FIELD_NUMBER: _builtins.int
+    COST_PER_HOUR_FIELD_NUMBER: _builtins.int
+    gpu_model: _builtins.str
+    nodes: _builtins.int
+    gpus_per_node: _builtins.int
+    gpus: _builtins.int
+    requests_per_s_per_node: _builtins.float
+    cost_per_hour: _builtins.float
+    """price of the added nodes, in `currency`"""
+    def __init__(
+        self,
+        *,
+        gpu_model: _builtins.str = ...,
+        nodes: _builtins.int = ...,
+        gpus_per_node: _builtins.int = ...,
+        gpus: _builtins.int = ...,
+        requests_per_s_per_node: _builtins.float = ...,
+        cost_per_hour: _builtins.float | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_cost_per_hour", b"_cost_per_hour", "cost_per_hour", b"cost_per_hour"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cost_per_hour", b"_cost_per_hour", "cost_per_hour", b"cost_per_hour", "gpu_model", b"gpu_model", "gpus", b"gpus", "gpus_per_node", b"gpus_per_node", "nodes", b"nodes", "requests_per_s_per_node", b"requests_per_s_per_node"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__cost_per_hour: _TypeAlias = _typing.Literal["cost_per_hour"]  # noqa: Y015
+    _WhichOneofArgType__cost_per_hour: _TypeAlias = _typing.Literal["_cost_per_hour", b"_cost_per_hour"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__cost_per_hour) -> _WhichOneofReturnType__cost_per_hour | None: ...
+
+Global___TierAddition: _TypeAlias = TierAddition  # noqa: Y015
+
+@_typing.final
+class InteractiveTierReport(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODES_FIELD_NUMBER: _builtins.int
+    REPLICAS_FIELD_NUMBER: _builtins.int
+    CAPACITY_REQUESTS_PER_S_FIELD_NUMBER: _builtins.int
+    DEMAND_REQUESTS_PER_S_FIELD_NUMBER: _builtins.int
+    UTILISATION_FIELD_NUMBER: _builtins.int
+    SLO_MET_FIELD_NUMBER: _builtins.int
+    TPOT_MS_FIELD_NUMBER: _builtins.int
+    TTFT_MS_FIELD_NUMBER: _builtins.int
+    ADDITIONS_FIELD_NUMBER: _builtins.int
+    REASONS_FIELD_NUMBER: _builtins.int
+    capacity_requests_per_s: _builtins.float
+    demand_requests_per_s: _builtins.float
+    utilisation: _builtins.float
+    """busy fraction at the demand; unset when capacity is 0"""
+    slo_met: _builtins.bool
+    """capacity covers the demand within TPOT / TTFT"""
+    tpot_ms: _builtins.float
+    """worst replica TPOT, ms"""
+    ttft_ms: _builtins.float
+    """worst replica TTFT, ms"""
+    @_builtins.property
+    def nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def replicas(self) -> _containers.RepeatedCompositeFieldContainer[Global___TierReplica]: ...
+    @_builtins.property
+    def additions(self) -> _containers.RepeatedCompositeFieldContainer[Global___TierAddition]:
+        """what would meet the SLO (when not met), cheapest first"""
+
+    @_builtins.property
+    def reasons(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """why units are not eligible or the SLO is not met"""
+
+    def __init__(
+        self,
+        *,
+        nodes: _abc.Iterable[_builtins.str] | None = ...,
+        replicas: _abc.Iterable[Global___TierReplica] | None = ...,
+        capacity_requests_per_s: _builtins.float = ...,
+        demand_requests_per_s: _builtins.float = ...,
+        utilisation: _builtins.float | None = ...,
+        slo_met: _builtins.bool = ...,
+        tpot_ms: _builtins.float | None = ...,
+        ttft_ms: _builtins.float | None = ...,
+        additions: _abc.Iterable[Global___TierAddition] | None = ...,
+        reasons: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_tpot_ms", b"_tpot_ms", "_ttft_ms", b"_ttft_ms", "_utilisation", b"_utilisation", "tpot_ms", b"tpot_ms", "ttft_ms", b"ttft_ms", "utilisation", b"utilisation"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_tpot_ms", b"_tpot_ms", "_ttft_ms", b"_ttft_ms", "_utilisation", b"_utilisation", "additions", b"additions", "capacity_requests_per_s", b"capacity_requests_per_s", "demand_requests_per_s", b"demand_requests_per_s", "nodes", b"nodes", "reasons", b"reasons", "replicas", b"replicas", "slo_met", b"slo_met", "tpot_ms", b"tpot_ms", "ttft_ms", b"ttft_ms", "utilisation", b"utilisation"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__tpot_ms: _TypeAlias = _typing.Literal["tpot_ms"]  # noqa: Y015
+    _WhichOneofArgType__tpot_ms: _TypeAlias = _typing.Literal["_tpot_ms", b"_tpot_ms"]  # noqa: Y015
+    _WhichOneofReturnType__ttft_ms: _TypeAlias = _typing.Literal["ttft_ms"]  # noqa: Y015
+    _WhichOneofArgType__ttft_ms: _TypeAlias = _typing.Literal["_ttft_ms", b"_ttft_ms"]  # noqa: Y015
+    _WhichOneofReturnType__utilisation: _TypeAlias = _typing.Literal["utilisation"]  # noqa: Y015
+    _WhichOneofArgType__utilisation: _TypeAlias = _typing.Literal["_utilisation", b"_utilisation"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__tpot_ms) -> _WhichOneofReturnType__tpot_ms | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__ttft_ms) -> _WhichOneofReturnType__ttft_ms | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__utilisation) -> _WhichOneofReturnType__utilisation | None: ...
+
+Global___InteractiveTierReport: _TypeAlias = InteractiveTierReport  # noqa: Y015
+
+@_typing.final
+class BatchTierReport(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODES_FIELD_NUMBER: _builtins.int
+    PLANS_FIELD_NUMBER: _builtins.int
+    TOKENS_PER_S_FIELD_NUMBER: _builtins.int
+    STEP_TIME_MS_FIELD_NUMBER: _builtins.int
+    MEETS_TARGET_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    tokens_per_s: _builtins.float
+    step_time_ms: _builtins.float
+    """worst step time of its plans, ms"""
+    meets_target: _builtins.bool
+    """unset without batch_min_tokens_per_s"""
+    reason: _builtins.str
+    """why there is no batch plan"""
+    @_builtins.property
+    def nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def plans(self) -> _containers.RepeatedCompositeFieldContainer[Global___PlanRecord]:
+        """one per vendor when a MoE model may not span vendors"""
+
+    def __init__(
+        self,
+        *,
+        nodes: _abc.Iterable[_builtins.str] | None = ...,
+        plans: _abc.Iterable[Global___PlanRecord] | None = ...,
+        tokens_per_s: _builtins.float = ...,
+        step_time_ms: _builtins.float | None = ...,
+        meets_target: _builtins.bool | None = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_meets_target", b"_meets_target", "_step_time_ms", b"_step_time_ms", "meets_target", b"meets_target", "step_time_ms", b"step_time_ms"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_meets_target", b"_meets_target", "_step_time_ms", b"_step_time_ms", "meets_target", b"meets_target", "nodes", b"nodes", "plans", b"plans", "reason", b"reason", "step_time_ms", b"step_time_ms", "tokens_per_s", b"tokens_per_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__meets_target: _TypeAlias = _typing.Literal["meets_target"]  # noqa: Y015
+    _WhichOneofArgType__meets_target: _TypeAlias = _typing.Literal["_meets_target", b"_meets_target"]  # noqa: Y015
+    _WhichOneofReturnType__step_time_ms: _TypeAlias = _typing.Literal["step_time_ms"]  # noqa: Y015
+    _WhichOneofArgType__step_time_ms: _TypeAlias = _typing.Literal["_step_time_ms", b"_step_time_ms"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__meets_target) -> _WhichOneofReturnType__meets_target | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__step_time_ms) -> _WhichOneofReturnType__step_time_ms | None: ...
+
+Global___BatchTierReport: _TypeAlias = BatchTierReport  # noqa: Y015
+
+@_typing.final
+class AdviseTiersResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FLEET_NODES_FIELD_NUMBER: _builtins.int
+    PREFERENCE_FIELD_NUMBER: _builtins.int
+    ASSIGNMENTS_SCREENED_FIELD_NUMBER: _builtins.int
+    UNIT_TYPES_FIELD_NUMBER: _builtins.int
+    INTERACTIVE_FIELD_NUMBER: _builtins.int
+    BATCH_FIELD_NUMBER: _builtins.int
+    NOTES_FIELD_NUMBER: _builtins.int
+    CURRENCY_FIELD_NUMBER: _builtins.int
+    preference: _builtins.str
+    assignments_screened: _builtins.int
+    currency: _builtins.str
+    @_builtins.property
+    def fleet_nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """the nodes considered"""
+
+    @_builtins.property
+    def unit_types(self) -> _containers.RepeatedCompositeFieldContainer[Global___TierUnit]:
+        """fastest first"""
+
+    @_builtins.property
+    def interactive(self) -> Global___InteractiveTierReport: ...
+    @_builtins.property
+    def batch(self) -> Global___BatchTierReport: ...
+    @_builtins.property
+    def notes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        fleet_nodes: _abc.Iterable[_builtins.str] | None = ...,
+        preference: _builtins.str = ...,
+        assignments_screened: _builtins.int = ...,
+        unit_types: _abc.Iterable[Global___TierUnit] | None = ...,
+        interactive: Global___InteractiveTierReport | None = ...,
+        batch: Global___BatchTierReport | None = ...,
+        notes: _abc.Iterable[_builtins.str] | None = ...,
+        currency: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "interactive", b"interactive"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assignments_screened", b"assignments_screened", "batch", b"batch", "currency", b"currency", "fleet_nodes", b"fleet_nodes", "interactive", b"interactive", "notes", b"notes", "preference", b"preference", "unit_types", b"unit_types"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AdviseTiersResponse: _TypeAlias = AdviseTiersResponse  # noqa: Y015
+
+@_typing.final
+class AdviseBatchRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SPEC_FIELD_NUMBER: _builtins.int
+    TPOT_MS_FIELD_NUMBER: _builtins.int
+    TTFT_MS_FIELD_NUMBER: _builtins.int
+    MAX_TOKENS_PER_GPU_FIELD_NUMBER: _builtins.int
+    tpot_ms: _builtins.float
+    """decode target, ms (> 0); needs spec.workload.phase "decode" """
+    ttft_ms: _builtins.float
+    """prefill target, ms (> 0); needs phase "prefill" """
+    max_tokens_per_gpu: _builtins.int
+    """largest batch tried; 0 = 4096 decode, 262144 prefill"""
+    @_builtins.property
+    def spec(self) -> Global___DeploymentSpec:
+        """spec.workload.tokens_per_gpu is ignored (searched)"""
+
+    def __init__(
+        self,
+        *,
+        spec: Global___DeploymentSpec | None = ...,
+        tpot_ms: _builtins.float | None = ...,
+        ttft_ms: _builtins.float | None = ...,
+        max_tokens_per_gpu: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_tpot_ms", b"_tpot_ms", "_ttft_ms", b"_ttft_ms", "spec", b"spec", "tpot_ms", b"tpot_ms", "ttft_ms", b"ttft_ms"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_tpot_ms", b"_tpot_ms", "_ttft_ms", b"_ttft_ms", "max_tokens_per_gpu", b"max_tokens_per_gpu", "spec", b"spec", "tpot_ms", b"tpot_ms", "ttft_ms", b"ttft_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__tpot_ms: _TypeAlias = _typing.Literal["tpot_ms"]  # noqa: Y015
+    _WhichOneofArgType__tpot_ms: _TypeAlias = _typing.Literal["_tpot_ms", b"_tpot_ms"]  # noqa: Y015
+    _WhichOneofReturnType__ttft_ms: _TypeAlias = _typing.Literal["ttft_ms"]  # noqa: Y015
+    _WhichOneofArgType__ttft_ms: _TypeAlias = _typing.Literal["_ttft_ms", b"_ttft_ms"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__tpot_ms) -> _WhichOneofReturnType__tpot_ms | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__ttft_ms) -> _WhichOneofReturnType__ttft_ms | None: ...
+
+Global___AdviseBatchRequest: _TypeAlias = AdviseBatchRequest  # noqa: Y015
+
+@_typing.final
+class AdviseBatchResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FLEET_NODES_FIELD_NUMBER: _builtins.int
+    PHASE_FIELD_NUMBER: _builtins.int
+    POLICY_FIELD_NUMBER: _builtins.int
+    TARGET_FIELD_NUMBER: _builtins.int
+    TARGET_MS_FIELD_NUMBER: _builtins.int
+    START_TOKENS_PER_GPU_FIELD_NUMBER: _builtins.int
+    START_GPU_FIELD_NUMBER: _builtins.int
+    LARGEST_TOKENS_PER_GPU_FIELD_NUMBER: _builtins.int
+    BEST_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    POINTS_FIELD_NUMBER: _builtins.int
+    INFEASIBLE_FIELD_NUMBER: _builtins.int
+    phase: _builtins.str
+    policy: _builtins.str
+    target: _builtins.str
+    """"TPOT" | "TTFT" """
+    target_ms: _builtins.float
+    """unset: largest batch that fits memory"""
+    start_tokens_per_gpu: _builtins.int
+    """what the GPU with the least memory fits at an equal split"""
+    start_gpu: _builtins.str
+    largest_tokens_per_gpu: _builtins.int
+    """unset when not even 1 token per GPU works"""
+    limit: _builtins.str
+    """what stopped growth: "memory" | "target" | "max_tokens" | "none" """
+    @_builtins.property
+    def fleet_nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def best(self) -> Global___BatchPoint: ...
+    @_builtins.property
+    def points(self) -> _containers.RepeatedCompositeFieldContainer[Global___BatchPoint]:
+        """the curve, ascending tokens_per_gpu"""
+
+    @_builtins.property
+    def infeasible(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """why no batch works, with how to fix it"""
+
+    def __init__(
+        self,
+        *,
+        fleet_nodes: _abc.Iterable[_builtins.str] | None = ...,
+        phase: _builtins.str = ...,
+        policy: _builtins.str = ...,
+        target: _builtins.str = ...,
+        target_ms: _builtins.float | None = ...,
+        start_tokens_per_gpu: _builtins.int = ...,
+        start_gpu: _builtins.str = ...,
+        largest_tokens_per_gpu: _builtins.int | None = ...,
+        best: Global___BatchPoint | None = ...,
+        limit: _builtins.str = ...,
+        points: _abc.Iterable[Global___BatchPoint] | None = ...,
+        infeasible: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_largest_tokens_per_gpu", b"_largest_tokens_per_gpu", "_target_ms", b"_target_ms", "best", b"best", "largest_tokens_per_gpu", b"largest_tokens_per_gpu", "target_ms", b"target_ms"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_largest_tokens_per_gpu", b"_largest_tokens_per_gpu", "_target_ms", b"_target_ms", "best", b"best", "fleet_nodes", b"fleet_nodes", "infeasible", b"infeasible", "largest_tokens_per_gpu", b"largest_tokens_per_gpu", "limit", b"limit", "phase", b"phase", "points", b"points", "policy", b"policy", "start_gpu", b"start_gpu", "start_tokens_per_gpu", b"start_tokens_per_gpu", "target", b"target", "target_ms", b"target_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__largest_tokens_per_gpu: _TypeAlias = _typing.Literal["largest_tokens_per_gpu"]  # noqa: Y015
+    _WhichOneofArgType__largest_tokens_per_gpu: _TypeAlias = _typing.Literal["_largest_tokens_per_gpu", b"_largest_tokens_per_gpu"]  # noqa: Y015
+    _WhichOneofReturnType__target_ms: _TypeAlias = _typing.Literal["target_ms"]  # noqa: Y015
+    _WhichOneofArgType__target_ms: _TypeAlias = _typing.Literal["_target_ms", b"_target_ms"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__largest_tokens_per_gpu) -> _WhichOneofReturnType__largest_tokens_per_gpu | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__target_ms) -> _WhichOneofReturnType__target_ms | None: ...
+
+Global___AdviseBatchResponse: _TypeAlias = AdviseBatchResponse  # noqa: Y015
+
+@_typing.final
+class AdviseContextRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SPEC_FIELD_NUMBER: _builtins.int
+    CONTEXTS_FIELD_NUMBER: _builtins.int
+    POLICIES_FIELD_NUMBER: _builtins.int
+    GRANULARITY_FIELD_NUMBER: _builtins.int
+    granularity: _builtins.int
+    """bisection step between contexts, tokens; 0 = 1024"""
+    @_builtins.property
+    def spec(self) -> Global___DeploymentSpec:
+        """spec.workload.tokens_per_gpu is the batch; spec.workload.context_len is ignored."""
+
+    @_builtins.property
+    def contexts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """contexts to solve, tokens; empty = 32768, 65536, 98304, 131072"""
+
+    @_builtins.property
+    def policies(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """empty = "uniform", "greedy", "ilp" """
+
+    def __init__(
+        self,
+        *,
+        spec: Global___DeploymentSpec | None = ...,
+        contexts: _abc.Iterable[_builtins.int] | None = ...,
+        policies: _abc.Iterable[_builtins.str] | None = ...,
+        granularity: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["contexts", b"contexts", "granularity", b"granularity", "policies", b"policies", "spec", b"spec"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AdviseContextRequest: _TypeAlias = AdviseContextRequest  # noqa: Y015
+
+@_typing.final
+class GpuModelShare(_message.Message):
+    """A plan's attention and KV cache on the GPUs of one model."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GPU_MODEL_FIELD_NUMBER: _builtins.int
+    GPUS_FIELD_NUMBER: _builtins.int
+    ATTENTION_SHARE_EACH_FIELD_NUMBER: _builtins.int
+    KV_GIB_EACH_FIELD_NUMBER: _builtins.int
+    FREE_GIB_EACH_FIELD_NUMBER: _builtins.int
+    MAX_CONTEXT_FIELD_NUMBER: _builtins.int
+    gpu_model: _builtins.str
+    gpus: _builtins.int
+    attention_share_each: _builtins.float
+    """mean fraction of the step's tokens on one such GPU"""
+    kv_gib_each: _builtins.float
+    """largest KV cache on one such GPU, GiB"""
+    free_gib_each: _builtins.float
+    """least memory one such GPU has for KV, GiB"""
+    max_context: _builtins.int
+    """longest context these GPUs hold at the plan's shares"""
+    def __init__(
+        self,
+        *,
+        gpu_model: _builtins.str = ...,
+        gpus: _builtins.int = ...,
+        attention_share_each: _builtins.float = ...,
+        kv_gib_each: _builtins.float = ...,
+        free_gib_each: _builtins.float = ...,
+        max_context: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_context", b"_max_context", "max_context", b"max_context"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_context", b"_max_context", "attention_share_each", b"attention_share_each", "free_gib_each", b"free_gib_each", "gpu_model", b"gpu_model", "gpus", b"gpus", "kv_gib_each", b"kv_gib_each", "max_context", b"max_context"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__max_context: _TypeAlias = _typing.Literal["max_context"]  # noqa: Y015
+    _WhichOneofArgType__max_context: _TypeAlias = _typing.Literal["_max_context", b"_max_context"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_context) -> _WhichOneofReturnType__max_context | None: ...
+
+Global___GpuModelShare: _TypeAlias = GpuModelShare  # noqa: Y015
+
+@_typing.final
+class ContextPoint(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONTEXT_LEN_FIELD_NUMBER: _builtins.int
+    FITS_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    STEP_TIME_US_FIELD_NUMBER: _builtins.int
+    TOKENS_PER_S_FIELD_NUMBER: _builtins.int
+    SHARES_FIELD_NUMBER: _builtins.int
+    MAX_CONTEXT_AT_SHARES_FIELD_NUMBER: _builtins.int
+    BINDING_GPU_FIELD_NUMBER: _builtins.int
+    context_len: _builtins.int
+    fits: _builtins.bool
+    reason: _builtins.str
+    step_time_us: _builtins.float
+    tokens_per_s: _builtins.float
+    max_context_at_shares: _builtins.int
+    """longest context without re-planning, tokens"""
+    binding_gpu: _builtins.str
+    @_builtins.property
+    def shares(self) -> _containers.RepeatedCompositeFieldContainer[Global___GpuModelShare]: ...
+    def __init__(
+        self,
+        *,
+        context_len: _builtins.int = ...,
+        fits: _builtins.bool = ...,
+        reason: _builtins.str = ...,
+        step_time_us: _builtins.float | None = ...,
+        tokens_per_s: _builtins.float = ...,
+        shares: _abc.Iterable[Global___GpuModelShare] | None = ...,
+        max_context_at_shares: _builtins.int | None = ...,
+        binding_gpu: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_context_at_shares", b"_max_context_at_shares", "_step_time_us", b"_step_time_us", "max_context_at_shares", b"max_context_at_shares", "step_time_us", b"step_time_us"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_context_at_shares", b"_max_context_at_shares", "_step_time_us", b"_step_time_us", "binding_gpu", b"binding_gpu", "context_len", b"context_len", "fits", b"fits", "max_context_at_shares", b"max_context_at_shares", "reason", b"reason", "shares", b"shares", "step_time_us", b"step_time_us", "tokens_per_s", b"tokens_per_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__max_context_at_shares: _TypeAlias = _typing.Literal["max_context_at_shares"]  # noqa: Y015
+    _WhichOneofArgType__max_context_at_shares: _TypeAlias = _typing.Literal["_max_context_at_shares", b"_max_context_at_shares"]  # noqa: Y015
+    _WhichOneofReturnType__step_time_us: _TypeAlias = _typing.Literal["step_time_us"]  # noqa: Y015
+    _WhichOneofArgType__step_time_us: _TypeAlias = _typing.Literal["_step_time_us", b"_step_time_us"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_context_at_shares) -> _WhichOneofReturnType__max_context_at_shares | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__step_time_us) -> _WhichOneofReturnType__step_time_us | None: ...
+
+Global___ContextPoint: _TypeAlias = ContextPoint  # noqa: Y015
+
+@_typing.final
+class PolicyContext(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POLICY_FIELD_NUMBER: _builtins.int
+    LONGEST_CONTEXT_FIELD_NUMBER: _builtins.int
+    BINDING_GPU_FIELD_NUMBER: _builtins.int
+    POINTS_FIELD_NUMBER: _builtins.int
+    policy: _builtins.str
+    longest_context: _builtins.int
+    """tokens; unset when no context tried fits"""
+    binding_gpu: _builtins.str
+    @_builtins.property
+    def points(self) -> _containers.RepeatedCompositeFieldContainer[Global___ContextPoint]:
+        """ascending context_len"""
+
+    def __init__(
+        self,
+        *,
+        policy: _builtins.str = ...,
+        longest_context: _builtins.int | None = ...,
+        binding_gpu: _builtins.str = ...,
+        points: _abc.Iterable[Global___ContextPoint] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_longest_context", b"_longest_context", "longest_context", b"longest_context"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_longest_context", b"_longest_context", "binding_gpu", b"binding_gpu", "longest_context", b"longest_context", "points", b"points", "policy", b"policy"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__longest_context: _TypeAlias = _typing.Literal["longest_context"]  # noqa: Y015
+    _WhichOneofArgType__longest_context: _TypeAlias = _typing.Literal["_longest_context", b"_longest_context"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__longest_context) -> _WhichOneofReturnType__longest_context | None: ...
+
+Global___PolicyContext: _TypeAlias = PolicyContext  # noqa: Y015
+
+@_typing.final
+class AdviseContextResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FLEET_NODES_FIELD_NUMBER: _builtins.int
+    TOKENS_PER_GPU_FIELD_NUMBER: _builtins.int
+    CONTEXTS_FIELD_NUMBER: _builtins.int
+    POLICIES_FIELD_NUMBER: _builtins.int
+    INFEASIBLE_FIELD_NUMBER: _builtins.int
+    tokens_per_gpu: _builtins.int
+    @_builtins.property
+    def fleet_nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def contexts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def policies(self) -> _containers.RepeatedCompositeFieldContainer[Global___PolicyContext]: ...
+    @_builtins.property
+    def infeasible(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """set when no policy holds even the shortest context"""
+
+    def __init__(
+        self,
+        *,
+        fleet_nodes: _abc.Iterable[_builtins.str] | None = ...,
+        tokens_per_gpu: _builtins.int = ...,
+        contexts: _abc.Iterable[_builtins.int] | None = ...,
+        policies: _abc.Iterable[Global___PolicyContext] | None = ...,
+        infeasible: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["contexts", b"contexts", "fleet_nodes", b"fleet_nodes", "infeasible", b"infeasible", "policies", b"policies", "tokens_per_gpu", b"tokens_per_gpu"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AdviseContextResponse: _TypeAlias = AdviseContextResponse  # noqa: Y015
+
+@_typing.final
+class EstimateCostRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class PricesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    DEPLOYMENT_FIELD_NUMBER: _builtins.int
+    SPEC_FIELD_NUMBER: _builtins.int
+    PRICES_FIELD_NUMBER: _builtins.int
+    CURRENCY_FIELD_NUMBER: _builtins.int
+    deployment: _builtins.str
+    """price this deployment's committed plan"""
+    currency: _builtins.str
+    """unit of the prices; "" = USD"""
+    @_builtins.property
+    def spec(self) -> Global___DeploymentSpec:
+        """price a dry-run solve of this spec (as Solve)"""
+
+    @_builtins.property
+    def prices(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """GPU model -> price per GPU-hour"""
+
+    def __init__(
+        self,
+        *,
+        deployment: _builtins.str = ...,
+        spec: Global___DeploymentSpec | None = ...,
+        prices: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        currency: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["deployment", b"deployment", "plan", b"plan", "spec", b"spec"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["currency", b"currency", "deployment", b"deployment", "plan", b"plan", "prices", b"prices", "spec", b"spec"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_plan: _TypeAlias = _typing.Literal["deployment", "spec"]  # noqa: Y015
+    _WhichOneofArgType_plan: _TypeAlias = _typing.Literal["plan", b"plan"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_plan) -> _WhichOneofReturnType_plan | None: ...
+
+Global___EstimateCostRequest: _TypeAlias = EstimateCostRequest  # noqa: Y015
+
+@_typing.final
+class EstimateCostResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class GpusByModelEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class PricesUsedEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    PLAN_FIELD_NUMBER: _builtins.int
+    COST_PER_HOUR_FIELD_NUMBER: _builtins.int
+    TOKENS_PER_S_FIELD_NUMBER: _builtins.int
+    COST_PER_MILLION_TOKENS_FIELD_NUMBER: _builtins.int
+    GPUS_BY_MODEL_FIELD_NUMBER: _builtins.int
+    PRICES_USED_FIELD_NUMBER: _builtins.int
+    CURRENCY_FIELD_NUMBER: _builtins.int
+    INFEASIBLE_FIELD_NUMBER: _builtins.int
+    cost_per_hour: _builtins.float
+    """all of the plan's GPUs for one hour"""
+    tokens_per_s: _builtins.float
+    """the plan's predicted throughput"""
+    cost_per_million_tokens: _builtins.float
+    """cost_per_hour / (tokens_per_s * 3600) * 1e6; +inf at 0 tokens/s"""
+    currency: _builtins.str
+    @_builtins.property
+    def plan(self) -> Global___PlanRecord:
+        """the plan priced (a dry run: version 0, not stored)"""
+
+    @_builtins.property
+    def gpus_by_model(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
+    @_builtins.property
+    def prices_used(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """price per GPU-hour of each GPU model of the plan"""
+
+    @_builtins.property
+    def infeasible(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """why a dry run's plan is not valid, as in Solve (plan unset when nothing fits)"""
+
+    def __init__(
+        self,
+        *,
+        plan: Global___PlanRecord | None = ...,
+        cost_per_hour: _builtins.float = ...,
+        tokens_per_s: _builtins.float = ...,
+        cost_per_million_tokens: _builtins.float = ...,
+        gpus_by_model: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        prices_used: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        currency: _builtins.str = ...,
+        infeasible: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["plan", b"plan"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cost_per_hour", b"cost_per_hour", "cost_per_million_tokens", b"cost_per_million_tokens", "currency", b"currency", "gpus_by_model", b"gpus_by_model", "infeasible", b"infeasible", "plan", b"plan", "prices_used", b"prices_used", "tokens_per_s", b"tokens_per_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EstimateCostResponse: _TypeAlias = EstimateCostResponse  # noqa: Y015
+
+@_typing.final
+class MinCostRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class PricesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    SPEC_FIELD_NUMBER: _builtins.int
+    TARGET_TOKENS_PER_S_FIELD_NUMBER: _builtins.int
+    LAYOUT_FIELD_NUMBER: _builtins.int
+    FINALISTS_FIELD_NUMBER: _builtins.int
+    PRICES_FIELD_NUMBER: _builtins.int
+    CURRENCY_FIELD_NUMBER: _builtins.int
+    INCLUDE_PLANS_FIELD_NUMBER: _builtins.int
+    target_tokens_per_s: _builtins.float
+    """> 0"""
+    layout: _builtins.str
+    """"best" (default) | "group" | "replicas" """
+    finalists: _builtins.int
+    """stop screening after this many subsets meet the target; 0 = 3"""
+    currency: _builtins.str
+    """"" = USD"""
+    include_plans: _builtins.bool
+    """plan documents in plans[].plan_json"""
+    @_builtins.property
+    def spec(self) -> Global___DeploymentSpec:
+        """spec.workload.tokens_per_gpu is the batch throughput is judged at; spec.policy solves
+        the finalists (greedy screens every subset).
+        """
+
+    @_builtins.property
+    def prices(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """GPU model -> price per GPU-hour"""
+
+    def __init__(
+        self,
+        *,
+        spec: Global___DeploymentSpec | None = ...,
+        target_tokens_per_s: _builtins.float = ...,
+        layout: _builtins.str = ...,
+        finalists: _builtins.int = ...,
+        prices: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        currency: _builtins.str = ...,
+        include_plans: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["currency", b"currency", "finalists", b"finalists", "include_plans", b"include_plans", "layout", b"layout", "prices", b"prices", "spec", b"spec", "target_tokens_per_s", b"target_tokens_per_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MinCostRequest: _TypeAlias = MinCostRequest  # noqa: Y015
+
+@_typing.final
+class CostCandidate(_message.Message):
+    """A subset of whole nodes, priced and screened."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODES_FIELD_NUMBER: _builtins.int
+    GPUS_FIELD_NUMBER: _builtins.int
+    COST_PER_HOUR_FIELD_NUMBER: _builtins.int
+    LAYOUT_FIELD_NUMBER: _builtins.int
+    SCREENED_TOKENS_PER_S_FIELD_NUMBER: _builtins.int
+    FINAL_TOKENS_PER_S_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    gpus: _builtins.int
+    cost_per_hour: _builtins.float
+    layout: _builtins.str
+    """"group" (one expert-parallel deployment) | "replicas" (a copy per node)"""
+    screened_tokens_per_s: _builtins.float
+    final_tokens_per_s: _builtins.float
+    """with the final policy; unset when not solved with it"""
+    reason: _builtins.str
+    @_builtins.property
+    def nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        nodes: _abc.Iterable[_builtins.str] | None = ...,
+        gpus: _builtins.int = ...,
+        cost_per_hour: _builtins.float = ...,
+        layout: _builtins.str = ...,
+        screened_tokens_per_s: _builtins.float = ...,
+        final_tokens_per_s: _builtins.float | None = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_final_tokens_per_s", b"_final_tokens_per_s", "final_tokens_per_s", b"final_tokens_per_s"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_final_tokens_per_s", b"_final_tokens_per_s", "cost_per_hour", b"cost_per_hour", "final_tokens_per_s", b"final_tokens_per_s", "gpus", b"gpus", "layout", b"layout", "nodes", b"nodes", "reason", b"reason", "screened_tokens_per_s", b"screened_tokens_per_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__final_tokens_per_s: _TypeAlias = _typing.Literal["final_tokens_per_s"]  # noqa: Y015
+    _WhichOneofArgType__final_tokens_per_s: _TypeAlias = _typing.Literal["_final_tokens_per_s", b"_final_tokens_per_s"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__final_tokens_per_s) -> _WhichOneofReturnType__final_tokens_per_s | None: ...
+
+Global___CostCandidate: _TypeAlias = CostCandidate  # noqa: Y015
+
+@_typing.final
+class MinCostResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FLEET_NODES_FIELD_NUMBER: _builtins.int
+    TARGET_TOKENS_PER_S_FIELD_NUMBER: _builtins.int
+    CHOSEN_FIELD_NUMBER: _builtins.int
+    DESCRIPTION_FIELD_NUMBER: _builtins.int
+    PLANS_FIELD_NUMBER: _builtins.int
+    TOKENS_PER_S_FIELD_NUMBER: _builtins.int
+    COST_PER_HOUR_FIELD_NUMBER: _builtins.int
+    COST_PER_MILLION_TOKENS_FIELD_NUMBER: _builtins.int
+    CURRENCY_FIELD_NUMBER: _builtins.int
+    SCREENED_FIELD_NUMBER: _builtins.int
+    FINALISTS_FIELD_NUMBER: _builtins.int
+    NOTES_FIELD_NUMBER: _builtins.int
+    INFEASIBLE_FIELD_NUMBER: _builtins.int
+    target_tokens_per_s: _builtins.float
+    description: _builtins.str
+    """"1x (8x H200-SXM-141GB) + ..." """
+    tokens_per_s: _builtins.float
+    cost_per_hour: _builtins.float
+    cost_per_million_tokens: _builtins.float
+    currency: _builtins.str
+    @_builtins.property
+    def fleet_nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def chosen(self) -> Global___CostCandidate:
+        """unset when infeasible"""
+
+    @_builtins.property
+    def plans(self) -> _containers.RepeatedCompositeFieldContainer[Global___PlanRecord]:
+        """one (group) or one per node (replicas); not stored"""
+
+    @_builtins.property
+    def screened(self) -> _containers.RepeatedCompositeFieldContainer[Global___CostCandidate]:
+        """in order of price"""
+
+    @_builtins.property
+    def finalists(self) -> _containers.RepeatedCompositeFieldContainer[Global___CostCandidate]:
+        """solved with the final policy, cheapest first"""
+
+    @_builtins.property
+    def notes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def infeasible(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """no subset reaches the target: the best seen and what to change"""
+
+    def __init__(
+        self,
+        *,
+        fleet_nodes: _abc.Iterable[_builtins.str] | None = ...,
+        target_tokens_per_s: _builtins.float = ...,
+        chosen: Global___CostCandidate | None = ...,
+        description: _builtins.str = ...,
+        plans: _abc.Iterable[Global___PlanRecord] | None = ...,
+        tokens_per_s: _builtins.float = ...,
+        cost_per_hour: _builtins.float = ...,
+        cost_per_million_tokens: _builtins.float = ...,
+        currency: _builtins.str = ...,
+        screened: _abc.Iterable[Global___CostCandidate] | None = ...,
+        finalists: _abc.Iterable[Global___CostCandidate] | None = ...,
+        notes: _abc.Iterable[_builtins.str] | None = ...,
+        infeasible: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["chosen", b"chosen"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chosen", b"chosen", "cost_per_hour", b"cost_per_hour", "cost_per_million_tokens", b"cost_per_million_tokens", "currency", b"currency", "description", b"description", "finalists", b"finalists", "fleet_nodes", b"fleet_nodes", "infeasible", b"infeasible", "notes", b"notes", "plans", b"plans", "screened", b"screened", "target_tokens_per_s", b"target_tokens_per_s", "tokens_per_s", b"tokens_per_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MinCostResponse: _TypeAlias = MinCostResponse  # noqa: Y015

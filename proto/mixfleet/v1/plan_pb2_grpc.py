@@ -99,6 +99,31 @@ class PlanServiceStub:
                 request_serializer=mixfleet_dot_v1_dot_plan__pb2.GetNodeRequest.SerializeToString,
                 response_deserializer=mixfleet_dot_v1_dot_plan__pb2.NodeRecord.FromString,
                 _registered_method=True)
+        self.AdviseTiers = channel.unary_unary(
+                '/mixfleet.v1.PlanService/AdviseTiers',
+                request_serializer=mixfleet_dot_v1_dot_plan__pb2.AdviseTiersRequest.SerializeToString,
+                response_deserializer=mixfleet_dot_v1_dot_plan__pb2.AdviseTiersResponse.FromString,
+                _registered_method=True)
+        self.AdviseBatch = channel.unary_unary(
+                '/mixfleet.v1.PlanService/AdviseBatch',
+                request_serializer=mixfleet_dot_v1_dot_plan__pb2.AdviseBatchRequest.SerializeToString,
+                response_deserializer=mixfleet_dot_v1_dot_plan__pb2.AdviseBatchResponse.FromString,
+                _registered_method=True)
+        self.AdviseContext = channel.unary_unary(
+                '/mixfleet.v1.PlanService/AdviseContext',
+                request_serializer=mixfleet_dot_v1_dot_plan__pb2.AdviseContextRequest.SerializeToString,
+                response_deserializer=mixfleet_dot_v1_dot_plan__pb2.AdviseContextResponse.FromString,
+                _registered_method=True)
+        self.EstimateCost = channel.unary_unary(
+                '/mixfleet.v1.PlanService/EstimateCost',
+                request_serializer=mixfleet_dot_v1_dot_plan__pb2.EstimateCostRequest.SerializeToString,
+                response_deserializer=mixfleet_dot_v1_dot_plan__pb2.EstimateCostResponse.FromString,
+                _registered_method=True)
+        self.MinCost = channel.unary_unary(
+                '/mixfleet.v1.PlanService/MinCost',
+                request_serializer=mixfleet_dot_v1_dot_plan__pb2.MinCostRequest.SerializeToString,
+                response_deserializer=mixfleet_dot_v1_dot_plan__pb2.MinCostResponse.FromString,
+                _registered_method=True)
 
 
 class PlanServiceServicer:
@@ -198,6 +223,55 @@ class PlanServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AdviseTiers(self, request, context):
+        """Deployment strategies (docs/strategies.md): dry runs of the planning core on the
+        controller's healthy registered nodes that match spec.node_selector. Nothing is stored
+        or rolled out; viewer tokens may call them (like Solve). Every solve runs off the
+        event loop. spec.name may be "" (it only picks up load windows reported for a
+        deployment of that name, as Solve does). INVALID_ARGUMENT names the field at fault;
+        FAILED_PRECONDITION when no usable node matches. A question without an answer (no batch
+        meets the target, the SLO cannot be met, no subset reaches the throughput) is answered
+        in the reply (infeasible, slo_met = false, additions), not as an error.
+
+        Split the nodes between an interactive tier (a TPOT/TTFT SLO at a request rate) and a
+        batch tier (spec.workload, solved with spec.policy); says whether the SLO is met and,
+        when not, what nodes would meet it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AdviseBatch(self, request, context):
+        """Largest batch (tokens per step per GPU) that fits memory and meets a TPOT (decode) or
+        TTFT (prefill) target, with every batch solved as a table of points.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AdviseContext(self, request, context):
+        """Longest context the plan of each policy holds at a batch.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EstimateCost(self, request, context):
+        """Cost per hour and per million tokens of a deployment's committed plan (NOT_FOUND for
+        an unknown deployment, FAILED_PRECONDITION before its first commit) or of a dry-run
+        solve of a spec.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MinCost(self, request, context):
+        """The cheapest subset of whole nodes whose plans reach a throughput target.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PlanServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -265,6 +339,31 @@ def add_PlanServiceServicer_to_server(servicer, server):
                     servicer.GetNode,
                     request_deserializer=mixfleet_dot_v1_dot_plan__pb2.GetNodeRequest.FromString,
                     response_serializer=mixfleet_dot_v1_dot_plan__pb2.NodeRecord.SerializeToString,
+            ),
+            'AdviseTiers': grpc.unary_unary_rpc_method_handler(
+                    servicer.AdviseTiers,
+                    request_deserializer=mixfleet_dot_v1_dot_plan__pb2.AdviseTiersRequest.FromString,
+                    response_serializer=mixfleet_dot_v1_dot_plan__pb2.AdviseTiersResponse.SerializeToString,
+            ),
+            'AdviseBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.AdviseBatch,
+                    request_deserializer=mixfleet_dot_v1_dot_plan__pb2.AdviseBatchRequest.FromString,
+                    response_serializer=mixfleet_dot_v1_dot_plan__pb2.AdviseBatchResponse.SerializeToString,
+            ),
+            'AdviseContext': grpc.unary_unary_rpc_method_handler(
+                    servicer.AdviseContext,
+                    request_deserializer=mixfleet_dot_v1_dot_plan__pb2.AdviseContextRequest.FromString,
+                    response_serializer=mixfleet_dot_v1_dot_plan__pb2.AdviseContextResponse.SerializeToString,
+            ),
+            'EstimateCost': grpc.unary_unary_rpc_method_handler(
+                    servicer.EstimateCost,
+                    request_deserializer=mixfleet_dot_v1_dot_plan__pb2.EstimateCostRequest.FromString,
+                    response_serializer=mixfleet_dot_v1_dot_plan__pb2.EstimateCostResponse.SerializeToString,
+            ),
+            'MinCost': grpc.unary_unary_rpc_method_handler(
+                    servicer.MinCost,
+                    request_deserializer=mixfleet_dot_v1_dot_plan__pb2.MinCostRequest.FromString,
+                    response_serializer=mixfleet_dot_v1_dot_plan__pb2.MinCostResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -618,6 +717,141 @@ class PlanService:
             '/mixfleet.v1.PlanService/GetNode',
             mixfleet_dot_v1_dot_plan__pb2.GetNodeRequest.SerializeToString,
             mixfleet_dot_v1_dot_plan__pb2.NodeRecord.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AdviseTiers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mixfleet.v1.PlanService/AdviseTiers',
+            mixfleet_dot_v1_dot_plan__pb2.AdviseTiersRequest.SerializeToString,
+            mixfleet_dot_v1_dot_plan__pb2.AdviseTiersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AdviseBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mixfleet.v1.PlanService/AdviseBatch',
+            mixfleet_dot_v1_dot_plan__pb2.AdviseBatchRequest.SerializeToString,
+            mixfleet_dot_v1_dot_plan__pb2.AdviseBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AdviseContext(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mixfleet.v1.PlanService/AdviseContext',
+            mixfleet_dot_v1_dot_plan__pb2.AdviseContextRequest.SerializeToString,
+            mixfleet_dot_v1_dot_plan__pb2.AdviseContextResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EstimateCost(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mixfleet.v1.PlanService/EstimateCost',
+            mixfleet_dot_v1_dot_plan__pb2.EstimateCostRequest.SerializeToString,
+            mixfleet_dot_v1_dot_plan__pb2.EstimateCostResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MinCost(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mixfleet.v1.PlanService/MinCost',
+            mixfleet_dot_v1_dot_plan__pb2.MinCostRequest.SerializeToString,
+            mixfleet_dot_v1_dot_plan__pb2.MinCostResponse.FromString,
             options,
             channel_credentials,
             insecure,

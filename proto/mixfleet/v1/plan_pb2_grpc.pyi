@@ -78,6 +78,33 @@ class PlanServiceStub:
     """Nodes as the controller sees them (inventory, liveness, health)."""
     GetNode: _grpc.UnaryUnaryMultiCallable[_plan_pb2.GetNodeRequest, _plan_pb2.NodeRecord]
     """NOT_FOUND when unknown"""
+    AdviseTiers: _grpc.UnaryUnaryMultiCallable[_plan_pb2.AdviseTiersRequest, _plan_pb2.AdviseTiersResponse]
+    """Deployment strategies (docs/strategies.md): dry runs of the planning core on the
+    controller's healthy registered nodes that match spec.node_selector. Nothing is stored
+    or rolled out; viewer tokens may call them (like Solve). Every solve runs off the
+    event loop. spec.name may be "" (it only picks up load windows reported for a
+    deployment of that name, as Solve does). INVALID_ARGUMENT names the field at fault;
+    FAILED_PRECONDITION when no usable node matches. A question without an answer (no batch
+    meets the target, the SLO cannot be met, no subset reaches the throughput) is answered
+    in the reply (infeasible, slo_met = false, additions), not as an error.
+
+    Split the nodes between an interactive tier (a TPOT/TTFT SLO at a request rate) and a
+    batch tier (spec.workload, solved with spec.policy); says whether the SLO is met and,
+    when not, what nodes would meet it.
+    """
+    AdviseBatch: _grpc.UnaryUnaryMultiCallable[_plan_pb2.AdviseBatchRequest, _plan_pb2.AdviseBatchResponse]
+    """Largest batch (tokens per step per GPU) that fits memory and meets a TPOT (decode) or
+    TTFT (prefill) target, with every batch solved as a table of points.
+    """
+    AdviseContext: _grpc.UnaryUnaryMultiCallable[_plan_pb2.AdviseContextRequest, _plan_pb2.AdviseContextResponse]
+    """Longest context the plan of each policy holds at a batch."""
+    EstimateCost: _grpc.UnaryUnaryMultiCallable[_plan_pb2.EstimateCostRequest, _plan_pb2.EstimateCostResponse]
+    """Cost per hour and per million tokens of a deployment's committed plan (NOT_FOUND for
+    an unknown deployment, FAILED_PRECONDITION before its first commit) or of a dry-run
+    solve of a spec.
+    """
+    MinCost: _grpc.UnaryUnaryMultiCallable[_plan_pb2.MinCostRequest, _plan_pb2.MinCostResponse]
+    """The cheapest subset of whole nodes whose plans reach a throughput target."""
 
 @_typing.type_check_only
 class PlanServiceAsyncStub(PlanServiceStub):
@@ -115,6 +142,33 @@ class PlanServiceAsyncStub(PlanServiceStub):
     """Nodes as the controller sees them (inventory, liveness, health)."""
     GetNode: _aio.UnaryUnaryMultiCallable[_plan_pb2.GetNodeRequest, _plan_pb2.NodeRecord]  # type: ignore[assignment]
     """NOT_FOUND when unknown"""
+    AdviseTiers: _aio.UnaryUnaryMultiCallable[_plan_pb2.AdviseTiersRequest, _plan_pb2.AdviseTiersResponse]  # type: ignore[assignment]
+    """Deployment strategies (docs/strategies.md): dry runs of the planning core on the
+    controller's healthy registered nodes that match spec.node_selector. Nothing is stored
+    or rolled out; viewer tokens may call them (like Solve). Every solve runs off the
+    event loop. spec.name may be "" (it only picks up load windows reported for a
+    deployment of that name, as Solve does). INVALID_ARGUMENT names the field at fault;
+    FAILED_PRECONDITION when no usable node matches. A question without an answer (no batch
+    meets the target, the SLO cannot be met, no subset reaches the throughput) is answered
+    in the reply (infeasible, slo_met = false, additions), not as an error.
+
+    Split the nodes between an interactive tier (a TPOT/TTFT SLO at a request rate) and a
+    batch tier (spec.workload, solved with spec.policy); says whether the SLO is met and,
+    when not, what nodes would meet it.
+    """
+    AdviseBatch: _aio.UnaryUnaryMultiCallable[_plan_pb2.AdviseBatchRequest, _plan_pb2.AdviseBatchResponse]  # type: ignore[assignment]
+    """Largest batch (tokens per step per GPU) that fits memory and meets a TPOT (decode) or
+    TTFT (prefill) target, with every batch solved as a table of points.
+    """
+    AdviseContext: _aio.UnaryUnaryMultiCallable[_plan_pb2.AdviseContextRequest, _plan_pb2.AdviseContextResponse]  # type: ignore[assignment]
+    """Longest context the plan of each policy holds at a batch."""
+    EstimateCost: _aio.UnaryUnaryMultiCallable[_plan_pb2.EstimateCostRequest, _plan_pb2.EstimateCostResponse]  # type: ignore[assignment]
+    """Cost per hour and per million tokens of a deployment's committed plan (NOT_FOUND for
+    an unknown deployment, FAILED_PRECONDITION before its first commit) or of a dry-run
+    solve of a spec.
+    """
+    MinCost: _aio.UnaryUnaryMultiCallable[_plan_pb2.MinCostRequest, _plan_pb2.MinCostResponse]  # type: ignore[assignment]
+    """The cheapest subset of whole nodes whose plans reach a throughput target."""
 
 class PlanServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -227,5 +281,62 @@ class PlanServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_plan_pb2.NodeRecord, _abc.Awaitable[_plan_pb2.NodeRecord]]:
         """NOT_FOUND when unknown"""
+
+    @_abc_1.abstractmethod
+    def AdviseTiers(
+        self,
+        request: _plan_pb2.AdviseTiersRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_plan_pb2.AdviseTiersResponse, _abc.Awaitable[_plan_pb2.AdviseTiersResponse]]:
+        """Deployment strategies (docs/strategies.md): dry runs of the planning core on the
+        controller's healthy registered nodes that match spec.node_selector. Nothing is stored
+        or rolled out; viewer tokens may call them (like Solve). Every solve runs off the
+        event loop. spec.name may be "" (it only picks up load windows reported for a
+        deployment of that name, as Solve does). INVALID_ARGUMENT names the field at fault;
+        FAILED_PRECONDITION when no usable node matches. A question without an answer (no batch
+        meets the target, the SLO cannot be met, no subset reaches the throughput) is answered
+        in the reply (infeasible, slo_met = false, additions), not as an error.
+
+        Split the nodes between an interactive tier (a TPOT/TTFT SLO at a request rate) and a
+        batch tier (spec.workload, solved with spec.policy); says whether the SLO is met and,
+        when not, what nodes would meet it.
+        """
+
+    @_abc_1.abstractmethod
+    def AdviseBatch(
+        self,
+        request: _plan_pb2.AdviseBatchRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_plan_pb2.AdviseBatchResponse, _abc.Awaitable[_plan_pb2.AdviseBatchResponse]]:
+        """Largest batch (tokens per step per GPU) that fits memory and meets a TPOT (decode) or
+        TTFT (prefill) target, with every batch solved as a table of points.
+        """
+
+    @_abc_1.abstractmethod
+    def AdviseContext(
+        self,
+        request: _plan_pb2.AdviseContextRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_plan_pb2.AdviseContextResponse, _abc.Awaitable[_plan_pb2.AdviseContextResponse]]:
+        """Longest context the plan of each policy holds at a batch."""
+
+    @_abc_1.abstractmethod
+    def EstimateCost(
+        self,
+        request: _plan_pb2.EstimateCostRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_plan_pb2.EstimateCostResponse, _abc.Awaitable[_plan_pb2.EstimateCostResponse]]:
+        """Cost per hour and per million tokens of a deployment's committed plan (NOT_FOUND for
+        an unknown deployment, FAILED_PRECONDITION before its first commit) or of a dry-run
+        solve of a spec.
+        """
+
+    @_abc_1.abstractmethod
+    def MinCost(
+        self,
+        request: _plan_pb2.MinCostRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_plan_pb2.MinCostResponse, _abc.Awaitable[_plan_pb2.MinCostResponse]]:
+        """The cheapest subset of whole nodes whose plans reach a throughput target."""
 
 def add_PlanServiceServicer_to_server(servicer: PlanServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
