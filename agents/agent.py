@@ -157,13 +157,19 @@ CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
 )
 
 
-def make_channel(settings: AgentSettings) -> aio.Channel:
+def make_channel(settings: AgentSettings, *, own_connection: bool = False) -> aio.Channel:
     """A grpc.aio channel to the controller with the settings' credentials.
+
+    Args:
+        own_connection: do not share a TCP connection with other channels of this process
+            (gRPC shares one between channels of equal arguments).
 
     Raises:
         InputError: a TLS file cannot be read (the message names it).
     """
     options = list(CHANNEL_OPTIONS)
+    if own_connection:
+        options.append(("grpc.use_local_subchannel_pool", 1))
     if settings.tls is None:
         return aio.insecure_channel(settings.controller, options=options)
     t = settings.tls

@@ -84,7 +84,11 @@ class SimulatedFleet:
 
     def _channel(self, k: int) -> aio.Channel:
         while len(self._channels) <= k // self.agents_per_channel:
-            self._channels.append(make_channel(self.settings))
+            # A channel of its own subchannel pool: its own TCP connection. Channels with equal
+            # arguments otherwise share one connection, and every simulated agent would
+            # multiplex on a single HTTP/2 connection (flow control, stream limits) as no
+            # real fleet does.
+            self._channels.append(make_channel(self.settings, own_connection=True))
         return self._channels[k // self.agents_per_channel]
 
     def start(self) -> None:

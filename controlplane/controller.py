@@ -39,7 +39,7 @@ import math
 import secrets
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -213,6 +213,7 @@ class Controller:
         self._stalled_at_seen: dict[str, float] = {}
         self._last_persisted: dict[str, float] = {}
         self._lost: set[str] = set()
+        self._facts: dict[str, tuple[NodeInventory, dict[str, str], tuple[str, ...]]] = {}
         self._rollouts: dict[str, _Rollout] = {}
         self._ack_buffer: list[StoredAck] = []
         # deployment -> (version, plan, node parts) of its latest proposed plan, split off
@@ -370,15 +371,17 @@ class Controller:
     def observe(self) -> rc.Observed:
         now = self.clock()
         nodes: list[rc.NodeObs] = []
-        for n in sorted(self._nodes.values(), key=lambda n: n.name):
+        for name in sorted(self._nodes):
+            n = self._nodes[name]
+            labels, healthy = self._node_facts(n)
             nodes.append(
                 rc.NodeObs(
-                    name=n.name,
-                    labels=dict(n.inventory.labels),
-                    last_seen_s=self._seen(n.name, n.last_heartbeat_s),
+                    name=name,
+                    labels=labels,
+                    last_seen_s=self._seen(name, n.last_heartbeat_s),
                     state=n.state,
-                    healthy_gpus=_healthy_gpu_ids(n.inventory),
-                    marked_lost=n.name in self._lost,
+                    healthy_gpus=healthy,
+                    marked_lost=name in self._lost,
                 )
             )
         alive = sum(1 for n in nodes if not n.marked_lost and n.state != "draining")
@@ -386,6 +389,16 @@ class Controller:
         self.metrics.healthy_nodes.set(alive)
         deployments = [self._observe_deployment(d) for d in self.store.list_deployments()]
         return rc.Observed(now, tuple(nodes), tuple(deployments))
+
+    def _node_facts(self, n: StoredNode) -> tuple[dict[str, str], tuple[str, ...]]:
+        """Labels and healthy GPU ids of a node record, kept until the record changes
+        (observe runs several times a second over every node)."""
+        cached = self._facts.get(n.name)
+        if cached is not None and cached[0] is n.inventory:
+            return cached[1], cached[2]
+        labels, healthy = dict(n.inventory.labels), _healthy_gpu_ids(n.inventory)
+        self._facts[n.name] = (n.inventory, labels, healthy)
+        return labels, healthy
 
     def _observe_deployment(self, d: StoredDeployment) -> rc.DeploymentObs:
         committed = None
@@ -474,7 +487,7 @@ class Controller:
         d = self.store.get_deployment(a.deployment)
         if d is None:
             return
-        committed = self.store.committed_plan(a.deployment) if a.previous_version else None
+        committed = self._committed_state(a.deployment) if a.previous_version else None
         previous = committed.plan if committed is not None else None
         measured = None
         if a.rebalance or d.spec.workload.load == "measured":
@@ -942,19 +955,25 @@ class Controller:
             raise PreconditionError(
                 "stale session. To fix: call Register again", field="session_id"
             )
-        if self.store.get_deployment(deployment, include_deleted=True) is None:
-            raise NotFoundError(f"no deployment {deployment!r}", field="deployment")
         r = self._rollouts.get(deployment)
+        c = self._committed.get(deployment)
+        if (r is None and c is None) and self.store.get_deployment(
+            deployment, include_deleted=True
+        ) is None:
+            raise NotFoundError(f"no deployment {deployment!r}", field="deployment")
+        nodes: Collection[str]
         if r is not None and r.version == version:
             plan_state = "preparing"
-            stored_id, nodes = r.plan_id, set(r.parts)
+            stored_id, nodes = r.plan_id, r.parts
+        elif c is not None and c.version == version:  # COMMITTED acks: no store read
+            plan_state, stored_id, nodes = "committed", c.plan.id, c.parts
         else:
             stored = self.store.get_plan(deployment, version, with_plan=False)
             if stored is None:
                 raise NotFoundError(
                     f"deployment {deployment!r} has no plan version {version}", field="version"
                 )
-            plan_state, stored_id, nodes = stored.state, stored.plan_id, set(stored.nodes)
+            plan_state, stored_id, nodes = stored.state, stored.plan_id, frozenset(stored.nodes)
         if plan_id and plan_id != stored_id:
             raise PreconditionError(
                 f"version {version} of {deployment!r} is plan {stored_id}, not {plan_id}",
@@ -1115,10 +1134,15 @@ class Controller:
         finally:
             self._plan_watchers.discard(q)
 
-    def node_views(self) -> list[NodeView]:
+    def node_views(self, only: str | None = None) -> list[NodeView]:
+        """Every node (sorted by name), or just the one called ``only`` (none if unknown)."""
         now = self.clock()
         out = []
-        for n in sorted(self._nodes.values(), key=lambda n: n.name):
+        if only is not None:
+            chosen = [self._nodes[only]] if only in self._nodes else []
+        else:
+            chosen = sorted(self._nodes.values(), key=lambda n: n.name)
+        for n in chosen:
             seen = self._last_seen.get(n.name, n.last_heartbeat_s)
             health: NodeHealth
             silent = now - self._seen(n.name, n.last_heartbeat_s)

@@ -123,6 +123,13 @@ class ServerOptions:
         insecure: allow plaintext; only on a loopback address.
         max_receive_message_bytes: largest request message accepted, bytes.
         max_send_message_bytes: largest response message sent, bytes.
+        max_pending_rpcs: calls gRPC may hold that the server has not picked up yet (its
+            ``grpc.server.max_pending_requests``; the hard limit is twice this). gRPC's
+            default of 1,000 is too small for a fleet: every agent keeps a WatchAssignments
+            stream open and heartbeats, so when the event loop is busy for a moment (a
+            rollout to 2,000 nodes) more than 1,000 calls arrive before it picks them up, and
+            gRPC refuses the excess - streams that never open, heartbeats that fail, nodes
+            declared lost.
     """
 
     tls: TlsFiles | None = None
@@ -130,6 +137,7 @@ class ServerOptions:
     insecure: bool = False
     max_receive_message_bytes: int = 16 * MIB
     max_send_message_bytes: int = 64 * MIB
+    max_pending_rpcs: int = 32_768
 
 
 # --------------------------------------------------------------------------- errors
@@ -172,6 +180,10 @@ class _Guard(_Interceptor):
     def __init__(self, auth: Authenticator, controller: Controller) -> None:
         self.auth = auth
         self.metrics = controller.metrics
+        # method -> wrapped handler: built once, not on every call (at 2,000 heartbeats a
+        # second the per-call wrapping alone took several percent of a core)
+        self._handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
+        self._latency: dict[tuple[str, str], Any] = {}
 
     async def intercept_service(
         self,
@@ -180,24 +192,31 @@ class _Guard(_Interceptor):
         ],
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler[Any, Any]:
+        method: str = details.method
+        cached = self._handlers.get(method)
+        if cached is not None:
+            return cached
         handler = await continuation(details)
         if handler is None:
             return handler
-        method: str = details.method
         h: Any = handler
+        wrapped: grpc.RpcMethodHandler[Any, Any]
         if h.unary_unary:
-            return grpc.unary_unary_rpc_method_handler(
+            wrapped = grpc.unary_unary_rpc_method_handler(
                 self._unary(method, h.unary_unary), h.request_deserializer, h.response_serializer
             )
-        if h.unary_stream:
-            return grpc.unary_stream_rpc_method_handler(
+        elif h.unary_stream:
+            wrapped = grpc.unary_stream_rpc_method_handler(
                 self._stream(method, h.unary_stream), h.request_deserializer, h.response_serializer
             )
-        if h.stream_unary:
-            return grpc.stream_unary_rpc_method_handler(
+        elif h.stream_unary:
+            wrapped = grpc.stream_unary_rpc_method_handler(
                 self._unary(method, h.stream_unary), h.request_deserializer, h.response_serializer
             )
-        return handler  # stream-stream: none of ours
+        else:
+            return handler  # stream-stream: none of ours
+        self._handlers[method] = wrapped
+        return wrapped
 
     def _enter(self, method: str, context: Ctx) -> Identity | None:
         if allowed_roles(method) is None:  # health, reflection: open
@@ -218,7 +237,10 @@ class _Guard(_Interceptor):
         return code  # not reached: abort raises
 
     def _observe(self, method: str, code: str, t0: float) -> None:
-        self.metrics.rpc_seconds.labels(method, code).observe(time.perf_counter() - t0)
+        child = self._latency.get((method, code))
+        if child is None:
+            child = self._latency[(method, code)] = self.metrics.rpc_seconds.labels(method, code)
+        child.observe(time.perf_counter() - t0)
 
     def _unary(self, method: str, inner: Any) -> Any:
         async def behavior(request: Any, context: Ctx) -> Any:
@@ -468,9 +490,8 @@ class PlanServicer(plan_pb2_grpc.PlanServiceServicer):
         return plan_pb2.ListNodesResponse(nodes=[node_to_proto(v) for v in self.c.node_views()])
 
     async def GetNode(self, request: plan_pb2.GetNodeRequest, context: Ctx) -> plan_pb2.NodeRecord:
-        for v in self.c.node_views():
-            if v.stored.name == request.name:
-                return node_to_proto(v)
+        for v in self.c.node_views(only=request.name):
+            return node_to_proto(v)
         raise NotFoundError(f"no node {request.name!r}", field="name")
 
     # Deployment strategies: parse and validate (strategy_wire), answer on the live fleet
@@ -595,6 +616,8 @@ def create_server(
             ("grpc.max_receive_message_length", opts.max_receive_message_bytes),
             ("grpc.max_send_message_length", opts.max_send_message_bytes),
             ("grpc.so_reuseport", 0),
+            ("grpc.server.max_pending_requests", opts.max_pending_rpcs),
+            ("grpc.server.max_pending_requests_hard_limit", 2 * opts.max_pending_rpcs),
         ],
     )
     agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(controller), server)
