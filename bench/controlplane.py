@@ -553,8 +553,9 @@ def render_markdown(doc: dict[str, Any]) -> str:
         "what each figure measures.",
         "",
         "| N | heartbeat p50 / p99 ms (steady) | p99 during solve | p99 during rollout "
-        "| fan-out s (solve s) | loss -> commit s, slice | loss -> commit s, wide (solve s) |",
-        "|---|---|---|---|---|---|---|",
+        "| apply -> rollout start s | fan-out s (all prepared / commit -> last) "
+        "| loss -> commit s, slice | loss -> commit s, wide (rollout s) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in doc["runs"]:
         hb = r.get("heartbeat_steady", {})
@@ -565,10 +566,26 @@ def render_markdown(doc: dict[str, Any]) -> str:
             f"| {r['agents']} | {hb.get('p50_ms')} / {hb.get('p99_ms')} "
             f"| {r.get('heartbeat_during_solve', {}).get('p99_ms')} "
             f"| {r.get('heartbeat_during_rollout', {}).get('p99_ms')} "
-            f"| {fan.get('fanout_s')} ({fan.get('solve_s')}) "
+            f"| {fan.get('apply_to_rollout_start_s')} "
+            f"| {fan.get('fanout_s')} ({fan.get('prepared_everywhere_s')} / "
+            f"{fan.get('commit_point_to_last_commit_s')}) "
             f"| {ls.get('loss_to_commit_s')} "
-            f"| {lw.get('loss_to_commit_s')} ({lw.get('solve_s')}) |"
+            f"| {lw.get('loss_to_commit_s')} ({lw.get('rollout_s')}) |"
         )
+    last = doc["runs"][-1] if doc["runs"] else {}
+    fan = last.get("fanout", {})
+    if fan.get("part_json_bytes_per_node") is not None:
+        lines += [
+            "",
+            f"At N = {last['agents']} each node's PREPARE carried a "
+            f"{fan['part_json_bytes_per_node']:,}-byte part and the plan's "
+            f"{fan.get('expert_location_bytes', 0):,}-byte expert location (serialised once "
+            "per version). Controller CPU during the rollout: "
+            f"{fan.get('controller_cpu_percent')}% of one core, the agents' process "
+            f"{fan.get('agents_process_cpu_percent')}%; in steady state "
+            f"{last.get('controller_cpu_percent_steady')}% and "
+            f"{last.get('agents_process_cpu_percent_steady')}%.",
+        ]
     t = doc["targets_at_2000"]
     lines += [
         "",
@@ -607,7 +624,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="FILE",
         help="run the controller under cProfile, writing FILE (suffixed -nN per run)",
     )
+    p.add_argument(
+        "--render",
+        type=Path,
+        default=None,
+        metavar="RESULTS",
+        help="only write --docs from an existing results file (no run)",
+    )
     args = p.parse_args(argv)
+    if args.render is not None:
+        if args.docs is None:
+            print("error: --render needs --docs FILE to write", file=sys.stderr)
+            return 2
+        try:
+            rendered = render_markdown(json.loads(args.render.read_text()))
+        except (OSError, ValueError, KeyError) as exc:
+            print(f"error: --render {args.render}: {exc}", file=sys.stderr)
+            return 2
+        args.docs.write_text(rendered)
+        print(f"wrote {args.docs}")
+        return 0
     try:
         ns = [int(x) for x in args.agents.split(",") if x]
     except ValueError:

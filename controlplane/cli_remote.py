@@ -398,6 +398,7 @@ def cmd_deploy_get(args: argparse.Namespace) -> int:
                 st.committed_version or "-",
                 st.latest_version or "-",
                 _ms(st.step_time_us),
+                f"{st.cost_per_million_tokens_usd:.3f}" if st.cost_per_million_tokens_usd else "-",
                 len(st.nodes) or "-",
                 st.message[:60],
             ]
@@ -413,6 +414,7 @@ def cmd_deploy_get(args: argparse.Namespace) -> int:
                 "COMMITTED",
                 "LATEST",
                 "STEP_MS",
+                "USD_PER_MTOK",
                 "NODES",
                 "MESSAGE",
             ],

@@ -91,6 +91,8 @@ def test_nodes_deploy_plans_watch(
     assert "mixtral" in out and "ready" in out
     got = json.loads(cli(capsys, *addr, "deploy", "get", "mixtral", "-o", "json"))
     assert got["status"]["committed_version"] == "1"
+    usd = got["status"]["cost_per_million_tokens_usd"]
+    assert usd > 0 and "USD_PER_MTOK" in out and f"{usd:.3f}" in out
     assert got["status"]["nodes"] == ["n1"]  # nodeSelector rack: r1
 
     out = cli(capsys, *addr, "plans", "list")
