@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar, cast
 
 import grpc
 import structlog
@@ -75,6 +75,14 @@ class AgentFatalError(MixfleetError):
 
 class _ReregisterError(Exception):
     """The session ended (controller forgot it, stream says stale): register again."""
+
+
+#: What ``read()`` of a grpc.aio stream returns at its end (missing from the type stubs).
+_EOF: Any = getattr(aio, "EOF")  # noqa: B009
+
+
+class _StreamEndedError(Exception):
+    """The controller ended a stream the agent still needs (reopen it)."""
 
 
 # --------------------------------------------------------------------------- settings
@@ -299,6 +307,7 @@ class Agent:
         self.session_id = ""
         self.controller_id = ""
         self.interval_s = settings.heartbeat_interval_s or 1.0
+        self._stream_heartbeats = True  # False after the controller answered UNIMPLEMENTED
         self.stats = AgentStats()
         self._health_of: NodeInventory | None = None
         self._health_msg = agent_pb2.HeartbeatRequest()
@@ -400,31 +409,74 @@ class Agent:
     # -- heartbeat
 
     async def _heartbeat_loop(self, stub: Stub) -> None:
+        """Heartbeat every interval (with jitter) for the whole session, on a
+        HeartbeatStream (one stream message per beat), or with unary Heartbeat calls when the
+        controller does not implement the stream. A failed beat is retried after a backoff;
+        a failing stream is reopened."""
         backoff = self._backoff()
-        while True:
-            jitter = self.settings.heartbeat_jitter
-            await asyncio.sleep(self.interval_s * (1 - jitter + 2 * jitter * self._rand()))
-            t0 = time.perf_counter()
+        stream: Any = None
+        try:
+            while True:
+                jitter = self.settings.heartbeat_jitter
+                await asyncio.sleep(self.interval_s * (1 - jitter + 2 * jitter * self._rand()))
+                if stream is None and self._stream_heartbeats:
+                    # called without a request iterator: the stream is written beat by beat
+                    stream = cast(Any, stub).HeartbeatStream(metadata=self._metadata)
+                t0 = time.perf_counter()
+                try:
+                    if stream is not None:
+                        reply = await self._beat_on_stream(stream)
+                    else:
+                        reply = await stub.Heartbeat(
+                            self._heartbeat_request(),
+                            timeout=self.settings.rpc_timeout_s,
+                            metadata=self._metadata,
+                        )
+                except (aio.AioRpcError, TimeoutError, _StreamEndedError) as exc:
+                    if stream is not None:
+                        stream.cancel()
+                        stream = None
+                    self.stats.heartbeat_failures += 1
+                    if isinstance(exc, aio.AioRpcError):
+                        code = exc.code()
+                        if code == grpc.StatusCode.UNIMPLEMENTED and self._stream_heartbeats:
+                            self._stream_heartbeats = False  # an older controller: unary
+                            self.log.info("heartbeat_stream_unavailable")
+                            continue
+                        if code in FATAL_CODES:
+                            raise AgentFatalError(_fatal_message(exc)) from exc
+                        self._note_error("heartbeat_failed", exc)
+                    else:
+                        self.log.warning("heartbeat_failed", error=str(exc) or "timed out")
+                    await asyncio.sleep(backoff.next_delay())
+                    continue
+                self.stats.record_latency(time.perf_counter() - t0)
+                self.stats.heartbeats += 1
+                backoff.reset()
+                if reply.reregister:
+                    raise _ReregisterError("controller asked to re-register")
+                if not self.settings.heartbeat_interval_s and reply.heartbeat_interval_s > 0:
+                    self.interval_s = reply.heartbeat_interval_s
+        finally:
+            if stream is not None:
+                stream.cancel()
+
+    async def _beat_on_stream(self, stream: Any) -> agent_pb2.HeartbeatResponse:
+        """Send one heartbeat on the stream and read its reply (within the RPC timeout).
+
+        Raises:
+            aio.AioRpcError: the stream failed. TimeoutError: no reply in time.
+            _StreamEndedError: the controller closed the stream.
+        """
+        async with asyncio.timeout(self.settings.rpc_timeout_s):
             try:
-                reply: agent_pb2.HeartbeatResponse = await stub.Heartbeat(
-                    self._heartbeat_request(),
-                    timeout=self.settings.rpc_timeout_s,
-                    metadata=self._metadata,
-                )
-            except aio.AioRpcError as exc:
-                self.stats.heartbeat_failures += 1
-                if exc.code() in FATAL_CODES:
-                    raise AgentFatalError(_fatal_message(exc)) from exc
-                self._note_error("heartbeat_failed", exc)
-                await asyncio.sleep(backoff.next_delay())
-                continue
-            self.stats.record_latency(time.perf_counter() - t0)
-            self.stats.heartbeats += 1
-            backoff.reset()
-            if reply.reregister:
-                raise _ReregisterError("controller asked to re-register")
-            if not self.settings.heartbeat_interval_s and reply.heartbeat_interval_s > 0:
-                self.interval_s = reply.heartbeat_interval_s
+                await stream.write(self._heartbeat_request())
+            except asyncio.InvalidStateError as exc:  # the call ended (controller went away)
+                raise _StreamEndedError(f"heartbeat stream ended: {await stream.code()}") from exc
+            reply = await stream.read()
+        if reply is _EOF:
+            raise _StreamEndedError("the controller closed the heartbeat stream")
+        return cast(agent_pb2.HeartbeatResponse, reply)
 
     def _heartbeat_request(self) -> agent_pb2.HeartbeatRequest:
         assert self.inventory is not None

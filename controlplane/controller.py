@@ -993,6 +993,7 @@ class Controller:
                 f"version {version} of {deployment!r} is {plan_state}, not committed",
                 field="version",
             )
+        self._heard_from(node, self.clock())  # an ack is as good a sign of life as a heartbeat
         known = self._known_acks(deployment, version)
         duplicate = state in known.get(node, ())
         if not duplicate:

@@ -213,8 +213,14 @@ class _Guard(_Interceptor):
             wrapped = grpc.stream_unary_rpc_method_handler(
                 self._unary(method, h.stream_unary), h.request_deserializer, h.response_serializer
             )
+        elif h.stream_stream:
+            wrapped = grpc.stream_stream_rpc_method_handler(
+                self._stream(method, h.stream_stream),
+                h.request_deserializer,
+                h.response_serializer,
+            )
         else:
-            return handler  # stream-stream: none of ours
+            return handler
         self._handlers[method] = wrapped
         return wrapped
 
@@ -318,6 +324,15 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
     async def Heartbeat(
         self, request: agent_pb2.HeartbeatRequest, context: Ctx
     ) -> agent_pb2.HeartbeatResponse:
+        return self._heartbeat(request)
+
+    async def HeartbeatStream(
+        self, request_iterator: AsyncIterator[agent_pb2.HeartbeatRequest], context: Ctx
+    ) -> AsyncIterator[agent_pb2.HeartbeatResponse]:
+        async for request in request_iterator:
+            yield self._heartbeat(request)
+
+    def _heartbeat(self, request: agent_pb2.HeartbeatRequest) -> agent_pb2.HeartbeatResponse:
         _check_node(request.node)
         health: dict[int, Any] = {}
         for k, h in enumerate(request.gpu_health):

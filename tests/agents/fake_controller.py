@@ -32,6 +32,8 @@ class FakeAgentService:
     ack_error: grpc.StatusCode | None = None
     metadata_seen: list[dict[str, str]] = field(default_factory=list)
     sessions: int = 0
+    heartbeat_stream: bool = True
+    stream_opens: int = 0
 
     def queue(self, node: str) -> asyncio.Queue[agent_pb2.Assignment | None]:
         return self.queues.setdefault(node, asyncio.Queue())
@@ -60,6 +62,15 @@ class FakeAgentService:
             self.reregister_next = False
             return agent_pb2.HeartbeatResponse(reregister=True)
         return agent_pb2.HeartbeatResponse(heartbeat_interval_s=self.heartbeat_interval_s)
+
+    async def HeartbeatStream(  # noqa: N802
+        self, request_iterator: AsyncIterator[agent_pb2.HeartbeatRequest], context: Ctx
+    ) -> AsyncIterator[agent_pb2.HeartbeatResponse]:
+        if not self.heartbeat_stream:  # an older controller
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
+        self.stream_opens += 1
+        async for request in request_iterator:
+            yield await self.Heartbeat(request, context)
 
     async def WatchAssignments(  # noqa: N802
         self, request: agent_pb2.WatchAssignmentsRequest, context: Ctx

@@ -285,3 +285,49 @@ def test_partless_commit_with_nothing_staged_makes_the_agent_resync() -> None:
             await server.stop(None)
 
     asyncio.run(go())
+
+
+def test_heartbeats_use_one_stream_and_fall_back_to_unary_calls() -> None:
+    async def go(streaming: bool) -> FakeAgentService:
+        svc = FakeAgentService(heartbeat_stream=streaming)
+        server, port = await start_fake(svc)
+        agent = Agent(_settings(port), lambda: _inventory(), MemoryApplier("n0"))
+        task = asyncio.create_task(agent.run())
+        try:
+            await wait_for(lambda: agent.stats.heartbeats >= 5, what="five heartbeats")
+        finally:
+            agent.stop()
+            await asyncio.wait_for(task, 5)
+            await server.stop(None)
+        return svc
+
+    streamed = asyncio.run(go(True))
+    assert streamed.stream_opens == 1 and len(streamed.heartbeats) >= 5  # one stream, many beats
+    unary = asyncio.run(go(False))
+    assert unary.stream_opens == 0 and len(unary.heartbeats) >= 5  # UNIMPLEMENTED -> unary
+
+
+def test_heartbeat_stream_is_reopened_after_the_controller_restarts() -> None:
+    """The controller goes away and comes back with the session (a restart on the same
+    store): the agent's heartbeat stream has ended, so it opens a new one and carries on."""
+
+    async def go() -> None:
+        svc = FakeAgentService()
+        server, port = await start_fake(svc)
+        agent = Agent(_settings(port), lambda: _inventory(), MemoryApplier("n0"))
+        task = asyncio.create_task(agent.run())
+        try:
+            await wait_for(lambda: len(svc.heartbeats) >= 3, what="heartbeats")
+            await server.stop(None)
+            await asyncio.sleep(0.3)
+            svc2 = FakeAgentService()
+            server, _ = await start_fake(svc2, port)
+            await wait_for(lambda: len(svc2.heartbeats) >= 3, what="heartbeats after restart")
+            assert svc2.stream_opens >= 1 and svc2.registers == []  # same session, new stream
+            assert agent.stats.heartbeat_failures >= 1
+        finally:
+            agent.stop()
+            await asyncio.wait_for(task, 5)
+            await server.stop(None)
+
+    asyncio.run(go())
