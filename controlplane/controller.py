@@ -108,7 +108,7 @@ class ControllerSettings:
     load_window_retention_s: float = 3600.0
     max_imbalance_samples: int = 256
     solver_processes: int = 1
-    min_tick_interval_s: float = 0.05
+    min_tick_interval_s: float = 0.1
 
     def reconcile_settings(self) -> rc.ReconcileSettings:
         return rc.ReconcileSettings(
@@ -213,7 +213,8 @@ class Controller:
         self._stalled_at_seen: dict[str, float] = {}
         self._last_persisted: dict[str, float] = {}
         self._lost: set[str] = set()
-        self._facts: dict[str, tuple[NodeInventory, dict[str, str], tuple[str, ...]]] = {}
+        self._names: list[str] = []  # sorted names of self._nodes (nodes are never removed)
+        self._obs: dict[str, tuple[StoredNode, float, bool, rc.NodeObs]] = {}
         self._rollouts: dict[str, _Rollout] = {}
         self._ack_buffer: list[StoredAck] = []
         # deployment -> (version, plan, node parts) of its latest proposed plan, split off
@@ -370,35 +371,31 @@ class Controller:
 
     def observe(self) -> rc.Observed:
         now = self.clock()
-        nodes: list[rc.NodeObs] = []
-        for name in sorted(self._nodes):
-            n = self._nodes[name]
-            labels, healthy = self._node_facts(n)
-            nodes.append(
-                rc.NodeObs(
-                    name=name,
-                    labels=labels,
-                    last_seen_s=self._seen(name, n.last_heartbeat_s),
-                    state=n.state,
-                    healthy_gpus=healthy,
-                    marked_lost=name in self._lost,
-                )
-            )
+        if len(self._names) != len(self._nodes):
+            self._names = sorted(self._nodes)
+        nodes = [self._node_obs(name) for name in self._names]
         alive = sum(1 for n in nodes if not n.marked_lost and n.state != "draining")
         self.metrics.nodes.set(len(nodes))
         self.metrics.healthy_nodes.set(alive)
         deployments = [self._observe_deployment(d) for d in self.store.list_deployments()]
         return rc.Observed(now, tuple(nodes), tuple(deployments))
 
-    def _node_facts(self, n: StoredNode) -> tuple[dict[str, str], tuple[str, ...]]:
-        """Labels and healthy GPU ids of a node record, kept until the record changes
-        (observe runs several times a second over every node)."""
-        cached = self._facts.get(n.name)
-        if cached is not None and cached[0] is n.inventory:
-            return cached[1], cached[2]
-        labels, healthy = dict(n.inventory.labels), _healthy_gpu_ids(n.inventory)
-        self._facts[n.name] = (n.inventory, labels, healthy)
-        return labels, healthy
+    def _node_obs(self, name: str) -> rc.NodeObs:
+        """The node as the decision sees it, rebuilt only when its record, liveness or
+        lost mark changed (observe runs several times a second over every node)."""
+        n = self._nodes[name]
+        seen = self._seen(name, n.last_heartbeat_s)
+        lost = name in self._lost
+        cached = self._obs.get(name)
+        if cached is not None and cached[0] is n and cached[1] == seen and cached[2] == lost:
+            return cached[3]
+        if cached is not None and cached[0].inventory is n.inventory:
+            labels, healthy = cached[3].labels, cached[3].healthy_gpus
+        else:
+            labels, healthy = dict(n.inventory.labels), _healthy_gpu_ids(n.inventory)
+        obs = rc.NodeObs(name, labels, seen, n.state, healthy, lost)
+        self._obs[name] = (n, seen, lost, obs)
+        return obs
 
     def _observe_deployment(self, d: StoredDeployment) -> rc.DeploymentObs:
         committed = None

@@ -350,7 +350,7 @@ def build_request(
 
 def selects(spec: DeploymentSpec, labels: Mapping[str, str]) -> bool:
     """Whether a node with ``labels`` matches the spec's node selector."""
-    return all(labels.get(k) == v for k, v in spec.node_selector.items())
+    return spec.node_selector.items() <= labels.items()
 
 
 # ---------------------------------------------------------------------- documents
