@@ -35,7 +35,13 @@ import structlog
 from grpc import aio
 from mixfleet.v1 import agent_pb2, agent_pb2_grpc
 
-from agents.applier import Applier, ApplyResult, NodeAssignment, assignment_from_json
+from agents.applier import (
+    Applier,
+    ApplyResult,
+    NodeAssignment,
+    assignment_from_json,
+    inflate_expert_location,
+)
 from agents.backoff import Backoff, BackoffSettings
 from agents.inventory import NodeInventory, check_inventory
 from agents.wire import health_to_proto, inventory_to_proto
@@ -595,7 +601,10 @@ class Agent:
         Raises:
             InputError: malformed part, or it disagrees with the message.
         """
-        a = assignment_from_json(msg.part_json, msg.expert_location_json)
+        a = assignment_from_json(msg.part_json)
+        if msg.expert_location_zlib:
+            location = inflate_expert_location(msg.expert_location_zlib, a.expert_location_bytes)
+            a = replace(a, expert_location_json=location)
         if (a.deployment, a.plan_id, a.version) != (msg.deployment, msg.plan_id, msg.version):
             raise InputError(
                 f"part is for {a.deployment} {a.plan_id} v{a.version}, message for "

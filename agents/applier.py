@@ -39,6 +39,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -77,6 +78,7 @@ class NodeAssignment:
             (written to disk verbatim); empty in native form.
         expert_location_sha256: hex SHA-256 the part names for ``expert_location_json``
             (``""`` when the part names none).
+        expert_location_bytes: its length as the part names it, bytes (0 = none named).
     """
 
     deployment: str
@@ -89,6 +91,7 @@ class NodeAssignment:
     ranks: tuple[int, ...]
     expert_location_json: bytes = b""
     expert_location_sha256: str = ""
+    expert_location_bytes: int = 0
 
     @property
     def expert_location(self) -> dict[str, Any] | None:
@@ -150,7 +153,9 @@ class NodeAssignment:
         }
         if self.expert_location_sha256:
             doc["expert_location_sha256"] = self.expert_location_sha256
-            doc["expert_location_bytes"] = len(self.expert_location_json)
+            doc["expert_location_bytes"] = self.expert_location_bytes or len(
+                self.expert_location_json
+            )
         return doc
 
 
@@ -174,6 +179,7 @@ def assignment_from_plan(deployment: str, plan: Plan, node: str) -> NodeAssignme
         ranks=tuple(r for r, _ in mine),
         expert_location_json=location,
         expert_location_sha256=hashlib.sha256(location).hexdigest() if location else "",
+        expert_location_bytes=len(location),
     )
 
 
@@ -224,6 +230,9 @@ def assignment_from_dict(d: Any, expert_location_json: bytes = b"") -> NodeAssig
         digest = d.get("expert_location_sha256", "")
         if not isinstance(digest, str):
             raise InputError("must be a hex string", field="part.expert_location_sha256")
+        size = d.get("expert_location_bytes", 0)
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise InputError("must be an integer >= 0", field="part.expert_location_bytes")
         return NodeAssignment(
             deployment=str(_field(d, "deployment", "part")),
             plan_id=str(_field(d, "plan_id", "part")),
@@ -235,9 +244,39 @@ def assignment_from_dict(d: Any, expert_location_json: bytes = b"") -> NodeAssig
             ranks=tuple(ranks),
             expert_location_json=bytes(expert_location_json),
             expert_location_sha256=digest,
+            expert_location_bytes=size,
         )
     except (TypeError, ValueError, AttributeError) as exc:
         raise InputError(f"malformed assignment: {exc}", field="part") from exc
+
+
+#: Largest expert location an agent inflates, bytes (a 256-layer x 65,536-slot map is ~1 GiB;
+#: real ones are megabytes).
+MAX_EXPERT_LOCATION_BYTES = 1 << 30
+
+
+def inflate_expert_location(data: bytes, expected_bytes: int) -> bytes:
+    """Decompress ``Assignment.expert_location_zlib`` (nothing for empty input), refusing
+    more output than the part announced (``expert_location_bytes``).
+
+    Raises:
+        InputError: not zlib data, or it inflates beyond ``expected_bytes`` (a corrupt or
+            hostile message).
+    """
+    if not data:
+        return b""
+    limit = min(max(expected_bytes, 0), MAX_EXPERT_LOCATION_BYTES)
+    inflater = zlib.decompressobj()
+    try:
+        out = inflater.decompress(data, limit + 1)
+    except zlib.error as exc:
+        raise InputError(f"not zlib data: {exc}", field="expert_location_zlib") from exc
+    if len(out) > limit or inflater.unconsumed_tail:
+        raise InputError(
+            f"inflates beyond the {limit} bytes the part announces",
+            field="expert_location_zlib",
+        )
+    return out
 
 
 def assignment_from_json(data: bytes, expert_location_json: bytes = b"") -> NodeAssignment:

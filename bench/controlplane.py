@@ -39,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -394,6 +395,7 @@ async def measure(n: int, args: argparse.Namespace, workdir: Path) -> dict[str, 
         if current is not None:
             fan["part_json_bytes_per_node"] = len(json.dumps(current.to_dict()))
             fan["expert_location_bytes"] = len(current.expert_location_json)
+            fan["expert_location_wire_bytes"] = len(zlib.compress(current.expert_location_json, 6))
         if cpu_ctl0 is not None and cpu_ctl1 is not None:
             fan["controller_cpu_percent"] = round(
                 100 * (cpu_ctl1 - cpu_ctl0) / (t_cpu1 - t_cpu0), 1
@@ -579,8 +581,9 @@ def render_markdown(doc: dict[str, Any]) -> str:
             "",
             f"At N = {last['agents']} each node's PREPARE carried a "
             f"{fan['part_json_bytes_per_node']:,}-byte part and the plan's "
-            f"{fan.get('expert_location_bytes', 0):,}-byte expert location (serialised once "
-            "per version). Controller CPU during the rollout: "
+            f"{fan.get('expert_location_bytes', 0):,}-byte expert location, "
+            f"{fan.get('expert_location_wire_bytes', 0):,} bytes compressed (serialised and "
+            "compressed once per version). Controller CPU during the rollout: "
             f"{fan.get('controller_cpu_percent')}% of one core, the agents' process "
             f"{fan.get('agents_process_cpu_percent')}%; in steady state "
             f"{last.get('controller_cpu_percent_steady')}% and "

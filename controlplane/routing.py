@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -47,14 +48,14 @@ class NodePart:
         gpus: the node's GPUs in the plan (rank order).
         document: the JSON object carried in ``Assignment.part_json`` (schema in agent.proto).
             It holds only this node's GPUs, so its size does not grow with the fleet.
-        expert_location_json: engine form: the whole plan's SGLang ``--init-expert-location``
-            document as UTF-8 JSON (``Assignment.expert_location_json``), one bytes object
-            shared by every node's part of the plan; empty in native form.
+        expert_location_zlib: engine form: the whole plan's SGLang ``--init-expert-location``
+            document as zlib-compressed UTF-8 JSON (``Assignment.expert_location_zlib``), one
+            bytes object shared by every node's part of the plan; empty in native form.
     """
 
     gpus: tuple[GpuPart, ...]
     document: dict[str, Any]
-    expert_location_json: bytes = b""
+    expert_location_zlib: bytes = b""
 
     @cached_property
     def json(self) -> bytes:
@@ -83,8 +84,9 @@ def split_plan(
 ) -> dict[str, NodePart]:
     """Every node's part of ``plan`` (node name -> part), in plan node order.
 
-    The whole-plan expert location is serialised once and shared by every part; each part's
-    document names its digest (``expert_location_sha256``) so a node can check what it got.
+    The whole-plan expert location is serialised and compressed once and shared by every
+    part (it grows with the fleet, and every node needs all of it); each part's document
+    names the JSON's digest (``expert_location_sha256``) so a node can check what it got.
 
     Args:
         uuids: GPU id -> hardware UUID from the nodes' inventories.
@@ -94,10 +96,11 @@ def split_plan(
     docs = doc_all.pop("gpus")
     header = doc_all
     location = expert_location(plan)
-    location_json = b""
+    location_zlib = b""
     location_ref: dict[str, Any] = {}
     if location is not None:
         location_json = json.dumps(location, separators=(",", ":")).encode()
+        location_zlib = zlib.compress(location_json, 6)
         location_ref = {
             "expert_location_sha256": hashlib.sha256(location_json).hexdigest(),
             "expert_location_bytes": len(location_json),
@@ -129,7 +132,7 @@ def split_plan(
             "gpus": entries[node],
             **location_ref,
         }
-        parts[node] = NodePart(tuple(node_gpus), doc, location_json)
+        parts[node] = NodePart(tuple(node_gpus), doc, location_zlib)
     return parts
 
 

@@ -93,7 +93,7 @@ def assignment_to_proto(e: AssignmentEvent) -> agent_pb2.Assignment:
             for g in e.part.gpus
         )
         msg.part_json = e.part.json
-        msg.expert_location_json = e.part.expert_location_json
+        msg.expert_location_zlib = e.part.expert_location_zlib
     return msg
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import zlib
 from dataclasses import replace
 from pathlib import Path
 
@@ -54,7 +55,7 @@ def _msg(
         phase=phase,
         world_size=a.world_size,
         part_json=json.dumps(a.to_dict()).encode() if part is None else part,
-        expert_location_json=a.expert_location_json,
+        expert_location_zlib=zlib.compress(a.expert_location_json),
     )
 
 

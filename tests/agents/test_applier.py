@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import zlib
 from dataclasses import replace
 from hashlib import sha256
 from pathlib import Path
@@ -24,6 +25,7 @@ from agents.applier import (
     atomic_write,
     check_assignment,
     check_expert_location,
+    inflate_expert_location,
     parse_env,
 )
 from policies.errors import InputError
@@ -345,3 +347,18 @@ def test_disk_applier_refuses_an_expert_location_of_the_wrong_shape(tmp_path: Pa
     assert applier.stage(a).ok and applier.commit(a.deployment, a.version).ok
     written = applier.link(a.deployment) / "expert_location.json"
     assert written.read_bytes() == a.expert_location_json
+
+
+def test_expert_location_inflates_only_to_the_size_the_part_announces() -> None:
+    _, a = _assignment()
+    packed = zlib.compress(a.expert_location_json)
+    assert inflate_expert_location(packed, a.expert_location_bytes) == a.expert_location_json
+    assert inflate_expert_location(b"", 0) == b""
+    with pytest.raises(InputError, match="inflates beyond") as err:
+        inflate_expert_location(packed, a.expert_location_bytes - 1)
+    assert err.value.field == "expert_location_zlib"
+    bomb = zlib.compress(b"0" * (1 << 20))  # 1 KiB on the wire, 1 MiB inflated
+    with pytest.raises(InputError, match="inflates beyond"):
+        inflate_expert_location(bomb, 4096)
+    with pytest.raises(InputError, match="not zlib"):
+        inflate_expert_location(b"not compressed", 100)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -152,7 +153,7 @@ class FakeAgent:
                 self.staged[a.deployment] = (
                     a.version,
                     json.loads(a.part_json),
-                    a.expert_location_json,
+                    zlib.decompress(a.expert_location_zlib),
                 )
                 await self._ack(a, agent_pb2.ACK_STATE_PREPARED)
         elif a.phase == agent_pb2.ASSIGNMENT_PHASE_COMMIT:
@@ -161,7 +162,7 @@ class FakeAgent:
                 self.applied[a.deployment] = (
                     a.version,
                     json.loads(a.part_json),
-                    a.expert_location_json,
+                    zlib.decompress(a.expert_location_zlib),
                 )
             else:  # switch to what this stream's PREPARE staged
                 assert staged is not None and staged[0] == a.version, (staged, a.version)

@@ -396,7 +396,7 @@ class Assignment(_message.Message):
     GPUS_FIELD_NUMBER: _builtins.int
     PART_JSON_FIELD_NUMBER: _builtins.int
     PREPARE_DEADLINE_UNIX_S_FIELD_NUMBER: _builtins.int
-    EXPERT_LOCATION_JSON_FIELD_NUMBER: _builtins.int
+    EXPERT_LOCATION_ZLIB_FIELD_NUMBER: _builtins.int
     deployment: _builtins.str
     plan_id: _builtins.str
     """content hash of the plan's placement"""
@@ -410,18 +410,20 @@ class Assignment(_message.Message):
       "deployment", "plan_id", "version", "node", "world_size",
       "plan": the plan header (policies.plan.Plan.to_dict() without "gpus"),
       "gpus": this node's entries of Plan.to_dict()["gpus"], each with an added "rank",
-      "expert_location_sha256", "expert_location_bytes": digest and length of
-                          expert_location_json (engine form only).
+      "expert_location_sha256", "expert_location_bytes": digest and length of the
+                          expert location JSON that expert_location_zlib inflates to (engine
+                          form only).
     Empty for ABORT and REMOVE, and for the COMMIT that follows this stream's PREPARE of the
     same version: the agent switches to the part it staged. A COMMIT replayed when a stream
     opens carries the part.
     """
     prepare_deadline_unix_s: _builtins.float
     """PREPARE only: ack before this time (controller clock)"""
-    expert_location_json: _builtins.bytes
+    expert_location_zlib: _builtins.bytes
     """Engine form, whenever part_json is set: the whole plan's expert location in SGLang's
     --init-expert-location format, {"physical_to_logical_map": [[...]]} (one row per model
-    layer), as UTF-8 JSON. Identical for every node of a plan version; empty in native form.
+    layer), as UTF-8 JSON compressed with zlib (RFC 1950). Compressed once per plan version
+    and identical for every node; empty in native form.
     """
     @_builtins.property
     def gpus(self) -> _containers.RepeatedCompositeFieldContainer[Global___GpuAssignment]:
@@ -438,11 +440,11 @@ class Assignment(_message.Message):
         gpus: _abc.Iterable[Global___GpuAssignment] | None = ...,
         part_json: _builtins.bytes = ...,
         prepare_deadline_unix_s: _builtins.float = ...,
-        expert_location_json: _builtins.bytes = ...,
+        expert_location_zlib: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["deployment", b"deployment", "expert_location_json", b"expert_location_json", "gpus", b"gpus", "part_json", b"part_json", "phase", b"phase", "plan_id", b"plan_id", "prepare_deadline_unix_s", b"prepare_deadline_unix_s", "version", b"version", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deployment", b"deployment", "expert_location_zlib", b"expert_location_zlib", "gpus", b"gpus", "part_json", b"part_json", "phase", b"phase", "plan_id", b"plan_id", "prepare_deadline_unix_s", b"prepare_deadline_unix_s", "version", b"version", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
