@@ -83,6 +83,8 @@ class _ReregisterError(Exception):
     """The session ended (controller forgot it, stream says stale): register again."""
 
 
+#: gRPC status codes by their number (``AckResponse.code``).
+_STATUS_BY_NUMBER = {c.value[0]: c for c in grpc.StatusCode}
 #: What ``read()`` of a grpc.aio stream returns at its end (missing from the type stubs).
 _EOF: Any = getattr(aio, "EOF")  # noqa: B009
 
@@ -314,6 +316,8 @@ class Agent:
         self.controller_id = ""
         self.interval_s = settings.heartbeat_interval_s or 1.0
         self._stream_heartbeats = True  # False after the controller answered UNIMPLEMENTED
+        self._stream_acks = True  # likewise
+        self._ack_stream: Any = None  # this session's AckStream call, opened on first use
         self.stats = AgentStats()
         self._health_of: NodeInventory | None = None
         self._health_msg = agent_pb2.HeartbeatRequest()
@@ -402,6 +406,9 @@ class Agent:
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         finally:
+            if self._ack_stream is not None:
+                self._ack_stream.cancel()
+                self._ack_stream = None
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -658,26 +665,65 @@ class Agent:
         backoff = self._backoff()
         for attempt in range(1, self.settings.ack_attempts + 1):
             try:
-                await stub.Ack(req, timeout=self.settings.rpc_timeout_s, metadata=self._metadata)
+                code, details = await self._send_ack(stub, req)
             except aio.AioRpcError as exc:
-                code = exc.code()
-                if code == grpc.StatusCode.FAILED_PRECONDITION:
-                    # The rollout is over (aborted or superseded): drop what we staged.
-                    log.info("ack_refused_rollout_over", state=name, details=exc.details())
-                    if ok_state == agent_pb2.ACK_STATE_PREPARED:
-                        await self._call(self.applier.abort, msg.deployment, int(msg.version))
-                    return
-                if code == grpc.StatusCode.NOT_FOUND or code not in TEMPORARY_CODES:
-                    log.warning("ack_refused", state=name, code=code.name, details=exc.details())
-                    return
-                self._note_error("ack_failed", exc, attempt=attempt)
-                if attempt < self.settings.ack_attempts:
-                    await asyncio.sleep(backoff.next_delay())
-                continue
-            self.stats.acks[name] = self.stats.acks.get(name, 0) + 1
-            return
+                code, details = exc.code(), exc.details() or ""
+            except (_StreamEndedError, TimeoutError) as exc:
+                code, details = grpc.StatusCode.UNAVAILABLE, str(exc) or "timed out"
+            if code == grpc.StatusCode.OK:
+                self.stats.acks[name] = self.stats.acks.get(name, 0) + 1
+                return
+            if code == grpc.StatusCode.FAILED_PRECONDITION:
+                # The rollout is over (aborted or superseded): drop what we staged.
+                log.info("ack_refused_rollout_over", state=name, details=details)
+                if ok_state == agent_pb2.ACK_STATE_PREPARED:
+                    await self._call(self.applier.abort, msg.deployment, int(msg.version))
+                return
+            if code == grpc.StatusCode.NOT_FOUND or code not in TEMPORARY_CODES:
+                log.warning("ack_refused", state=name, code=code.name, details=details)
+                return
+            self.stats.last_error = f"{code.name}: {details}"
+            log.warning("ack_failed", code=code.name, details=details, attempt=attempt)
+            if attempt < self.settings.ack_attempts:
+                await asyncio.sleep(backoff.next_delay())
         # The stream's replay after reconnecting re-sends what is still pending.
         log.warning("ack_given_up", state=name, attempts=self.settings.ack_attempts)
+
+    async def _send_ack(self, stub: Stub, req: agent_pb2.AckRequest) -> tuple[grpc.StatusCode, str]:
+        """Send one ack: on this session's AckStream, or with a unary Ack when the controller
+        has no stream. Returns the controller's answer: OK, or the code it refused with.
+
+        Raises:
+            aio.AioRpcError: the unary call failed.
+            _StreamEndedError, TimeoutError: the stream failed (it is reopened next time).
+        """
+        if self._stream_acks:
+            if self._ack_stream is None:
+                self._ack_stream = cast(Any, stub).AckStream(metadata=self._metadata)
+            stream = self._ack_stream
+            try:
+                async with asyncio.timeout(self.settings.rpc_timeout_s):
+                    try:
+                        await stream.write(req)
+                    except asyncio.InvalidStateError as exc:
+                        raise _StreamEndedError("ack stream ended") from exc
+                    reply = await stream.read()
+                if reply is _EOF:
+                    raise _StreamEndedError("ack stream ended")
+            except (aio.AioRpcError, _StreamEndedError, TimeoutError) as exc:
+                self._ack_stream = None
+                ended = exc.code() if isinstance(exc, aio.AioRpcError) else None
+                if isinstance(exc, _StreamEndedError):
+                    ended = await stream.code()  # the call is over: its status is final
+                stream.cancel()
+                if ended != grpc.StatusCode.UNIMPLEMENTED:
+                    raise
+                self._stream_acks = False  # an older controller: unary acks from now on
+                self.log.info("ack_stream_unavailable")
+            else:
+                return _STATUS_BY_NUMBER.get(reply.code, grpc.StatusCode.UNKNOWN), reply.message
+        await stub.Ack(req, timeout=self.settings.rpc_timeout_s, metadata=self._metadata)
+        return grpc.StatusCode.OK, ""
 
     # -- helpers
 

@@ -360,6 +360,20 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             yield assignment_to_proto(event)
 
     async def Ack(self, request: agent_pb2.AckRequest, context: Ctx) -> agent_pb2.AckResponse:
+        return self._ack(request)
+
+    async def AckStream(
+        self, request_iterator: AsyncIterator[agent_pb2.AckRequest], context: Ctx
+    ) -> AsyncIterator[agent_pb2.AckResponse]:
+        async for request in request_iterator:
+            try:
+                yield self._ack(request)
+            except MixfleetError as exc:  # refused: say so in-band, keep the stream
+                code, message = status_for(exc)
+                log.info("rpc refused", method="AckStream", code=code.name, error=message)
+                yield agent_pb2.AckResponse(code=code.value[0], message=message)
+
+    def _ack(self, request: agent_pb2.AckRequest) -> agent_pb2.AckResponse:
         _check_node(request.node)
         state = ACK_FROM_PROTO.get(request.state)
         if state is None:

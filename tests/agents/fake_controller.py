@@ -33,6 +33,8 @@ class FakeAgentService:
     metadata_seen: list[dict[str, str]] = field(default_factory=list)
     sessions: int = 0
     heartbeat_stream: bool = True
+    ack_stream: bool = True
+    ack_stream_opens: int = 0
     stream_opens: int = 0
 
     def queue(self, node: str) -> asyncio.Queue[agent_pb2.Assignment | None]:
@@ -81,6 +83,19 @@ class FakeAgentService:
             if msg is None:  # the test closes the stream
                 return
             yield msg
+
+    async def AckStream(  # noqa: N802
+        self, request_iterator: AsyncIterator[agent_pb2.AckRequest], context: Ctx
+    ) -> AsyncIterator[agent_pb2.AckResponse]:
+        if not self.ack_stream:  # an older controller
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
+        self.ack_stream_opens += 1
+        async for request in request_iterator:
+            if self.ack_error is not None:
+                yield agent_pb2.AckResponse(code=self.ack_error.value[0], message="refused by test")
+                continue
+            self.acks.append(request)
+            yield agent_pb2.AckResponse()
 
     async def Ack(  # noqa: N802
         self, request: agent_pb2.AckRequest, context: Ctx

@@ -332,3 +332,34 @@ def test_heartbeat_stream_is_reopened_after_the_controller_restarts() -> None:
             await server.stop(None)
 
     asyncio.run(go())
+
+
+def test_acks_use_one_stream_and_fall_back_to_unary_calls() -> None:
+    plan = small_plan()
+    a = assignment_from_plan("mixtral", plan, "n0")
+
+    async def go(streaming: bool) -> FakeAgentService:
+        svc = FakeAgentService(ack_stream=streaming)
+        server, port = await start_fake(svc)
+        applier = MemoryApplier("n0")
+        agent = Agent(_settings(port), lambda: _inventory(), applier)
+        task = asyncio.create_task(agent.run())
+        try:
+            await svc.queue("n0").put(_msg(a, agent_pb2.ASSIGNMENT_PHASE_PREPARE))
+            await svc.queue("n0").put(_msg(a, agent_pb2.ASSIGNMENT_PHASE_COMMIT, part=b""))
+            await wait_for(lambda: len(svc.acks) == 2, what="two acks")
+            assert applier.applied() == {"mixtral": 1}
+        finally:
+            agent.stop()
+            await asyncio.wait_for(task, 5)
+            await server.stop(None)
+        return svc
+
+    streamed = asyncio.run(go(True))
+    assert streamed.ack_stream_opens == 1  # both acks on one stream
+    assert [x.state for x in streamed.acks] == [
+        agent_pb2.ACK_STATE_PREPARED,
+        agent_pb2.ACK_STATE_COMMITTED,
+    ]
+    unary = asyncio.run(go(False))
+    assert unary.ack_stream_opens == 0 and len(unary.acks) == 2

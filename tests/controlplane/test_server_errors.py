@@ -8,7 +8,7 @@ import math
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import pytest
@@ -190,6 +190,33 @@ def test_acks_and_heartbeats_for_unknown_things(tmp_path: Path) -> None:
                 agent_pb2.WatchAssignmentsRequest(node="n0", session_id="stale")
             )
             await expect(grpc.StatusCode.FAILED_PRECONDITION, _first(stream), "session_id")
+
+            # The same refusals on an AckStream come back in-band and the stream goes on.
+            acks: Any = cast(Any, agent).AckStream()
+            await acks.write(
+                agent_pb2.AckRequest(
+                    node="n0",
+                    session_id=reg.session_id,
+                    deployment="ghost",
+                    version=1,
+                    state=prepared,
+                )
+            )
+            refused = await acks.read()
+            assert refused.code == grpc.StatusCode.NOT_FOUND.value[0]
+            assert "deployment" in refused.message and "ghost" in refused.message
+            await acks.write(agent_pb2.AckRequest(node="n0", deployment="mx", version=1))
+            refused = await acks.read()
+            assert refused.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+            assert "state" in refused.message
+            await acks.done_writing()
+            assert await acks.read() is grpc.aio.EOF  # type: ignore[attr-defined]
+            assert await acks.code() == grpc.StatusCode.OK
+            beats: Any = cast(Any, agent).HeartbeatStream()
+            for session, again in (("stale", True), (reg.session_id, False)):
+                await beats.write(agent_pb2.HeartbeatRequest(node="n0", session_id=session))
+                assert (await beats.read()).reregister is again
+            await beats.done_writing()
 
     run(main())
 

@@ -493,16 +493,25 @@ class AckResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     DUPLICATE_FIELD_NUMBER: _builtins.int
+    CODE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
     duplicate: _builtins.bool
     """this ack had already been recorded (nothing changed)"""
+    code: _builtins.int
+    """AckStream only: the gRPC status code (google.rpc.Code numbering; 0 = OK) and message
+    this ack was refused with - what Ack would have failed with.
+    """
+    message: _builtins.str
     def __init__(
         self,
         *,
         duplicate: _builtins.bool = ...,
+        code: _builtins.int = ...,
+        message: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["duplicate", b"duplicate"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "duplicate", b"duplicate", "message", b"message"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -59,6 +59,11 @@ class AgentServiceStub:
                 request_serializer=mixfleet_dot_v1_dot_agent__pb2.AckRequest.SerializeToString,
                 response_deserializer=mixfleet_dot_v1_dot_agent__pb2.AckResponse.FromString,
                 _registered_method=True)
+        self.AckStream = channel.stream_stream(
+                '/mixfleet.v1.AgentService/AckStream',
+                request_serializer=mixfleet_dot_v1_dot_agent__pb2.AckRequest.SerializeToString,
+                response_deserializer=mixfleet_dot_v1_dot_agent__pb2.AckResponse.FromString,
+                _registered_method=True)
 
 
 class AgentServiceServicer:
@@ -109,6 +114,16 @@ class AgentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AckStream(self, request_iterator, context):
+        """The same acks on one stream per session: one AckResponse per AckRequest, in order. An
+        ack the controller refuses does not end the stream: its response carries the status code
+        and message Ack would have failed with. mixfleet-agent uses it (a stream message costs
+        the controller about half of a unary call) and falls back to Ack on UNIMPLEMENTED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -134,6 +149,11 @@ def add_AgentServiceServicer_to_server(servicer, server):
             ),
             'Ack': grpc.unary_unary_rpc_method_handler(
                     servicer.Ack,
+                    request_deserializer=mixfleet_dot_v1_dot_agent__pb2.AckRequest.FromString,
+                    response_serializer=mixfleet_dot_v1_dot_agent__pb2.AckResponse.SerializeToString,
+            ),
+            'AckStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.AckStream,
                     request_deserializer=mixfleet_dot_v1_dot_agent__pb2.AckRequest.FromString,
                     response_serializer=mixfleet_dot_v1_dot_agent__pb2.AckResponse.SerializeToString,
             ),
@@ -271,6 +291,33 @@ class AgentService:
             request,
             target,
             '/mixfleet.v1.AgentService/Ack',
+            mixfleet_dot_v1_dot_agent__pb2.AckRequest.SerializeToString,
+            mixfleet_dot_v1_dot_agent__pb2.AckResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AckStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/mixfleet.v1.AgentService/AckStream',
             mixfleet_dot_v1_dot_agent__pb2.AckRequest.SerializeToString,
             mixfleet_dot_v1_dot_agent__pb2.AckResponse.FromString,
             options,

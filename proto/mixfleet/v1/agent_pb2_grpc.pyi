@@ -107,6 +107,12 @@ class AgentServiceStub:
     Errors: NOT_FOUND (unknown deployment or version), FAILED_PRECONDITION (rollout over),
     INVALID_ARGUMENT (state unspecified, FAILED without reason).
     """
+    AckStream: _grpc.StreamStreamMultiCallable[_agent_pb2.AckRequest, _agent_pb2.AckResponse]
+    """The same acks on one stream per session: one AckResponse per AckRequest, in order. An
+    ack the controller refuses does not end the stream: its response carries the status code
+    and message Ack would have failed with. mixfleet-agent uses it (a stream message costs
+    the controller about half of a unary call) and falls back to Ack on UNIMPLEMENTED.
+    """
 
 @_typing.type_check_only
 class AgentServiceAsyncStub(AgentServiceStub):
@@ -135,6 +141,12 @@ class AgentServiceAsyncStub(AgentServiceStub):
     """Prepared / committed / failed for one (deployment, version).
     Errors: NOT_FOUND (unknown deployment or version), FAILED_PRECONDITION (rollout over),
     INVALID_ARGUMENT (state unspecified, FAILED without reason).
+    """
+    AckStream: _aio.StreamStreamMultiCallable[_agent_pb2.AckRequest, _agent_pb2.AckResponse]  # type: ignore[assignment]
+    """The same acks on one stream per session: one AckResponse per AckRequest, in order. An
+    ack the controller refuses does not end the stream: its response carries the status code
+    and message Ack would have failed with. mixfleet-agent uses it (a stream message costs
+    the controller about half of a unary call) and falls back to Ack on UNIMPLEMENTED.
     """
 
 class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -191,6 +203,18 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
         """Prepared / committed / failed for one (deployment, version).
         Errors: NOT_FOUND (unknown deployment or version), FAILED_PRECONDITION (rollout over),
         INVALID_ARGUMENT (state unspecified, FAILED without reason).
+        """
+
+    @_abc_1.abstractmethod
+    def AckStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_agent_pb2.AckRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_agent_pb2.AckResponse], _abc.AsyncIterator[_agent_pb2.AckResponse]]:
+        """The same acks on one stream per session: one AckResponse per AckRequest, in order. An
+        ack the controller refuses does not end the stream: its response carries the status code
+        and message Ack would have failed with. mixfleet-agent uses it (a stream message costs
+        the controller about half of a unary call) and falls back to Ack on UNIMPLEMENTED.
         """
 
 def add_AgentServiceServicer_to_server(servicer: AgentServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
