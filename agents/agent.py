@@ -225,6 +225,7 @@ class AgentStats:
         assignments: assignments received, by phase name.
         acks: acks sent, by state name.
         last_error: the latest error text.
+        expert_location_wire_bytes: size of the last compressed expert location received.
     """
 
     registrations: int = 0
@@ -235,6 +236,7 @@ class AgentStats:
     assignments: dict[str, int] = field(default_factory=dict)
     acks: dict[str, int] = field(default_factory=dict)
     last_error: str = ""
+    expert_location_wire_bytes: int = 0
     max_latencies: int = 10_000
 
     def record_latency(self, seconds: float) -> None:
@@ -609,7 +611,8 @@ class Agent:
             InputError: malformed part, or it disagrees with the message.
         """
         a = assignment_from_json(msg.part_json)
-        if msg.expert_location_zlib:
+        self.stats.expert_location_wire_bytes = len(msg.expert_location_zlib)
+        if msg.expert_location_zlib and self.applier.wants_expert_location:
             location = inflate_expert_location(msg.expert_location_zlib, a.expert_location_bytes)
             a = replace(a, expert_location_json=location)
         if (a.deployment, a.plan_id, a.version) != (msg.deployment, msg.plan_id, msg.version):

@@ -292,8 +292,13 @@ def assignment_from_json(data: bytes, expert_location_json: bytes = b"") -> Node
     return assignment_from_dict(doc, expert_location_json)
 
 
-def check_assignment(a: NodeAssignment, node: str) -> list[str]:
-    """Problems that make ``a`` unusable on ``node``; empty when it can be staged."""
+def check_assignment(a: NodeAssignment, node: str, *, with_location: bool = True) -> list[str]:
+    """Problems that make ``a`` unusable on ``node``; empty when it can be staged.
+
+    Args:
+        with_location: the expert location must be there and match the part's digest
+            (False: it was not inflated because nothing on this node reads it).
+    """
     problems: list[str] = []
     if not _DEPLOYMENT_RE.match(a.deployment) or len(a.deployment) > 63:
         problems.append(f"deployment: {a.deployment!r} is not a DNS-1123 name")
@@ -310,7 +315,9 @@ def check_assignment(a: NodeAssignment, node: str) -> list[str]:
         problems.append(f"ranks: {bad_ranks[:3]} outside world size {a.world_size}")
     if a.form not in ("engine", "native"):
         problems.append(f"form: must be 'engine' or 'native', got {a.form!r}")
-    if a.expert_location_sha256 or a.expert_location_json:
+    if not with_location:
+        pass
+    elif a.expert_location_sha256 or a.expert_location_json:
         got = hashlib.sha256(a.expert_location_json).hexdigest()
         if got != a.expert_location_sha256:
             problems.append(
@@ -573,9 +580,12 @@ class Applier(Protocol):
 
     Attributes:
         blocking: methods block (disk, hook): the agent calls them from a worker thread.
+        wants_expert_location: it hands the whole plan's expert location to an engine, so
+            the agent inflates and checks it; False: parts are staged without it.
     """
 
     blocking: bool
+    wants_expert_location: bool
 
     def stage(self, a: NodeAssignment) -> ApplyResult: ...
 
@@ -632,6 +642,7 @@ class PlanApplier:
     """
 
     blocking = True
+    wants_expert_location = True
 
     def __init__(self, settings: ApplierSettings) -> None:
         self.settings = settings
@@ -914,6 +925,10 @@ class MemoryApplier:
         fail_stage: reason to fail every stage with (fault injection); empty: succeed.
         staged: ``(deployment, version) -> assignment``.
         current: ``deployment -> assignment in force``.
+        wants_expert_location: inflate and check the plan's expert location like the disk
+            applier. Off by default: a simulated node has no engine to read it, and
+            simulating thousands of nodes in one process should not pay thousands of
+            inflations a real fleet spreads over its machines.
     """
 
     node: str
@@ -921,6 +936,7 @@ class MemoryApplier:
     staged: dict[tuple[str, int], NodeAssignment] = field(default_factory=dict)
     current: dict[str, NodeAssignment] = field(default_factory=dict)
     blocking: bool = False
+    wants_expert_location: bool = False
 
     def is_staged(self, deployment: str, version: int) -> bool:
         return (deployment, version) in self.staged
@@ -929,7 +945,7 @@ class MemoryApplier:
         return {d: a.version for d, a in self.current.items()}
 
     def stage(self, a: NodeAssignment) -> ApplyResult:
-        problems = check_assignment(a, self.node)
+        problems = check_assignment(a, self.node, with_location=self.wants_expert_location)
         if problems:
             return ApplyResult(False, "invalid assignment: " + "; ".join(problems[:5]))
         if self.fail_stage:

@@ -39,7 +39,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -394,8 +393,9 @@ async def measure(n: int, args: argparse.Namespace, workdir: Path) -> dict[str, 
         current = getattr(some, "current", {}).get(WIDE)
         if current is not None:
             fan["part_json_bytes_per_node"] = len(json.dumps(current.to_dict()))
-            fan["expert_location_bytes"] = len(current.expert_location_json)
-            fan["expert_location_wire_bytes"] = len(zlib.compress(current.expert_location_json, 6))
+            fan["expert_location_bytes"] = current.expert_location_bytes
+            agent = next(iter(sim.agents.values()))
+            fan["expert_location_wire_bytes"] = agent.stats.expert_location_wire_bytes
         if cpu_ctl0 is not None and cpu_ctl1 is not None:
             fan["controller_cpu_percent"] = round(
                 100 * (cpu_ctl1 - cpu_ctl0) / (t_cpu1 - t_cpu0), 1
@@ -667,7 +667,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "machine": machine(),
         "setup": {
             "controller": "mixfleetctl controller run (separate process, SQLite WAL, plaintext)",
-            "agents": "agents.simulate.SimulatedFleet in the benchmark process, MemoryApplier",
+            "agents": "agents.simulate.SimulatedFleet in the benchmark process, MemoryApplier "
+            "(parts checked, expert location received but not inflated)",
             "heartbeat_interval_s": args.heartbeat_interval,
             "node_lost_after_s": args.node_lost_after,
             "fleet": "N nodes x 1 H100-SXM5-80GB, 1x400 Gb/s NIC each",

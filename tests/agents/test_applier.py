@@ -362,3 +362,13 @@ def test_expert_location_inflates_only_to_the_size_the_part_announces() -> None:
         inflate_expert_location(bomb, 4096)
     with pytest.raises(InputError, match="not zlib"):
         inflate_expert_location(b"not compressed", 100)
+
+
+def test_memory_applier_checks_the_expert_location_only_when_it_wants_it() -> None:
+    _, a = _assignment()
+    without = replace(a, expert_location_json=b"")  # what an agent that did not inflate stages
+    assert MemoryApplier(a.node).stage(without).ok
+    strict = MemoryApplier(a.node, wants_expert_location=True)
+    result = strict.stage(without)
+    assert not result.ok and "expert_location_json" in result.reason
+    assert strict.stage(a).ok
