@@ -440,7 +440,7 @@ class Agent:
                 t0 = time.perf_counter()
                 try:
                     if stream is not None:
-                        reply = await self._beat_on_stream(stream)
+                        reply = await self._exchange(stream, self._heartbeat_request())
                     else:
                         reply = await stub.Heartbeat(
                             self._heartbeat_request(),
@@ -476,22 +476,23 @@ class Agent:
             if stream is not None:
                 stream.cancel()
 
-    async def _beat_on_stream(self, stream: Any) -> agent_pb2.HeartbeatResponse:
-        """Send one heartbeat on the stream and read its reply (within the RPC timeout).
+    async def _exchange(self, stream: Any, request: Any) -> Any:
+        """Write one request on a bidirectional stream (HeartbeatStream, AckStream) and read
+        its reply, within the RPC timeout.
 
         Raises:
             aio.AioRpcError: the stream failed. TimeoutError: no reply in time.
-            _StreamEndedError: the controller closed the stream.
+            _StreamEndedError: the call is over (the controller closed it or went away).
         """
         async with asyncio.timeout(self.settings.rpc_timeout_s):
             try:
-                await stream.write(self._heartbeat_request())
-            except asyncio.InvalidStateError as exc:  # the call ended (controller went away)
-                raise _StreamEndedError(f"heartbeat stream ended: {await stream.code()}") from exc
+                await stream.write(request)
+            except asyncio.InvalidStateError as exc:  # the call has already ended
+                raise _StreamEndedError("the stream has ended") from exc
             reply = await stream.read()
         if reply is _EOF:
-            raise _StreamEndedError("the controller closed the heartbeat stream")
-        return cast(agent_pb2.HeartbeatResponse, reply)
+            raise _StreamEndedError("the controller closed the stream")
+        return reply
 
     def _heartbeat_request(self) -> agent_pb2.HeartbeatRequest:
         assert self.inventory is not None
@@ -705,14 +706,7 @@ class Agent:
                 self._ack_stream = cast(Any, stub).AckStream(metadata=self._metadata)
             stream = self._ack_stream
             try:
-                async with asyncio.timeout(self.settings.rpc_timeout_s):
-                    try:
-                        await stream.write(req)
-                    except asyncio.InvalidStateError as exc:
-                        raise _StreamEndedError("ack stream ended") from exc
-                    reply = await stream.read()
-                if reply is _EOF:
-                    raise _StreamEndedError("ack stream ended")
+                reply = await self._exchange(stream, req)
             except (aio.AioRpcError, _StreamEndedError, TimeoutError) as exc:
                 self._ack_stream = None
                 ended = exc.code() if isinstance(exc, aio.AioRpcError) else None
