@@ -605,12 +605,14 @@ class Controller:
         self, deployment: str, plan: Plan, a: rc.Solve, uuids: Mapping[str, str], now_s: float
     ) -> tuple[StoredPlan, dict[str, NodePart]]:
         """Store a solved plan as the next version and split it into node parts (run in a
-        thread: see :meth:`_solve`)."""
+        thread: see :meth:`_solve`). The plan's document is built once for both."""
+        doc = plan.to_dict()
         stored = self.store.add_plan(
-            deployment, plan, reason=a.reason, inputs_key=a.inputs_key, now_s=now_s
+            deployment, plan, reason=a.reason, inputs_key=a.inputs_key, now_s=now_s, document=doc
         )
         assert stored.plan is not None
-        return stored, split_plan(stored.plan, deployment, uuids)
+        doc["version"] = stored.version
+        return stored, split_plan(stored.plan, deployment, uuids, document=doc)
 
     def _start_rollout(self, deployment: str, version: int) -> None:
         d = self.store.get_deployment(deployment)

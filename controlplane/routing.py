@@ -80,7 +80,11 @@ def expert_location(plan: Plan) -> dict[str, Any] | None:
 
 
 def split_plan(
-    plan: Plan, deployment: str, uuids: Mapping[str, str] | None = None
+    plan: Plan,
+    deployment: str,
+    uuids: Mapping[str, str] | None = None,
+    *,
+    document: Mapping[str, Any] | None = None,
 ) -> dict[str, NodePart]:
     """Every node's part of ``plan`` (node name -> part), in plan node order.
 
@@ -90,11 +94,12 @@ def split_plan(
 
     Args:
         uuids: GPU id -> hardware UUID from the nodes' inventories.
+        document: ``plan.to_dict()`` when the caller has built it already (not modified).
     """
     uuids = uuids or {}
-    doc_all = plan.to_dict()
-    docs = doc_all.pop("gpus")
-    header = doc_all
+    doc_all = document if document is not None else plan.to_dict()
+    docs = doc_all["gpus"]
+    header = {k: v for k, v in doc_all.items() if k != "gpus"}
     location = expert_location(plan)
     location_zlib = b""
     location_ref: dict[str, Any] = {}

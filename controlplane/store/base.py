@@ -252,9 +252,11 @@ class Store(Protocol):
         reason: str,
         inputs_key: str,
         now_s: float,
+        document: Mapping[str, Any] | None = None,
     ) -> StoredPlan:
         """Store a new version (state ``proposed``); the version is allocated here and
-        written into the stored plan document.
+        written into the stored plan document. ``document`` is ``plan.to_dict()`` when the
+        caller has built it already (a backend may use it instead of building it again).
 
         Raises:
             NotFoundError: unknown deployment.

@@ -469,7 +469,14 @@ class KubernetesStore:
         return cast(list[Json], items)
 
     def add_plan(
-        self, deployment: str, plan: Plan, *, reason: str, inputs_key: str, now_s: float
+        self,
+        deployment: str,
+        plan: Plan,
+        *,
+        reason: str,
+        inputs_key: str,
+        now_s: float,
+        document: Mapping[str, Any] | None = None,
     ) -> StoredPlan:
         md = self._call(
             f"get deployment {deployment}",
@@ -487,7 +494,7 @@ class KubernetesStore:
             )
             + 1
         )
-        summary = plan.to_dict()["summary"]
+        summary = dict(document["summary"]) if document else dataclasses.asdict(plan.summary)
         for _ in range(self.conflict_retries):
             versioned = dataclasses.replace(plan, version=version)
             spec = dataclasses.replace(
@@ -659,7 +666,7 @@ class KubernetesStore:
             summary = {}
         plan = decode_plan(spec) if with_plan or not summary else None
         if not summary and plan is not None:
-            summary = plan.to_dict()["summary"]
+            summary = dataclasses.asdict(plan.summary)
         deadline = status.get("prepareDeadline")
         return StoredPlan(
             deployment=spec.deployment,

@@ -390,7 +390,14 @@ class SqliteStore:
 
     # ----------------------------------------------------------------- plans
     def add_plan(
-        self, deployment: str, plan: Plan, *, reason: str, inputs_key: str, now_s: float
+        self,
+        deployment: str,
+        plan: Plan,
+        *,
+        reason: str,
+        inputs_key: str,
+        now_s: float,
+        document: Mapping[str, Any] | None = None,
     ) -> StoredPlan:
         with self._tx() as db:
             row = db.execute(
@@ -401,7 +408,7 @@ class SqliteStore:
                 raise NotFoundError(f"no deployment {deployment!r}", field="deployment")
             version = int(row["next_version"])
             plan = replace(plan, version=version)
-            doc = plan.to_dict()
+            doc = {**document, "version": version} if document is not None else plan.to_dict()
             nodes = _plan_nodes(plan)
             try:
                 db.execute(

@@ -7,6 +7,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from agent_fakes import small_fleet_doc, small_inventories
 
 from controlplane.deployment import DeploymentSpec
 from controlplane.errors import AlreadyExistsError, NotFoundError, PreconditionError, StoreError
+from controlplane.routing import split_plan
 from controlplane.store import LoadWindow, StoredAck, StoredNode, open_store
 from controlplane.store.sqlite import SCHEMA_VERSION, SqliteStore
 from policies.fleet import parse_fleet
@@ -236,3 +238,26 @@ def test_open_store_urls(tmp_path: Path) -> None:
     s.close()
     with pytest.raises(StoreError, match="sqlite:PATH"):
         open_store("etcd://nope")
+
+
+def test_a_plan_document_built_by_the_caller_is_stored_as_if_built_here(
+    tmp_path: Path, plan: Plan
+) -> None:
+    """The controller builds a plan's document once, for the store and for the node parts;
+    what is stored, and every node's part, is the same as when each builds its own."""
+    s = SqliteStore(tmp_path / "doc.db")
+    s.put_deployment(SPEC, now_s=1.0)
+    built_here = s.add_plan("mx", plan, reason="r", inputs_key="k", now_s=2.0)
+    doc = plan.to_dict()
+    given = s.add_plan("mx", plan, reason="r", inputs_key="k", now_s=3.0, document=doc)
+    assert doc["version"] == plan.version  # the caller's document is not modified
+    a, b = s.get_plan("mx", built_here.version), s.get_plan("mx", given.version)
+    assert a is not None and b is not None and a.plan is not None and b.plan is not None
+    assert replace(b.plan, version=a.plan.version) == a.plan
+    assert b.plan.version == given.version == 2 and b.summary == a.summary
+    doc["version"] = given.version
+    shared = split_plan(b.plan, "mx", document=doc)
+    own = split_plan(b.plan, "mx")
+    assert {n: p.json for n, p in shared.items()} == {n: p.json for n, p in own.items()}
+    assert "gpus" in doc  # split_plan leaves the document alone
+    s.close()
