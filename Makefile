@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: install
-	$(BIN)/python -m controlplane.demo
+	PYTHONPATH=examples $(BIN)/python -m demo
 
 lint: install
 	$(BIN)/ruff check .
@@ -38,7 +38,7 @@ test: install
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/python -m operators.crdgen --check
-	$(BIN)/python -m controlplane.protogen --check
+	$(BIN)/python proto/protogen.py --check
 	$(BIN)/pytest -q
 
 bench: install bench-placement bench-strategies bench-controlplane
@@ -59,7 +59,7 @@ e2e-k8s: install
 	MIXFLEET_E2E_KUBECONFIG=$(KUBECONFIG) $(BIN)/pytest -q tests/operators -k real
 
 proto: install
-	$(BIN)/python -m controlplane.protogen
+	$(BIN)/python proto/protogen.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .pytest_cache .ruff_cache

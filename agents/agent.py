@@ -43,9 +43,9 @@ from agents.applier import (
     inflate_expert_location,
 )
 from agents.backoff import Backoff, BackoffSettings
-from agents.inventory import NodeInventory, check_inventory
-from agents.wire import health_to_proto, inventory_to_proto
+from apis.wire.inventory import health_to_proto, inventory_to_proto
 from policies.errors import InputError, MixfleetError
+from policies.inventory import NodeInventory, check_inventory
 
 T = TypeVar("T")
 if TYPE_CHECKING:  # typing-only names of the generated stubs

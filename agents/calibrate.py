@@ -40,9 +40,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from agents.inventory import NodeInventory, gpu_spec
 from policies.costmodel import CostSettings, Efficiency, MeasuredFigures, measured_from_dict
 from policies.fleet import Fleet, Gpu
+from policies.inventory import NodeInventory, gpu_spec
 from policies.models import ModelSpec
 
 Tensor = Any  # torch.Tensor

@@ -33,10 +33,10 @@ from agents.backoff import BackoffSettings
 from agents.discovery.base import DiscoveryError
 from agents.discovery.static import StaticDiscovery, load_fleet_file
 from agents.discovery.sysfs import SysfsNicDiscovery
-from agents.inventory import NodeInventory
 from agents.logs import LEVELS, configure_logging
 from agents.simulate import SimulatedFleet
 from policies.errors import InputError, MixfleetError
+from policies.inventory import NodeInventory
 
 EXIT_OK = 0
 EXIT_REFUSED = 1

@@ -1,7 +1,7 @@
 """Errors of the controller, one class per gRPC status they leave through.
 
 Plain functions raise these (and :class:`policies.errors.InputError` for bad input); the
-server's error mapping (:func:`controlplane.server.status_for`) turns each into
+server's error mapping (:func:`controlplane.server.services.status_for`) turns each into
 ``context.abort(code, message)``. Messages name the field and say what to do ("To fix: ...").
 """
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import structlog
 
-from operators.kube import Kube, api_client_from
+from apis.kube.client import Kube, api_client_from
 from operators.leader import LeaderSettings
 from operators.operator import Operator, OperatorSettings
 from operators.reconcile import ReconcileSettings

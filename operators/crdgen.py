@@ -1,4 +1,4 @@
-"""Write the CRD manifests of :mod:`operators.v1alpha1` into the Helm chart.
+"""Write the CRD manifests of :mod:`apis.kube.v1alpha1` into the Helm chart.
 
     python -m operators.crdgen            # (re)write charts/mixfleet/crds/*.yaml
     python -m operators.crdgen --check    # exit 1, naming the files, when they are stale
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from operators.v1alpha1 import CRDS, CrdDef
+from apis.kube.v1alpha1 import CRDS, CrdDef
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CRD_DIR = REPO_ROOT / "charts" / "mixfleet" / "crds"

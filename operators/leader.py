@@ -19,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from operators.errors import ApiError, ConflictError, OperatorError
-from operators.kube import LEASES, Json, Kube
+from apis.kube.client import LEASES, Json, Kube
+from apis.kube.errors import ApiError, ConflictError, OperatorError
 
 log = logging.getLogger("mixfleet.operator.leader")
 

@@ -13,7 +13,7 @@ act loop around :func:`operators.reconcile.reconcile`.
   operator's field manager, deletes with uid preconditions, the finalizer through a JSON
   merge patch guarded by resourceVersion and retried on 409.
 * Only the leader (Lease election, :mod:`operators.leader`) works the queue, and every
-  write checks leadership again (:class:`operators.kube.Kube` ``write_guard``).
+  write checks leadership again (:class:`apis.kube.client.Kube` ``write_guard``).
 
 Temporary errors (API unavailable, conflicts) requeue the key with exponential backoff;
 permanent ones are already conditions in the status (see :mod:`operators.reconcile`).
@@ -34,17 +34,7 @@ from typing import Any
 import structlog
 from prometheus_client import Counter, Gauge, Histogram
 
-from operators.errors import (
-    ApiError,
-    ConflictError,
-    GoneError,
-    InvalidError,
-    NotFoundError,
-    NotLeaderError,
-    OperatorError,
-    TemporaryError,
-)
-from operators.kube import (
+from apis.kube.client import (
     CONFIGMAPS,
     GPUNODES,
     MODEL_DEPLOYMENTS,
@@ -54,6 +44,27 @@ from operators.kube import (
     Kube,
     Resource,
 )
+from apis.kube.errors import (
+    ApiError,
+    ConflictError,
+    GoneError,
+    InvalidError,
+    NotFoundError,
+    NotLeaderError,
+    OperatorError,
+    TemporaryError,
+)
+from apis.kube.schema import from_wire
+from apis.kube.v1alpha1 import (
+    GPUNodeSpec,
+    GPUNodeStatus,
+    ModelDeploymentSpec,
+    ModelDeploymentStatus,
+    PartitionPlanSpec,
+    PartitionPlanStatus,
+    PlacementPolicySpec,
+)
+from apis.kube.versions import read_floor, record_version
 from operators.leader import LeaderElector, LeaderSettings
 from operators.reconcile import (
     FINALIZER,
@@ -81,17 +92,6 @@ from operators.reconcile import (
     config_map_name,
     reconcile,
 )
-from operators.schema import from_wire
-from operators.v1alpha1 import (
-    GPUNodeSpec,
-    GPUNodeStatus,
-    ModelDeploymentSpec,
-    ModelDeploymentStatus,
-    PartitionPlanSpec,
-    PartitionPlanStatus,
-    PlacementPolicySpec,
-)
-from operators.versions import read_floor, record_version
 from policies.errors import InfeasibleError, InputError, SolverError
 from policies.request import PlacementRequest, PlacementResult, solve
 from policies.tiers import TierPlan, TierRequest, plan_tiers

@@ -49,11 +49,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from agents.inventory import NodeInventory
-from operators.errors import PermanentError
-from operators.plancodec import decode_plan, plan_spec
-from operators.schema import Json, to_wire
-from operators.v1alpha1 import (
+from apis.kube.errors import PermanentError
+from apis.kube.plancodec import decode_plan, plan_spec
+from apis.kube.schema import Json, to_wire
+from apis.kube.v1alpha1 import (
     API_VERSION,
     Condition,
     GPUNodeSpec,
@@ -75,6 +74,7 @@ from policies.deployment import Deployment
 from policies.errors import InputError
 from policies.exports import export_plan, export_sidecar
 from policies.fleet import Fleet, Node, fleet_to_doc
+from policies.inventory import NodeInventory
 from policies.models import ModelSpec, from_hf_config, preset
 from policies.plan import Plan
 from policies.request import PlacementRequest, SolverOptions

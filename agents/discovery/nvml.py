@@ -43,15 +43,15 @@ from functools import partial
 from typing import Any
 
 from agents.discovery.base import DiscoveryError, recording_main
-from agents.inventory import (
+from policies.catalog import lookup
+from policies.errors import InputError
+from policies.inventory import (
     NVML_NVLINK_VERSION_TO_GENERATION,
     GpuHealth,
     GpuInventory,
     NodeInventory,
     NvLinkInfo,
 )
-from policies.catalog import lookup
-from policies.errors import InputError
 
 #: nvmlDeviceGetArchitecture values (nvml.h ``NVML_DEVICE_ARCH_*``).
 NVML_ARCHITECTURES = {

@@ -13,9 +13,9 @@ from typing import Any
 import yaml
 
 from agents.discovery.base import DiscoveryError
-from agents.inventory import NodeInventory, inventory_from_node
 from policies.errors import InputError
 from policies.fleet import Fleet, parse_fleet
+from policies.inventory import NodeInventory, inventory_from_node
 
 
 def load_fleet_file(path: str | Path) -> Fleet:

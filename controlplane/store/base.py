@@ -38,8 +38,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from agents.inventory import NodeInventory
 from controlplane.deployment import DeploymentSpec
+from policies.inventory import NodeInventory
 from policies.plan import Plan
 
 PlanState = Literal["proposed", "preparing", "committed", "aborted", "superseded"]
@@ -87,7 +87,7 @@ class StoredDeployment:
             versions keep growing).
         committed_version: the committed pointer; None before the first commit.
         status: what the controller last wrote (free-form JSON object, see
-            :class:`controlplane.controller.Controller`).
+            :class:`controlplane.server.controller.Controller`).
     """
 
     spec: DeploymentSpec

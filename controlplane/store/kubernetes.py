@@ -21,7 +21,7 @@ ack                  PartitionPlan status.acks (one entry per node and state) an
 load window          ConfigMap ``<deployment>-expert-load`` (owned by the deployment),
                      the newest windows up to about 900 KB
 controller id        ConfigMap ``mixfleet-controller``
-version counter      ConfigMap ``mixfleet-plan-versions`` (operators.versions)
+version counter      ConfigMap ``mixfleet-plan-versions`` (apis.kube.versions)
 ===================  ====================================================================
 
 Differences from the SQLite store, all forced by Kubernetes semantics:
@@ -51,7 +51,27 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, cast
 
-from agents.inventory import NodeInventory
+from apis.kube.client import (
+    CONFIGMAPS,
+    GPUNODES,
+    MODEL_DEPLOYMENTS,
+    PARTITION_PLANS,
+    Json,
+    Kube,
+    api_client_from,
+)
+from apis.kube.errors import ApiError, ConflictError, OperatorError
+from apis.kube.errors import NotFoundError as ApiNotFound
+from apis.kube.gpunode import gpu_summary, node_health
+from apis.kube.plancodec import decode_plan, plan_spec
+from apis.kube.schema import from_wire, to_wire
+from apis.kube.v1alpha1 import (
+    API_VERSION,
+    AgentSession,
+    GPUNodeStatus,
+    PartitionPlanSpec,
+)
+from apis.kube.versions import read_floor, record_version
 from controlplane.deployment import DeploymentSpec, parse_deployment, spec_to_doc
 from controlplane.errors import AlreadyExistsError, NotFoundError, PreconditionError, StoreError
 from controlplane.store.base import (
@@ -64,29 +84,9 @@ from controlplane.store.base import (
     StoredNode,
     StoredPlan,
 )
-from operators.errors import ApiError, ConflictError, OperatorError
-from operators.errors import NotFoundError as ApiNotFound
-from operators.gpunode import gpu_summary, node_health
-from operators.kube import (
-    CONFIGMAPS,
-    GPUNODES,
-    MODEL_DEPLOYMENTS,
-    PARTITION_PLANS,
-    Json,
-    Kube,
-    api_client_from,
-)
-from operators.plancodec import decode_plan, plan_spec
 from operators.reconcile import LABEL_DEPLOYMENT, LABEL_MANAGED_BY, plan_name
-from operators.schema import from_wire, to_wire
-from operators.v1alpha1 import (
-    API_VERSION,
-    AgentSession,
-    GPUNodeStatus,
-    PartitionPlanSpec,
-)
-from operators.versions import read_floor, record_version
 from policies.errors import InputError
+from policies.inventory import NodeInventory
 from policies.plan import Plan
 
 FIELD_MANAGER = "mixfleet-controller"
@@ -931,8 +931,9 @@ class KubernetesStore:
 def _normalized(spec: Json) -> Json:
     """``spec`` as the API server would store it (with the CRD's defaults), for comparison
     with the stored spec."""
-    from operators.structural import apply_defaults
-    from operators.v1alpha1 import MODEL_DEPLOYMENT
+    from support.structural import apply_defaults
+
+    from apis.kube.v1alpha1 import MODEL_DEPLOYMENT
 
     schema = MODEL_DEPLOYMENT.schema()["properties"]["spec"]
     out = apply_defaults(json.loads(json.dumps(spec)), schema)

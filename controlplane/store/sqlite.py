@@ -26,8 +26,7 @@ from typing import Any, cast
 from google.protobuf import json_format
 from mixfleet.v1 import inventory_pb2
 
-from agents.inventory import NodeInventory
-from agents.wire import inventory_from_proto, inventory_to_proto
+from apis.wire.inventory import inventory_from_proto, inventory_to_proto
 from controlplane.deployment import DeploymentSpec, parse_deployment, spec_to_doc
 from controlplane.errors import AlreadyExistsError, NotFoundError, PreconditionError, StoreError
 from controlplane.store.base import (
@@ -40,6 +39,7 @@ from controlplane.store.base import (
     StoredNode,
     StoredPlan,
 )
+from policies.inventory import NodeInventory
 from policies.plan import Plan, plan_from_dict
 
 #: (version, description, SQL). Append only; never edit an applied migration.

@@ -24,8 +24,8 @@ from agents.discovery.amdsmi import (
     inventory_from_recording,
 )
 from agents.discovery.base import DiscoveryError
-from agents.inventory import XGMI_MI300_GENERATION
 from policies.fleet import Fleet
+from policies.inventory import XGMI_MI300_GENERATION
 from policies.topology import Channel, build_topology
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "amdsmi" / "mi300x8-modelled.json"

@@ -9,8 +9,8 @@ import pytest
 from agents.discovery.base import DiscoveryError
 from agents.discovery.static import StaticDiscovery, discover_fleet, load_fleet_file
 from agents.discovery.sysfs import SysfsNicDiscovery, parse_rate_gbps, parse_roce_version
-from agents.inventory import NodeInventory, check_inventory
 from policies.errors import InputError
+from policies.inventory import NodeInventory, check_inventory
 
 REPO = Path(__file__).resolve().parents[2]
 MIXED_24 = REPO / "examples" / "fleets" / "mixed-24.yaml"

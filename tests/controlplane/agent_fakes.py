@@ -17,8 +17,8 @@ from typing import Any
 import grpc
 from mixfleet.v1 import agent_pb2, agent_pb2_grpc
 
-from agents.inventory import NodeInventory
-from agents.wire import inventory_to_proto
+from apis.wire.inventory import inventory_to_proto
+from policies.inventory import NodeInventory
 
 
 @dataclass
@@ -211,8 +211,8 @@ def small_fleet_doc(nodes: int = 3, gpus_per_node: int = 2) -> dict[str, Any]:
 
 def small_inventories(nodes: int = 3, gpus_per_node: int = 2) -> list[NodeInventory]:
     """Simulated inventories of :func:`small_fleet_doc`."""
-    from agents.inventory import inventory_from_node
     from policies.fleet import parse_fleet
+    from policies.inventory import inventory_from_node
 
     fleet = parse_fleet(small_fleet_doc(nodes, gpus_per_node))
     return [inventory_from_node(n) for n in fleet.nodes]

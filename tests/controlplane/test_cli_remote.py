@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from agent_fakes import FakeAgent, small_inventories, wait_until
 
-from controlplane import cli_remote
-from controlplane.testing import RunningController, start_controller
+from controlplane.cli import remote as cli_remote
+from controlplane.server.inprocess import RunningController, start_controller
 from policies.errors import InputError, MixfleetError
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "deployments" / "mixtral-small.yaml"
@@ -146,7 +146,7 @@ def test_controller_run_serves_and_logs_json(tmp_path: Path) -> None:
         sock.bind(("127.0.0.1", 0))
         metrics_port = sock.getsockname()[1]
     code = (
-        "import argparse, sys; from controlplane import cli_remote; "
+        "import argparse, sys; from controlplane.cli import remote as cli_remote; "
         "p = argparse.ArgumentParser(); cli_remote.register(p.add_subparsers()); "
         "a = p.parse_args(sys.argv[1:]); sys.exit(a.handler(a))"
     )

@@ -12,7 +12,7 @@ from pathlib import Path
 from agent_fakes import small_inventories, wait_until
 from test_rollout import run, world
 
-from controlplane.testing import FAST, start_controller
+from controlplane.server.inprocess import FAST, start_controller
 
 
 def test_solves_run_in_a_worker_process_and_the_rollout_commits(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from cli_builders import TINY_FLEET
 
-from controlplane.files import (
+from controlplane.cli.files import (
     dump_document,
     read_document,
     read_expert_load,

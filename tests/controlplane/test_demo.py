@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from demo import main
 
-from controlplane.demo import main
-from controlplane.files import read_plan
+from controlplane.cli.files import read_plan
 
 
 @pytest.mark.slow

@@ -30,8 +30,8 @@ from controlplane.deployment import (
     spec_to_proto,
     usd_per_million_tokens,
 )
-from controlplane.testing import start_controller
-from controlplane.wire import deployment_to_proto
+from controlplane.server.inprocess import start_controller
+from controlplane.wire.plans import deployment_to_proto
 from policies.cost import DEFAULT_USD_PER_GPU_HOUR
 from policies.errors import InputError
 from policies.fleet import Fleet, parse_fleet

@@ -16,7 +16,7 @@ import yaml
 from cli_builders import MIXTRAL_ARGS, TINY_FLEET, RunCli, cli_runner, solve_plans, write_fleet
 
 from controlplane import cli
-from controlplane.files import read_plan
+from controlplane.cli.files import read_plan
 
 SUMMARY_KEYS = {
     "policy",
@@ -487,9 +487,9 @@ def test_bench_placement_dispatches_lazily(
         seen.append(args)
         return 0
 
-    fake = types.ModuleType("controlplane.benchmarks")
+    fake = types.ModuleType("bench.placement")
     fake.placement_main = placement_main  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "controlplane.benchmarks", fake)
+    monkeypatch.setitem(sys.modules, "bench.placement", fake)
     code, _, _ = run_cli(
         "bench", "placement", "--scenario", "mixed-24-decode", "--json", "--out", "r.json"
     )

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from cli_builders import TINY_FLEET
 
-from controlplane.render import plan_picture, render_plan
+from controlplane.cli.render import plan_picture, render_plan
 from policies.errors import InputError
 from policies.fleet import parse_fleet
 from policies.models import preset

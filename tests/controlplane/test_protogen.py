@@ -5,12 +5,12 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from controlplane import protogen
+import protogen
 
 
 def test_stubs_are_current() -> None:
     stale = protogen.stale_files()
-    assert stale == [], f"stale stubs {stale}. To fix: python -m controlplane.protogen"
+    assert stale == [], f"stale stubs {stale}. To fix: python -m protogen"
 
 
 def test_stubs_import_as_mixfleet_v1_and_there_is_no_proto_package() -> None:

@@ -22,8 +22,8 @@ from controlplane.deployment import (
     build_request,
     spec_to_proto,
 )
-from controlplane.routing import diff_plans, imbalance_under_load
-from controlplane.testing import start_controller
+from controlplane.server.inprocess import start_controller
+from policies.assignment import diff_plans, imbalance_under_load
 from policies.fleet import parse_fleet
 from policies.models import from_hf_config
 from policies.request import solve

@@ -1,11 +1,11 @@
-"""The pure decision: every rule of controlplane.reconcile, with an explicit clock."""
+"""The pure decision: every rule of controlplane.server.reconcile, with an explicit clock."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
 from controlplane.deployment import DeploymentSpec, RebalanceSpec
-from controlplane.reconcile import (
+from controlplane.server.reconcile import (
     Abort,
     Commit,
     DeploymentObs,

@@ -24,12 +24,12 @@ from mixfleet.v1 import (
     plan_pb2_grpc,
 )
 
-from agents.wire import inventory_to_proto
-from controlplane.controller import Controller
+from apis.wire.inventory import inventory_to_proto
 from controlplane.deployment import DeploymentSpec, spec_to_proto
-from controlplane.server import ServerOptions, create_server
+from controlplane.server.controller import Controller
+from controlplane.server.inprocess import start_controller
+from controlplane.server.services import ServerOptions, create_server
 from controlplane.store.sqlite import SqliteStore
-from controlplane.testing import start_controller
 from policies.errors import InputError
 
 ADMIN = "admin-token-0123456789abcdef"

@@ -15,9 +15,9 @@ from agent_fakes import small_fleet_doc, small_inventories
 
 from controlplane.deployment import DeploymentSpec
 from controlplane.errors import AlreadyExistsError, NotFoundError, PreconditionError, StoreError
-from controlplane.routing import split_plan
 from controlplane.store import LoadWindow, StoredAck, StoredNode, open_store
 from controlplane.store.sqlite import SCHEMA_VERSION, SqliteStore
+from policies.assignment import split_plan
 from policies.fleet import parse_fleet
 from policies.plan import Plan
 from policies.request import PlacementRequest, solve

@@ -27,9 +27,9 @@ from agent_fakes import FakeAgent, small_inventories, wait_until
 from google.protobuf.message import Message
 from mixfleet.v1 import agent_pb2, agent_pb2_grpc, plan_pb2, plan_pb2_grpc
 
-from agents.wire import inventory_to_proto
+from apis.wire.inventory import inventory_to_proto
 from controlplane.deployment import DeploymentSpec, WorkloadSpec, spec_to_proto
-from controlplane.testing import FAST, RunningController, start_controller
+from controlplane.server.inprocess import FAST, RunningController, start_controller
 from policies.advise import BatchPoint, advise_batch, advise_context
 from policies.cost import DEFAULT_USD_PER_GPU_HOUR, PriceTable, min_cost, plan_cost
 from policies.deployment import Deployment
@@ -203,7 +203,7 @@ def test_a_solve_runs_off_the_event_loop(tmp_path: Path, monkeypatch: Any) -> No
         release.wait(timeout=30.0)
         return advise_batch(*args, **kwargs)
 
-    monkeypatch.setattr("controlplane.strategy_service.advise_batch", slow)
+    monkeypatch.setattr("controlplane.server.strategies.advise_batch", slow)
 
     async def main() -> None:
         async with controller_with_nodes(tmp_path) as api:

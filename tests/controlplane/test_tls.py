@@ -11,10 +11,10 @@ import pytest
 from agent_fakes import small_inventories
 from mixfleet.v1 import agent_pb2, agent_pb2_grpc, plan_pb2, plan_pb2_grpc
 
-from agents.wire import inventory_to_proto
-from controlplane.certs import init_dev_pki, issue, token_for
-from controlplane.server import TlsFiles
-from controlplane.testing import start_controller
+from apis.wire.inventory import inventory_to_proto
+from controlplane.server.certs import init_dev_pki, issue, token_for
+from controlplane.server.inprocess import start_controller
+from controlplane.server.services import TlsFiles
 from policies.errors import InputError
 
 

@@ -1,4 +1,4 @@
-"""Shared pieces of the end-to-end tests: a real controller (controlplane.testing), real
+"""Shared pieces of the end-to-end tests: a real controller (controlplane.server.inprocess), real
 simulated agents (agents.simulate) and real gRPC on loopback; nothing mocked."""
 
 from __future__ import annotations

@@ -5,8 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
-
-from controlplane.demo_e2e import main
+from demo.e2e import main
 
 
 @pytest.mark.slow

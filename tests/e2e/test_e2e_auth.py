@@ -13,10 +13,10 @@ from e2e_support import Client, agent_settings, eventually, fleet
 
 from agents.agent import Agent, AgentFatalError, TlsFiles
 from agents.applier import MemoryApplier
-from agents.inventory import inventory_from_node
-from controlplane.certs import init_dev_pki, issue
-from controlplane.server import TlsFiles as ServerTls
-from controlplane.testing import start_controller
+from controlplane.server.certs import init_dev_pki, issue
+from controlplane.server.inprocess import start_controller
+from controlplane.server.services import TlsFiles as ServerTls
+from policies.inventory import inventory_from_node
 
 
 def _agent(address: str, node: str, tls: TlsFiles | None, token: str = "") -> Agent:

@@ -16,8 +16,8 @@ from grpc import aio
 from mixfleet.v1 import plan_pb2
 
 from agents.simulate import SimulatedFleet
-from controlplane.routing import diff_plans
-from controlplane.testing import start_controller
+from controlplane.server.inprocess import start_controller
+from policies.assignment import diff_plans
 from policies.plan import plan_from_dict
 
 PREFILL: dict[str, Any] = {

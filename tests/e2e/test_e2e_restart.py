@@ -12,7 +12,7 @@ from grpc import aio
 from mixfleet.v1 import plan_pb2
 
 from agents.simulate import SimulatedFleet
-from controlplane.testing import start_controller
+from controlplane.server.inprocess import start_controller
 
 #: Prepare takes a while (an engine checking its part), so the rollout can be caught open.
 SLOW_PREPARE = ("sh", "-c", 'if [ "$MIXFLEET_HOOK_PHASE" = prepare ]; then sleep 1; fi')

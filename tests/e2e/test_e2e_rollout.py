@@ -13,7 +13,7 @@ from grpc import aio
 from mixfleet.v1 import plan_pb2
 
 from agents.simulate import SimulatedFleet
-from controlplane.testing import start_controller
+from controlplane.server.inprocess import start_controller
 
 
 def test_deploy_commits_on_all_agents_then_replans_around_a_dead_node(tmp_path: Path) -> None:

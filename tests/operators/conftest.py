@@ -17,9 +17,9 @@ from k8s_cluster import (
     install_crds,
 )
 from kubernetes import client as k8s_client
+from support.fakeapi import FakeApiServer, crd_manifests
 
-from operators.kube import Resource
-from operators.testing.fakeapi import FakeApiServer, crd_manifests
+from apis.kube.client import Resource
 
 
 @pytest.fixture(params=["fake", "real"])

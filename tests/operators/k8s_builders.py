@@ -8,8 +8,16 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from agents.inventory import NodeInventory, inventory_from_node
-from operators.gpunode import gpunode_status
+from apis.kube.gpunode import gpunode_status
+from apis.kube.schema import from_wire
+from apis.kube.v1alpha1 import (
+    API_VERSION,
+    GPUNodeSpec,
+    ModelDeploymentSpec,
+    ModelDeploymentStatus,
+    PartitionPlanStatus,
+    PlacementPolicySpec,
+)
 from operators.reconcile import (
     DeploymentView,
     NodeView,
@@ -18,16 +26,8 @@ from operators.reconcile import (
     SolveAction,
     SolveOutcome,
 )
-from operators.schema import from_wire
-from operators.v1alpha1 import (
-    API_VERSION,
-    GPUNodeSpec,
-    ModelDeploymentSpec,
-    ModelDeploymentStatus,
-    PartitionPlanStatus,
-    PlacementPolicySpec,
-)
 from policies.fleet import parse_node
+from policies.inventory import NodeInventory, inventory_from_node
 from policies.request import solve
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
@@ -131,7 +131,7 @@ def plan_view_from(
     body: dict[str, Any], *, uid: str = "uid-plan", status: PartitionPlanStatus | None = None
 ) -> PlanView:
     """The PlanView of an ApplyPlan body (as if the API server stored it)."""
-    from operators.v1alpha1 import PartitionPlanSpec
+    from apis.kube.v1alpha1 import PartitionPlanSpec
 
     return PlanView(
         name=body["metadata"]["name"],

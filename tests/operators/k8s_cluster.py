@@ -2,7 +2,7 @@
 
 Tests that take the ``cluster`` fixture (tests/operators/conftest.py) run twice:
 
-* ``fake`` - against :class:`operators.testing.fakeapi.FakeApiServer` on loopback (always);
+* ``fake`` - against :class:`support.fakeapi.FakeApiServer` on loopback (always);
 * ``real`` - against the cluster of the kubeconfig in ``MIXFLEET_E2E_KUBECONFIG`` (skipped
   when it is not set). The fixture installs the CRDs from charts/mixfleet/crds, works in a
   fresh namespace, prefixes cluster-scoped names with the run id, labels its GPUNodes with
@@ -22,11 +22,9 @@ from typing import Any
 
 import yaml
 from kubernetes import client as k8s_client
+from support.fakeapi import FakeApiServer, crd_manifests
 
-from agents.inventory import NodeInventory
-from operators.errors import ConflictError, NotFoundError
-from operators.gpunode import gpunode_object, gpunode_status
-from operators.kube import (
+from apis.kube.client import (
     GPUNODES,
     MODEL_DEPLOYMENTS,
     PARTITION_PLANS,
@@ -35,9 +33,11 @@ from operators.kube import (
     Kube,
     Resource,
 )
-from operators.schema import to_wire
-from operators.testing.fakeapi import FakeApiServer, crd_manifests
-from operators.v1alpha1 import GPUNodeSpec
+from apis.kube.errors import ConflictError, NotFoundError
+from apis.kube.gpunode import gpunode_object, gpunode_status
+from apis.kube.schema import to_wire
+from apis.kube.v1alpha1 import GPUNodeSpec
+from policies.inventory import NodeInventory
 
 E2E_ENV = "MIXFLEET_E2E_KUBECONFIG"
 CRD_DIR = Path(__file__).resolve().parents[2] / "charts" / "mixfleet" / "crds"

@@ -12,10 +12,10 @@ import helm_python as helm
 import kubernetes_validate
 import pytest
 import yaml
+from support.structural import admit
 
+from apis.kube.v1alpha1 import CRDS
 from operators import crdgen
-from operators.structural import admit
-from operators.v1alpha1 import CRDS
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "mixfleet"
 K8S_VERSIONS = ("1.29", "1.30", "1.31", "1.32", "1.33", "1.34", "1.35")

@@ -11,12 +11,11 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
+from support.cel import CelError, compile_rule, evaluate
+from support.structural import admit, check_structural
 
-from operators import crdgen
-from operators.cel import CelError, compile_rule, evaluate
-from operators.schema import from_wire, to_wire
-from operators.structural import admit, check_structural
-from operators.v1alpha1 import (
+from apis.kube.schema import from_wire, to_wire
+from apis.kube.v1alpha1 import (
     CRDS,
     GPUNODE,
     MODEL_DEPLOYMENT,
@@ -27,6 +26,7 @@ from operators.v1alpha1 import (
     ModelDeploymentSpec,
     PlacementPolicySpec,
 )
+from operators import crdgen
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S_VERSIONS = ("1.29", "1.30", "1.31", "1.32", "1.33", "1.34", "1.35")

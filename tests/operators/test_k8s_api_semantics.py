@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from k8s_builders import inventory, md_object, policy_object
 from k8s_cluster import Cluster, wait_for
+from support.fakeapi import FakeApiServer
 
-from operators.errors import ConflictError, GoneError, InvalidError, NotFoundError
-from operators.kube import (
+from apis.kube.client import (
     CONFIGMAPS,
     GPUNODES,
     MODEL_DEPLOYMENTS,
@@ -26,7 +26,7 @@ from operators.kube import (
     Json,
     WatchEvent,
 )
-from operators.testing.fakeapi import FakeApiServer
+from apis.kube.errors import ConflictError, GoneError, InvalidError, NotFoundError
 
 VALID_PLAN_SPEC: Json = {
     "deployment": "mx",

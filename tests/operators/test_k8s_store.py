@@ -10,11 +10,11 @@ import pytest
 from k8s_builders import inventory
 from k8s_cluster import Cluster
 
+from apis.kube.client import MODEL_DEPLOYMENTS, PARTITION_PLANS
 from controlplane.deployment import DeploymentSpec, WorkloadSpec
 from controlplane.errors import AlreadyExistsError, NotFoundError, PreconditionError
 from controlplane.store.base import LoadWindow, Store, StoredAck, StoredNode
 from controlplane.store.kubernetes import KubernetesStore, from_time, to_time
-from operators.kube import MODEL_DEPLOYMENTS, PARTITION_PLANS
 from policies.fleet import parse_fleet
 from policies.models import preset
 from policies.plan import Plan

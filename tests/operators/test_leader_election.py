@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from k8s_cluster import Cluster, wait_for
 
-from operators.kube import LEASES
+from apis.kube.client import LEASES
 from operators.leader import LeaderElector, LeaderSettings, LeaseRecord, decide
 
 T = datetime(2026, 3, 1, tzinfo=UTC)

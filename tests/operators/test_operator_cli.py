@@ -17,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from k8s_builders import inventory, md_object, policy_object
 from k8s_cluster import Cluster, wait_for
 
-from operators.kube import LEASES, MODEL_DEPLOYMENTS, PLACEMENT_POLICIES
+from apis.kube.client import LEASES, MODEL_DEPLOYMENTS, PLACEMENT_POLICIES
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]

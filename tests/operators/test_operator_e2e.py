@@ -16,8 +16,9 @@ from datetime import UTC, datetime
 import pytest
 from k8s_builders import inventory, md_object, policy_object
 from k8s_cluster import RUN_LABEL, Cluster, wait_for
+from support.fakeapi import Fault
 
-from operators.kube import (
+from apis.kube.client import (
     CONFIGMAPS,
     GPUNODES,
     MODEL_DEPLOYMENTS,
@@ -26,13 +27,12 @@ from operators.kube import (
     Json,
     Kube,
 )
+from apis.kube.plancodec import decode_plan
+from apis.kube.schema import from_wire
+from apis.kube.v1alpha1 import PartitionPlanSpec
 from operators.leader import LeaderSettings
 from operators.operator import Operator, OperatorSettings
-from operators.plancodec import decode_plan
 from operators.reconcile import FINALIZER, ReconcileSettings
-from operators.schema import from_wire
-from operators.testing.fakeapi import Fault
-from operators.v1alpha1 import PartitionPlanSpec
 
 pytestmark = pytest.mark.slow
 

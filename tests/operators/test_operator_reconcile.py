@@ -24,6 +24,7 @@ from k8s_builders import (
     with_status,
 )
 
+from apis.kube.v1alpha1 import NodeRollout, PartitionPlanStatus, PlacementPolicySpec
 from operators.reconcile import (
     FINALIZER,
     ApplyConfigMap,
@@ -41,7 +42,6 @@ from operators.reconcile import (
     config_map_name,
     reconcile,
 )
-from operators.v1alpha1 import NodeRollout, PartitionPlanStatus, PlacementPolicySpec
 
 SETTINGS = ReconcileSettings(node_stale_after_s=90.0, plan_history=2, solver_error_retry_s=60.0)
 

@@ -29,9 +29,9 @@ from k8s_builders import (
 )
 from k8s_cluster import RUN_LABEL, Cluster, wait_for
 
-from agents.inventory import inventory_from_node
-from operators.errors import InvalidError
-from operators.kube import MODEL_DEPLOYMENTS, PARTITION_PLANS, PLACEMENT_POLICIES, Kube
+from apis.kube.client import MODEL_DEPLOYMENTS, PARTITION_PLANS, PLACEMENT_POLICIES, Kube
+from apis.kube.errors import InvalidError
+from apis.kube.v1alpha1 import InteractiveTierSpec, PlacementPolicySpec
 from operators.operator import Operator, OperatorSettings
 from operators.reconcile import (
     ApplyConfigMap,
@@ -46,10 +46,10 @@ from operators.reconcile import (
     TierOutcome,
     reconcile,
 )
-from operators.v1alpha1 import InteractiveTierSpec, PlacementPolicySpec
 from policies.cost import DEFAULT_USD_PER_GPU_HOUR
 from policies.errors import InputError
 from policies.fleet import parse_node
+from policies.inventory import inventory_from_node
 from policies.tiers import TierRequest, plan_tiers
 
 SETTINGS = ReconcileSettings(node_stale_after_s=90.0, plan_history=2, solver_error_retry_s=60.0)

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support.structural import admit
 
-from operators.plancodec import decode_plan, encode_plan, plan_spec
-from operators.schema import from_wire, to_wire
-from operators.structural import admit
-from operators.v1alpha1 import MAX_PLAN_DATA_CHARS, PARTITION_PLAN, PartitionPlanSpec
+from apis.kube.plancodec import decode_plan, encode_plan, plan_spec
+from apis.kube.schema import from_wire, to_wire
+from apis.kube.v1alpha1 import MAX_PLAN_DATA_CHARS, PARTITION_PLAN, PartitionPlanSpec
 from policies.errors import InputError
 from policies.fleet import parse_fleet
 from policies.models import preset

@@ -1,0 +1,1236 @@
+"""The mixfleet.io/v1alpha1 API: the custom resources, declared once.
+
+Every CRD's spec (what a user wants) and status (what the controller saw) is a frozen
+dataclass below; :mod:`operators.crdgen` turns them into the CRD manifests in
+``charts/mixfleet/crds/`` and the operator reads and writes objects through the same
+classes (:func:`apis.kube.schema.from_wire` / :func:`apis.kube.schema.to_wire`).
+
+* ``GPUNode`` (cluster-scoped): one GPU host. Status: the inventory its agent reported
+  (the agent's own :class:`policies.inventory.NodeInventory`, reflected), health and last
+  heartbeat. Spec: cordon it out of placement, tag its tier.
+* ``PlacementPolicy`` (cluster-scoped): solver settings, slot budget, tiers, rebalancing.
+* ``ModelDeployment`` (namespaced): a model to place on GPUNodes, with conditions
+  ``Solved``, ``RolledOut``, ``Degraded`` and, under a policy with an interactive tier,
+  ``InteractiveSLO``.
+* ``PartitionPlan`` (namespaced, owned by its ModelDeployment): one immutable plan
+  version, gzip+base64 compressed; status holds the rollout state of each node.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from apis.kube.schema import Json, Meta, Rule, k8s, openapi_schema
+from policies.catalog import CATALOG
+from policies.exports import EXPORT_FORMATS
+from policies.inventory import NodeInventory
+from policies.plan import FORMS
+from policies.request import POLICIES
+from policies.workload import KV_DTYPES, PHASES
+
+GROUP = "mixfleet.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+#: DNS-1123 label (names of policies, tiers, ModelDeployments).
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+#: DNS-1123 subdomain (node names).
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+#: Kubernetes label key (optional DNS prefix, then a name).
+LABEL_KEY = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+#: Kubernetes label value (may be empty).
+LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+HEX16 = r"^[0-9a-f]{16}$"
+
+ENGINE_FORMATS = (*EXPORT_FORMATS, "none")
+#: gpuHourPrices keys are catalog GPU models (prices are looked up by a GPU's catalog name).
+CATALOG_KEYS_RULE = Rule(
+    rule="self.all(k, k in [" + ", ".join(f"'{m}'" for m in CATALOG) + "])",
+    message="gpuHourPrices keys must be catalog GPU models: " + ", ".join(CATALOG),
+)
+CONDITION_STATUSES = ("True", "False", "Unknown")
+HEALTH_STATES = ("Healthy", "Degraded", "Unhealthy", "Unknown")
+ROLLOUT_STATES = ("Pending", "Prepared", "Committed", "Failed", "Aborted")
+SOLVE_OUTCOMES = ("Succeeded", "Failed")
+PLAN_ENCODINGS = ("gzip+base64",)
+PLAN_AUTHORS = ("operator", "controller")
+PLAN_STATES = ("Proposed", "Preparing", "Committed", "Aborted", "Superseded")
+
+#: Most GPUs one plan may place on; bounds arrays so CEL rules stay within cost limits.
+MAX_PLAN_GPUS = 4096
+MAX_PLAN_NODES = 1024
+#: Largest compressed plan a PartitionPlan holds, characters (objects are capped at 1.5 MB).
+MAX_PLAN_DATA_CHARS = 1_048_576
+
+
+# --------------------------------------------------------------------------- shared
+
+
+@dataclass(frozen=True)
+class Condition:
+    """One observation of a resource's state (the shape of ``metav1.Condition``)."""
+
+    type: str = field(
+        metadata=k8s(
+            "Condition type: Solved, RolledOut, Degraded or InteractiveSLO.",
+            pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$",
+            max_length=316,
+        )
+    )
+    status: str = field(metadata=k8s("True, False or Unknown.", enum=CONDITION_STATUSES))
+    reason: str = field(
+        metadata=k8s(
+            "CamelCase reason a program can switch on (Solved, UnknownModel, Infeasible...).",
+            pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$",
+            min_length=1,
+            max_length=1024,
+        )
+    )
+    message: str = field(
+        metadata=k8s("What happened, for a person; says how to fix it.", max_length=32768)
+    )
+    last_transition_time: str = field(
+        metadata=k8s(
+            "When the status last changed (RFC 3339, UTC).",
+            format="date-time",
+        )
+    )
+    observed_generation: int | None = field(
+        default=None,
+        metadata=k8s("metadata.generation the condition was computed from.", minimum=0),
+    )
+
+
+# --------------------------------------------------------------------------- GPUNode
+
+
+@dataclass(frozen=True)
+class GPUNodeSpec:
+    """What an administrator wants of a GPU node."""
+
+    cordon: bool = field(
+        default=False,
+        metadata=k8s(
+            "Keep the node out of new placements. Plans that use it are re-solved without it."
+        ),
+    )
+    tier: str = field(
+        default="",
+        metadata=k8s(
+            "Tier tag (e.g. hopper, ada) that PlacementPolicy.spec.tiers selects on; empty "
+            "for none.",
+            pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?)?$",
+            max_length=63,
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class NodeHealth:
+    """Health of a node as the controller judges it from the agent's reports."""
+
+    state: str = field(
+        metadata=k8s(
+            "Healthy (all GPUs usable), Degraded (some GPUs unhealthy), Unhealthy (none "
+            "usable) or Unknown.",
+            enum=HEALTH_STATES,
+        )
+    )
+    unhealthy_gpus: tuple[int, ...] = field(
+        default=(),
+        metadata=k8s("Indices of GPUs whose health signals fail.", max_items=1024),
+    )
+    message: str = field(default="", metadata=k8s("Why, for a person.", max_length=4096))
+
+
+#: Validation of the reflected agent inventory (agents/inventory.py has no k8s metadata).
+INVENTORY_CONSTRAINTS: dict[str, Meta] = {
+    "NodeInventory.node": Meta(pattern=DNS_SUBDOMAIN, max_length=253),
+    "GpuInventory.index": Meta(minimum=0),
+    "GpuInventory.sms": Meta("Streaming multiprocessors.", minimum=0),
+    "GpuInventory.memory_bytes": Meta("Device memory, bytes.", minimum=0),
+    "GpuInventory.hbm_bandwidth_gbps": Meta(
+        "Peak memory bandwidth (bus width x memory clock x 2), GB/s.", minimum=0
+    ),
+    "GpuInventory.sm_clock_mhz": Meta("Maximum SM clock, MHz.", minimum=0),
+    "GpuInventory.power_limit_w": Meta("Power management limit, W.", minimum=0),
+    "GpuInventory.pcie_generation": Meta(minimum=0),
+    "GpuInventory.pcie_width": Meta(minimum=0),
+    "NvLinkInfo.link": Meta(minimum=0),
+    "NvLinkInfo.generation": Meta(minimum=0),
+    "NicInventory.rate_gbps": Meta(minimum=0),
+    "NicInventory.link_layer": Meta(enum=("infiniband", "ethernet")),
+}
+
+
+@dataclass(frozen=True)
+class AgentSession:
+    """The agent's registration, as the controller's store keeps it."""
+
+    session_id: str = field(
+        metadata=k8s(
+            "Session id of the agent's current registration.", json_name="sessionID", max_length=253
+        )
+    )
+    registered_time: str = field(
+        metadata=k8s("When the agent last registered (RFC 3339).", format="date-time")
+    )
+    state: str = field(
+        default="ready",
+        metadata=k8s(
+            "What the agent says: ready, draining or degraded.",
+            enum=("ready", "draining", "degraded"),
+        ),
+    )
+    message: str = field(default="", metadata=k8s("The agent's free-text status.", max_length=4096))
+    applied: dict[str, int] = field(
+        default_factory=dict,
+        metadata=k8s(
+            "Deployment (namespace/name) -> plan version the agent says it applied.",
+            max_properties=4096,
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class GPUNodeStatus:
+    """What the controller last heard from the node's agent."""
+
+    inventory: NodeInventory | None = field(
+        default=None,
+        metadata=k8s(
+            "The node's GPUs, NVLinks, RDMA NICs and health as its agent reported them "
+            "(units: bytes, GB/s for HBM and NVLink, Gb/s for NICs, MHz, W)."
+        ),
+    )
+    health: NodeHealth | None = field(default=None, metadata=k8s("Node health."))
+    last_heartbeat_time: str | None = field(
+        default=None,
+        metadata=k8s("When the agent last reported (RFC 3339, UTC).", format="date-time"),
+    )
+    gpu_count: int | None = field(
+        default=None, metadata=k8s("Number of GPUs in the inventory.", minimum=0)
+    )
+    gpu_summary: str | None = field(
+        default=None,
+        metadata=k8s("GPU models at a glance, e.g. '8x H100-SXM5-80GB'.", max_length=1024),
+    )
+    agent: AgentSession | None = field(default=None, metadata=k8s("The reporting agent's session."))
+
+
+# ------------------------------------------------------------------- PlacementPolicy
+
+
+@dataclass(frozen=True)
+class RebalanceSpec:
+    """When the controller re-plans a deployment because its measured expert load drifted
+    (the same fields as the controller's deployment document)."""
+
+    enabled: bool = field(default=False, metadata=k8s("Re-plan on sustained load imbalance."))
+    imbalance_threshold: float = field(
+        default=0.15,
+        metadata=k8s(
+            "(max - mean) / mean expert-phase time of the committed plan under the measured "
+            "load above which a load window counts as imbalanced (0.15 = 15%).",
+            minimum=0,
+        ),
+    )
+    sustain_s: float = field(
+        default=60.0,
+        metadata=k8s(
+            "The imbalance must hold over this many seconds of load windows, seconds.",
+            json_name="sustainS",
+            minimum=0,
+        ),
+    )
+    min_interval_s: float = field(
+        default=300.0,
+        metadata=k8s(
+            "Least time between two load-driven re-plans, seconds. Spec and fleet changes "
+            "re-plan at once.",
+            json_name="minIntervalS",
+            minimum=0,
+        ),
+    )
+    migration_weight_us: float = field(
+        default=0.0,
+        metadata=k8s(
+            "Objective cost of moving one expert replica when re-planning, microseconds; "
+            "0 = the solver's default.",
+            minimum=0,
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class InteractiveTierSpec:
+    """An interactive (latency) tier: its SLO and traffic. Nodes are split between it and a
+    batch tier by :func:`policies.tiers.plan_tiers`; each interactive replica stays inside
+    one NVLink domain."""
+
+    tpot_ms: float | None = field(
+        default=None,
+        metadata=k8s(
+            "Time-per-output-token target (decode step time), milliseconds.",
+            json_name="tpotMs",
+            minimum=0,
+            exclusive_minimum=True,
+        ),
+    )
+    ttft_ms: float | None = field(
+        default=None,
+        metadata=k8s(
+            "Time-to-first-token target (prefill step time of a batch of prompts), milliseconds.",
+            json_name="ttftMs",
+            minimum=0,
+            exclusive_minimum=True,
+        ),
+    )
+    requests_per_s: float = field(
+        default=0.0,
+        metadata=k8s("Arrival rate the tier must serve, requests per second.", minimum=0),
+    )
+    prompt_tokens: int = field(
+        default=2048, metadata=k8s("Prompt length per request, tokens.", minimum=1)
+    )
+    output_tokens: int = field(
+        default=256, metadata=k8s("Generated tokens per request.", minimum=1)
+    )
+    max_utilisation: float = field(
+        default=0.8,
+        metadata=k8s(
+            "Most of a replica's time the tier may keep busy (queueing headroom), 0-1.",
+            minimum=0,
+            exclusive_minimum=True,
+            maximum=1,
+        ),
+    )
+    preference: str = field(
+        default="fastest",
+        metadata=k8s(
+            "fastest: the interactive tier takes the fastest nodes first; max-batch: the "
+            "split that leaves the batch tier the most throughput.",
+            enum=("fastest", "max-batch"),
+        ),
+    )
+
+    K8S_RULES: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            rule="has(self.tpotMs) || has(self.ttftMs)",
+            message="an interactive tier needs tpotMs or ttftMs",
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class PlacementPolicySpec:
+    """How ModelDeployments that reference this policy are placed. A deployment's own
+    fields (policy, redundantExperts, solverTimeLimitS, rebalance, allowCrossVendor,
+    gpuHourPrices) override these."""
+
+    policy: str = field(
+        default="ilp",
+        metadata=k8s(
+            "Placement algorithm: ilp (optimal within the time limit), greedy, eplb or uniform.",
+            enum=POLICIES,
+        ),
+    )
+    milp_solver: str = field(
+        default="highs",
+        metadata=k8s("MILP solver for policy ilp: highs or cbc.", enum=("highs", "cbc")),
+    )
+    solver_time_limit_s: float = field(
+        default=60.0,
+        metadata=k8s(
+            "Wall-clock limit of one solve, seconds.",
+            json_name="solverTimeLimitS",
+            minimum=0,
+            exclusive_minimum=True,
+            maximum=3600,
+        ),
+    )
+    mip_gap: float = field(
+        default=0.005,
+        metadata=k8s(
+            "Relative MIP gap at which a layer's solve stops (0.005 = 0.5%).",
+            minimum=0,
+            maximum=0.999,
+        ),
+    )
+    workers: int = field(
+        default=0,
+        metadata=k8s("Processes solving layers in parallel; 0 = one per CPU.", minimum=0),
+    )
+    redundant_experts: int | None = field(
+        default=None,
+        metadata=k8s(
+            "Extra expert slots per MoE layer beyond one per expert; unset = the smallest "
+            "count the form allows. In engine form it is raised until num_experts + "
+            "redundantExperts divides by the GPU count.",
+            minimum=0,
+            maximum=65536,
+        ),
+    )
+    tiers: tuple[str, ...] = field(
+        default=(),
+        metadata=k8s(
+            "GPUNode tiers (GPUNode.spec.tier) this policy may place on; empty = all.",
+            list_type="set",
+            max_items=64,
+            item_pattern=DNS_LABEL,
+            item_max_length=63,
+        ),
+    )
+    rebalance: RebalanceSpec = field(
+        default_factory=RebalanceSpec,
+        metadata=k8s("Load-driven re-planning (applied by the controller)."),
+    )
+    interactive: InteractiveTierSpec | None = field(
+        default=None,
+        metadata=k8s(
+            "An interactive tier with a latency SLO served by whole NVLink domains; the "
+            "other nodes form the batch tier. Unset: one tier."
+        ),
+    )
+    allow_cross_vendor: bool = field(
+        default=False,
+        metadata=k8s(
+            "Let one deployment's expert-parallel all-to-all span GPU vendors (NVIDIA and "
+            "AMD). Off: a MoE model on a mixed-vendor fleet is placed as one deployment per "
+            "vendor."
+        ),
+    )
+    gpu_hour_prices: Mapping[str, float] = field(
+        default_factory=dict,
+        metadata=k8s(
+            "Price per GPU-hour by GPU model (catalog name), in USD; models not listed use "
+            "mixfleet's assumed defaults. Reports cost per million tokens.",
+            json_name="gpuHourPrices",
+            max_properties=64,
+            rules=(
+                Rule(
+                    rule="self.all(k, self[k] >= 0.0)",
+                    message="prices per GPU-hour must be >= 0",
+                ),
+                CATALOG_KEYS_RULE,
+            ),
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class PlacementPolicyStatus:
+    """Placement policies have no controller-written state yet."""
+
+    observed_generation: int | None = field(
+        default=None, metadata=k8s("Last metadata.generation seen.", minimum=0)
+    )
+
+
+# ------------------------------------------------------------------- ModelDeployment
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """What the model serves in one step (the controller's workload document)."""
+
+    phase: str = field(default="decode", metadata=k8s("prefill or decode.", enum=PHASES))
+    tokens_per_gpu: int = field(
+        default=64,
+        metadata=k8s(
+            "Tokens per step per GPU on average (in decode, sequences per GPU).",
+            minimum=1,
+            maximum=1_048_576,
+        ),
+    )
+    context_len: int = field(
+        default=4096,
+        metadata=k8s(
+            "Tokens of context each sequence holds (KV-cache length).",
+            minimum=1,
+            maximum=16_777_216,
+        ),
+    )
+    kv_cache_dtype: str = field(
+        default="bf16",
+        metadata=k8s("KV-cache dtype: bf16 or fp8.", json_name="kvCacheDtype", enum=KV_DTYPES),
+    )
+    load: str = field(
+        default="uniform",
+        metadata=k8s(
+            "Expert load to plan for: uniform, synthetic:zipf:S[:seed=N] (skewed), or "
+            "measured (the load engines report to the controller; uniform until then).",
+            pattern=r"^(uniform|measured|synthetic:zipf:[0-9]+(\.[0-9]+)?(:seed=[0-9]+)?)$",
+            max_length=128,
+        ),
+    )
+    load_matrix: tuple[tuple[float, ...], ...] | None = field(
+        default=None,
+        metadata=k8s(
+            "Explicit [layers][experts] load (token counts); overrides load when set.",
+            max_items=1024,
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class PolicyRef:
+    """A reference to a cluster-scoped PlacementPolicy."""
+
+    name: str = field(metadata=k8s("PlacementPolicy name.", pattern=DNS_LABEL, max_length=63))
+
+
+@dataclass(frozen=True)
+class ModelDeploymentSpec:
+    """A model to place on the GPU fleet. The same document mixfleetctl deploy apply reads,
+    plus policyRef and engineFormat."""
+
+    model: str | None = field(
+        default=None,
+        metadata=k8s(
+            "Model preset, e.g. qwen3-30b-a3b or deepseek-v3 (mixfleetctl model list).",
+            pattern=r"^[a-z0-9]([-a-z0-9._]*[a-z0-9])?$",
+            max_length=63,
+        ),
+    )
+    model_config: dict[str, Any] | None = field(
+        default=None,
+        metadata=k8s(
+            "Inline Hugging Face config.json instead of a preset (model_type deepseek_v3, "
+            "deepseek_v2, qwen3_moe, mixtral, gpt_oss or llama)."
+        ),
+    )
+    workload: WorkloadSpec = field(
+        default_factory=WorkloadSpec, metadata=k8s("Batch shape, phase and expert load.")
+    )
+    policy_ref: PolicyRef | None = field(
+        default=None,
+        metadata=k8s(
+            "PlacementPolicy supplying solver settings; unset = the operator's default "
+            "policy (the chart creates one named 'default'), else built-in defaults."
+        ),
+    )
+    policy: str | None = field(
+        default=None,
+        metadata=k8s("Placement algorithm; overrides the PlacementPolicy's.", enum=POLICIES),
+    )
+    form: str = field(
+        default="engine",
+        metadata=k8s(
+            "Plan form: engine (equal slots per GPU, what engines load today) or native "
+            "(any slots per GPU, unequal token shares).",
+            enum=FORMS,
+        ),
+    )
+    engine_format: str = field(
+        default="sglang",
+        metadata=k8s(
+            "Engine file published in the deployment's ConfigMap: sglang "
+            "(--init-expert-location JSON), vllm (EPLB state), trtllm (MoE load balancer "
+            "config) or none.",
+            enum=ENGINE_FORMATS,
+        ),
+    )
+    redundant_experts: int | None = field(
+        default=None,
+        metadata=k8s(
+            "Extra expert slots per MoE layer; overrides the PlacementPolicy's. Engine "
+            "form raises it until num_experts + redundantExperts divides by the GPU count.",
+            minimum=0,
+            maximum=65536,
+        ),
+    )
+    node_selector: dict[str, str] = field(
+        default_factory=dict,
+        metadata=k8s(
+            "Labels a GPUNode must carry, all of them, to be used; empty selects all.",
+            max_properties=64,
+        ),
+    )
+    solver_time_limit_s: float | None = field(
+        default=None,
+        metadata=k8s(
+            "Solve wall-clock limit, seconds; overrides the PlacementPolicy's.",
+            json_name="solverTimeLimitS",
+            minimum=0,
+            exclusive_minimum=True,
+            maximum=3600,
+        ),
+    )
+    prepare_timeout_s: float | None = field(
+        default=None,
+        metadata=k8s(
+            "Rollout prepare deadline of the controller, seconds (controller default 30).",
+            json_name="prepareTimeoutS",
+            minimum=0,
+            exclusive_minimum=True,
+        ),
+    )
+    rebalance: RebalanceSpec | None = field(
+        default=None,
+        metadata=k8s("Load-driven re-planning; overrides the PlacementPolicy's."),
+    )
+    allow_cross_vendor: bool | None = field(
+        default=None,
+        metadata=k8s(
+            "Let this deployment's expert-parallel all-to-all span GPU vendors (NVIDIA and "
+            "AMD); overrides the PlacementPolicy's. Unset: the policy's."
+        ),
+    )
+    gpu_hour_prices: dict[str, float] = field(
+        default_factory=dict,
+        metadata=k8s(
+            "Price per GPU-hour by GPU model (catalog name), in USD; entries replace the "
+            "PlacementPolicy's and mixfleet's assumed defaults in "
+            "status.costPerMillionTokensUSD.",
+            json_name="gpuHourPrices",
+            max_properties=64,
+            rules=(
+                Rule(
+                    rule="self.all(k, self[k] >= 0.0)",
+                    message="prices per GPU-hour must be >= 0",
+                ),
+                CATALOG_KEYS_RULE,
+            ),
+        ),
+    )
+
+    K8S_RULES: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            "has(self.model) != has(self.modelConfig)",
+            "set exactly one of spec.model (a preset) and spec.modelConfig",
+        ),
+        Rule(
+            "self.form == 'engine' || self.engineFormat == 'none'",
+            "engineFormat needs form: engine (engines assume equal expert slots per GPU); "
+            "set engineFormat: none for a native plan",
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class PlanRef:
+    """The PartitionPlan a ModelDeployment currently serves."""
+
+    name: str = field(metadata=k8s("PartitionPlan name.", max_length=253))
+    plan_id: str = field(
+        metadata=k8s("Content hash of the placement.", json_name="planID", pattern=HEX16)
+    )
+    version: int = field(metadata=k8s("Plan version (grows per deployment).", minimum=1))
+
+
+@dataclass(frozen=True)
+class SolveRecord:
+    """The last solve attempt, so a failed spec is not re-solved in a hot loop."""
+
+    inputs_digest: str = field(
+        metadata=k8s(
+            "Digest of everything the solve read (spec, policy, eligible nodes).",
+            pattern=HEX16,
+        )
+    )
+    outcome: str = field(metadata=k8s("Succeeded or Failed.", enum=SOLVE_OUTCOMES))
+    reason: str = field(metadata=k8s("Condition reason of the outcome.", max_length=1024))
+    time: str = field(metadata=k8s("When the solve finished (RFC 3339).", format="date-time"))
+    duration_s: float = field(
+        default=0.0,
+        metadata=k8s("Wall time of the solve, seconds.", json_name="durationSeconds", minimum=0),
+    )
+
+
+@dataclass(frozen=True)
+class TierReplica:
+    """One interactive replica: an independent copy of the model on one NVLink domain."""
+
+    nodes: tuple[str, ...] = field(
+        metadata=k8s("GPUNodes of the replica (one NVLink domain).", max_items=MAX_PLAN_NODES)
+    )
+    gpu_model: str = field(metadata=k8s("GPU catalog model.", max_length=63))
+    gpus: int = field(metadata=k8s("GPUs in the replica.", minimum=1))
+    decode_tokens_per_gpu: int = field(
+        metadata=k8s("Largest decode batch meeting the TPOT target, sequences per GPU.", minimum=1)
+    )
+    prefill_tokens_per_gpu: int = field(
+        metadata=k8s("Largest prefill batch meeting the TTFT target, tokens per GPU.", minimum=1)
+    )
+    tpot_ms: float = field(
+        metadata=k8s("Predicted decode step time, milliseconds.", json_name="tpotMs", minimum=0)
+    )
+    ttft_ms: float = field(
+        metadata=k8s("Predicted prefill step time, milliseconds.", json_name="ttftMs", minimum=0)
+    )
+    requests_per_s: float = field(
+        metadata=k8s(
+            "Requests per second the replica serves within the SLO.",
+            json_name="requestsPerSecond",
+            minimum=0,
+        )
+    )
+
+
+@dataclass(frozen=True)
+class TierAddition:
+    """More nodes of one catalog GPU that would let the interactive tier meet its SLO."""
+
+    gpu_model: str = field(metadata=k8s("GPU catalog model.", max_length=63))
+    nodes: int = field(metadata=k8s("Nodes to add.", minimum=1))
+    gpus_per_node: int = field(metadata=k8s("GPUs per added node.", minimum=1))
+    usd_per_hour: float | None = field(
+        default=None,
+        metadata=k8s(
+            "Price of the added nodes at gpuHourPrices, USD per hour.",
+            json_name="usdPerHour",
+            minimum=0,
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class TiersStatus:
+    """The split between the interactive tier (its SLO from the PlacementPolicy) and the batch
+    tier (the deployment's own plan), as last planned."""
+
+    inputs_digest: str = field(
+        metadata=k8s(
+            "Digest of everything the split read (tier, spec, policy, eligible nodes, prices).",
+            pattern=HEX16,
+        )
+    )
+    outcome: str = field(metadata=k8s("Succeeded or Failed.", enum=SOLVE_OUTCOMES))
+    reason: str = field(
+        metadata=k8s("InteractiveSLO condition reason of the outcome.", max_length=1024)
+    )
+    message: str = field(metadata=k8s("What the split found, for a person.", max_length=8192))
+    time: str = field(metadata=k8s("When the split was planned (RFC 3339).", format="date-time"))
+    slo_met: bool = field(
+        default=False,
+        metadata=k8s("The interactive replicas serve the requested rate within the SLO."),
+    )
+    demand_requests_per_s: float = field(
+        default=0.0,
+        metadata=k8s(
+            "Requested rate, requests per second.",
+            json_name="demandRequestsPerSecond",
+            minimum=0,
+        ),
+    )
+    capacity_requests_per_s: float = field(
+        default=0.0,
+        metadata=k8s(
+            "What the replicas serve within the SLO together, requests per second.",
+            json_name="capacityRequestsPerSecond",
+            minimum=0,
+        ),
+    )
+    interactive_nodes: tuple[str, ...] = field(
+        default=(),
+        metadata=k8s(
+            "GPUNodes reserved for interactive replicas (left out of the deployment's plan).",
+            max_items=MAX_PLAN_NODES,
+        ),
+    )
+    batch_nodes: tuple[str, ...] = field(
+        default=(),
+        metadata=k8s(
+            "GPUNodes of the batch tier: the deployment's own plan.", max_items=MAX_PLAN_NODES
+        ),
+    )
+    replicas: tuple[TierReplica, ...] = field(
+        default=(),
+        metadata=k8s("Interactive replicas, one per NVLink domain.", max_items=MAX_PLAN_NODES),
+    )
+    additions: tuple[TierAddition, ...] = field(
+        default=(),
+        metadata=k8s(
+            "When the SLO is not met: nodes of one GPU model that would close the gap, "
+            "cheapest first (any one of them).",
+            max_items=32,
+        ),
+    )
+    duration_s: float = field(
+        default=0.0,
+        metadata=k8s("Wall time of the split, seconds.", json_name="durationSeconds", minimum=0),
+    )
+
+
+@dataclass(frozen=True)
+class ModelDeploymentStatus:
+    """What the operator observed, rebuilt from the world on every reconcile."""
+
+    observed_generation: int | None = field(
+        default=None,
+        metadata=k8s("metadata.generation this status describes.", minimum=0),
+    )
+    conditions: tuple[Condition, ...] = field(
+        default=(),
+        metadata=k8s(
+            "Solved, RolledOut, Degraded and (with an interactive tier) InteractiveSLO.",
+            list_type="map",
+            list_map_keys=("type",),
+            max_items=16,
+        ),
+    )
+    current_plan: PlanRef | None = field(
+        default=None, metadata=k8s("The plan engines and agents should run.")
+    )
+    predicted_step_time_us: float | None = field(
+        default=None,
+        metadata=k8s("Predicted time of one forward step, microseconds.", minimum=0),
+    )
+    predicted_tokens_per_s: float | None = field(
+        default=None,
+        metadata=k8s(
+            "Predicted throughput, tokens per second.",
+            json_name="predictedTokensPerSecond",
+            minimum=0,
+        ),
+    )
+    cost_per_hour_usd: float | None = field(
+        default=None,
+        metadata=k8s(
+            "The current plan's GPUs for one hour at gpuHourPrices, USD.",
+            json_name="costPerHourUSD",
+            minimum=0,
+        ),
+    )
+    cost_per_million_tokens_usd: float | None = field(
+        default=None,
+        metadata=k8s(
+            "Cost of a million tokens at the predicted throughput: costPerHourUSD / "
+            "(predictedTokensPerSecond * 3600) * 1e6, USD. Unset when a GPU has no price.",
+            json_name="costPerMillionTokensUSD",
+            minimum=0,
+        ),
+    )
+    tiers: TiersStatus | None = field(
+        default=None,
+        metadata=k8s(
+            "Interactive / batch split, when the PlacementPolicy defines an interactive tier."
+        ),
+    )
+    gpus: int | None = field(default=None, metadata=k8s("GPUs in the current plan.", minimum=0))
+    nodes: tuple[str, ...] = field(
+        default=(),
+        metadata=k8s("GPUNodes in the current plan.", max_items=MAX_PLAN_NODES),
+    )
+    config_map: str | None = field(
+        default=None,
+        metadata=k8s("ConfigMap holding the engine export of the current plan.", max_length=253),
+    )
+    last_solve: SolveRecord | None = field(default=None, metadata=k8s("Last solve attempt."))
+    committed_version: int | None = field(
+        default=None,
+        metadata=k8s(
+            "Plan version the controller committed (every agent switched to it); written "
+            "by the controller.",
+            minimum=1,
+        ),
+    )
+    controller: dict[str, Any] | None = field(
+        default=None,
+        metadata=k8s("The controller's own status document (rollout, rebalancing)."),
+    )
+
+
+# --------------------------------------------------------------------- PartitionPlan
+
+
+@dataclass(frozen=True)
+class PlanGpu:
+    """One GPU of a plan at a glance (the full plan is in ``data``)."""
+
+    gpu: str = field(metadata=k8s("GPU id, node/gpuN.", max_length=260))
+    node: str = field(metadata=k8s("GPUNode name.", max_length=253))
+    model: str = field(metadata=k8s("GPU catalog model.", max_length=63))
+    attention_share: float = field(
+        metadata=k8s(
+            "Fraction of the step's tokens whose attention it computes.", minimum=0, maximum=1
+        )
+    )
+    dp_weight: float = field(
+        metadata=k8s(
+            "Data-parallel router weight (mean 1 over ranks).", json_name="dpWeight", minimum=0
+        )
+    )
+
+
+@dataclass(frozen=True)
+class PartitionPlanSpec:
+    """One plan version of a ModelDeployment; immutable once written."""
+
+    deployment: str = field(
+        metadata=k8s("Owning ModelDeployment (same namespace).", pattern=DNS_LABEL, max_length=63)
+    )
+    plan_id: str = field(
+        metadata=k8s("Content hash of the placement.", json_name="planID", pattern=HEX16)
+    )
+    version: int = field(metadata=k8s("Plan version, grows per deployment.", minimum=1))
+    model: str = field(metadata=k8s("Model name.", max_length=253))
+    form: str = field(metadata=k8s("engine or native.", enum=FORMS))
+    policy: str = field(metadata=k8s("Placement algorithm that made it.", enum=POLICIES))
+    inputs_digest: str = field(
+        metadata=k8s(
+            "Fingerprint of the solve's inputs (spec, policy, nodes); the operator re-solves "
+            "when its own plans' fingerprint no longer matches.",
+            max_length=256,
+        )
+    )
+    deployment_generation: int = field(
+        metadata=k8s("ModelDeployment metadata.generation it was solved for.", minimum=0)
+    )
+    nodes: tuple[str, ...] = field(
+        metadata=k8s(
+            "GPUNodes the plan places on.",
+            list_type="set",
+            max_items=MAX_PLAN_NODES,
+            item_max_length=253,
+        )
+    )
+    gpus: tuple[PlanGpu, ...] = field(
+        metadata=k8s("Per-GPU summary in rank order.", max_items=MAX_PLAN_GPUS)
+    )
+    step_time_us: float = field(metadata=k8s("Predicted step time, microseconds.", minimum=0))
+    tokens_per_s: float = field(
+        metadata=k8s(
+            "Predicted throughput, tokens per second.", json_name="tokensPerSecond", minimum=0
+        )
+    )
+    data: str = field(
+        metadata=k8s(
+            "The full plan (policies.plan.Plan.to_dict JSON), compressed as 'encoding' says.",
+            min_length=1,
+            max_length=MAX_PLAN_DATA_CHARS,
+        )
+    )
+    data_sha256: str = field(
+        metadata=k8s("SHA-256 of the uncompressed plan JSON, hex.", pattern=r"^[0-9a-f]{64}$")
+    )
+    uncompressed_bytes: int = field(
+        metadata=k8s("Size of the uncompressed plan JSON, bytes.", minimum=0)
+    )
+    encoding: str = field(
+        default="gzip+base64",
+        metadata=k8s("How data is encoded: gzip, then base64.", enum=PLAN_ENCODINGS),
+    )
+    made_by: str = field(
+        default="operator",
+        metadata=k8s(
+            "Who solved it: operator (spec or fleet changed) or controller (load rebalance).",
+            enum=PLAN_AUTHORS,
+        ),
+    )
+    reason: str = field(default="", metadata=k8s("Why this version was made.", max_length=1024))
+
+
+@dataclass(frozen=True)
+class NodeRollout:
+    """Rollout state of one node's part of a plan (two-phase: prepared, then committed)."""
+
+    node: str = field(metadata=k8s("GPUNode name.", max_length=253))
+    state: str = field(
+        metadata=k8s("Pending, Prepared, Committed, Failed or Aborted.", enum=ROLLOUT_STATES)
+    )
+    reason: str = field(default="", metadata=k8s("Why (for Failed and Aborted).", max_length=1024))
+    message: str = field(default="", metadata=k8s("Details, for a person.", max_length=4096))
+    last_transition_time: str | None = field(
+        default=None, metadata=k8s("When the state last changed (RFC 3339).", format="date-time")
+    )
+
+
+@dataclass(frozen=True)
+class AckRecord:
+    """One acknowledgement of an agent for this plan (the controller's ack log)."""
+
+    node: str = field(metadata=k8s("GPUNode name.", max_length=253))
+    state: str = field(
+        metadata=k8s("Prepared, Committed or Failed.", enum=("Prepared", "Committed", "Failed"))
+    )
+    at: str = field(metadata=k8s("When it was received (RFC 3339).", format="date-time"))
+    reason: str = field(default="", metadata=k8s("Why (for Failed).", max_length=4096))
+
+
+@dataclass(frozen=True)
+class PartitionPlanStatus:
+    """Rollout of the plan, written by the controller as agents acknowledge it."""
+
+    state: str | None = field(
+        default=None,
+        metadata=k8s(
+            "Proposed, Preparing, Committed, Aborted or Superseded (two-phase rollout).",
+            enum=PLAN_STATES,
+        ),
+    )
+    reason: str = field(
+        default="",
+        metadata=k8s("Why it is in this state (e.g. why it was aborted).", max_length=4096),
+    )
+    state_changed_time: str | None = field(
+        default=None, metadata=k8s("When the state last changed (RFC 3339).", format="date-time")
+    )
+    prepare_deadline: str | None = field(
+        default=None,
+        metadata=k8s("While Preparing: when the rollout times out (RFC 3339).", format="date-time"),
+    )
+    nodes: tuple[NodeRollout, ...] = field(
+        default=(),
+        metadata=k8s(
+            "Per-node rollout state; each writer owns its nodes' entries.",
+            list_type="map",
+            list_map_keys=("node",),
+            max_items=MAX_PLAN_NODES,
+        ),
+    )
+    acks: tuple[AckRecord, ...] = field(
+        default=(),
+        metadata=k8s(
+            "Every acknowledgement received, oldest first (one per node and state).",
+            list_type="map",
+            list_map_keys=("node", "state"),
+            max_items=4 * MAX_PLAN_NODES,
+        ),
+    )
+
+
+# ------------------------------------------------------------------------ CRD manifests
+
+
+@dataclass(frozen=True)
+class PrinterColumn:
+    """An ``additionalPrinterColumns`` entry (what ``kubectl get`` shows).
+
+    Attributes:
+        name: column header.
+        type: string | integer | number | boolean | date.
+        json_path: JSONPath into the object (``.status.gpus``).
+        description: what the column shows.
+        priority: 0 = default view, 1 = ``-o wide`` only.
+    """
+
+    name: str
+    type: str
+    json_path: str
+    description: str = ""
+    priority: int = 0
+
+
+@dataclass(frozen=True)
+class CrdDef:
+    """One custom resource type.
+
+    Attributes:
+        kind: CamelCase kind.
+        plural, singular: resource names.
+        short_names: ``kubectl get`` abbreviations.
+        scope: ``Cluster`` or ``Namespaced``.
+        spec, status: the dataclasses of spec and status.
+        description: what the resource is.
+        columns: printer columns.
+        spec_rules: CEL rules on the whole spec (immutability).
+        spec_required: whether ``spec`` must be present.
+        max_name_length: longest ``metadata.name``, characters (names that become label
+            values must fit 63).
+    """
+
+    kind: str
+    plural: str
+    singular: str
+    short_names: tuple[str, ...]
+    scope: str
+    spec: type
+    status: type
+    description: str
+    columns: tuple[PrinterColumn, ...] = ()
+    spec_rules: tuple[Rule, ...] = ()
+    spec_required: bool = True
+    max_name_length: int | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.plural}.{GROUP}"
+
+    @property
+    def namespaced(self) -> bool:
+        return self.scope == "Namespaced"
+
+    def schema(self) -> Json:
+        """The ``openAPIV3Schema`` of the CRD's one version."""
+        spec = openapi_schema(self.spec, constraints=INVENTORY_CONSTRAINTS)
+        spec["description"] = spec.get("description", self.description)
+        if self.spec_rules:
+            spec.setdefault("x-kubernetes-validations", []).extend(
+                {"rule": r.rule, "message": r.message} for r in self.spec_rules
+            )
+        status = openapi_schema(self.status, constraints=INVENTORY_CONSTRAINTS)
+        metadata: Json = {"type": "object"}
+        if self.max_name_length is not None:
+            metadata["properties"] = {"name": {"type": "string", "maxLength": self.max_name_length}}
+        top: Json = {
+            "type": "object",
+            "description": self.description,
+            "properties": {
+                "apiVersion": {
+                    "type": "string",
+                    "description": "mixfleet.io/v1alpha1",
+                },
+                "kind": {"type": "string", "description": self.kind},
+                "metadata": metadata,
+                "spec": spec,
+                "status": status,
+            },
+        }
+        if self.spec_required:
+            top["required"] = ["spec"]
+        return top
+
+    def manifest(self) -> Json:
+        """The CustomResourceDefinition object."""
+        columns: list[Json] = []
+        for c in self.columns:
+            col: Json = {"name": c.name, "type": c.type, "jsonPath": c.json_path}
+            if c.description:
+                col["description"] = c.description
+            if c.priority:
+                col["priority"] = c.priority
+            columns.append(col)
+        columns.append({"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"})
+        return {
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "CustomResourceDefinition",
+            "metadata": {
+                "name": self.name,
+                "labels": {"app.kubernetes.io/part-of": "mixfleet"},
+            },
+            "spec": {
+                "group": GROUP,
+                "scope": self.scope,
+                "names": {
+                    "kind": self.kind,
+                    "listKind": f"{self.kind}List",
+                    "plural": self.plural,
+                    "singular": self.singular,
+                    "shortNames": list(self.short_names),
+                    "categories": ["mixfleet"],
+                },
+                "versions": [
+                    {
+                        "name": VERSION,
+                        "served": True,
+                        "storage": True,
+                        "subresources": {"status": {}},
+                        "additionalPrinterColumns": columns,
+                        "schema": {"openAPIV3Schema": self.schema()},
+                    }
+                ],
+            },
+        }
+
+
+def _cond(type_: str, what: str) -> PrinterColumn:
+    return PrinterColumn(type_, "string", f'.status.conditions[?(@.type=="{type_}")].status', what)
+
+
+GPUNODE = CrdDef(
+    kind="GPUNode",
+    plural="gpunodes",
+    singular="gpunode",
+    short_names=("gn", "gpun"),
+    scope="Cluster",
+    spec=GPUNodeSpec,
+    status=GPUNodeStatus,
+    description="A GPU host as its mixfleet agent reports it; spec cordons it or tags its tier.",
+    columns=(
+        PrinterColumn("Tier", "string", ".spec.tier", "Tier tag"),
+        PrinterColumn("Cordon", "boolean", ".spec.cordon", "Kept out of placement"),
+        PrinterColumn("GPUs", "integer", ".status.gpuCount", "GPUs reported"),
+        PrinterColumn("Models", "string", ".status.gpuSummary", "GPU models"),
+        PrinterColumn("Health", "string", ".status.health.state", "Node health"),
+        PrinterColumn("Heartbeat", "date", ".status.lastHeartbeatTime", "Last agent report"),
+    ),
+    spec_required=False,
+)
+
+PLACEMENT_POLICY = CrdDef(
+    kind="PlacementPolicy",
+    plural="placementpolicies",
+    singular="placementpolicy",
+    short_names=("pp", "mfpolicy"),
+    scope="Cluster",
+    spec=PlacementPolicySpec,
+    status=PlacementPolicyStatus,
+    description="How ModelDeployments are placed: algorithm, solver limits, slot budget, tiers.",
+    columns=(
+        PrinterColumn("Policy", "string", ".spec.policy", "Placement algorithm"),
+        PrinterColumn("TimeLimit", "number", ".spec.solverTimeLimitS", "Solve limit, s"),
+        PrinterColumn("Redundant", "integer", ".spec.redundantExperts", "Extra slots per layer"),
+    ),
+    spec_required=False,
+)
+
+MODEL_DEPLOYMENT = CrdDef(
+    kind="ModelDeployment",
+    plural="modeldeployments",
+    singular="modeldeployment",
+    short_names=("md", "mdep"),
+    scope="Namespaced",
+    spec=ModelDeploymentSpec,
+    status=ModelDeploymentStatus,
+    description="A model placed on GPUNodes; the operator solves it into PartitionPlans.",
+    columns=(
+        PrinterColumn("Model", "string", ".spec.model", "Model preset"),
+        _cond("Solved", "A plan exists for the current spec and fleet"),
+        _cond("RolledOut", "Every node committed the current plan"),
+        PrinterColumn("Plan", "string", ".status.currentPlan.name", "Current PartitionPlan"),
+        PrinterColumn("GPUs", "integer", ".status.gpus", "GPUs in the plan"),
+        PrinterColumn("StepUs", "number", ".status.predictedStepTimeUs", "Predicted step, us"),
+        PrinterColumn(
+            "TokensPerS", "number", ".status.predictedTokensPerSecond", "Predicted tokens/s"
+        ),
+        _cond("Degraded", "Serving an outdated plan or nodes are lost"),
+        PrinterColumn(
+            "USDPerMTok",
+            "number",
+            ".status.costPerMillionTokensUSD",
+            "USD per million tokens",
+            1,
+        ),
+        dataclasses.replace(
+            _cond("InteractiveSLO", "The interactive tier meets its SLO"), priority=1
+        ),
+    ),
+    max_name_length=63,
+)
+
+PARTITION_PLAN = CrdDef(
+    kind="PartitionPlan",
+    plural="partitionplans",
+    singular="partitionplan",
+    short_names=("ppl", "mfplan"),
+    scope="Namespaced",
+    spec=PartitionPlanSpec,
+    status=PartitionPlanStatus,
+    description="One immutable plan version of a ModelDeployment and its rollout per node.",
+    columns=(
+        PrinterColumn("Deployment", "string", ".spec.deployment", "Owning ModelDeployment"),
+        PrinterColumn("Version", "integer", ".spec.version", "Plan version"),
+        PrinterColumn("PlanID", "string", ".spec.planID", "Placement hash"),
+        PrinterColumn("Policy", "string", ".spec.policy", "Algorithm"),
+        PrinterColumn("State", "string", ".status.state", "Rollout state"),
+        PrinterColumn("StepUs", "number", ".spec.stepTimeUs", "Predicted step, us"),
+        PrinterColumn("Bytes", "integer", ".spec.uncompressedBytes", "Plan JSON size", 1),
+    ),
+    spec_rules=(
+        Rule(
+            "self == oldSelf",
+            "PartitionPlan spec is immutable; the operator writes a new PartitionPlan for "
+            "every plan version",
+        ),
+    ),
+)
+
+CRDS: tuple[CrdDef, ...] = (GPUNODE, PLACEMENT_POLICY, MODEL_DEPLOYMENT, PARTITION_PLAN)

@@ -1,0 +1,106 @@
+"""``mixfleetctl``: the command-line front door.
+
+A thin dispatcher. Command groups live in their own modules; each exposes
+``register(subparsers)``, which adds its parsers and sets ``handler`` (``args -> exit
+status``) on every leaf command. Adding a module of commands is one line in
+:data:`COMMAND_MODULES`.
+
+Exit status: 0 success; 1 an unexpected failure of the solver; 2 bad input or usage (one
+``error: ...`` line on stderr, never a traceback); 3 infeasible (the reasons follow the
+error line); 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import NoReturn, cast
+
+from controlplane.cli import local as cli_local
+from controlplane.cli import remote as cli_remote
+from controlplane.cli import strategies as cli_strategies
+from operators.cli import register as register_operator
+from policies.errors import InfeasibleError, InputError, MixfleetError
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_INFEASIBLE = 3
+EXIT_INTERRUPTED = 130
+
+Register = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
+
+#: Modules of commands, in ``--help`` order. One line per module.
+COMMAND_MODULES: tuple[Register, ...] = (
+    cli_local.register,
+    cli_strategies.register,
+    cli_remote.register,
+    register_operator,
+)
+
+
+class _UsageError(Exception):
+    """argparse found a bad command line; the message is already worded for the user."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser that reports usage errors as one ``error:`` line and lets
+    :func:`main` return the exit status instead of calling ``sys.exit`` itself."""
+
+    def error(self, message: str) -> NoReturn:
+        raise _UsageError(f"{message}. To fix: see '{self.prog} --help'")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full ``mixfleetctl`` parser, from :data:`COMMAND_MODULES`."""
+    parser = _Parser(
+        prog="mixfleetctl",
+        description="Placement control plane for LLM inference on mixed GPU fleets.",
+    )
+    # Sub-parsers are _Parser too (argparse uses the parent's class); register functions
+    # only need the ArgumentParser interface.
+    groups = cast(
+        "argparse._SubParsersAction[argparse.ArgumentParser]",
+        parser.add_subparsers(dest="command", metavar="COMMAND", required=True),
+    )
+    cli_remote.add_connection_args(parser)
+    for register in COMMAND_MODULES:
+        register(groups)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; returns the exit status (see module docstring)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        handler: Callable[[argparse.Namespace], int] | None = getattr(args, "handler", None)
+        if handler is None:  # a registered group without leaf commands
+            parser.print_help(sys.stderr)
+            return EXIT_USAGE
+        return handler(args)
+    except _UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except SystemExit as exc:  # --help and --version exit through argparse
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    except InfeasibleError as exc:
+        print(f"error: infeasible: {exc}", file=sys.stderr)
+        return EXIT_INFEASIBLE
+    except InputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except MixfleetError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `mixfleetctl ... | head`: stop quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK
+
+

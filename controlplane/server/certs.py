@@ -1,0 +1,186 @@
+"""A development certificate authority for mutual TLS (``mixfleetctl certs init DIR``).
+
+Writes into DIR (private keys mode 0600):
+
+* ``ca.pem`` / ``ca-key.pem`` - the CA (give ``ca.pem`` to every party);
+* ``server.pem`` / ``server-key.pem`` - the controller (SANs: localhost, 127.0.0.1, ::1 and
+  any ``--san`` names);
+* ``agent.pem`` / ``agent-key.pem`` - CN ``mixfleet-agent``: an agent for any node;
+* ``admin.pem`` / ``admin-key.pem`` - CN ``mixfleet-admin``: the CLI;
+* ``engine.pem`` / ``engine-key.pem`` - CN ``mixfleet-engine``: inference engines;
+* ``tokens`` - bearer tokens (admin, viewer, engine) for ``--token-file``.
+
+For production use your own PKI; node-bound agent certificates use CN ``node:<name>``
+(:func:`issue` makes one).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import os
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from controlplane.server.auth import ADMIN_CN, AGENT_CN, ENGINE_CN
+from policies.errors import InputError
+
+VALID_DAYS = 365
+
+
+@dataclass(frozen=True)
+class Issued:
+    cert: Path
+    key: Path
+
+
+def _name(cn: str) -> x509.Name:
+    return x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "mixfleet development"),
+            x509.NameAttribute(NameOID.COMMON_NAME, cn),
+        ]
+    )
+
+
+def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
+    data = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
+def _load_ca(out: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    cert = x509.load_pem_x509_certificate((out / "ca.pem").read_bytes())
+    key = serialization.load_pem_private_key((out / "ca-key.pem").read_bytes(), password=None)
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise InputError("ca-key.pem is not an EC key made by certs init", field="ca-key.pem")
+    return cert, key
+
+
+def make_ca(out: Path, *, now: dt.datetime | None = None) -> Issued:
+    """A self-signed CA in ``out``."""
+    now = now or dt.datetime.now(dt.UTC)
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = _name("mixfleet development CA")
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=VALID_DAYS))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(key, hashes.SHA256())
+    )
+    (out / "ca.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    _write_key(out / "ca-key.pem", key)
+    return Issued(out / "ca.pem", out / "ca-key.pem")
+
+
+def issue(
+    out: Path,
+    stem: str,
+    common_name: str,
+    *,
+    server: bool = False,
+    sans: Sequence[str] = (),
+    now: dt.datetime | None = None,
+) -> Issued:
+    """A certificate signed by the CA in ``out``, written as ``STEM.pem`` / ``STEM-key.pem``."""
+    now = now or dt.datetime.now(dt.UTC)
+    ca_cert, ca_key = _load_ca(out)
+    key = ec.generate_private_key(ec.SECP256R1())
+    usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(_name(common_name))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=VALID_DAYS))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+    )
+    if server:
+        names: list[x509.GeneralName] = []
+        for san in ("localhost", "127.0.0.1", "::1", *sans):
+            try:
+                names.append(x509.IPAddress(ipaddress.ip_address(san)))
+            except ValueError:
+                names.append(x509.DNSName(san))
+        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+    cert = builder.sign(ca_key, hashes.SHA256())
+    (out / f"{stem}.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    _write_key(out / f"{stem}-key.pem", key)
+    return Issued(out / f"{stem}.pem", out / f"{stem}-key.pem")
+
+
+def init_dev_pki(out: str | Path, *, sans: Sequence[str] = (), force: bool = False) -> Path:
+    """Write the development CA, certificates and token file (module docstring) to ``out``.
+
+    Raises:
+        InputError: ``out`` already holds a CA and ``force`` is False.
+    """
+    d = Path(out)
+    d.mkdir(parents=True, exist_ok=True)
+    if (d / "ca.pem").exists() and not force:
+        raise InputError(
+            f"{d} already holds a CA. To fix: choose another directory or pass --force",
+            field="DIR",
+        )
+    make_ca(d)
+    issue(d, "server", "mixfleet-controller", server=True, sans=sans)
+    issue(d, "agent", AGENT_CN)
+    issue(d, "admin", ADMIN_CN)
+    issue(d, "engine", ENGINE_CN)
+    lines = [
+        "# mixfleet bearer tokens: <token> <role> <name>",
+        f"{secrets.token_urlsafe(24)} admin cli",
+        f"{secrets.token_urlsafe(24)} viewer dashboard",
+        f"{secrets.token_urlsafe(24)} engine engines",
+    ]
+    fd = os.open(d / "tokens", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return d
+
+
+def token_for(path: str | Path, role: str) -> str:
+    """The first token of ``role`` in a token file (for the CLI and tests).
+
+    Raises:
+        InputError: no token of that role.
+    """
+    for raw in Path(path).read_text().splitlines():
+        parts = raw.split("#", 1)[0].split()
+        if len(parts) >= 2 and parts[1] == role:
+            return parts[0]
+    raise InputError(f"no {role} token in {path}", field="token_file")
