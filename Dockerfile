@@ -9,6 +9,7 @@ COPY policies policies
 COPY controlplane controlplane
 COPY agents agents
 COPY operators operators
+COPY apis apis
 COPY proto proto
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
