@@ -79,7 +79,7 @@ def bench_fleet(n: int, slice_nodes: int) -> Fleet:
                 "name": f"node-{i:05d}",
                 "labels": {"pool": pool},
                 "gpus": [{"model": "H100-SXM5-80GB", "count": 1}],
-                "nics": [{"count": 1, "gbps": 400, "fabric": "ib0"}],
+                "nics": [{"count": 1, "per_direction_gbits_per_s": 400, "fabric": "ib0"}],
             }
         )
     return parse_fleet({"metadata": {"name": f"bench-{n}"}, "spec": {"nodes": nodes}})

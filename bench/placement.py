@@ -27,12 +27,13 @@ from controlplane.cli.files import read_fleet
 from policies.errors import InfeasibleError, InputError
 from policies.fleet import Fleet
 from policies.models import ModelSpec, preset
-from policies.request import PlacementRequest, PlacementResult, SolverOptions, solve
+from policies.request import POLICIES, PlacementRequest, PlacementResult, SolverOptions
+from policies.solve import solve
 from policies.workload import make_workload, synthetic_zipf
 
 REPO = Path(__file__).resolve().parent.parent
 FLEETS = REPO / "examples" / "fleets"
-POLICY_ORDER = ("uniform", "eplb", "greedy", "ilp")
+POLICY_ORDER = POLICIES
 
 
 @dataclass(frozen=True)
@@ -263,7 +264,7 @@ def run_scenario(s: Scenario, log: Callable[[str], None]) -> dict[str, Any]:
         for policy in POLICY_ORDER:
             t0 = time.perf_counter()
             try:
-                result = solve(_request(s, fleet, policy, form))
+                result = solve(_request(s, fleet, policy, form)).require_placed()
             except (InfeasibleError, InputError) as exc:
                 rows.append({"policy": policy, "form": form, "feasible": False, "error": str(exc)})
                 log(f"  {form:6} {policy:8} infeasible: {str(exc).splitlines()[0]}")

@@ -54,6 +54,13 @@ from apis.kube.errors import (
     OperatorError,
     TemporaryError,
 )
+from apis.kube.names import (
+    FINALIZER,
+    LABEL_DEPLOYMENT,
+    LABEL_MANAGED_BY,
+    MANAGED_BY,
+    config_map_name,
+)
 from apis.kube.schema import from_wire
 from apis.kube.v1alpha1 import (
     GPUNodeSpec,
@@ -67,10 +74,6 @@ from apis.kube.v1alpha1 import (
 from apis.kube.versions import read_floor, record_version
 from operators.leader import LeaderElector, LeaderSettings
 from operators.reconcile import (
-    FINALIZER,
-    LABEL_DEPLOYMENT,
-    LABEL_MANAGED_BY,
-    MANAGED_BY,
     Action,
     ApplyConfigMap,
     ApplyPlan,
@@ -89,11 +92,11 @@ from operators.reconcile import (
     SolveOutcome,
     TierAction,
     TierOutcome,
-    config_map_name,
     reconcile,
 )
 from policies.errors import InfeasibleError, InputError, SolverError
-from policies.request import PlacementRequest, PlacementResult, solve
+from policies.request import PlacementRequest, PlacementResult
+from policies.solve import solve
 from policies.tiers import TierPlan, TierRequest, plan_tiers
 
 Key = tuple[str, str]
@@ -302,7 +305,7 @@ class Operator:
         kube: API access for the operator's work (its write guard is set to leadership).
         settings: operator settings.
         clock: wall clock, UTC (injectable for tests).
-        solver: the placement solve (``policies.request.solve``; injectable for tests).
+        solver: the placement solve (``policies.solve.solve``; injectable for tests).
         lease_kube: API access for the Lease (default: a copy of ``kube`` without guard).
         tier_planner: the interactive / batch split (``policies.tiers.plan_tiers``;
             injectable for tests).
@@ -539,7 +542,7 @@ class Operator:
         self.solves += 1
         t0 = time.monotonic()
         try:
-            result = self.solver(action.request)
+            result = self.solver(action.request).require_placed()
         except InfeasibleError as exc:
             return SolveOutcome(
                 action.inputs_digest, None, "Infeasible", str(exc), time.monotonic() - t0

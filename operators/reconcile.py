@@ -46,10 +46,23 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from apis.kube.errors import PermanentError
+from apis.kube.names import (
+    ANNOTATION_PLAN,
+    ANNOTATION_PLAN_ID,
+    ANNOTATION_PLAN_VERSION,
+    FINALIZER,
+    LABEL_DEPLOYMENT,
+    LABEL_MANAGED_BY,
+    MANAGED_BY,
+    config_map_name,
+    parse_time,
+    plan_name,
+    rfc3339,
+)
 from apis.kube.plancodec import decode_plan, plan_spec
 from apis.kube.schema import Json, to_wire
 from apis.kube.v1alpha1 import (
@@ -80,14 +93,6 @@ from policies.plan import Plan
 from policies.request import PlacementRequest, SolverOptions
 from policies.tiers import BatchTier, InteractiveTier, TierPlan, TierRequest
 from policies.workload import make_workload, synthetic_zipf
-
-FINALIZER = "mixfleet.io/cleanup"
-LABEL_DEPLOYMENT = "mixfleet.io/deployment"
-LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
-MANAGED_BY = "mixfleet-operator"
-ANNOTATION_PLAN = "mixfleet.io/plan"
-ANNOTATION_PLAN_VERSION = "mixfleet.io/plan-version"
-ANNOTATION_PLAN_ID = "mixfleet.io/plan-id"
 
 #: ConfigMap key of each engine format's file (mount the ConfigMap; pass the file path).
 ENGINE_FILES = {
@@ -378,36 +383,10 @@ Action = (
 # ------------------------------------------------------------------------- small helpers
 
 
-def rfc3339(t: datetime) -> str:
-    """``2026-01-02T03:04:05Z`` (UTC, whole seconds, as Kubernetes writes times)."""
-    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(s: str | None) -> datetime | None:
-    """An RFC 3339 time, or None."""
-    if not s:
-        return None
-    try:
-        t = datetime.fromisoformat(s.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return t if t.tzinfo else t.replace(tzinfo=UTC)
-
-
 def digest(doc: Any) -> str:
     """16 hex digits of the SHA-256 of a JSON document (sorted keys)."""
     raw = json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str).encode()
     return hashlib.sha256(raw).hexdigest()[:16]
-
-
-def config_map_name(deployment: str) -> str:
-    """Name of a deployment's ConfigMap: ``<deployment>-placement``."""
-    return f"{deployment}-placement"
-
-
-def plan_name(deployment: str, version: int) -> str:
-    """Name of a PartitionPlan: ``<deployment>-v<version>``."""
-    return f"{deployment}-v{version}"
 
 
 def selector_matches(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:
@@ -1031,10 +1010,22 @@ def next_version(observed: Observed) -> int:
     return max([observed.version_floor, *(p.spec.version for p in observed.plans)]) + 1
 
 
-def current_plan(plans: Sequence[PlanView]) -> PlanView | None:
-    """The newest PartitionPlan that is not being deleted."""
+def newest_plan(plans: Sequence[PlanView]) -> PlanView | None:
+    """The newest PartitionPlan that is not being deleted (what the operator compares its
+    inputs with: a plan it wrote and the controller has not committed yet still counts)."""
     live = [p for p in plans if not p.deleting]
     return max(live, key=lambda p: p.spec.version) if live else None
+
+
+def current_plan(plans: Sequence[PlanView]) -> PlanView | None:
+    """The plan the deployment serves: the committed PartitionPlan (the controller commits
+    it when every agent has prepared it), else - before any commit, or with no controller
+    rolling plans out - the newest one that is not being deleted. Status, ConfigMap and
+    ``plans history`` all name this plan."""
+    live = [p for p in plans if not p.deleting]
+    committed = [p for p in live if p.status.state == "Committed"]
+    pool = committed or live
+    return max(pool, key=lambda p: p.spec.version) if pool else None
 
 
 # -------------------------------------------------------------------------- the decision
@@ -1086,13 +1077,13 @@ def reconcile(observed: Observed, settings: ReconcileSettings) -> tuple[Action, 
 
     plans = [p for p in observed.plans if not p.deleting]
     current = current_plan(plans)
-    ours = current_plan([p for p in plans if p.spec.made_by == "operator"])
+    ours = newest_plan([p for p in plans if p.spec.made_by == "operator"])
     last = d.status.last_solve
     solve = observed.solve
     new_record: SolveRecord | None = last
 
-    # The operator re-solves when the inputs of its own newest plan no longer match; a
-    # newer plan the controller made for a load shift stays current until then.
+    # The operator re-solves when the inputs of its own newest plan no longer match. It is
+    # the only writer of PartitionPlans: the controller rolls them out and commits them.
     if inputs is not None and (ours is None or ours.spec.inputs_digest != inputs.digest):
         failed_before = (
             last is not None and last.outcome == "Failed" and last.inputs_digest == inputs.digest
@@ -1169,7 +1160,7 @@ def reconcile(observed: Observed, settings: ReconcileSettings) -> tuple[Action, 
         if p.name not in keep and (current is None or p.name != current.name):
             actions.append(DeletePlan(p.name, p.uid))
 
-    ours = current_plan([p for p in plans if p.spec.made_by == "operator"])
+    ours = newest_plan([p for p in plans if p.spec.made_by == "operator"])
     status = _status(
         observed, inputs, input_error, current, ours, new_record, solve, cm_wanted, tiers
     )

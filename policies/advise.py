@@ -16,7 +16,7 @@ and grows::
 with ``W_g`` the shared weights and buffers, ``S`` slots per GPU, ``B`` bytes of one expert
 replica, ``K(t)`` the KV cache of ``t`` tokens (``t * context`` tokens of KV in decode,
 ``max(t, context)`` in prefill), ``A`` activation bytes per token and ``U_g`` usable memory.
-Every point is a full :func:`policies.request.solve`, so the curve (tokens/s against
+Every point is a full :func:`policies.solve.solve`, so the curve (tokens/s against
 tokens per GPU) is the cost model's prediction for the deployment's policy.
 
 Long context (:func:`advise_context`). At 32k-128k tokens of context the KV cache, not

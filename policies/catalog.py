@@ -37,12 +37,12 @@ class GpuSpec:
         fp8_tflops: dense FP8 peak, TFLOPS; 0 when the GPU has no FP8 tensor cores (then FP8
             weights are dequantized and computed at the BF16 rate).
         fp4_tflops: dense FP4 peak, TFLOPS; 0 when not supported natively.
-        hbm_bandwidth_gbps: peak device-memory bandwidth, GB/s.
+        hbm_bandwidth_gbytes_per_s: peak device-memory bandwidth, GB/s.
         memory_gib: device memory, GiB.
-        nvlink_per_gpu_gbps: NVLink (or Infinity Fabric) bandwidth per GPU, bidirectional GB/s;
+        nvlink_bidir_gbytes_per_s: NVLink (or Infinity Fabric) bandwidth per GPU, bidirectional GB/s;
             0 for PCIe-only parts.
         nvlink_links: number of NVLink links per GPU.
-        pcie_gbps: PCIe bandwidth per direction, GB/s.
+        pcie_per_direction_gbytes_per_s: PCIe bandwidth per direction, GB/s.
         power_w: board power, W.
     """
 
@@ -54,11 +54,11 @@ class GpuSpec:
     bf16_tflops: float
     fp8_tflops: float
     fp4_tflops: float
-    hbm_bandwidth_gbps: float
+    hbm_bandwidth_gbytes_per_s: float
     memory_gib: float
-    nvlink_per_gpu_gbps: float
+    nvlink_bidir_gbytes_per_s: float
     nvlink_links: int
-    pcie_gbps: float
+    pcie_per_direction_gbytes_per_s: float
     power_w: float
 
     @property
@@ -96,9 +96,9 @@ def _spec(
     sms: int,
     bf16: float,
     fp8: float,
-    hbm_gbps: float,
+    hbm_gbytes_per_s: float,
     mem_gib: float,
-    nvlink_gbps: float,
+    nvlink_per_direction_gbytes_per_s: float,
     links: int,
     *,
     vendor: str = "nvidia",
@@ -115,11 +115,11 @@ def _spec(
         bf16_tflops=bf16,
         fp8_tflops=fp8,
         fp4_tflops=fp4,
-        hbm_bandwidth_gbps=hbm_gbps,
+        hbm_bandwidth_gbytes_per_s=hbm_gbytes_per_s,
         memory_gib=mem_gib,
-        nvlink_per_gpu_gbps=nvlink_gbps,
+        nvlink_bidir_gbytes_per_s=nvlink_per_direction_gbytes_per_s,
         nvlink_links=links,
-        pcie_gbps=pcie,
+        pcie_per_direction_gbytes_per_s=pcie,
         power_w=power,
     )
 
@@ -237,7 +237,7 @@ def lookup(model: str, *, field_path: str = "") -> GpuSpec:
         f"unknown GPU model {model!r}; closest catalog entries: {suggestion}. To fix: use "
         "one of those names, or describe the GPU with explicit figures: "
         "{model: MyGPU, base: H100-SXM5-80GB, bf16_tflops: ..., fp8_tflops: ..., "
-        "hbm_bandwidth_gbps: ..., memory_gib: ...} (base is the nearest catalog entry; "
+        "hbm_bandwidth_gbytes_per_s: ..., memory_gib: ...} (base is the nearest catalog entry; "
         "every figure you give replaces its value)",
         field=field_path,
     )

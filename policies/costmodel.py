@@ -88,16 +88,16 @@ class MeasuredFigures:
 
     Attributes:
         gemm_bf16_tflops, gemm_fp8_tflops: achieved large-GEMM throughput, TFLOPS.
-        hbm_gbps: achieved streaming bandwidth, GB/s.
+        hbm_gbytes_per_s: achieved streaming bandwidth, GB/s.
         attn_prefill_tflops: achieved prefill attention throughput, TFLOPS.
-        attn_decode_gbps: achieved decode attention KV-read bandwidth, GB/s.
-        nvlink_gbps: achieved all-to-all bandwidth per GPU per direction, GB/s.
+        attn_decode_gbytes_per_s: achieved decode attention KV-read bandwidth, GB/s.
+        nvlink_per_direction_gbytes_per_s: achieved all-to-all bandwidth per GPU per direction, GB/s.
         gemm_launch_us: fixed per-GEMM cost, us.
         expert_gemm_tflops: achieved rate of the grouped expert GEMM (all of a GPU's
             experts in one kernel, a few hundred rows each) in the experts' dtype, TFLOPS;
             replaces the large-GEMM rate for expert FLOPs.
-        expert_read_gbps: weight-streaming bandwidth of the grouped expert GEMM at a few rows
-            per expert, GB/s; replaces ``hbm_gbps`` for reading expert weights.
+        expert_read_gbytes_per_s: weight-streaming bandwidth of the grouped expert GEMM at a few rows
+            per expert, GB/s; replaces ``hbm_gbytes_per_s`` for reading expert weights.
         attn_overhead_us: fixed time of the attention phase (kernel launches, routing,
             host work) measured on the runtime, us; replaces ``4 * gemm_launch_us``.
         attn_extra_us_per_token: attention-phase time per token beyond the roofline
@@ -112,13 +112,13 @@ class MeasuredFigures:
 
     gemm_bf16_tflops: float | None = None
     gemm_fp8_tflops: float | None = None
-    hbm_gbps: float | None = None
+    hbm_gbytes_per_s: float | None = None
     attn_prefill_tflops: float | None = None
-    attn_decode_gbps: float | None = None
-    nvlink_gbps: float | None = None
+    attn_decode_gbytes_per_s: float | None = None
+    nvlink_per_direction_gbytes_per_s: float | None = None
     gemm_launch_us: float | None = None
     expert_gemm_tflops: float | None = None
-    expert_read_gbps: float | None = None
+    expert_read_gbytes_per_s: float | None = None
     attn_overhead_us: float | None = None
     attn_extra_us_per_token: float | None = None
     expert_overhead_us: float | None = None
@@ -287,6 +287,173 @@ def _peak_tflops(spec: GpuSpec, dtype: str, eff: Efficiency, m: MeasuredFigures 
     return spec.bf16_tflops * eff.gemm_bf16
 
 
+@dataclass(frozen=True)
+class _ModelTerms:
+    """Per-(model, workload) constants shared by every GPU's cost (bytes, parameters)."""
+
+    weight_bytes: float
+    kv_bytes: float
+    fixed_weights: float
+    ffn_params: Mapping[str, float]
+    act_pair_bytes: float
+
+
+def _model_terms(model: ModelSpec, workload: Workload) -> _ModelTerms:
+    wb = model.weight_bytes
+    embed_bytes = model.embedding_params * 2.0  # embeddings and LM head stay in BF16
+    fixed_weights = (
+        model.num_layers * model.attn_params_per_layer * wb
+        + model.num_dense_layers * model.dense_ffn_params * wb
+        + model.num_moe_layers * model.shared_expert_params * wb
+        + embed_bytes
+    )
+    if not model.is_moe:
+        fixed_weights += 0.0
+    # Per-token activation traffic of one token-expert pair: FP8/BF16 input, BF16 gate/up
+    # output read+write, BF16 output.
+    act_pair_bytes = model.hidden * 2.0 + 2 * model.expert_ffn * 2.0 * 2 + model.hidden * 2.0
+    return _ModelTerms(
+        weight_bytes=wb,
+        kv_bytes=DTYPE_BYTES[workload.kv_cache_dtype],
+        fixed_weights=fixed_weights,
+        ffn_params={"dense": model.dense_ffn_params, "moe": model.shared_expert_params},
+        act_pair_bytes=act_pair_bytes,
+    )
+
+
+def _attention_core_us(
+    spec: GpuSpec,
+    m: MeasuredFigures | None,
+    model: ModelSpec,
+    workload: Workload,
+    eff: Efficiency,
+    kv_bytes: float,
+) -> float:
+    """Attention core time per token, us: KV read or FLOPs in decode, FLOPs in prefill."""
+    ctx = workload.context_len
+    if workload.decode:
+        bw = (
+            (m.attn_decode_gbytes_per_s * 1e3)
+            if m and m.attn_decode_gbytes_per_s
+            else (spec.hbm_bandwidth_gbytes_per_s * eff.attn_decode * 1e3)
+        )
+        kv_read = ctx * model.kv_elements_per_token_per_layer * kv_bytes / bw
+        core_flop = model.attn_core_flops_per_token(ctx, decode=True) / (
+            spec.bf16_tflops * eff.gemm_bf16 * 1e6
+        )
+        return max(kv_read, core_flop)
+    rate = (
+        m.attn_prefill_tflops
+        if m and m.attn_prefill_tflops
+        else spec.bf16_tflops * eff.attn_prefill
+    ) * 1e6
+    return model.attn_core_flops_per_token(ctx / 2.0, decode=False) / rate
+
+
+def _comm_terms(
+    i: int, m: MeasuredFigures | None, topo: Topology, eff: Efficiency
+) -> tuple[tuple[float, ...], float]:
+    """GPU ``i``'s bandwidth per channel (bytes/us, indexed by :class:`Channel`) and its
+    all-to-all latency (dispatch + combine), us."""
+    nvl_bw = (
+        m.nvlink_per_direction_gbytes_per_s
+        if m and m.nvlink_per_direction_gbytes_per_s
+        else topo.nvlink_gbytes_per_s[i] * eff.nvlink
+    ) * 1e3
+    bw_by_channel = (
+        math.inf,  # LOCAL
+        nvl_bw if nvl_bw > 0 else topo.pcie_gbytes_per_s[i] * eff.pcie * 1e3,  # NVLINK
+        topo.pcie_gbytes_per_s[i] * eff.pcie * 1e3,  # PCIE
+        topo.rdma_gbytes_per_s[i] * eff.rdma * 1e3,  # RDMA
+        topo.rdma_gbytes_per_s[i] * eff.rdma * 1e3,  # RDMA_CROSS: the NIC; the link is shared
+        1e-9,  # UNREACHABLE: effectively forbidden
+    )
+    remote = bool((topo.channel[i] >= Channel.RDMA).any())
+    alpha = 2 * (eff.alpha_rdma_us if remote else eff.alpha_nvlink_us)
+    if m and m.a2a_latency_us:
+        alpha = 2 * m.a2a_latency_us
+    return bw_by_channel, alpha
+
+
+def _gpu_cost(
+    i: int,
+    spec: GpuSpec,
+    m: MeasuredFigures | None,
+    model: ModelSpec,
+    workload: Workload,
+    s: CostSettings,
+    topo: Topology,
+    terms: _ModelTerms,
+) -> GpuCost:
+    """The cost coefficients of GPU ``i`` (see :class:`GpuCost` for units)."""
+    eff = s.efficiency
+    hbm = (
+        m.hbm_gbytes_per_s
+        if m and m.hbm_gbytes_per_s
+        else spec.hbm_bandwidth_gbytes_per_s * eff.hbm
+    ) * 1e3  # B/us
+    dense_rate = _peak_tflops(spec, model.weight_dtype, eff, m) * 1e6  # FLOP/us
+    expert_rate = _peak_tflops(spec, model.expert_dtype, eff, m) * 1e6
+    if m and m.expert_gemm_tflops:
+        expert_rate = m.expert_gemm_tflops * 1e6
+    expert_read_bw = m.expert_read_gbytes_per_s * 1e3 if m and m.expert_read_gbytes_per_s else hbm
+    launch = m.gemm_launch_us if m and m.gemm_launch_us is not None else eff.gemm_launch_us
+    gemm_tok: dict[str, float] = {}
+    read: dict[str, float] = {}
+    for kind, ffn in terms.ffn_params.items():
+        params = model.attn_params_per_layer + ffn
+        gemm_tok[kind] = 2.0 * params / dense_rate
+        read[kind] = params * terms.weight_bytes / hbm
+    if model.is_moe:
+        gemm_tok["dense"] = (
+            2.0 * (model.attn_params_per_layer + model.dense_ffn_params) / dense_rate
+        )
+    core = _attention_core_us(spec, m, model, workload, eff, terms.kv_bytes)
+    bw_by_channel, alpha = _comm_terms(i, m, topo, eff)
+    if m and m.attn_extra_us_per_token:
+        core += m.attn_extra_us_per_token
+    # Per-pair work beyond the roofline adds to both branches of the expert phase's max,
+    # which is the same as adding it outside the max (keeps the solvers' linear form).
+    extra_pair = m.expert_extra_us_per_pair if m and m.expert_extra_us_per_pair else 0.0
+    return GpuCost(
+        attn_gemm_us_per_token=gemm_tok,
+        attn_weight_read_us=read,
+        attn_core_us_per_token=core,
+        attn_overhead_us=(m.attn_overhead_us if m and m.attn_overhead_us else 4 * launch),
+        expert_flop_us_per_pair=2.0 * model.expert_params / expert_rate + extra_pair,
+        expert_read_us_per_replica=model.expert_bytes / expert_read_bw,
+        expert_act_us_per_pair=terms.act_pair_bytes / hbm + extra_pair,
+        expert_overhead_us=(m.expert_overhead_us if m and m.expert_overhead_us else 2 * launch),
+        comm_bw_bytes_per_us=bw_by_channel,
+        comm_alpha_us=alpha,
+        usable_bytes=spec.memory_gib * GIB * (1.0 - s.memory_headroom),
+        fixed_bytes=terms.fixed_weights + s.comm_buffer_gib * GIB,
+    )
+
+
+def _segments(
+    fleet: Fleet, eff: Efficiency
+) -> tuple[tuple[int, ...], tuple[tuple[int, int, float, float], ...]]:
+    """Each GPU's fabric segment index (-1 without NICs) and the links between segments
+    as ``(a, b, bytes/us, dispatch+combine latency us)``."""
+    fabrics = sorted({f for node in fleet.nodes for f in node.fabrics})
+    seg_index = {f: k for k, f in enumerate(fabrics)}
+    seg_of_gpu = tuple(
+        seg_index[fleet.node(g.node).fabrics[0]] if fleet.node(g.node).fabrics else -1
+        for g in fleet.gpus
+    )
+    links = tuple(
+        (
+            seg_index[x.a],
+            seg_index[x.b],
+            x.per_direction_gbits_per_s / 8.0 * eff.rdma * 1e3,
+            2 * (eff.alpha_rdma_us + x.latency_us),
+        )
+        for x in fleet.fabric_links
+    )
+    return seg_of_gpu, links
+
+
 def build_cost_table(
     fleet: Fleet, model: ModelSpec, workload: Workload, settings: CostSettings | None = None
 ) -> CostTable:
@@ -306,107 +473,17 @@ def build_cost_table(
     gpus = fleet.gpus
     n = len(gpus)
     total_tokens = float(workload.tokens_per_gpu * n)
-    ctx = workload.context_len
-    wb = model.weight_bytes
-    kv_bytes = DTYPE_BYTES[workload.kv_cache_dtype]
+    terms = _model_terms(model, workload)
     all_fp8 = all(g.spec.has_fp8 for g in gpus) if s.fp8_dispatch is None else s.fp8_dispatch
     # DeepEP dispatches FP8 (with one FP32 scale per 128 values) when every GPU has FP8
     # tensor cores; combine is BF16.
     dispatch = model.hidden * (1 + 4 / 128) if all_fp8 else model.hidden * 2.0
     bytes_per_copy = dispatch + model.hidden * 2.0
-    embed_bytes = model.embedding_params * 2.0  # embeddings and LM head stay in BF16
-    fixed_weights = (
-        model.num_layers * model.attn_params_per_layer * wb
-        + model.num_dense_layers * model.dense_ffn_params * wb
-        + model.num_moe_layers * model.shared_expert_params * wb
-        + embed_bytes
-    )
-    if not model.is_moe:
-        fixed_weights += 0.0
-    ffn_params = {"dense": model.dense_ffn_params, "moe": model.shared_expert_params}
-    # Per-token activation traffic of one token-expert pair: FP8/BF16 input, BF16 gate/up
-    # output read+write, BF16 output.
-    act_pair_bytes = model.hidden * 2.0 + 2 * model.expert_ffn * 2.0 * 2 + model.hidden * 2.0
-    costs: list[GpuCost] = []
-    for i, g in enumerate(gpus):
-        m = s.measured.get(g.id)
-        spec = g.spec
-        hbm = (m.hbm_gbps if m and m.hbm_gbps else spec.hbm_bandwidth_gbps * eff.hbm) * 1e3  # B/us
-        dense_rate = _peak_tflops(spec, model.weight_dtype, eff, m) * 1e6  # FLOP/us
-        expert_rate = _peak_tflops(spec, model.expert_dtype, eff, m) * 1e6
-        if m and m.expert_gemm_tflops:
-            expert_rate = m.expert_gemm_tflops * 1e6
-        expert_read_bw = m.expert_read_gbps * 1e3 if m and m.expert_read_gbps else hbm
-        launch = m.gemm_launch_us if m and m.gemm_launch_us is not None else eff.gemm_launch_us
-        gemm_tok: dict[str, float] = {}
-        read: dict[str, float] = {}
-        for kind, ffn in ffn_params.items():
-            params = model.attn_params_per_layer + ffn
-            gemm_tok[kind] = 2.0 * params / dense_rate
-            read[kind] = params * wb / hbm
-        if model.is_moe:
-            gemm_tok["dense"] = (
-                2.0 * (model.attn_params_per_layer + model.dense_ffn_params) / dense_rate
-            )
-        if workload.decode:
-            bw = (
-                (m.attn_decode_gbps * 1e3)
-                if m and m.attn_decode_gbps
-                else (spec.hbm_bandwidth_gbps * eff.attn_decode * 1e3)
-            )
-            kv_read = ctx * model.kv_elements_per_token_per_layer * kv_bytes / bw
-            core_flop = model.attn_core_flops_per_token(ctx, decode=True) / (
-                spec.bf16_tflops * eff.gemm_bf16 * 1e6
-            )
-            core = max(kv_read, core_flop)
-        else:
-            rate = (
-                m.attn_prefill_tflops
-                if m and m.attn_prefill_tflops
-                else spec.bf16_tflops * eff.attn_prefill
-            ) * 1e6
-            core = model.attn_core_flops_per_token(ctx / 2.0, decode=False) / rate
-        nvl_bw = (m.nvlink_gbps if m and m.nvlink_gbps else topo.nvlink_gbs[i] * eff.nvlink) * 1e3
-        bw_by_channel = (
-            math.inf,  # LOCAL
-            nvl_bw if nvl_bw > 0 else topo.pcie_gbs[i] * eff.pcie * 1e3,  # NVLINK
-            topo.pcie_gbs[i] * eff.pcie * 1e3,  # PCIE
-            topo.rdma_gbs[i] * eff.rdma * 1e3,  # RDMA
-            topo.rdma_gbs[i] * eff.rdma * 1e3,  # RDMA_CROSS: the NIC; the link is shared
-            1e-9,  # UNREACHABLE: effectively forbidden
-        )
-        remote = bool((topo.channel[i] >= Channel.RDMA).any())
-        alpha = 2 * (eff.alpha_rdma_us if remote else eff.alpha_nvlink_us)
-        if m and m.a2a_latency_us:
-            alpha = 2 * m.a2a_latency_us
-        if m and m.attn_extra_us_per_token:
-            core += m.attn_extra_us_per_token
-        # Per-pair work beyond the roofline adds to both branches of the expert phase's max,
-        # which is the same as adding it outside the max (keeps the solvers' linear form).
-        extra_pair = m.expert_extra_us_per_pair if m and m.expert_extra_us_per_pair else 0.0
-        costs.append(
-            GpuCost(
-                attn_gemm_us_per_token=gemm_tok,
-                attn_weight_read_us=read,
-                attn_core_us_per_token=core,
-                attn_overhead_us=(m.attn_overhead_us if m and m.attn_overhead_us else 4 * launch),
-                expert_flop_us_per_pair=2.0 * model.expert_params / expert_rate + extra_pair,
-                expert_read_us_per_replica=model.expert_bytes / expert_read_bw,
-                expert_act_us_per_pair=act_pair_bytes / hbm + extra_pair,
-                expert_overhead_us=(
-                    m.expert_overhead_us if m and m.expert_overhead_us else 2 * launch
-                ),
-                comm_bw_bytes_per_us=bw_by_channel,
-                comm_alpha_us=alpha,
-                usable_bytes=spec.memory_gib * GIB * (1.0 - s.memory_headroom),
-                fixed_bytes=fixed_weights + s.comm_buffer_gib * GIB,
-            )
-        )
-    fabrics = sorted({f for node in fleet.nodes for f in node.fabrics})
-    seg_index = {f: k for k, f in enumerate(fabrics)}
-    seg_of_gpu = [
-        seg_index[fleet.node(g.node).fabrics[0]] if fleet.node(g.node).fabrics else -1 for g in gpus
+    costs = [
+        _gpu_cost(i, g.spec, s.measured.get(g.id), model, workload, s, topo, terms)
+        for i, g in enumerate(gpus)
     ]
+    seg_of_gpu, segment_links = _segments(fleet, eff)
     load = tuple(
         tuple(workload.load_fractions(layer)) for layer in range(len(workload.expert_load))
     )
@@ -423,26 +500,20 @@ def build_cost_table(
         load=load,
         bytes_per_copy=bytes_per_copy,
         expert_bytes=model.expert_bytes,
-        kv_bytes_per_token=model.num_layers * model.kv_elements_per_token_per_layer * kv_bytes,
+        kv_bytes_per_token=model.num_layers
+        * model.kv_elements_per_token_per_layer
+        * terms.kv_bytes,
         act_bytes_per_token=s.activation_bytes_per_token,
         decode=workload.decode,
-        context_len=ctx,
+        context_len=workload.context_len,
         channel_masks=tuple(
             (topo.channel == ch).astype(float) if (topo.channel == ch).any() else np.zeros((0, 0))
             for ch in range(len(Channel))
         ),
         comm_bw=np.array([c.comm_bw_bytes_per_us for c in costs], dtype=float),
         comm_alpha=np.array([c.comm_alpha_us for c in costs], dtype=float),
-        segment=tuple(seg_of_gpu),
-        segment_links=tuple(
-            (
-                seg_index[x.a],
-                seg_index[x.b],
-                x.gbps / 8.0 * eff.rdma * 1e3,
-                2 * (eff.alpha_rdma_us + x.latency_us),
-            )
-            for x in fleet.fabric_links
-        ),
+        segment=seg_of_gpu,
+        segment_links=segment_links,
     )
 
 
@@ -574,6 +645,22 @@ def link_time_us(
     return worst
 
 
+def _coverage_violation(table: CostTable, li: int, placement: LayerPlacement) -> str | None:
+    """The violation line of MoE layer ``li`` when a loaded expert's shares do not sum
+    to 1, else None."""
+    cover = [0.0] * table.num_experts
+    for slots in placement.per_gpu:
+        for e, share in slots:
+            cover[e] += share
+    bad = [e for e, c in enumerate(cover) if abs(c - 1.0) > 1e-6 and table.load[li][e] > 0]
+    if not bad:
+        return None
+    return (
+        f"MoE layer {li}: experts {bad[:8]} have token shares summing to "
+        f"{[round(cover[e], 4) for e in bad[:8]]}, not 1"
+    )
+
+
 def evaluate(
     table: CostTable, attention_share: Sequence[float], layers: Sequence[LayerPlacement]
 ) -> Evaluation:
@@ -606,16 +693,9 @@ def evaluate(
     moe: list[PhaseTimes] = []
     replicas = [0] * n
     for li, placement in enumerate(layers):
-        cover = [0.0] * table.num_experts
-        for slots in placement.per_gpu:
-            for e, share in slots:
-                cover[e] += share
-        bad = [e for e, c in enumerate(cover) if abs(c - 1.0) > 1e-6 and table.load[li][e] > 0]
-        if bad:
-            violations.append(
-                f"MoE layer {li}: experts {bad[:8]} have token shares summing to "
-                f"{[round(cover[e], 4) for e in bad[:8]]}, not 1"
-            )
+        uncovered = _coverage_violation(table, li, placement)
+        if uncovered:
+            violations.append(uncovered)
         served = served_fractions(table, li, placement)
         comm = comm_times_us(table, attention_share, served)
         link = link_time_us(table, attention_share, served)
@@ -669,15 +749,27 @@ def with_measured(settings: CostSettings, measured: Mapping[str, MeasuredFigures
     return replace(settings, measured=merged)
 
 
+# Measured-figure keys renamed so the unit cannot be misread (all GB/s): old -> new. Agents
+# and stored inventories from before the rename send the old keys; they are read as new.
+LEGACY_MEASURED_KEYS = {
+    "hbm_gbps": "hbm_gbytes_per_s",
+    "attn_decode_gbps": "attn_decode_gbytes_per_s",
+    "nvlink_gbps": "nvlink_per_direction_gbytes_per_s",
+    "expert_read_gbps": "expert_read_gbytes_per_s",
+}
+
+
 def measured_from_dict(doc: Mapping[str, Any]) -> MeasuredFigures:
-    """Build :class:`MeasuredFigures` from a plain mapping (unknown keys rejected).
+    """Build :class:`MeasuredFigures` from a plain mapping (unknown keys rejected; the
+    pre-rename keys of :data:`LEGACY_MEASURED_KEYS` are read as their new names).
 
     Raises:
         InputError: unknown key or non-positive value.
     """
     known = set(MeasuredFigures.__dataclass_fields__)
     values: dict[str, float] = {}
-    for key, value in doc.items():
+    for raw_key, value in doc.items():
+        key = LEGACY_MEASURED_KEYS.get(raw_key, raw_key)
         if key not in known:
             raise InputError(f"unknown measured figure {key!r}; known: {sorted(known)}", field=key)
         if value is None:

@@ -2,7 +2,7 @@
 
 The strategy modules (:mod:`policies.advise`, :mod:`policies.tiers`, :mod:`policies.cost`)
 ask the same question many times with one thing changed - the batch, the context, the
-nodes, the policy - and always through :func:`policies.request.solve`, so every answer
+nodes, the policy - and always through :func:`policies.solve.solve`, so every answer
 comes from the one cost model. :class:`Deployment` holds what stays fixed and builds each
 :class:`~policies.request.PlacementRequest`; :func:`try_solve` turns "does not fit" into a
 reason instead of an exception; :func:`sub_fleet` and :func:`engine_redundancy` adapt the
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from policies.costmodel import CostSettings
-from policies.errors import InfeasibleError, InputError
+from policies.errors import InputError
 from policies.fleet import Fleet, Node
 from policies.models import ModelSpec
 from policies.plan import FORMS
@@ -27,8 +27,8 @@ from policies.request import (
     PlacementRequest,
     PlacementResult,
     SolverOptions,
-    solve,
 )
+from policies.solve import solve
 from policies.workload import KV_DTYPES, PHASES, Workload, make_workload
 
 
@@ -207,11 +207,9 @@ def try_solve(req: PlacementRequest) -> Outcome:
     Raises:
         InputError: the request itself is invalid.
     """
-    try:
-        result = solve(req)
-    except InfeasibleError as exc:
-        first = exc.reasons[0] if exc.reasons else str(exc).splitlines()[0]
-        return Outcome(None, first)
+    result = solve(req)
+    if not result.placed:
+        return Outcome(None, result.infeasible[0])
     if result.infeasible:
         return Outcome(result, result.infeasible[0])
     return Outcome(result)
@@ -232,8 +230,12 @@ def node_make_up(node: Node) -> tuple[object, ...]:
     (the name and the NVLink domain's name do not count)."""
     return (
         tuple(sorted(repr(g.spec) for g in node.gpus)),
-        node.nvlink.per_gpu_gbps if node.nvlink else None,
-        tuple(sorted((x.count, x.gbps, x.fabric, x.link_layer) for x in node.nics)),
+        node.nvlink.per_gpu_bidir_gbytes_per_s if node.nvlink else None,
+        tuple(
+            sorted(
+                (x.count, x.per_direction_gbits_per_s, x.fabric, x.link_layer) for x in node.nics
+            )
+        ),
     )
 
 

@@ -3,8 +3,14 @@
 The same content a node agent reports (controlplane) or a Fleet file declares. Parsing
 takes an already-loaded document (a dict), so this module does no I/O.
 
-Units: GB/s for NVLink (bidirectional per GPU, like datasheets), Gb/s for NICs (per NIC,
-per direction, like port rates), GiB for memory.
+Units are in every field name: ``_gbytes_per_s`` is gigabytes per second (NVLink,
+bidirectional per GPU like datasheets), ``_gbits_per_s`` is gigabits per second (NICs and
+fabric links, per direction like port rates); GiB for memory.
+
+Fleet files written before the unit rename (``per_gpu_gbps``, ``gbps``,
+``hbm_bandwidth_gbps``, ``nvlink_per_gpu_gbps``, ``pcie_gbps``) still parse: each old key
+is read as its new name and :attr:`Fleet.warnings` carries one deprecation message per
+key, naming the new key, for the caller to show (the CLI prints them to stderr).
 """
 
 from __future__ import annotations
@@ -32,11 +38,11 @@ class NvLinkDomain:
     Attributes:
         domain: domain name; GPUs with the same name talk over NVLink, across nodes too
             (multi-node NVLink such as NVL72).
-        per_gpu_gbps: NVLink bandwidth per GPU, bidirectional GB/s.
+        per_gpu_bidir_gbytes_per_s: NVLink bandwidth per GPU, bidirectional GB/s.
     """
 
     domain: str
-    per_gpu_gbps: float
+    per_gpu_bidir_gbytes_per_s: float
 
 
 @dataclass(frozen=True)
@@ -45,13 +51,13 @@ class NicGroup:
 
     Attributes:
         count: number of NICs.
-        gbps: port rate per NIC, Gb/s per direction (400 for NDR).
+        per_direction_gbits_per_s: port rate per NIC, Gb/s per direction (400 for NDR).
         fabric: fabric (network segment) name; nodes on the same fabric talk RDMA.
         link_layer: ``infiniband`` or ``ethernet`` (RoCE).
     """
 
     count: int
-    gbps: float
+    per_direction_gbits_per_s: float
     fabric: str
     link_layer: str = "infiniband"
 
@@ -94,9 +100,9 @@ class Node:
     labels: Mapping[str, str] = field(default_factory=dict)
 
     @property
-    def rdma_gbps(self) -> float:
+    def rdma_per_direction_gbits_per_s(self) -> float:
         """Total RDMA port rate of the node, Gb/s per direction."""
-        return sum(n.count * n.gbps for n in self.nics)
+        return sum(n.count * n.per_direction_gbits_per_s for n in self.nics)
 
     @property
     def fabrics(self) -> tuple[str, ...]:
@@ -110,13 +116,13 @@ class FabricLink:
 
     Attributes:
         a, b: fabric names.
-        gbps: aggregate bandwidth of the link, Gb/s per direction.
+        per_direction_gbits_per_s: aggregate bandwidth of the link, Gb/s per direction.
         latency_us: added one-way latency, microseconds.
     """
 
     a: str
     b: str
-    gbps: float
+    per_direction_gbits_per_s: float
     latency_us: float = 5.0
 
 
@@ -127,6 +133,9 @@ class Fleet:
     name: str
     nodes: tuple[Node, ...]
     fabric_links: tuple[FabricLink, ...] = ()
+    warnings: tuple[str, ...] = field(default=(), compare=False)
+    """Deprecation messages from parsing (old unit keys), one per key occurrence; not part
+    of the fleet's identity (two fleets differing only here are equal)."""
 
     @cached_property
     def gpus(self) -> tuple[Gpu, ...]:
@@ -149,7 +158,10 @@ class Fleet:
         """The fleet less some nodes (failed or cordoned)."""
         drop = set(names)
         return Fleet(
-            self.name, tuple(n for n in self.nodes if n.name not in drop), self.fabric_links
+            self.name,
+            tuple(n for n in self.nodes if n.name not in drop),
+            self.fabric_links,
+            self.warnings,
         )
 
 
@@ -208,6 +220,44 @@ def _name(value: Any, path: str) -> str:
 
 _GPU_KEYS = {"model", "count", "base", "uuids"}
 
+# Keys renamed so the unit cannot be misread: old key -> new key, per section.
+LEGACY_GPU_KEYS = {
+    "hbm_bandwidth_gbps": "hbm_bandwidth_gbytes_per_s",
+    "nvlink_per_gpu_gbps": "nvlink_bidir_gbytes_per_s",
+    "pcie_gbps": "pcie_per_direction_gbytes_per_s",
+}
+LEGACY_NVLINK_KEYS = {"per_gpu_gbps": "per_gpu_bidir_gbytes_per_s"}
+LEGACY_NIC_KEYS = {"gbps": "per_direction_gbits_per_s"}
+LEGACY_FABRIC_LINK_KEYS = {"gbps": "per_direction_gbits_per_s"}
+
+
+def _renamed(
+    doc: Mapping[str, Any], legacy: Mapping[str, str], path: str, warnings: list[str]
+) -> Mapping[str, Any]:
+    """``doc`` with deprecated keys renamed, one message per renamed key in ``warnings``.
+
+    Raises:
+        InputError: a key is given under both its old and its new name.
+    """
+    if not any(k in doc for k in legacy):
+        return doc
+    out = dict(doc)
+    for old, new in legacy.items():
+        if old not in out:
+            continue
+        if new in out:
+            raise InputError(
+                f"gives both {old!r} (deprecated) and {new!r}. To fix: keep only {new!r}",
+                field=f"{path}.{old}",
+            )
+        unit = "gigabits" if new.endswith("_gbits_per_s") else "gigabytes"
+        warnings.append(
+            f"{path}.{old}: deprecated key, read as {new!r} ({unit} per second). "
+            f"To fix: rename it to {new!r}"
+        )
+        out[new] = out.pop(old)
+    return out
+
 
 def _parse_gpu_group(doc: Mapping[str, Any], path: str) -> tuple[GpuSpec, int, list[str]]:
     model = _req(doc, "model", path)
@@ -223,8 +273,10 @@ def _parse_gpu_group(doc: Mapping[str, Any], path: str) -> tuple[GpuSpec, int, l
         spec = replace(spec, model=model)
     else:
         spec = lookup(model, field_path=f"{path}.model").with_overrides(overrides, field_path=path)
-    if spec.memory_gib <= 0 or spec.hbm_bandwidth_gbps <= 0 or spec.bf16_tflops <= 0:
-        raise InputError("memory_gib, hbm_bandwidth_gbps and bf16_tflops must be > 0", field=path)
+    if spec.memory_gib <= 0 or spec.hbm_bandwidth_gbytes_per_s <= 0 or spec.bf16_tflops <= 0:
+        raise InputError(
+            "memory_gib, hbm_bandwidth_gbytes_per_s and bf16_tflops must be > 0", field=path
+        )
     uuids = doc.get("uuids", [])
     uuids = [str(u) for u in _list(uuids, f"{path}.uuids")]
     if uuids and len(uuids) != count:
@@ -232,8 +284,17 @@ def _parse_gpu_group(doc: Mapping[str, Any], path: str) -> tuple[GpuSpec, int, l
     return spec, count, uuids
 
 
-def parse_node(doc: Mapping[str, Any], path: str = "node") -> Node:
-    """Parse one node entry of a Fleet spec (see :func:`parse_fleet`)."""
+def parse_node(
+    doc: Mapping[str, Any], path: str = "node", warnings: list[str] | None = None
+) -> Node:
+    """Parse one node entry of a Fleet spec (see :func:`parse_fleet`).
+
+    Args:
+        doc: the node entry.
+        path: field path of the entry, for error and deprecation messages.
+        warnings: deprecation messages (old unit keys) are appended here; None drops them.
+    """
+    warnings = [] if warnings is None else warnings
     doc = _mapping(doc, path)
     name = _name(_req(doc, "name", path), f"{path}.name")
     labels_raw = _mapping(doc.get("labels", {}) or {}, f"{path}.labels")
@@ -241,7 +302,8 @@ def parse_node(doc: Mapping[str, Any], path: str = "node") -> Node:
     gpus: list[Gpu] = []
     for i, g in enumerate(_list(_req(doc, "gpus", path), f"{path}.gpus")):
         gpath = f"{path}.gpus[{i}]"
-        spec, count, uuids = _parse_gpu_group(_mapping(g, gpath), gpath)
+        group = _renamed(_mapping(g, gpath), LEGACY_GPU_KEYS, gpath, warnings)
+        spec, count, uuids = _parse_gpu_group(group, gpath)
         for j in range(count):
             idx = len(gpus)
             gpus.append(Gpu(GpuId(f"{name}/gpu{idx}"), name, idx, spec, uuids[j] if uuids else ""))
@@ -249,18 +311,24 @@ def parse_node(doc: Mapping[str, Any], path: str = "node") -> Node:
         raise InputError("a node needs at least one GPU", field=f"{path}.gpus")
     nvlink = None
     if doc.get("nvlink") is not None:
-        nv = _mapping(doc["nvlink"], f"{path}.nvlink")
+        nv = _renamed(
+            _mapping(doc["nvlink"], f"{path}.nvlink"),
+            LEGACY_NVLINK_KEYS,
+            f"{path}.nvlink",
+            warnings,
+        )
         domain = str(nv.get("domain", name))
         nvlink = NvLinkDomain(
             domain,
             positive_number(
-                _req(nv, "per_gpu_gbps", f"{path}.nvlink"), f"{path}.nvlink.per_gpu_gbps"
+                _req(nv, "per_gpu_bidir_gbytes_per_s", f"{path}.nvlink"),
+                f"{path}.nvlink.per_gpu_bidir_gbytes_per_s",
             ),
         )
     nics: list[NicGroup] = []
     for i, n in enumerate(_list(doc.get("nics", []) or [], f"{path}.nics")):
         npath = f"{path}.nics[{i}]"
-        n = _mapping(n, npath)
+        n = _renamed(_mapping(n, npath), LEGACY_NIC_KEYS, npath, warnings)
         layer = str(n.get("link_layer", "infiniband")).lower()
         if layer not in ("infiniband", "ethernet"):
             raise InputError(
@@ -270,7 +338,10 @@ def parse_node(doc: Mapping[str, Any], path: str = "node") -> Node:
         nics.append(
             NicGroup(
                 positive_int(n.get("count", 1), f"{npath}.count"),
-                positive_number(_req(n, "gbps", npath), f"{npath}.gbps"),
+                positive_number(
+                    _req(n, "per_direction_gbits_per_s", npath),
+                    f"{npath}.per_direction_gbits_per_s",
+                ),
                 str(_req(n, "fabric", npath)),
                 layer,
             )
@@ -291,13 +362,16 @@ def parse_fleet(doc: Any) -> Fleet:
           - name: a100-0
             labels: {rack: r1}
             gpus: [{model: A100-SXM4-80GB, count: 8, <catalog field>: <override>}]
-            nvlink: {domain: a100-0, per_gpu_gbps: 600}   # omit for PCIe-only nodes
-            nics: [{count: 4, gbps: 400, fabric: ib0}]
-          fabric_links: [{between: [ib0, ib1], gbps: 800, latency_us: 5}]   # optional
+            nvlink: {domain: a100-0, per_gpu_bidir_gbytes_per_s: 600}   # omit for PCIe-only nodes
+            nics: [{count: 4, per_direction_gbits_per_s: 400, fabric: ib0}]
+          fabric_links: [{between: [ib0, ib1], per_direction_gbits_per_s: 800, latency_us: 5}]   # optional
+
+    Deprecated unit keys are accepted and reported in :attr:`Fleet.warnings`.
 
     Raises:
         InputError: naming the field (``spec.nodes[1].gpus[0].model``) and the fix.
     """
+    warnings: list[str] = []
     doc = _mapping(doc, "fleet")
     api = doc.get("apiVersion", API_VERSION)
     if api != API_VERSION:
@@ -311,7 +385,7 @@ def parse_fleet(doc: Any) -> Fleet:
     raw_nodes = _list(_req(spec, "nodes", "spec"), "spec.nodes")
     if not raw_nodes:
         raise InputError("a fleet needs at least one node", field="spec.nodes")
-    nodes = tuple(parse_node(n, f"spec.nodes[{i}]") for i, n in enumerate(raw_nodes))
+    nodes = tuple(parse_node(n, f"spec.nodes[{i}]", warnings) for i, n in enumerate(raw_nodes))
     seen: dict[str, int] = {}
     for i, n in enumerate(nodes):
         if n.name in seen:
@@ -334,7 +408,7 @@ def parse_fleet(doc: Any) -> Fleet:
     fabrics = {f for n in nodes for f in n.fabrics}
     for i, raw in enumerate(_list(spec.get("fabric_links", []) or [], "spec.fabric_links")):
         lpath = f"spec.fabric_links[{i}]"
-        raw = _mapping(raw, lpath)
+        raw = _renamed(_mapping(raw, lpath), LEGACY_FABRIC_LINK_KEYS, lpath, warnings)
         between = _list(_req(raw, "between", lpath), f"{lpath}.between")
         if len(between) != 2 or not all(str(b) in fabrics for b in between):
             raise InputError(
@@ -345,11 +419,14 @@ def parse_fleet(doc: Any) -> Fleet:
             FabricLink(
                 str(between[0]),
                 str(between[1]),
-                positive_number(_req(raw, "gbps", lpath), f"{lpath}.gbps"),
+                positive_number(
+                    _req(raw, "per_direction_gbits_per_s", lpath),
+                    f"{lpath}.per_direction_gbits_per_s",
+                ),
                 positive_number(raw.get("latency_us", 5.0), f"{lpath}.latency_us", allow_zero=True),
             )
         )
-    return Fleet(name, nodes, tuple(links))
+    return Fleet(name, nodes, tuple(links), tuple(warnings))
 
 
 def fleet_to_doc(fleet: Fleet) -> dict[str, Any]:
@@ -377,16 +454,28 @@ def fleet_to_doc(fleet: Fleet) -> dict[str, Any]:
             gpus.append(entry)
         node: dict[str, Any] = {"name": n.name, "labels": dict(n.labels), "gpus": gpus}
         if n.nvlink:
-            node["nvlink"] = {"domain": n.nvlink.domain, "per_gpu_gbps": n.nvlink.per_gpu_gbps}
+            node["nvlink"] = {
+                "domain": n.nvlink.domain,
+                "per_gpu_bidir_gbytes_per_s": n.nvlink.per_gpu_bidir_gbytes_per_s,
+            }
         node["nics"] = [
-            {"count": x.count, "gbps": x.gbps, "fabric": x.fabric, "link_layer": x.link_layer}
+            {
+                "count": x.count,
+                "per_direction_gbits_per_s": x.per_direction_gbits_per_s,
+                "fabric": x.fabric,
+                "link_layer": x.link_layer,
+            }
             for x in n.nics
         ]
         nodes.append(node)
     spec: dict[str, Any] = {"nodes": nodes}
     if fleet.fabric_links:
         spec["fabric_links"] = [
-            {"between": [x.a, x.b], "gbps": x.gbps, "latency_us": x.latency_us}
+            {
+                "between": [x.a, x.b],
+                "per_direction_gbits_per_s": x.per_direction_gbits_per_s,
+                "latency_us": x.latency_us,
+            }
             for x in fleet.fabric_links
         ]
     return {

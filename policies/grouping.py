@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from policies.errors import InfeasibleError, InputError
+from policies.errors import InputError
 from policies.fleet import Fleet
-from policies.request import PlacementRequest, PlacementResult, solve
+from policies.request import PlacementRequest, PlacementResult
+from policies.solve import solve
 
 
 @dataclass(frozen=True)
@@ -81,9 +82,12 @@ def _solve(req: PlacementRequest, fleet: Fleet) -> GroupResult:
     if req.form == "engine" and req.model.is_moe and (e + r) % g:
         r = -(-(e + r) // g) * g - e  # keep the slot budget per GPU, rounded up
     try:
-        return GroupResult(nodes, solve(replace(req, fleet=fleet, redundant_experts=r)))
-    except (InfeasibleError, InputError) as exc:
+        result = solve(replace(req, fleet=fleet, redundant_experts=r))
+    except InputError as exc:
         return GroupResult(nodes, None, str(exc).splitlines()[0])
+    if not result.placed:
+        return GroupResult(nodes, None, result.message)
+    return GroupResult(nodes, result)
 
 
 def compare_groupings(req: PlacementRequest) -> list[Grouping]:

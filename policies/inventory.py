@@ -103,7 +103,7 @@ class GpuInventory:
         compute_capability: ``"9.0"`` (CUDA) or gfx target.
         sms: streaming multiprocessors.
         memory_bytes: device memory.
-        hbm_bandwidth_gbps: peak memory bandwidth (bus width x memory clock x 2), GB/s.
+        hbm_bandwidth_gbytes_per_s: peak memory bandwidth (bus width x memory clock x 2), GB/s.
         sm_clock_mhz: maximum SM clock.
         power_limit_w: power management limit.
         pci_bus_id: PCI bus id.
@@ -123,7 +123,7 @@ class GpuInventory:
     compute_capability: str
     sms: int
     memory_bytes: int
-    hbm_bandwidth_gbps: float
+    hbm_bandwidth_gbytes_per_s: float
     sm_clock_mhz: int = 0
     power_limit_w: float = 0.0
     pci_bus_id: str = ""
@@ -135,7 +135,7 @@ class GpuInventory:
     health: GpuHealth = field(default_factory=GpuHealth)
 
     @property
-    def nvlink_gbps(self) -> float:
+    def nvlink_bidir_gbytes_per_s(self) -> float:
         """Bidirectional NVLink bandwidth over the active links, GB/s."""
         return sum(
             2 * NVLINK_GBS_PER_LINK_PER_DIRECTION.get(link.generation, 25.0)
@@ -151,7 +151,7 @@ class NicInventory:
     Attributes:
         device: RDMA device (``mlx5_0``).
         port: port number.
-        rate_gbps: port rate, Gb/s per direction.
+        rate_per_direction_gbits_per_s: port rate, Gb/s per direction.
         state: ``ACTIVE`` etc.
         link_layer: ``infiniband`` or ``ethernet`` (RoCE).
         fabric: fabric (segment) name, from configuration; ``default`` when not set.
@@ -160,7 +160,7 @@ class NicInventory:
 
     device: str
     port: int
-    rate_gbps: float
+    rate_per_direction_gbits_per_s: float
     state: str
     link_layer: str
     fabric: str = "default"
@@ -210,13 +210,13 @@ class NodeInventory:
         nvlink = None
         domains = {g.nvlink_domain for g in self.gpus if g.nvlink_domain}
         if len(domains) == 1 and all(g.nvlink_domain for g in self.gpus):
-            per_gpu = min(g.nvlink_gbps for g in self.gpus)
+            per_gpu = min(g.nvlink_bidir_gbytes_per_s for g in self.gpus)
             if per_gpu > 0:
                 nvlink = NvLinkDomain(domains.pop(), per_gpu)
         by_fabric: dict[tuple[str, float, str], int] = {}
         for nic in self.nics:
-            if nic.active and nic.rate_gbps > 0:
-                key = (nic.fabric, nic.rate_gbps, nic.link_layer)
+            if nic.active and nic.rate_per_direction_gbits_per_s > 0:
+                key = (nic.fabric, nic.rate_per_direction_gbits_per_s, nic.link_layer)
                 by_fabric[key] = by_fabric.get(key, 0) + 1
         nics = tuple(
             NicGroup(count, rate, fabric, layer)
@@ -235,8 +235,8 @@ def gpu_spec(g: GpuInventory, *, field_path: str = "") -> GpuSpec:
     overrides: dict[str, Any] = {}
     if g.memory_bytes > 0:
         overrides["memory_gib"] = g.memory_bytes / 2**30
-    if g.hbm_bandwidth_gbps > 0:
-        overrides["hbm_bandwidth_gbps"] = g.hbm_bandwidth_gbps
+    if g.hbm_bandwidth_gbytes_per_s > 0:
+        overrides["hbm_bandwidth_gbytes_per_s"] = g.hbm_bandwidth_gbytes_per_s
     if g.sms > 0:
         overrides["sms"] = g.sms
     return replace(spec.with_overrides(overrides, field_path=field_path), model=spec.model)
@@ -248,7 +248,7 @@ def inventory_from_node(node: Node, *, simulated: bool = True) -> NodeInventory:
     for g in node.gpus:
         links: tuple[NvLinkInfo, ...] = ()
         if node.nvlink is not None:
-            n_links = max(1, round(node.nvlink.per_gpu_gbps / 50.0))
+            n_links = max(1, round(node.nvlink.per_gpu_bidir_gbytes_per_s / 50.0))
             links = tuple(NvLinkInfo(i, True, 4, "FFFFFFFF:FF:FF.0") for i in range(n_links))
         gpus.append(
             GpuInventory(
@@ -260,13 +260,20 @@ def inventory_from_node(node: Node, *, simulated: bool = True) -> NodeInventory:
                 compute_capability=g.spec.compute_capability,
                 sms=g.spec.sms,
                 memory_bytes=int(g.spec.memory_gib * 2**30),
-                hbm_bandwidth_gbps=g.spec.hbm_bandwidth_gbps,
+                hbm_bandwidth_gbytes_per_s=g.spec.hbm_bandwidth_gbytes_per_s,
                 nvlinks=links,
                 nvlink_domain=node.nvlink.domain if node.nvlink else None,
             )
         )
     nics = tuple(
-        NicInventory(f"sim_{grp.fabric}_{k}", 1, grp.gbps, "4: ACTIVE", grp.link_layer, grp.fabric)
+        NicInventory(
+            f"sim_{grp.fabric}_{k}",
+            1,
+            grp.per_direction_gbits_per_s,
+            "4: ACTIVE",
+            grp.link_layer,
+            grp.fabric,
+        )
         for grp in node.nics
         for k in range(grp.count)
     )
@@ -306,7 +313,7 @@ def check_inventory(inv: NodeInventory) -> None:
                 field=f"{path}.uuid",
             )
         seen_uuid[g.uuid] = k
-        for name in ("hbm_bandwidth_gbps", "power_limit_w"):
+        for name in ("hbm_bandwidth_gbytes_per_s", "power_limit_w"):
             v = getattr(g, name)
             if math.isnan(v) or math.isinf(v) or v < 0:
                 raise InputError(f"must be a finite number >= 0, got {v}", field=f"{path}.{name}")
@@ -318,8 +325,261 @@ def check_inventory(inv: NodeInventory) -> None:
                     f"must be a finite number > 0, got {v}", field=f"{path}.measured.{key}"
                 )
     for k, nic in enumerate(inv.nics):
-        if math.isnan(nic.rate_gbps) or math.isinf(nic.rate_gbps) or nic.rate_gbps < 0:
+        if (
+            math.isnan(nic.rate_per_direction_gbits_per_s)
+            or math.isinf(nic.rate_per_direction_gbits_per_s)
+            or nic.rate_per_direction_gbits_per_s < 0
+        ):
             raise InputError(
-                f"must be a finite number >= 0, got {nic.rate_gbps}",
-                field=f"inventory.nics[{k}].rate_gbps",
+                f"must be a finite number >= 0, got {nic.rate_per_direction_gbits_per_s}",
+                field=f"inventory.nics[{k}].rate_per_direction_gbits_per_s",
             )
+
+
+# --------------------------------------------------------------------------- JSON codec
+#
+# The one JSON form of a NodeInventory (``mixfleet-agent discover`` output, the
+# ``calibrate --inventory`` file, benchmark records): the dataclass field names as keys,
+# tuples as lists, every field written. Reading rejects unknown keys and names the field
+# path of anything malformed. Keys written before the unit rename are read as their new
+# names (see LEGACY_INVENTORY_KEYS).
+
+#: Pre-rename keys accepted by :func:`inventory_from_dict`: old key -> new key.
+LEGACY_INVENTORY_KEYS = {
+    "hbm_bandwidth_gbps": "hbm_bandwidth_gbytes_per_s",
+    "rate_gbps": "rate_per_direction_gbits_per_s",
+}
+
+
+def inventory_to_dict(inv: NodeInventory) -> dict[str, Any]:
+    """A node inventory as JSON-ready data (every field; the inverse of
+    :func:`inventory_from_dict`)."""
+    return {
+        "node": inv.node,
+        "gpus": [_gpu_to_dict(g) for g in inv.gpus],
+        "nics": [
+            {
+                "device": n.device,
+                "port": n.port,
+                "rate_per_direction_gbits_per_s": n.rate_per_direction_gbits_per_s,
+                "state": n.state,
+                "link_layer": n.link_layer,
+                "fabric": n.fabric,
+                "numa_node": n.numa_node,
+            }
+            for n in inv.nics
+        ],
+        "labels": dict(inv.labels),
+        "agent_version": inv.agent_version,
+        "simulated": inv.simulated,
+        "discovered_by": list(inv.discovered_by),
+    }
+
+
+def _gpu_to_dict(g: GpuInventory) -> dict[str, Any]:
+    h = g.health
+    return {
+        "index": g.index,
+        "uuid": g.uuid,
+        "name": g.name,
+        "catalog_model": g.catalog_model,
+        "architecture": g.architecture,
+        "compute_capability": g.compute_capability,
+        "sms": g.sms,
+        "memory_bytes": g.memory_bytes,
+        "hbm_bandwidth_gbytes_per_s": g.hbm_bandwidth_gbytes_per_s,
+        "sm_clock_mhz": g.sm_clock_mhz,
+        "power_limit_w": g.power_limit_w,
+        "pci_bus_id": g.pci_bus_id,
+        "pcie_generation": g.pcie_generation,
+        "pcie_width": g.pcie_width,
+        "nvlinks": [
+            {
+                "link": x.link,
+                "active": x.active,
+                "generation": x.generation,
+                "remote_bus_id": x.remote_bus_id,
+            }
+            for x in g.nvlinks
+        ],
+        "nvlink_domain": g.nvlink_domain,
+        "measured": dict(g.measured),
+        "health": {
+            "ecc_uncorrected_volatile": h.ecc_uncorrected_volatile,
+            "retired_pages": h.retired_pages,
+            "remapped_rows_pending": h.remapped_rows_pending,
+            "remapped_rows_failed": h.remapped_rows_failed,
+            "xid_errors": list(h.xid_errors),
+        },
+    }
+
+
+class _Reader:
+    """Typed reads from one JSON object, with its field path for error messages."""
+
+    def __init__(self, doc: Any, path: str, known: set[str]) -> None:
+        if not isinstance(doc, Mapping):
+            raise InputError(f"must be an object, got {type(doc).__name__}", field=path)
+        self.doc = {LEGACY_INVENTORY_KEYS.get(str(k), str(k)): v for k, v in doc.items()}
+        self.path = path
+        unknown = sorted(set(self.doc) - known)
+        if unknown:
+            raise InputError(
+                f"unknown key {unknown[0]!r}; known: {sorted(known)}",
+                field=f"{path}.{unknown[0]}",
+            )
+
+    def _get(self, key: str, default: Any) -> Any:
+        if key not in self.doc:
+            if default is _REQUIRED:
+                raise InputError(f"missing required field {key!r}", field=f"{self.path}.{key}")
+            return default
+        return self.doc[key]
+
+    def _fail(self, key: str, what: str, value: Any) -> InputError:
+        return InputError(f"must be {what}, got {value!r}", field=f"{self.path}.{key}")
+
+    def str_(self, key: str, default: Any = None) -> str:
+        v = self._get(key, _REQUIRED if default is None else default)
+        if not isinstance(v, str):
+            raise self._fail(key, "a string", v)
+        return v
+
+    def int_(self, key: str, default: Any = None) -> int:
+        v = self._get(key, _REQUIRED if default is None else default)
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise self._fail(key, "an integer", v)
+        return v
+
+    def float_(self, key: str, default: Any = None) -> float:
+        v = self._get(key, _REQUIRED if default is None else default)
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise self._fail(key, "a number", v)
+        return float(v)
+
+    def bool_(self, key: str, default: Any = None) -> bool:
+        v = self._get(key, _REQUIRED if default is None else default)
+        if not isinstance(v, bool):
+            raise self._fail(key, "true or false", v)
+        return v
+
+    def optional(self, key: str, kind: type) -> Any:
+        v = self.doc.get(key)
+        if v is None:
+            return None
+        if isinstance(v, bool) != (kind is bool) or not isinstance(v, kind):
+            raise self._fail(key, f"{kind.__name__} or null", v)
+        return v
+
+    def list_(self, key: str) -> list[Any]:
+        v = self._get(key, [])
+        if not isinstance(v, list | tuple):
+            raise self._fail(key, "a list", v)
+        return list(v)
+
+    def mapping(self, key: str) -> Mapping[str, Any]:
+        v = self._get(key, {})
+        if not isinstance(v, Mapping):
+            raise self._fail(key, "an object", v)
+        return v
+
+
+_REQUIRED = object()
+_NODE_KEYS = set(NodeInventory.__dataclass_fields__)
+_GPU_KEYS = set(GpuInventory.__dataclass_fields__)
+_NIC_KEYS = set(NicInventory.__dataclass_fields__)
+_NVLINK_KEYS = set(NvLinkInfo.__dataclass_fields__)
+_HEALTH_KEYS = set(GpuHealth.__dataclass_fields__)
+
+
+def inventory_from_dict(doc: Any, path: str = "inventory") -> NodeInventory:
+    """Read :func:`inventory_to_dict`'s form back (every field; defaults where omitted).
+
+    Raises:
+        InputError: naming the field path (``inventory.gpus[0].nvlinks[1].generation``):
+            unknown key, missing required field, or a value of the wrong type.
+    """
+    r = _Reader(doc, path, _NODE_KEYS)
+    labels = r.mapping("labels")
+    nics = []
+    for k, raw in enumerate(r.list_("nics")):
+        n = _Reader(raw, f"{path}.nics[{k}]", _NIC_KEYS)
+        nics.append(
+            NicInventory(
+                device=n.str_("device"),
+                port=n.int_("port"),
+                rate_per_direction_gbits_per_s=n.float_("rate_per_direction_gbits_per_s"),
+                state=n.str_("state"),
+                link_layer=n.str_("link_layer"),
+                fabric=n.str_("fabric", "default"),
+                numa_node=n.int_("numa_node", -1),
+            )
+        )
+    return NodeInventory(
+        node=r.str_("node"),
+        gpus=tuple(_gpu_from_dict(g, f"{path}.gpus[{k}]") for k, g in enumerate(r.list_("gpus"))),
+        nics=tuple(nics),
+        labels={str(k): _str_value(v, f"{path}.labels.{k}") for k, v in labels.items()},
+        agent_version=r.str_("agent_version", AGENT_VERSION),
+        simulated=r.bool_("simulated", False),
+        discovered_by=tuple(
+            _str_value(v, f"{path}.discovered_by[{k}]")
+            for k, v in enumerate(r.list_("discovered_by"))
+        ),
+    )
+
+
+def _str_value(v: Any, path: str) -> str:
+    if not isinstance(v, str):
+        raise InputError(f"must be a string, got {v!r}", field=path)
+    return v
+
+
+def _gpu_from_dict(doc: Any, path: str) -> GpuInventory:
+    g = _Reader(doc, path, _GPU_KEYS)
+    links = []
+    for k, raw in enumerate(g.list_("nvlinks")):
+        x = _Reader(raw, f"{path}.nvlinks[{k}]", _NVLINK_KEYS)
+        links.append(
+            NvLinkInfo(
+                x.int_("link"), x.bool_("active"), x.int_("generation"), x.str_("remote_bus_id")
+            )
+        )
+    measured: dict[str, float] = {}
+    for key, v in g.mapping("measured").items():
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise InputError(f"must be a number, got {v!r}", field=f"{path}.measured.{key}")
+        measured[str(key)] = float(v)
+    h = _Reader(g.mapping("health"), f"{path}.health", _HEALTH_KEYS)
+    xids = h.list_("xid_errors")
+    for k, x in enumerate(xids):
+        if isinstance(x, bool) or not isinstance(x, int):
+            raise InputError(
+                f"must be an integer, got {x!r}", field=f"{path}.health.xid_errors[{k}]"
+            )
+    return GpuInventory(
+        index=g.int_("index"),
+        uuid=g.str_("uuid"),
+        name=g.str_("name"),
+        catalog_model=g.str_("catalog_model"),
+        architecture=g.str_("architecture"),
+        compute_capability=g.str_("compute_capability"),
+        sms=g.int_("sms"),
+        memory_bytes=g.int_("memory_bytes"),
+        hbm_bandwidth_gbytes_per_s=g.float_("hbm_bandwidth_gbytes_per_s"),
+        sm_clock_mhz=g.int_("sm_clock_mhz", 0),
+        power_limit_w=g.float_("power_limit_w", 0.0),
+        pci_bus_id=g.str_("pci_bus_id", ""),
+        pcie_generation=g.int_("pcie_generation", 0),
+        pcie_width=g.int_("pcie_width", 0),
+        nvlinks=tuple(links),
+        nvlink_domain=g.optional("nvlink_domain", str),
+        measured=measured,
+        health=GpuHealth(
+            ecc_uncorrected_volatile=h.optional("ecc_uncorrected_volatile", int),
+            retired_pages=h.optional("retired_pages", int),
+            remapped_rows_pending=h.optional("remapped_rows_pending", bool),
+            remapped_rows_failed=h.optional("remapped_rows_failed", bool),
+            xid_errors=tuple(xids),
+        ),
+    )

@@ -179,14 +179,15 @@ class Plan:
         Built field by field for the GPUs (``dataclasses.asdict`` deep-copies every expert
         slot and took most of a second for a 2,000-GPU plan)."""
         d = asdict(replace(self, gpus=()))
-        d["gpus"] = [_gpu_dict(g) for g in self.gpus]
+        d["gpus"] = [gpu_plan_to_dict(g) for g in self.gpus]
         d["schema_version"] = PLAN_SCHEMA_VERSION
         return d
 
 
-def _gpu_dict(g: GpuPlan) -> dict[str, Any]:
-    """One GPU of :meth:`Plan.to_dict` (slots as ``[expert, share]`` pairs; every field of
-    :class:`GpuPlan`, in declaration order - a test compares it with ``asdict``)."""
+def gpu_plan_to_dict(g: GpuPlan) -> dict[str, Any]:
+    """One GPU of :meth:`Plan.to_dict` and of a node's assignment (slots as ``[expert,
+    share]`` pairs; every field of :class:`GpuPlan`, in declaration order - a test compares
+    it with ``asdict``). The inverse is :func:`gpu_plan_from_dict`."""
     return {
         "gpu": g.gpu,
         "node": g.node,
@@ -220,6 +221,59 @@ def _f(d: Mapping[str, Any], key: str, path: str) -> Any:
     return d[key]
 
 
+_HINT_KEYS = frozenset(RuntimeHints.__dataclass_fields__)
+
+
+def gpu_plan_from_dict(g: Any, path: str) -> GpuPlan:
+    """The one decoder of a :class:`GpuPlan` (:func:`gpu_plan_to_dict`'s form), used for
+    whole plans and for node assignments alike.
+
+    ``predicted_busy_us`` and ``memory_bytes`` may be omitted (0 and empty: assignments
+    written before they were sent); every other field is required.
+
+    Raises:
+        InputError: ``field`` is ``path`` plus the missing or malformed key.
+    """
+    if not isinstance(g, Mapping):
+        raise InputError(
+            f"missing fields: a GPU entry is a JSON object with gpu, node, model and the rest "
+            f"(malformed: got {type(g).__name__} {g!r:.40})",
+            field=path,
+        )
+    hints = _f(g, "hints", path)
+    if not isinstance(hints, Mapping) or set(hints) != _HINT_KEYS:
+        raise InputError(
+            f"must be an object with exactly the keys {sorted(_HINT_KEYS)}, got {hints!r}",
+            field=f"{path}.hints",
+        )
+    heads = g.get("attention_heads")
+    if heads is not None and (isinstance(heads, bool) or not isinstance(heads, int)):
+        raise InputError(
+            f"must be an integer or null, got {heads!r}", field=f"{path}.attention_heads"
+        )
+    memory = g.get("memory_bytes", {})
+    if not isinstance(memory, Mapping):
+        raise InputError(f"must be an object, got {memory!r}", field=f"{path}.memory_bytes")
+    try:
+        return GpuPlan(
+            gpu=str(_f(g, "gpu", path)),
+            node=str(_f(g, "node", path)),
+            model=str(_f(g, "model", path)),
+            attention_share=float(_f(g, "attention_share", path)),
+            attention_heads=heads,
+            dp_weight=float(_f(g, "dp_weight", path)),
+            experts=tuple(
+                tuple(ExpertSlot(int(e), float(s)) for e, s in layer)
+                for layer in _f(g, "experts", path)
+            ),
+            hints=RuntimeHints(**hints),
+            predicted_busy_us=float(g.get("predicted_busy_us", 0.0)),
+            memory_bytes={str(k): float(v) for k, v in memory.items()},
+        )
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"malformed GPU plan: {exc}", field=path) from exc
+
+
 def plan_from_dict(d: Any) -> Plan:
     """Rebuild a :class:`Plan` from :meth:`Plan.to_dict` output.
 
@@ -235,27 +289,7 @@ def plan_from_dict(d: Any) -> Plan:
             field="schema_version",
         )
     try:
-        gpus = []
-        for i, g in enumerate(_f(d, "gpus", "plan")):
-            path = f"gpus[{i}]"
-            layers = tuple(
-                tuple(ExpertSlot(int(e), float(s)) for e, s in layer)
-                for layer in _f(g, "experts", path)
-            )
-            gpus.append(
-                GpuPlan(
-                    gpu=str(_f(g, "gpu", path)),
-                    node=str(_f(g, "node", path)),
-                    model=str(_f(g, "model", path)),
-                    attention_share=float(_f(g, "attention_share", path)),
-                    attention_heads=g.get("attention_heads"),
-                    dp_weight=float(_f(g, "dp_weight", path)),
-                    experts=layers,
-                    hints=RuntimeHints(**_f(g, "hints", path)),
-                    predicted_busy_us=float(_f(g, "predicted_busy_us", path)),
-                    memory_bytes=dict(_f(g, "memory_bytes", path)),
-                )
-            )
+        gpus = [gpu_plan_from_dict(g, f"gpus[{i}]") for i, g in enumerate(_f(d, "gpus", "plan"))]
         return Plan(
             id=str(_f(d, "id", "plan")),
             version=int(_f(d, "version", "plan")),

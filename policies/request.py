@@ -1,46 +1,36 @@
-"""The planning core's front door: :func:`solve` turns a :class:`PlacementRequest` into a
-:class:`PlacementResult`.
+"""The planning core's request and reply types: what every policy is asked and answers.
 
-Every policy receives the same request (fleet, model, workload, slot budget, cost model)
-and returns the same raw answer (attention shares plus expert placement per MoE layer);
-:func:`assemble_plan` scores that answer with the shared cost model and builds the plan,
-so policies are compared on equal terms.
+A :class:`PlacementRequest` (fleet, model, workload, slot budget, cost settings) goes in;
+a :class:`PlacementResult` comes out, carrying the plan and, when no valid plan exists, the
+reasons (which GPU ran out of memory and by how much) - infeasibility is part of the
+reply, never an exception. Between the two, a policy answers a :class:`RawPlacement` or an
+:class:`Infeasible`. The policy names are registered here once (:data:`PolicyName`,
+:data:`POLICIES`).
+
+This module imports no solver: the solvers import it, and :mod:`policies.solve` (the front
+door, ``solve(request) -> PlacementResult``) imports both.
 """
 
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from typing import Literal, get_args
 
-from policies.costmodel import (
-    GIB,
-    CostSettings,
-    CostTable,
-    Evaluation,
-    LayerPlacement,
-    build_cost_table,
-    evaluate,
-)
+from policies.costmodel import CostSettings, CostTable, Evaluation, LayerPlacement
 from policies.errors import InfeasibleError, InputError
 from policies.fleet import Fleet
 from policies.models import ModelSpec
-from policies.plan import (
-    FORMS,
-    ExpertSlot,
-    GpuPlan,
-    Plan,
-    PlanSummary,
-    RuntimeHints,
-    placement_digest,
-    validate_plan,
-)
-from policies.topology import Channel
+from policies.plan import FORMS, Plan
 from policies.vendors import check_vendors
 from policies.workload import Workload
 
-POLICIES = ("uniform", "eplb", "greedy", "ilp")
+PolicyName = Literal["uniform", "eplb", "greedy", "ilp"]
+"""The placement policies, baseline first (see :mod:`policies.solvers`)."""
+
+POLICIES: tuple[PolicyName, ...] = get_args(PolicyName)
+"""Every :data:`PolicyName`, in the order reports list them."""
 
 
 @dataclass(frozen=True)
@@ -73,7 +63,7 @@ class PlacementRequest:
         fleet: GPUs and links.
         model: model architecture.
         workload: phase, batch, context and expert load.
-        policy: ``uniform`` | ``eplb`` | ``greedy`` | ``ilp``.
+        policy: one of :data:`POLICIES` (checked by :func:`check_request`).
         form: ``engine`` (equal slots, equal replica shares) or ``native``.
         redundant_experts: extra expert slots per MoE layer beyond one per expert
             (engine form: ``num_experts + redundant_experts`` must divide by the GPU count).
@@ -118,21 +108,53 @@ class RawPlacement:
 
 
 @dataclass(frozen=True)
-class PlacementResult:
-    """A solve's reply: the plan when one was found, else the reasons it is infeasible.
+class Infeasible:
+    """A policy's answer when it cannot place the request at all.
 
     Attributes:
-        plan: the plan (also when it violates a constraint; see ``plan.violations``).
+        message: one line saying what does not fit, ending with what to do ("To fix: ...").
+        reasons: one line per culprit (GPU and amounts, or the constraint that failed).
+    """
+
+    message: str
+    reasons: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PlacementResult:
+    """A solve's reply: the plan, and the reasons when no valid plan exists.
+
+    Attributes:
+        plan: the plan (also when it violates a constraint; see ``plan.violations``). When
+            no policy placement exists (``placed`` False) it is the uniform layout, kept so
+            its memory violations show which GPU overflows and by how much.
         evaluation: its cost-model evaluation.
         infeasible: reasons no valid plan exists (empty when ``plan.violations`` is empty).
+        placed: False when the policy found no placement at all (``message`` says why).
+        message: one-line summary when ``placed`` is False, else empty.
     """
 
     plan: Plan
     evaluation: Evaluation
     infeasible: tuple[str, ...] = ()
+    placed: bool = True
+    message: str = ""
+
+    def require_placed(self) -> PlacementResult:
+        """This result, for callers at the edge that report "no placement" as an error.
+
+        Raises:
+            InfeasibleError: the policy found no placement (``message`` with its reasons).
+        """
+        if not self.placed:
+            raise InfeasibleError(
+                self.message, tuple(r for r in self.infeasible if r != self.message)
+            )
+        return self
 
 
-PolicyFn = Callable[[PlacementRequest, CostTable], RawPlacement]
+PolicyFn = Callable[[PlacementRequest, CostTable], RawPlacement | Infeasible]
+"""A policy: the request and its cost table in, a placement or the reasons for none out."""
 
 
 def check_request(req: PlacementRequest) -> None:
@@ -196,90 +218,6 @@ def migration_weight_us(req: PlacementRequest) -> float:
     return 0.3 * prev.summary.step_time_us / len(prev.moe_layers) / slots
 
 
-def solve(req: PlacementRequest) -> PlacementResult:
-    """Place attention and experts for a request with its policy.
-
-    Raises:
-        InputError: invalid request.
-        InfeasibleError: no placement fits (memory); the reasons name GPUs and amounts.
-    """
-    from policies.solvers import eplb, greedy, ilp, uniform
-
-    check_request(req)
-    table = build_cost_table(req.fleet, req.model, req.workload, req.settings)
-    _check_fits_at_all(req, table)
-    fns: dict[str, PolicyFn] = {
-        "uniform": uniform.place,
-        "eplb": eplb.place,
-        "greedy": greedy.place,
-        "ilp": ilp.place,
-    }
-    t0 = time.perf_counter()
-    raw = fns[req.policy](req, table)
-    elapsed = time.perf_counter() - t0
-    return assemble_plan(req, table, raw, elapsed)
-
-
-def _check_fits_at_all(req: PlacementRequest, table: CostTable) -> None:
-    """Fail early, with the numbers, when the model cannot fit the fleet at all."""
-    usable = sum(c.usable_bytes - c.fixed_bytes for c in table.gpus)
-    experts = req.model.num_moe_layers * req.model.num_experts * table.expert_bytes
-    kv = table.kv_tokens(table.total_tokens) * table.kv_bytes_per_token if table.decode else 0.0
-    short = [
-        f"{gid} ({m}): the weights every GPU holds ({c.fixed_bytes / GIB:.1f} GiB) exceed its "
-        f"{c.usable_bytes / GIB:.1f} GiB usable"
-        for gid, m, c in zip(table.gpu_ids, table.models, table.gpus, strict=True)
-        if c.fixed_bytes > c.usable_bytes
-    ]
-    if short:
-        raise InfeasibleError(
-            "the model does not fit: data-parallel attention needs the shared weights on every "
-            "GPU. To fix: drop these GPUs from the fleet or use GPUs with more memory",
-            tuple(short[:8]),
-        )
-    if experts + kv > usable:
-        raise InfeasibleError(
-            "the fleet's free memory is too small for this model and batch",
-            (
-                f"need {experts / GIB:.0f} GiB for routed experts and {kv / GIB:.0f} GiB of KV "
-                f"cache, have {usable / GIB:.0f} GiB after shared weights. To fix: add GPUs, "
-                "shorten --context, lower --tokens or use --kv-cache-dtype fp8",
-            ),
-        )
-
-
-# ---------------------------------------------------------------------------- assembly
-
-
-def _hints(req: PlacementRequest, table: CostTable, i: int, tokens: float) -> RuntimeHints:
-    gpu = req.fleet.gpus[i]
-    arch = gpu.spec.architecture
-    decode = req.workload.decode
-    hopper_plus = arch in ("hopper", "blackwell")
-    backend = "fa3" if arch == "hopper" else "fa2" if arch in ("ampere", "ada") else "sdpa"
-    per_rank = max(1, math.ceil(tokens))
-    copies = per_rank * max(req.model.top_k, 1)
-    buf = copies * table.bytes_per_copy * 2  # dispatch + combine in flight, double-buffered
-    mib = 1 << 20
-    nvl = int(math.ceil(buf / mib) * mib)
-    remote = bool((table.topology.channel[i] >= Channel.RDMA).any())
-    splits = 1
-    if decode:
-        kv_heads = 1 if req.model.attention == "mla" else req.model.num_kv_heads
-        work = max(1, per_rank * kv_heads)
-        splits = max(1, min(32, gpu.spec.sms // work, req.workload.context_len // 256))
-    return RuntimeHints(
-        ep_backend="deepep" if hopper_plus else "nccl",
-        deepep_mode="low_latency" if decode else "normal",
-        deepep_num_sms=24 if not decode and hopper_plus else 20,
-        num_nvl_bytes=nvl,
-        num_rdma_bytes=nvl if remote else 0,
-        fp8_dispatch=table.bytes_per_copy < req.model.hidden * 4,
-        attention_backend=backend,
-        decode_num_splits=splits,
-    )
-
-
 def count_moves(
     previous: Plan | None, gpu_ids: Sequence[str], layers: Sequence[LayerPlacement]
 ) -> int | None:
@@ -296,88 +234,3 @@ def count_moves(
             had = held[li] if held is not None and li < len(held) else set()
             moves += sum(1 for e, _ in slots if e not in had)
     return moves
-
-
-def assemble_plan(
-    req: PlacementRequest, table: CostTable, raw: RawPlacement, solve_s: float
-) -> PlacementResult:
-    """Score a policy's raw answer with the cost model and build the plan."""
-    ev = evaluate(table, raw.attention_share, raw.layers)
-    n = table.num_gpus
-    gpus: list[GpuPlan] = []
-    for i, gpu in enumerate(req.fleet.gpus):
-        experts = tuple(
-            tuple(ExpertSlot(e, s) for e, s in layer.per_gpu[i]) for layer in raw.layers
-        )
-        tokens = raw.attention_share[i] * table.total_tokens
-        gpus.append(
-            GpuPlan(
-                gpu=gpu.id,
-                node=gpu.node,
-                model=gpu.spec.model,
-                attention_share=raw.attention_share[i],
-                attention_heads=raw.attention_heads[i] if raw.attention_heads else None,
-                dp_weight=raw.attention_share[i] * n,
-                experts=experts,
-                hints=_hints(req, table, i, tokens),
-                predicted_busy_us=ev.gpu_busy_us(i),
-                memory_bytes=dict(ev.memory_bytes[i]),
-            )
-        )
-    imb: list[float] = []
-    for t in ev.moe_layers:
-        active = list(t.expert_us)
-        mean = sum(active) / len(active) if active else 0.0
-        imb.append((max(active) - mean) / mean if mean > 0 else 0.0)
-    bound = raw.lower_bound_us
-    gap = None
-    if bound is not None and ev.step_time_us > 0:
-        gap = max(0.0, (ev.step_time_us - bound) / ev.step_time_us)
-    summary = PlanSummary(
-        policy=req.policy,
-        form=req.form,
-        step_time_us=ev.step_time_us,
-        tokens_per_s=ev.tokens_per_s,
-        lower_bound_us=bound,
-        gap=gap,
-        solve_s=solve_s,
-        feasible=ev.feasible,
-        imbalance=sum(imb) / len(imb) if imb else 0.0,
-        expert_moves=count_moves(req.previous, table.gpu_ids, raw.layers),
-        solver=raw.solver,
-    )
-    workload = {
-        "phase": req.workload.phase,
-        "tokens_per_gpu": req.workload.tokens_per_gpu,
-        "context_len": req.workload.context_len,
-        "kv_cache_dtype": req.workload.kv_cache_dtype,
-        "load_source": req.workload.load_source,
-    }
-    slots = None
-    if req.form == "engine" and req.model.is_moe:
-        slots = (req.model.num_experts + req.redundant_experts) // n
-    pid = placement_digest(
-        gpus, {"model": req.model.name, "form": req.form, "fleet": req.fleet.name}
-    )
-    plan = Plan(
-        id=pid,
-        version=(req.previous.version + 1) if req.previous else 1,
-        fleet=req.fleet.name,
-        model=req.model.name,
-        workload=workload,
-        num_layers=req.model.num_layers,
-        moe_layers=req.model.moe_layers,
-        num_experts=req.model.num_experts,
-        num_redundant=req.redundant_experts,
-        slots_per_gpu=slots,
-        gpus=tuple(gpus),
-        summary=summary,
-        violations=ev.violations,
-        notes=raw.notes,
-    )
-    # Structural checks (equal slots, coverage, duplicates) join the cost model's memory and
-    # coverage findings, so a plan no engine can load never reports itself feasible.
-    problems = tuple(dict.fromkeys([*ev.violations, *validate_plan(plan)]))
-    if problems != plan.violations:
-        plan = replace(plan, violations=problems, summary=replace(summary, feasible=not problems))
-    return PlacementResult(plan, ev, problems)

@@ -15,7 +15,7 @@ Rules (what a tier may use):
   included), split per vendor for MoE models unless cross-vendor all-to-all is allowed
   (:mod:`policies.vendors`).
 
-What a replica serves (all predicted by :func:`policies.request.solve`):
+What a replica serves (all predicted by :func:`policies.solve.solve`):
 
 * decode: the largest batch per GPU whose step time meets the TPOT target
   (:func:`policies.advise.advise_batch`), giving ``D`` output tokens/s; the decode context
@@ -707,5 +707,9 @@ def _hypothetical_node(spec: GpuSpec, count: int) -> Node:
     it, one 400 Gb/s NIC."""
     name = "add-" + "".join(ch if ch.isalnum() else "-" for ch in spec.model.lower())
     gpus = tuple(Gpu(GpuId(f"{name}/gpu{i}"), name, i, spec) for i in range(count))
-    nvlink = NvLinkDomain(name, spec.nvlink_per_gpu_gbps) if spec.nvlink_per_gpu_gbps > 0 else None
+    nvlink = (
+        NvLinkDomain(name, spec.nvlink_bidir_gbytes_per_s)
+        if spec.nvlink_bidir_gbytes_per_s > 0
+        else None
+    )
     return Node(name, gpus, nvlink, (NicGroup(1, 400.0, "ib0"),))

@@ -41,23 +41,23 @@ class Topology:
 
     Attributes:
         graph: networkx Graph; node ids ``gpu:<id>``, ``nvsw:<domain>``, ``host:<node>``,
-            ``nic:<node>:<fabric>``, ``fabric:<name>``; edge attrs ``gbps`` (GB/s per direction)
+            ``nic:<node>:<fabric>``, ``fabric:<name>``; edge attrs ``gbytes_per_s`` (GB/s per direction)
             and ``latency_us``.
         gpus: GPUs in fleet order (index = position in every per-GPU array).
         channel: ``channel[i][j]`` (a :class:`Channel` value) for GPU indices i, j; a
             read-only ``int8`` array of shape (GPUs, GPUs).
-        nvlink_gbs, pcie_gbs, rdma_gbs: per-GPU per-direction bandwidth of each channel, GB/s.
+        nvlink_gbytes_per_s, pcie_gbytes_per_s, rdma_gbytes_per_s: per-GPU per-direction bandwidth of each channel, GB/s.
     """
 
     graph: nx.Graph
     gpus: tuple[Gpu, ...]
     channel: npt.NDArray[np.int8]
-    nvlink_gbs: tuple[float, ...]
-    pcie_gbs: tuple[float, ...]
-    rdma_gbs: tuple[float, ...]
-    cross_link_gbs: float
+    nvlink_gbytes_per_s: tuple[float, ...]
+    pcie_gbytes_per_s: tuple[float, ...]
+    rdma_gbytes_per_s: tuple[float, ...]
+    cross_link_gbytes_per_s: float
 
-    def bandwidth_gbs(self, i: int, j: int) -> float:
+    def bandwidth_gbytes_per_s(self, i: int, j: int) -> float:
         """Bottleneck bandwidth of the widest path between GPU i and GPU j, GB/s."""
         if i == j:
             return float("inf")
@@ -78,7 +78,7 @@ class Topology:
                 break
             for v, attrs in self.graph[u].items():
                 if v not in seen and (not v.startswith("gpu:") or v == b):
-                    heapq.heappush(heap, (-min(-neg_bw, float(attrs["gbps"])), v))
+                    heapq.heappush(heap, (-min(-neg_bw, float(attrs["gbytes_per_s"])), v))
         return best
 
     def latency_us(self, i: int, j: int) -> float:
@@ -112,21 +112,28 @@ def build_topology(fleet: Fleet) -> Topology:
         n = len(node.gpus)
         per_fabric: dict[str, float] = {}
         for nic in node.nics:
-            per_fabric[nic.fabric] = per_fabric.get(nic.fabric, 0.0) + nic.count * nic.gbps / 8.0
+            per_fabric[nic.fabric] = (
+                per_fabric.get(nic.fabric, 0.0) + nic.count * nic.per_direction_gbits_per_s / 8.0
+            )
         for fabric, gbs in per_fabric.items():
             nic_id = f"nic:{node.name}:{fabric}"
-            g.add_edge(nic_id, f"fabric:{fabric}", gbps=gbs, latency_us=NIC_HOP_LATENCY_US)
+            g.add_edge(nic_id, f"fabric:{fabric}", gbytes_per_s=gbs, latency_us=NIC_HOP_LATENCY_US)
         for gpu in node.gpus:
             gid = _gid(gpu)
             g.add_node(gid, kind="gpu", model=gpu.spec.model)
-            g.add_edge(gid, host, gbps=gpu.spec.pcie_gbps, latency_us=PCIE_HOP_LATENCY_US)
-            pcie.append(gpu.spec.pcie_gbps)
+            g.add_edge(
+                gid,
+                host,
+                gbytes_per_s=gpu.spec.pcie_per_direction_gbytes_per_s,
+                latency_us=PCIE_HOP_LATENCY_US,
+            )
+            pcie.append(gpu.spec.pcie_per_direction_gbytes_per_s)
             if node.nvlink is not None:
-                per_dir = node.nvlink.per_gpu_gbps / 2.0
+                per_dir = node.nvlink.per_gpu_bidir_gbytes_per_s / 2.0
                 g.add_edge(
                     gid,
                     f"nvsw:{node.nvlink.domain}",
-                    gbps=per_dir,
+                    gbytes_per_s=per_dir,
                     latency_us=NVLINK_HOP_LATENCY_US,
                 )
                 nvl.append(per_dir)
@@ -136,13 +143,18 @@ def build_topology(fleet: Fleet) -> Topology:
             total = sum(per_fabric.values())
             for fabric, gbs in per_fabric.items():
                 g.add_edge(
-                    gid, f"nic:{node.name}:{fabric}", gbps=gbs / n, latency_us=NIC_HOP_LATENCY_US
+                    gid,
+                    f"nic:{node.name}:{fabric}",
+                    gbytes_per_s=gbs / n,
+                    latency_us=NIC_HOP_LATENCY_US,
                 )
             rdma.append(total / n if per_fabric else 0.0)
     cross = 0.0
     for link in fleet.fabric_links:
-        gbs = link.gbps / 8.0
-        g.add_edge(f"fabric:{link.a}", f"fabric:{link.b}", gbps=gbs, latency_us=link.latency_us)
+        gbs = link.per_direction_gbits_per_s / 8.0
+        g.add_edge(
+            f"fabric:{link.a}", f"fabric:{link.b}", gbytes_per_s=gbs, latency_us=link.latency_us
+        )
         cross += gbs
     nvlink_of = {node.name: node.nvlink for node in fleet.nodes}
     domain = [(nv.domain if (nv := nvlink_of[x.node]) is not None else None) for x in gpus]

@@ -1,5 +1,3 @@
-# ReplayAmdSmi mirrors amdsmi's names (AmdSmiException, AmdSmiLibraryException, ...).
-# ruff: noqa: N818
 """AMD SMI discovery: what the ROCm driver says about this node's AMD GPUs (MI300X...).
 
 :class:`AmdSmiDiscovery` asks AMD SMI's Python binding (module ``amdsmi``, an OPTIONAL
@@ -16,7 +14,7 @@ discovery:
 * Infinity Fabric (xGMI): for every pair of GPUs ``amdsmi_topo_get_link_type`` tells XGMI or
   PCIe and the hop count; each direct (1-hop) xGMI peer is one link, reported as an
   :class:`NvLinkInfo` of generation :data:`policies.inventory.XGMI_MI300_GENERATION` (64 GB/s
-  per direction), so ``GpuInventory.nvlink_gbps`` is 7 x 128 = 896 GB/s on an 8x MI300X
+  per direction), so ``GpuInventory.nvlink_bidir_gbytes_per_s`` is 7 x 128 = 896 GB/s on an 8x MI300X
   platform. GPUs of one xGMI hive (``amdsmi_get_xgmi_info``'s ``xgmi_hive_id``) share an
   NVLink-domain id (the node name; ``<node>-xgmi<k>`` when a node has several hives);
   without a hive id, GPUs joined by direct xGMI links form the domain;
@@ -27,7 +25,7 @@ Every call may raise ``AmdSmiLibraryException`` (not supported on this GPU or dr
 figure stays unknown and the catalog fills in, with a note. ``amdsmi_init`` failing (no
 amdgpu driver, no access to /dev/kfd) is a :class:`DiscoveryError` that says how to fix it.
 
-The module is injectable: :class:`ReplayAmdSmi` answers from a recording in the format of
+The module is injectable: :class:`~agents.discovery.amdsmi_replay.ReplayAmdSmi` answers from a recording in the format of
 ``tests/fixtures/amdsmi/mi300x8-modelled.json`` so tests run without AMD hardware, and
 ``python -m agents.discovery.amdsmi --out FILE`` writes such a recording on a real host.
 No AMD host was available when this backend was written: that fixture is MODELLED on AMD's
@@ -47,7 +45,7 @@ from functools import partial
 from typing import Any
 
 from agents.discovery.base import DiscoveryError, recording_main
-from agents.discovery.nvml import normalize_bus_id
+from agents.discovery.nvml_recording import normalize_bus_id
 from policies.catalog import GpuSpec, lookup
 from policies.errors import InputError
 from policies.inventory import (
@@ -156,7 +154,8 @@ class AmdSmiDiscovery:
     Attributes:
         node_name: node name reported (DNS-1123); the host name (lower case) when empty.
         amdsmi: the ``amdsmi`` module or a stand-in with the same functions (tests inject
-            a :class:`ReplayAmdSmi`); imported on first use when None.
+            a :class:`~agents.discovery.amdsmi_replay.ReplayAmdSmi`); imported on first use
+            when None.
         labels: node labels to report.
         notes: remarks from the last :meth:`discover` (catalog fallbacks, mismatches).
         recording: every answer of the last :meth:`discover`, in the fixture format.
@@ -386,7 +385,7 @@ def _gpu_from_raw(
     ):
         hbm = float(bandwidth)
     else:
-        hbm = spec.hbm_bandwidth_gbps if spec else 0.0
+        hbm = spec.hbm_bandwidth_gbytes_per_s if spec else 0.0
         notes.append(f"gpu{index}: VRAM bandwidth not reported; HBM bandwidth from catalog")
     power_uw = _int(_field(raw, K_POWER, "power_cap"))
     pcie = _field(raw, K_PCIE, "pcie_static")
@@ -418,7 +417,7 @@ def _gpu_from_raw(
         compute_capability=cc,
         sms=cus,
         memory_bytes=memory,
-        hbm_bandwidth_gbps=hbm,
+        hbm_bandwidth_gbytes_per_s=hbm,
         sm_clock_mhz=_int(_field(raw, K_CLOCK, "max_clk")) or 0,
         power_limit_w=power_uw / 1e6 if power_uw else 0.0,
         pci_bus_id=bdf if isinstance(bdf, str) else "",
@@ -458,140 +457,6 @@ def _xgmi_domains(
     return {i: node if len(keys) == 1 else f"{node}-xgmi{keys.index(k)}" for i, k in group.items()}
 
 
-# ------------------------------------------------------------------------------ replay
-
-
-_STATUS_NAMES = {
-    1: "AMDSMI_STATUS_INVAL",
-    2: "AMDSMI_STATUS_NOT_SUPPORTED",
-    10: "AMDSMI_STATUS_NO_PERM",
-    34: "AMDSMI_STATUS_DRIVER_NOT_LOADED",
-}
-_STATUS_CODES = {v: k for k, v in _STATUS_NAMES.items()}
-
-
-class _AmdSmiException(Exception):
-    """Base of the replayed exceptions (``amdsmi.AmdSmiException``)."""
-
-
-class _AmdSmiLibraryException(_AmdSmiException):
-    """``amdsmi.AmdSmiLibraryException``: ``get_error_code()`` is the AMD SMI status."""
-
-    def __init__(self, err_code: int) -> None:
-        super().__init__(_STATUS_NAMES.get(err_code, f"AMDSMI_STATUS_{err_code}"))
-        self.err_code = err_code
-
-    def get_error_code(self) -> int:
-        return self.err_code
-
-
-class _Obj:
-    """Attribute bag for the binding's enum namespaces."""
-
-    def __init__(self, **kw: Any) -> None:
-        self.__dict__.update(kw)
-
-
-class ReplayAmdSmi:
-    """A stand-in for the ``amdsmi`` module that answers from a recording.
-
-    ``recording`` is the fixture format (``tests/fixtures/amdsmi/mi300x8-modelled.json``).
-    A call the recording lacks raises ``AmdSmiLibraryException`` with
-    ``AMDSMI_STATUS_NOT_SUPPORTED``; ``init_error`` makes ``amdsmi_init`` raise that status
-    (e.g. ``AMDSMI_STATUS_DRIVER_NOT_LOADED``). ``calls`` counts calls per function.
-    """
-
-    STATUS_NAMES = _STATUS_NAMES
-    AmdSmiException = _AmdSmiException
-    AmdSmiLibraryException = _AmdSmiLibraryException
-    AmdSmiInitFlags = _Obj(INIT_AMD_GPUS=2)
-    AmdSmiMemoryType = _Obj(VRAM=0, VIS_VRAM=1, GTT=2)
-    AmdSmiClkType = _Obj(SYS=0, GFX=0, DF=1, DCEF=2, SOC=3, MEM=4)
-
-    class AmdSmiIoLinkType(IntEnum):
-        UNDEFINED = 0
-        PCIEXPRESS = 1
-        XGMI = 2
-
-    def __init__(self, recording: Mapping[str, Any], *, init_error: str | None = None) -> None:
-        self._gpus: list[Mapping[str, Any]] = list(recording.get("gpus", []))
-        self._pairs = {(int(p["i"]), int(p["j"])): p for p in recording.get("pairs", [])}
-        self._init_error = init_error
-        self.calls: dict[str, int] = {}
-        self.initialised = False
-
-    def _raise(self, name: str) -> None:
-        raise _AmdSmiLibraryException(_STATUS_CODES.get(name, 2))
-
-    def _get(self, h: int, key: str) -> Any:
-        self.calls[key] = self.calls.get(key, 0) + 1
-        if not self.initialised:
-            self._raise("AMDSMI_STATUS_INVAL")
-        raw = self._gpus[h]
-        if key not in raw:
-            self._raise("AMDSMI_STATUS_NOT_SUPPORTED")
-        v = raw[key]
-        if isinstance(v, Mapping) and set(v) == {"error"}:
-            self._raise(str(v["error"]))
-        return v
-
-    def amdsmi_init(self, flags: int = 2) -> None:
-        if self._init_error:
-            self._raise(self._init_error)
-        self.initialised = True
-
-    def amdsmi_shut_down(self) -> None:
-        self.initialised = False
-
-    def amdsmi_get_processor_handles(self) -> list[int]:
-        return list(range(len(self._gpus)))
-
-    def amdsmi_get_gpu_asic_info(self, h: int) -> dict[str, Any]:
-        return dict(self._get(h, K_ASIC))
-
-    def amdsmi_get_gpu_device_uuid(self, h: int) -> str:
-        return str(self._get(h, K_UUID))
-
-    def amdsmi_get_gpu_device_bdf(self, h: int) -> str:
-        return str(self._get(h, K_BDF)).lower()
-
-    def amdsmi_get_gpu_memory_total(self, h: int, mem_type: int) -> int:
-        return int(self._get(h, K_MEM))
-
-    def amdsmi_get_gpu_vram_info(self, h: int) -> dict[str, Any]:
-        return dict(self._get(h, K_VRAM))
-
-    def amdsmi_get_clock_info(self, h: int, clk_type: int) -> dict[str, Any]:
-        return dict(self._get(h, K_CLOCK))
-
-    def amdsmi_get_power_cap_info(self, h: int) -> dict[str, Any]:
-        return dict(self._get(h, K_POWER))
-
-    def amdsmi_get_pcie_info(self, h: int) -> dict[str, Any]:
-        return dict(self._get(h, K_PCIE))
-
-    def amdsmi_get_xgmi_info(self, h: int) -> dict[str, Any]:
-        return dict(self._get(h, K_XGMI))
-
-    def amdsmi_get_gpu_total_ecc_count(self, h: int) -> dict[str, Any]:
-        return dict(self._get(h, K_ECC))
-
-    def amdsmi_get_gpu_bad_page_info(self, h: int) -> list[dict[str, Any]]:
-        return [{"page_address": 0}] * int(self._get(h, K_BAD_PAGES))
-
-    def amdsmi_topo_get_link_type(self, a: int, b: int) -> dict[str, Any]:
-        self.calls[K_LINK] = self.calls.get(K_LINK, 0) + 1
-        pair = self._pairs.get((min(a, b), max(a, b)))
-        if pair is None or K_LINK not in pair:
-            self._raise("AMDSMI_STATUS_NOT_SUPPORTED")
-        assert pair is not None
-        v = pair[K_LINK]
-        if isinstance(v, Mapping) and set(v) == {"error"}:
-            self._raise(str(v["error"]))
-        kind = self.AmdSmiIoLinkType[{"PCIE": "PCIEXPRESS"}.get(v["type"], v["type"])]
-        return {"hops": v.get("hops"), "type": kind}
-
-
 def record_node(amdsmi: Any = None, *, node_name: str = "") -> dict[str, Any]:
     """Discover the node; returns ``{"inventory", "recording", "notes"}`` (the recording in
     the fixture format).
@@ -599,7 +464,7 @@ def record_node(amdsmi: Any = None, *, node_name: str = "") -> dict[str, Any]:
     Raises:
         DiscoveryError: AMD SMI cannot run here.
     """
-    from agents.discovery.nvml import inventory_to_dict
+    from policies.inventory import inventory_to_dict
 
     backend = AmdSmiDiscovery(node_name=node_name, amdsmi=amdsmi)
     inv = backend.discover()

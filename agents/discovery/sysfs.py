@@ -39,7 +39,7 @@ class RdmaPort:
     Attributes:
         device: RDMA device name (``mlx5_0``).
         port: port number (from 1).
-        rate_gbps: port rate, Gb/s per direction; 0 when unreadable.
+        rate_per_direction_gbits_per_s: port rate, Gb/s per direction; 0 when unreadable.
         state: logical state, e.g. ``4: ACTIVE``.
         phys_state: physical state, e.g. ``5: LinkUp``; empty when unreadable.
         link_layer: ``infiniband`` or ``ethernet`` (RoCE); lower case.
@@ -52,7 +52,7 @@ class RdmaPort:
 
     device: str
     port: int
-    rate_gbps: float
+    rate_per_direction_gbits_per_s: float
     state: str
     phys_state: str
     link_layer: str
@@ -77,7 +77,7 @@ class RdmaPort:
         return NicInventory(
             device=self.device,
             port=self.port,
-            rate_gbps=self.rate_gbps,
+            rate_per_direction_gbits_per_s=self.rate_per_direction_gbits_per_s,
             state=state,
             link_layer=self.link_layer,
             fabric=self.fabric,
@@ -85,7 +85,7 @@ class RdmaPort:
         )
 
 
-def parse_rate_gbps(text: str) -> float:
+def parse_rate_gbits_per_s(text: str) -> float:
     """``"400 Gb/sec (4X NDR)"`` -> 400.0; ``"2.5 Gb/sec (1X SDR)"`` -> 2.5; else 0.0."""
     m = _RATE_RE.match(text)
     return float(m.group(1)) if m else 0.0
@@ -183,7 +183,7 @@ class SysfsNicDiscovery:
         return RdmaPort(
             device=device,
             port=port,
-            rate_gbps=parse_rate_gbps(_read(d / "rate") or ""),
+            rate_per_direction_gbits_per_s=parse_rate_gbits_per_s(_read(d / "rate") or ""),
             state=_read(d / "state") or "",
             phys_state=_read(d / "phys_state") or "",
             link_layer=layer,

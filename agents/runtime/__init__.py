@@ -8,9 +8,12 @@ replica) and sends the results back (combine). The same code runs on CPU with sm
 dimensions, where tests compare it with a single-device reference.
 
 Modules: :mod:`agents.runtime.layer` (the layer, its weights and the reference),
-:mod:`agents.runtime.launch` (process group start-up), :mod:`agents.runtime.slowdown`
-(making one GPU slower by occupying some of its SMs), :mod:`agents.runtime.bench` (the
-fidelity and heterogeneity measurements of docs/validation.md).
+:mod:`agents.runtime.routing` (rank placement from a plan, replica choice per pair, the FP8
+dispatch wire), :mod:`agents.runtime.launch` (process group start-up),
+:mod:`agents.runtime.slowdown` (making one GPU slower by occupying some of its SMs),
+:mod:`agents.runtime.bench` (the fidelity and heterogeneity measurements of
+docs/validation.md; its inputs in :mod:`agents.runtime.bench_config`, its results file in
+:mod:`agents.runtime.bench_results`).
 
 torch is an optional dependency (``pip install mixfleet[gpu]``); importing this package
 does not import it.

@@ -24,17 +24,13 @@ made-up figures, for checking the code path without a GPU.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
-import math
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from agents.calibrate import (
@@ -44,103 +40,19 @@ from agents.calibrate import (
     overhead_figures,
     planning_inputs,
     runtime_profile,
-    software_versions,
 )
-from agents.discovery.nvml import inventory_from_dict, inventory_to_dict
+from agents.runtime.bench_config import BenchConfig, bench_model, workloads
+from agents.runtime.bench_results import environment, report, summary
 from policies.costmodel import CostSettings, build_cost_table, evaluate
 from policies.fleet import Fleet
+from policies.inventory import inventory_from_dict, inventory_to_dict
 from policies.models import ModelSpec
 from policies.plan import Plan, plan_from_dict
-from policies.request import PlacementRequest, SolverOptions, solve
-from policies.workload import Workload, make_workload
+from policies.request import PlacementRequest, SolverOptions
+from policies.solve import solve
+from policies.workload import Workload
 
 POLICIES = ("uniform", "eplb", "ilp")
-
-
-@dataclass(frozen=True)
-class BenchConfig:
-    """What to measure.
-
-    Attributes:
-        hidden, num_experts, top_k, expert_ffn, num_shared_experts: MoE shape (DeepSeek-V3).
-        num_q_heads, num_kv_heads, head_dim: GQA attention run by the reference runtime.
-        decode_tokens, prefill_tokens: tokens per GPU per step (on average).
-        decode_context: KV length per decode sequence, tokens.
-        prefill_seq: prefill sequence length, tokens.
-        redundant_experts: extra expert slots the solvers may use.
-        warmup, iters: untimed and timed steps per plan and round.
-        rounds: rounds per phase; each round measures every policy's plan once.
-        slowdown: ``sm_hog`` | ``gemm_load`` | ``none``.
-        hog_sms: SMs of GPU 1 taken away by ``sm_hog``.
-        hog_max_s: the SM hog ends by itself after this long, seconds.
-        cpu: tiny CPU run (gloo) with made-up figures.
-        calib: calibration options.
-        inventory: node inventory (JSON form) the fleet is built from.
-    """
-
-    hidden: int = 7168
-    num_experts: int = 256
-    top_k: int = 8
-    expert_ffn: int = 2048
-    num_shared_experts: int = 1
-    num_q_heads: int = 128
-    num_kv_heads: int = 8
-    head_dim: int = 128
-    decode_tokens: int = 128
-    prefill_tokens: int = 4096
-    decode_context: int = 4096
-    prefill_seq: int = 2048
-    redundant_experts: int = 32
-    warmup: int = 3
-    iters: int = 8
-    rounds: int = 3
-    slowdown: str = "sm_hog"
-    hog_sms: int = 88
-    hog_max_s: float = 45.0
-    cpu: bool = False
-    calib: CalibrationOptions = field(default_factory=CalibrationOptions)
-    inventory: Mapping[str, Any] = field(default_factory=dict)
-
-
-def bench_model(c: BenchConfig) -> ModelSpec:
-    """One DeepSeek-V3-shaped MoE layer with the GQA attention the runtime executes."""
-    return ModelSpec(
-        name="deepseek-v3-moe-layer-gqa",
-        family="deepseek_v3",
-        num_layers=1,
-        moe_layers=(0,),
-        hidden=c.hidden,
-        vocab=129280,
-        num_q_heads=c.num_q_heads,
-        num_kv_heads=c.num_kv_heads,
-        head_dim=c.head_dim,
-        v_head_dim=c.head_dim,
-        attention="gqa",
-        q_lora_rank=0,
-        kv_lora_rank=0,
-        qk_rope_dim=0,
-        num_experts=c.num_experts,
-        num_shared_experts=c.num_shared_experts,
-        top_k=c.top_k,
-        expert_ffn=c.expert_ffn,
-        dense_ffn=c.expert_ffn,
-        n_group=1,
-        topk_group=1,
-        weight_dtype="bf16",
-        expert_dtype="bf16",
-    )
-
-
-def workloads(c: BenchConfig, model: ModelSpec) -> dict[str, Workload]:
-    """Decode and prefill workloads, uniform expert load."""
-    return {
-        "decode": make_workload(
-            model, phase="decode", tokens_per_gpu=c.decode_tokens, context_len=c.decode_context
-        ),
-        "prefill": make_workload(
-            model, phase="prefill", tokens_per_gpu=c.prefill_tokens, context_len=c.prefill_seq
-        ),
-    }
 
 
 # ----------------------------------------------------------------------------- planning
@@ -176,7 +88,7 @@ def solve_plans(
                 settings=settings,
             )
             t0 = time.perf_counter()
-            res = solve(req)
+            res = solve(req).require_placed()
             solve_s = time.perf_counter() - t0
             out[phase][policy] = {
                 "plan": res.plan.to_dict(),
@@ -242,14 +154,8 @@ def prepare_plan(
     """Build one plan's MoE layer on this rank (weights, routing tables, inputs)."""
     import torch
 
-    from agents.runtime.layer import (
-        LayerShape,
-        MoeLayer,
-        build_tables,
-        make_kv_cache,
-        make_weights,
-        placement_from_plan,
-    )
+    from agents.runtime.layer import LayerShape, MoeLayer, make_kv_cache, make_weights
+    from agents.runtime.routing import build_tables, placement_from_plan
 
     plan = plan_from_dict(plan_doc)
     model = bench_model(c)
@@ -355,7 +261,11 @@ def _calibrate_here(rank: int, world: int, c: BenchConfig) -> dict[str, Any]:
     import torch
 
     if c.cpu:  # made-up single-GPU figures; the runtime profile runs for real
-        figs = {"gemm_bf16_tflops": 700.0, "hbm_gbps": 4000.0, "nvlink_gbps": 300.0}
+        figs = {
+            "gemm_bf16_tflops": 700.0,
+            "hbm_gbytes_per_s": 4000.0,
+            "nvlink_per_direction_gbytes_per_s": 300.0,
+        }
         o = c.calib
         profile = runtime_profile(rank, world, o, torch.device("cpu"))
         figs.update(overhead_figures(figs, profile, o, gpu_name="NVIDIA H200", world=world))
@@ -495,33 +405,73 @@ def _bench_rank(rank: int, world: int, c: BenchConfig) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------- CLI
 
 
-def environment() -> dict[str, Any]:
-    """Hardware and software of this host, for the results file."""
-    env: dict[str, Any] = {"software": software_versions(), "platform": platform.platform()}
-    env["cpu_count"] = os.cpu_count()
-    try:
-        q = "name,memory.total,driver_version,clocks.max.sm,clocks.max.mem,power.limit"
-        env["nvidia_smi"] = (
-            subprocess.run(
-                ["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"],
-                capture_output=True,
-                text=True,
-                timeout=30,
-                check=False,
-            )
-            .stdout.strip()
-            .splitlines()
-        )
-        env["nvidia_smi_topo"] = subprocess.run(
-            ["nvidia-smi", "topo", "-m"], capture_output=True, text=True, timeout=30, check=False
-        ).stdout
-    except (OSError, subprocess.SubprocessError) as exc:
-        env["nvidia_smi"] = f"unavailable: {exc}"
-    try:
-        env["software"]["cupy"] = str(importlib.import_module("cupy").__version__)
-    except ImportError:
-        env["software"]["cupy"] = "not installed"
-    return env
+def _cpu_setup() -> tuple[dict[str, Any], BenchConfig]:
+    """The ``--cpu`` run: the node replayed from the H200 x2 NVML fixture and tiny shapes
+    with made-up calibration effort. Returns (discovery record, config)."""
+    from agents.discovery.nvml import NvmlDiscovery
+    from agents.discovery.nvml_replay import ReplayNvml
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    fixture = os.path.join(here, "..", "..", "tests", "fixtures", "nvml", "h200x2.json")
+    with open(fixture, encoding="utf-8") as fh:
+        inv = NvmlDiscovery(node_name="h200-node", nvml=ReplayNvml(json.load(fh))).discover()
+    discovered: dict[str, Any] = {"inventory": inventory_to_dict(inv)}
+    c = BenchConfig(
+        hidden=256,
+        num_experts=16,
+        top_k=4,
+        expert_ffn=64,
+        num_q_heads=4,
+        num_kv_heads=2,
+        head_dim=64,
+        decode_tokens=8,
+        prefill_tokens=32,
+        decode_context=16,
+        prefill_seq=16,
+        redundant_experts=4,
+        warmup=1,
+        iters=2,
+        rounds=2,
+        slowdown="none",
+        cpu=True,
+        calib=replace(
+            CalibrationOptions(),
+            hidden=256,
+            expert_ffn=64,
+            num_q_heads=4,
+            num_kv_heads=2,
+            head_dim=64,
+            num_experts=16,
+            top_k=4,
+            prefill_seq=16,
+            profile_tokens=32,
+            profile_decode_tokens=4,
+            profile_decode_context=16,
+            iters=2,
+            fp8_dispatch=False,
+        ),
+    )
+    return discovered, c
+
+
+def _gpu_setup(args: argparse.Namespace) -> tuple[dict[str, Any], BenchConfig]:
+    """The GPU run: NVML discovery of this node (written to ``DIR/discovered.json``) and the
+    config from the flags. Returns (discovery record, config)."""
+    from agents.discovery.nvml import record_node
+
+    discovered = record_node(node_name="h200-node")
+    with open(os.path.join(args.out, "discovered.json"), "w", encoding="utf-8") as fh:
+        json.dump(discovered, fh, indent=1)
+    os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
+    os.environ.setdefault("NCCL_RUNTIME_CONNECT", "0")
+    c = BenchConfig(
+        slowdown=args.slowdown,
+        hog_sms=args.hog_sms,
+        iters=args.iters,
+        rounds=args.rounds,
+        calib=replace(CalibrationOptions(), iters=args.calib_iters, fp8_dispatch=False),
+    )
+    return discovered, c
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -537,62 +487,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     t0 = time.perf_counter()
-    from agents.discovery.nvml import NvmlDiscovery, ReplayNvml, record_node
-
-    if args.cpu:
-        here = os.path.dirname(os.path.abspath(__file__))
-        fixture = os.path.join(here, "..", "..", "tests", "fixtures", "nvml", "h200x2.json")
-        with open(fixture, encoding="utf-8") as fh:
-            inv = NvmlDiscovery(node_name="h200-node", nvml=ReplayNvml(json.load(fh))).discover()
-        discovered: dict[str, Any] = {"inventory": inventory_to_dict(inv)}
-        c = BenchConfig(
-            hidden=256,
-            num_experts=16,
-            top_k=4,
-            expert_ffn=64,
-            num_q_heads=4,
-            num_kv_heads=2,
-            head_dim=64,
-            decode_tokens=8,
-            prefill_tokens=32,
-            decode_context=16,
-            prefill_seq=16,
-            redundant_experts=4,
-            warmup=1,
-            iters=2,
-            rounds=2,
-            slowdown="none",
-            cpu=True,
-            calib=replace(
-                CalibrationOptions(),
-                hidden=256,
-                expert_ffn=64,
-                num_q_heads=4,
-                num_kv_heads=2,
-                head_dim=64,
-                num_experts=16,
-                top_k=4,
-                prefill_seq=16,
-                profile_tokens=32,
-                profile_decode_tokens=4,
-                profile_decode_context=16,
-                iters=2,
-                fp8_dispatch=False,
-            ),
-        )
-    else:
-        discovered = record_node(node_name="h200-node")
-        with open(os.path.join(args.out, "discovered.json"), "w", encoding="utf-8") as fh:
-            json.dump(discovered, fh, indent=1)
-        os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
-        os.environ.setdefault("NCCL_RUNTIME_CONNECT", "0")
-        c = BenchConfig(
-            slowdown=args.slowdown,
-            hog_sms=args.hog_sms,
-            iters=args.iters,
-            rounds=args.rounds,
-            calib=replace(CalibrationOptions(), iters=args.calib_iters, fp8_dispatch=False),
-        )
+    discovered, c = _cpu_setup() if args.cpu else _gpu_setup(args)
     c = replace(c, inventory=discovered["inventory"])
     from agents.runtime.launch import spawn
 
@@ -617,88 +512,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(summary(doc))
     print(f"wrote {path} in {doc['duration_s']:.0f} s")
     return 0
-
-
-def report(doc: Mapping[str, Any]) -> dict[str, Any]:
-    """Headline figures: per scenario, phase and policy the measured layer time against
-    the calibrated and catalog predictions; ilp-vs-uniform speed-ups, measured and
-    predicted, and the measured share of the predicted gain."""
-    out: dict[str, Any] = {"fidelity": [], "heterogeneity": []}
-    for key in ("equal", "slowed"):
-        sc = doc.get(key)
-        if not sc or "runs" not in sc:
-            continue
-        for phase, by_policy in sc["runs"].items():
-            for policy, r in by_policy.items():
-                meas = max(m["layer_us"] for m in r["measured"])
-                pred = r["predicted"]["layer_us"]
-                cat = r["predicted_catalog"]["layer_us"]
-                out["fidelity"].append(
-                    {
-                        "scenario": key,
-                        "phase": phase,
-                        "policy": policy,
-                        "tokens_per_gpu": [m["tokens"] for m in r["measured"]],
-                        "experts_per_gpu": [m["slots"] for m in r["measured"]],
-                        "measured_layer_us": meas,
-                        "measured_free_layer_us": max(m["free_layer_us"] for m in r["measured"]),
-                        "predicted_layer_us": pred,
-                        "error": (pred - meas) / meas,
-                        "catalog_layer_us": cat,
-                        "catalog_error": (cat - meas) / meas,
-                        "measured_busy_us": [m["busy_us"] for m in r["measured"]],
-                        "predicted_busy_us": r["predicted"]["busy_us"],
-                        "busy_error": [
-                            (p - m["busy_us"]) / m["busy_us"]
-                            for p, m in zip(r["predicted"]["busy_us"], r["measured"], strict=True)
-                        ],
-                    }
-                )
-            uni, ilp = by_policy.get("uniform"), by_policy.get("ilp")
-            if uni and ilp:
-                mu = max(m["layer_us"] for m in uni["measured"])
-                mi = max(m["layer_us"] for m in ilp["measured"])
-                pu, pi = uni["predicted"]["layer_us"], ilp["predicted"]["layer_us"]
-                gain_pred = pu / pi - 1.0
-                out["heterogeneity"].append(
-                    {
-                        "scenario": key,
-                        "phase": phase,
-                        "measured_speedup": mu / mi,
-                        "predicted_speedup": pu / pi,
-                        "measured_gain_over_predicted": (mu / mi - 1.0) / gain_pred
-                        if abs(gain_pred) > 1e-3
-                        else None,
-                    }
-                )
-    return out
-
-
-def summary(doc: Mapping[str, Any]) -> str:
-    """A short table: per scenario, phase and policy the predicted and measured layer time."""
-    lines = [
-        f"{'scenario':<9} {'phase':<8} {'policy':<8} {'pred_us':>9} {'meas_us':>9} {'free_us':>9} {'err%':>6}  per-GPU busy meas/pred"
-    ]
-    for key in ("equal", "slowed"):
-        sc = doc.get(key)
-        if not sc or "runs" not in sc:
-            if sc:
-                lines.append(f"{key}: {sc.get('error')}")
-            continue
-        for phase, by_policy in sc["runs"].items():
-            for policy, r in by_policy.items():
-                pred = r["predicted"]["layer_us"]
-                meas = max(m["layer_us"] for m in r["measured"])
-                free = max(m["free_layer_us"] for m in r["measured"])
-                err = (pred - meas) / meas * 100 if meas else math.nan
-                per = " ".join(
-                    f"{m['busy_us']:.0f}/{b:.0f}"
-                    for m, b in zip(r["measured"], r["predicted"]["busy_us"], strict=True)
-                )
-                lines.append(
-                    f"{key:<9} {phase:<8} {policy:<8} {pred:9.0f} {meas:9.0f} {free:9.0f} {err:6.1f}  {per}"
-                )
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

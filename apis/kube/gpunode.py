@@ -1,5 +1,6 @@
 """GPUNode objects from agent inventories (what the controller's Kubernetes store writes
-when an agent registers or heartbeats, and what tests use to stand up a fleet)."""
+when an agent registers or heartbeats, and what tests use to stand up a fleet), and the one
+CRD codec of a NodeInventory (:func:`inventory_to_crd` / :func:`inventory_from_crd`)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ from collections import Counter
 from collections.abc import Mapping
 from datetime import datetime
 
-from apis.kube.schema import Json, to_wire
+from apis.kube.names import rfc3339
+from apis.kube.schema import Json, from_wire, to_wire
 from apis.kube.v1alpha1 import API_VERSION, AgentSession, GPUNodeSpec, GPUNodeStatus, NodeHealth
-from operators.reconcile import rfc3339
 from policies.inventory import NodeInventory
 
 
@@ -57,3 +58,19 @@ def gpunode_object(
         "metadata": {"name": name, "labels": dict(labels or {})},
         "spec": to_wire(spec or GPUNodeSpec()),
     }
+
+
+def inventory_to_crd(inv: NodeInventory) -> Json:
+    """The one CRD form of an inventory (``GPUNode.status.inventory``: camelCase keys,
+    written by :func:`apis.kube.schema.to_wire`). Inverse: :func:`inventory_from_crd`."""
+    return to_wire(inv)
+
+
+def inventory_from_crd(doc: Json, path: str = "status.inventory") -> NodeInventory:
+    """Read ``GPUNode.status.inventory`` back (unknown keys ignored, as the API server
+    prunes them).
+
+    Raises:
+        InputError: a required field is missing or malformed; ``field`` is its wire path.
+    """
+    return from_wire(NodeInventory, doc, path)

@@ -24,6 +24,7 @@ of the class docstring, and extra validation from the ``constraints`` argument.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import re
 import types
@@ -430,3 +431,23 @@ def from_wire(cls: type[T], data: Any, path: str = "") -> T:
             raise InputError("missing required field", field=fpath)
         kwargs[f.name] = _read(shape, data[name], fpath)
     return cls(**kwargs)
+
+
+def apply_defaults(value: Any, schema: Mapping[str, Any]) -> Any:
+    """Fill absent fields that have a ``default``, recursively (in place; returns value), as
+    the API server does before it stores an object (structural schema defaulting)."""
+    if isinstance(value, dict):
+        props = schema.get("properties") or {}
+        for name, sub in props.items():
+            if name not in value and "default" in sub:
+                value[name] = copy.deepcopy(sub["default"])
+            if name in value:
+                apply_defaults(value[name], sub)
+        add = schema.get("additionalProperties")
+        if isinstance(add, Mapping):
+            for k in value:
+                apply_defaults(value[k], add)
+    elif isinstance(value, list) and isinstance(schema.get("items"), Mapping):
+        for item in value:
+            apply_defaults(item, schema["items"])
+    return value

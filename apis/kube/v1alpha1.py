@@ -155,7 +155,7 @@ INVENTORY_CONSTRAINTS: dict[str, Meta] = {
     "GpuInventory.index": Meta(minimum=0),
     "GpuInventory.sms": Meta("Streaming multiprocessors.", minimum=0),
     "GpuInventory.memory_bytes": Meta("Device memory, bytes.", minimum=0),
-    "GpuInventory.hbm_bandwidth_gbps": Meta(
+    "GpuInventory.hbm_bandwidth_gbytes_per_s": Meta(
         "Peak memory bandwidth (bus width x memory clock x 2), GB/s.", minimum=0
     ),
     "GpuInventory.sm_clock_mhz": Meta("Maximum SM clock, MHz.", minimum=0),
@@ -164,7 +164,7 @@ INVENTORY_CONSTRAINTS: dict[str, Meta] = {
     "GpuInventory.pcie_width": Meta(minimum=0),
     "NvLinkInfo.link": Meta(minimum=0),
     "NvLinkInfo.generation": Meta(minimum=0),
-    "NicInventory.rate_gbps": Meta(minimum=0),
+    "NicInventory.rate_per_direction_gbits_per_s": Meta(minimum=0),
     "NicInventory.link_layer": Meta(enum=("infiniband", "ethernet")),
 }
 

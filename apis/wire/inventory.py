@@ -3,10 +3,19 @@
 Both sides of AgentService use these: the agent to send its inventory and GPU health, the
 controller to read them back. They only copy fields; validation is
 :func:`policies.inventory.check_inventory` (the controller runs it on every Register).
+
+This is the one proto codec of :class:`policies.inventory.NodeInventory`; its JSON mapping
+(:func:`inventory_to_proto_json`, what the SQLite store keeps) goes through it too. The
+plain JSON codec is :func:`policies.inventory.inventory_to_dict`, the CRD codec
+:func:`apis.kube.gpunode.inventory_to_crd`.
 """
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
+from google.protobuf import json_format
 from mixfleet.v1 import inventory_pb2 as pb
 
 from policies.inventory import GpuHealth, GpuInventory, NicInventory, NodeInventory, NvLinkInfo
@@ -51,7 +60,7 @@ def gpu_to_proto(g: GpuInventory) -> pb.Gpu:
         compute_capability=g.compute_capability,
         sms=g.sms,
         memory_bytes=g.memory_bytes,
-        hbm_bandwidth_gbps=g.hbm_bandwidth_gbps,
+        hbm_bandwidth_gbytes_per_s=g.hbm_bandwidth_gbytes_per_s,
         sm_clock_mhz=g.sm_clock_mhz,
         power_limit_w=g.power_limit_w,
         pci_bus_id=g.pci_bus_id,
@@ -81,7 +90,7 @@ def gpu_from_proto(msg: pb.Gpu) -> GpuInventory:
         compute_capability=msg.compute_capability,
         sms=msg.sms,
         memory_bytes=msg.memory_bytes,
-        hbm_bandwidth_gbps=msg.hbm_bandwidth_gbps,
+        hbm_bandwidth_gbytes_per_s=msg.hbm_bandwidth_gbytes_per_s,
         sm_clock_mhz=msg.sm_clock_mhz,
         power_limit_w=msg.power_limit_w,
         pci_bus_id=msg.pci_bus_id,
@@ -105,7 +114,7 @@ def inventory_to_proto(inv: NodeInventory) -> pb.Inventory:
             pb.Nic(
                 device=n.device,
                 port=n.port,
-                rate_gbps=n.rate_gbps,
+                rate_per_direction_gbits_per_s=n.rate_per_direction_gbits_per_s,
                 state=n.state,
                 link_layer=n.link_layer,
                 fabric=n.fabric,
@@ -129,7 +138,7 @@ def inventory_from_proto(msg: pb.Inventory) -> NodeInventory:
             NicInventory(
                 n.device,
                 n.port,
-                n.rate_gbps,
+                n.rate_per_direction_gbits_per_s,
                 n.state,
                 n.link_layer,
                 n.fabric or "default",
@@ -142,3 +151,37 @@ def inventory_from_proto(msg: pb.Inventory) -> NodeInventory:
         simulated=msg.simulated,
         discovered_by=tuple(msg.discovered_by),
     )
+
+
+#: Proto-JSON names of the fields renamed for their unit (field numbers kept): stored
+#: documents written before the rename use the old names. Old name -> new JSON name.
+LEGACY_GPU_JSON_NAMES = {
+    "hbmBandwidthGbps": "hbmBandwidthGbytesPerS",
+    "hbm_bandwidth_gbps": "hbmBandwidthGbytesPerS",
+}
+LEGACY_NIC_JSON_NAMES = {
+    "rateGbps": "ratePerDirectionGbitsPerS",
+    "rate_gbps": "ratePerDirectionGbitsPerS",
+}
+
+
+def inventory_to_proto_json(inv: NodeInventory) -> str:
+    """The inventory message in protobuf's JSON mapping (one line, sorted keys)."""
+    return json_format.MessageToJson(inventory_to_proto(inv), indent=None, sort_keys=True)
+
+
+def inventory_from_proto_json(text: str) -> NodeInventory:
+    """Inverse of :func:`inventory_to_proto_json`; reads the pre-rename field names too.
+
+    Raises:
+        json_format.ParseError: not an Inventory message in JSON.
+    """
+    doc: Any = json.loads(text)
+    if isinstance(doc, dict):
+        for key, legacy in (("gpus", LEGACY_GPU_JSON_NAMES), ("nics", LEGACY_NIC_JSON_NAMES)):
+            for item in doc.get(key) or ():
+                if isinstance(item, dict):
+                    for old, new in legacy.items():
+                        if old in item and new not in item:
+                            item[new] = item.pop(old)
+    return inventory_from_proto(json_format.ParseDict(doc, pb.Inventory()))

@@ -21,7 +21,6 @@ from typing import NoReturn, cast
 from controlplane.cli import local as cli_local
 from controlplane.cli import remote as cli_remote
 from controlplane.cli import strategies as cli_strategies
-from operators.cli import register as register_operator
 from policies.errors import InfeasibleError, InputError, MixfleetError
 
 EXIT_OK = 0
@@ -37,7 +36,6 @@ COMMAND_MODULES: tuple[Register, ...] = (
     cli_local.register,
     cli_strategies.register,
     cli_remote.register,
-    register_operator,
 )
 
 

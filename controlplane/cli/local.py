@@ -25,7 +25,8 @@ from policies.exports import EXPORT_FORMATS, export_plan, export_sidecar
 from policies.fleet import Fleet, fleet_to_doc
 from policies.models import PRESETS, ModelSpec, preset
 from policies.plan import FORMS, Plan, validate_plan
-from policies.request import POLICIES, PlacementRequest, PlacementResult, SolverOptions, solve
+from policies.request import POLICIES, PlacementRequest, PlacementResult, SolverOptions
+from policies.solve import solve
 from policies.workload import KV_DTYPES, PHASES, Workload, make_workload, synthetic_zipf
 
 OUTPUTS = ("table", "json", "yaml")
@@ -314,9 +315,9 @@ def cmd_fleet_show(args: argparse.Namespace) -> int:
     )
     rows = []
     for n in fleet.nodes:
-        nv = f"{n.nvlink.domain} {n.nvlink.per_gpu_gbps:g} GB/s" if n.nvlink else "none (PCIe)"
+        nv = f"{n.nvlink.domain} {n.nvlink.per_gpu_bidir_gbytes_per_s:g} GB/s bidirectional" if n.nvlink else "none (PCIe)"
         nics = ", ".join(
-            f"{x.count}x {x.gbps:g} Gb/s {x.fabric} ({'IB' if x.link_layer == 'infiniband' else 'RoCE'})"
+            f"{x.count}x {x.per_direction_gbits_per_s:g} Gb/s {x.fabric} ({'IB' if x.link_layer == 'infiniband' else 'RoCE'})"
             for x in n.nics
         )
         labels = ",".join(f"{k}={v}" for k, v in sorted(n.labels.items()))
@@ -331,7 +332,7 @@ def cmd_fleet_show(args: argparse.Namespace) -> int:
         )
     _emit(format_table(["node", "GPUs", "NVLink per GPU", "NICs", "labels"], rows))
     for link in fleet.fabric_links:
-        _emit(f"fabric link {link.a} <-> {link.b}: {link.gbps:g} Gb/s, +{link.latency_us:g} us")
+        _emit(f"fabric link {link.a} <-> {link.b}: {link.per_direction_gbits_per_s:g} Gb/s, +{link.latency_us:g} us")
     return 0
 
 
@@ -481,11 +482,12 @@ def solve_with_progress(problem: Problem, policy: str, note: Note) -> PlacementR
     """Solve one policy, reporting what is solved, a heartbeat and the result to ``note``.
 
     Raises:
-        InputError, InfeasibleError: from :func:`policies.request.solve`.
+        InputError: from :func:`policies.solve.solve`.
+        InfeasibleError: the policy found no placement (``require_placed``).
     """
     note(_describe(problem, policy))
     with _ticker(note, f"{policy} still solving"):
-        result = solve(problem.request(policy))
+        result = solve(problem.request(policy)).require_placed()
     note(_result_line(result))
     return result
 

@@ -33,9 +33,10 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 from mixfleet.v1 import plan_pb2, plan_pb2_grpc
 
-from controlplane.deployment import parse_deployment, spec_to_proto
+from apis.wire.deployment import spec_to_proto
 from controlplane.wire.plans import DEPLOYMENT_PHASE_NAMES, NODE_HEALTH_NAMES, PLAN_STATE_NAMES
 from policies.errors import InputError, MixfleetError
+from policies.spec import parse_deployment
 
 DEFAULT_CONTROLLER = "127.0.0.1:7070"
 Handler = Callable[[argparse.Namespace], int]
@@ -310,7 +311,7 @@ def cmd_nodes_show(args: argparse.Namespace) -> int:
                 g.catalog_model or g.name,
                 g.uuid,
                 f"{g.memory_bytes / 2**30:.0f}",
-                f"{g.hbm_bandwidth_gbps:.0f}",
+                f"{g.hbm_bandwidth_gbytes_per_s:.0f}",
                 nv,
                 g.nvlink_domain if g.HasField("nvlink_domain") else "-",
             ]
@@ -319,9 +320,9 @@ def cmd_nodes_show(args: argparse.Namespace) -> int:
     if inv.nics:
         print(
             table(
-                ["NIC", "PORT", "GBPS", "STATE", "LAYER", "FABRIC"],
+                ["NIC", "PORT", "GBIT/S", "STATE", "LAYER", "FABRIC"],
                 [
-                    [c.device, c.port, f"{c.rate_gbps:g}", c.state, c.link_layer, c.fabric]
+                    [c.device, c.port, f"{c.rate_per_direction_gbits_per_s:g}", c.state, c.link_layer, c.fabric]
                     for c in inv.nics
                 ],
             )

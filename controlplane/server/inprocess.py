@@ -23,6 +23,7 @@ import grpc
 
 from controlplane.server.controller import Controller, ControllerSettings
 from controlplane.server.services import ServerOptions, TlsFiles, create_server, mark_serving
+from controlplane.store.base import Store
 from controlplane.store.sqlite import SqliteStore
 
 #: Settings that make tests quick: fast ticks, short timeouts.
@@ -74,6 +75,7 @@ async def start_controller(
     max_receive_message_bytes: int = 16 << 20,
     port: int = 0,
     run_loop: bool = True,
+    store: Store | None = None,
 ) -> AsyncIterator[RunningController]:
     """Start a controller on a temporary SQLite store (see the module docstring).
 
@@ -87,9 +89,11 @@ async def start_controller(
         max_receive_message_bytes: request size limit.
         port: port to bind (0 = any; pass the old port to restart on the same address).
         run_loop: start the reconcile loop (False: tests call ``controller.tick()``).
+        store: the store to use instead of ``tmp_path / "state.db"`` (e.g. a
+            :class:`~controlplane.store.kubernetes.KubernetesStore`); closed on exit too.
     """
-    db_path = Path(tmp_path) / "state.db"
-    store = SqliteStore(db_path)
+    if store is None:
+        store = SqliteStore(Path(tmp_path) / "state.db")
     controller = Controller(store, settings=settings, clock=clock)
     options = ServerOptions(
         tls=tls,
@@ -102,6 +106,7 @@ async def start_controller(
     await mark_serving(server)
     if run_loop:
         await controller.start()
+    db_path = store.path if isinstance(store, SqliteStore) else Path(tmp_path) / "state.db"
     running = RunningController(f"127.0.0.1:{bound}", bound, controller, server, db_path)
     try:
         yield running

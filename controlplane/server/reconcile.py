@@ -21,6 +21,10 @@ Per deployment, in order (the first rule that applies wins):
    committed plan with the measured load (at most once per ``min_interval_s``).
 7. Otherwise the deployment is ready.
 
+In Kubernetes mode (``ReconcileSettings.solves`` False) the operator owns every plan
+decision and rules 3-7 become :func:`_external`: roll out the operator's newest proposed
+plan once its nodes are usable, never solve.
+
 "Inputs" are the spec generation and the set of usable GPUs (alive, not draining, healthy,
 on nodes matching the node selector); :func:`inputs_key` fingerprints them.
 """
@@ -31,7 +35,7 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from controlplane.deployment import DeploymentSpec, selects
+from policies.spec import DeploymentSpec, selects
 
 
 @dataclass(frozen=True)
@@ -43,11 +47,16 @@ class ReconcileSettings:
         retry_after_abort_s: wait this long after an aborted rollout before solving the
             same inputs again, s.
         retry_after_error_s: wait this long after a temporary solve failure, s.
+        solves: the controller decides plans (standalone, SQLite store). False in
+            Kubernetes mode, where the operator alone solves and writes PartitionPlans:
+            the decision then never asks for a Solve and rolls out the operator's newest
+            proposed plan (:func:`_external`).
     """
 
     node_lost_after_s: float = 15.0
     retry_after_abort_s: float = 30.0
     retry_after_error_s: float = 30.0
+    solves: bool = True
 
 
 @dataclass(frozen=True)
@@ -79,6 +88,7 @@ class PlanObs:
     gpus: tuple[str, ...] = ()
     state_changed_s: float = 0.0
     planned_imbalance: float = 0.0
+    nodes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -123,6 +133,8 @@ class DeploymentObs:
         imbalance_samples: ``(time_s, measured - planned imbalance)`` of the committed plan,
             oldest first.
         last_rebalance_s: when the last rebalance solve started.
+        older_proposed: proposed versions below ``pending`` (a newer plan replaced them
+            before their rollout started).
     """
 
     spec: DeploymentSpec
@@ -134,6 +146,7 @@ class DeploymentObs:
     failure: FailureObs | None = None
     imbalance_samples: tuple[tuple[float, float], ...] = ()
     last_rebalance_s: float | None = None
+    older_proposed: tuple[int, ...] = ()
 
     @property
     def name(self) -> str:
@@ -316,36 +329,12 @@ def _deployment(d: DeploymentObs, o: Observed, s: ReconcileSettings) -> list[Act
     now = o.now_s
     name = d.name
     status = SetStatus(name, "ready", "")
-    by_name = {n.name: n for n in o.nodes}
     if d.solving:
         return [SetStatus(name, "planning", "solving")]
     if d.rollout is not None:
-        r = d.rollout
-        lost = [t for t in r.targets if t not in by_name or not alive(by_name[t], now, s)]
-        if r.failed:
-            node, why = sorted(r.failed.items())[0]
-            return [
-                Abort(name, r.version, f"node {node} failed to prepare: {why}"),
-                SetStatus(name, "degraded", f"rollout of v{r.version} aborted"),
-            ]
-        if lost:
-            return [
-                Abort(name, r.version, f"node {', '.join(lost)} lost during rollout"),
-                SetStatus(name, "degraded", f"rollout of v{r.version} aborted"),
-            ]
-        missing = [t for t in r.targets if t not in r.prepared]
-        if not missing:
-            return [Commit(name, r.version), SetStatus(name, "ready", "")]
-        if now >= r.deadline_s:
-            return [
-                Abort(name, r.version, f"prepare timed out; no ack from {', '.join(missing[:5])}"),
-                SetStatus(name, "degraded", f"rollout of v{r.version} timed out"),
-            ]
-        return [
-            SetStatus(
-                name, "rolling_out", f"v{r.version}: {len(r.prepared)}/{len(r.targets)} prepared"
-            )
-        ]
+        return _rollout(name, d.rollout, o, s)
+    if not s.solves:
+        return _external(d, o, s)
     nodes, gpus = usable_gpus(d.spec, o.nodes, now, s)
     key = inputs_key(d.generation, gpus)
     p = d.pending
@@ -391,3 +380,75 @@ def _deployment(d: DeploymentObs, o: Observed, s: ReconcileSettings) -> list[Act
                 SetStatus(name, "planning", reason),
             ]
     return [status]
+
+
+def _rollout(name: str, r: RolloutObs, o: Observed, s: ReconcileSettings) -> list[Action]:
+    """Rule 2: abort a rollout on a FAILED ack, a lost target or a passed deadline; commit
+    it when every target prepared; else wait."""
+    now = o.now_s
+    by_name = {n.name: n for n in o.nodes}
+    lost = [t for t in r.targets if t not in by_name or not alive(by_name[t], now, s)]
+    if r.failed:
+        node, why = sorted(r.failed.items())[0]
+        return [
+            Abort(name, r.version, f"node {node} failed to prepare: {why}"),
+            SetStatus(name, "degraded", f"rollout of v{r.version} aborted"),
+        ]
+    if lost:
+        return [
+            Abort(name, r.version, f"node {', '.join(lost)} lost during rollout"),
+            SetStatus(name, "degraded", f"rollout of v{r.version} aborted"),
+        ]
+    missing = [t for t in r.targets if t not in r.prepared]
+    if not missing:
+        return [Commit(name, r.version), SetStatus(name, "ready", "")]
+    if now >= r.deadline_s:
+        return [
+            Abort(name, r.version, f"prepare timed out; no ack from {', '.join(missing[:5])}"),
+            SetStatus(name, "degraded", f"rollout of v{r.version} timed out"),
+        ]
+    return [
+        SetStatus(name, "rolling_out", f"v{r.version}: {len(r.prepared)}/{len(r.targets)} prepared")
+    ]
+
+
+def _external(d: DeploymentObs, o: Observed, s: ReconcileSettings) -> list[Action]:
+    """Rules 3-7 when another component (the Kubernetes operator) decides the plans: the
+    controller only rolls them out. The newest proposed version is rolled out when every
+    node it targets is usable; older proposed versions are aborted as replaced; nothing is
+    ever solved here - a lost node or a changed spec waits for the operator's next plan."""
+    name = d.name
+    aborts: list[Action] = [
+        Abort(name, v, f"replaced by v{d.pending.version} before its rollout")
+        for v in d.older_proposed
+        if d.pending is not None
+    ]
+    nodes, gpus = usable_gpus(d.spec, o.nodes, o.now_s, s)
+    usable = set(gpus)
+    p = d.pending
+    if p is not None and p.state == "proposed":
+        missing = sorted(set(p.nodes) - set(nodes))
+        if not missing:
+            return [
+                *aborts,
+                StartRollout(name, p.version),
+                SetStatus(name, "rolling_out", f"v{p.version}"),
+            ]
+        phase = "degraded" if d.committed is not None else "pending"
+        why = f"v{p.version} targets nodes that are not usable ({', '.join(missing[:5])})"
+        return [*aborts, SetStatus(name, phase, f"{why}; waiting for the operator's next plan")]
+    c = d.committed
+    if c is None:
+        return [*aborts, SetStatus(name, "pending", "waiting for the operator's plan")]
+    lost = sorted({_node_of(g) for g in c.gpus if g not in usable})
+    if lost:
+        return [
+            *aborts,
+            SetStatus(
+                name,
+                "degraded",
+                f"nodes {', '.join(lost[:5])} of v{c.version} are not usable; waiting for "
+                "the operator's next plan",
+            ),
+        ]
+    return [*aborts, SetStatus(name, "ready", "")]

@@ -21,7 +21,8 @@ import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-from policies.request import PlacementRequest, PlacementResult, solve
+from policies.request import PlacementRequest, PlacementResult
+from policies.solve import solve
 
 
 def _warm() -> int:
@@ -62,22 +63,22 @@ class SolverPool:
                 pool.submit(_warm)
 
     async def solve(self, request: PlacementRequest) -> PlacementResult:
-        """``policies.request.solve(request)`` in a worker; the caller's loop keeps running.
+        """``policies.solve.solve(request)`` in a worker; the caller's loop keeps running.
 
         A cancelled call stops waiting; a solve already running in a worker finishes there
         and its result is dropped.
 
         Raises:
-            Whatever :func:`policies.request.solve` raises (InputError, InfeasibleError ...),
-            re-raised here; ``concurrent.futures.process.BrokenProcessPool`` when a worker
+            Whatever :func:`policies.solve.solve` raises (InputError ...), re-raised here;
+            InfeasibleError when the policy found no placement (``require_placed``); ``concurrent.futures.process.BrokenProcessPool`` when a worker
             died (the pool is replaced for the next call).
         """
         if self.processes == 0:
-            return await asyncio.to_thread(solve, request)
+            return (await asyncio.to_thread(solve, request)).require_placed()
         loop = asyncio.get_running_loop()
         pool = self._executor()
         try:
-            return await loop.run_in_executor(pool, solve, request)
+            return (await loop.run_in_executor(pool, solve, request)).require_placed()
         except Exception as exc:
             if type(exc).__name__ == "BrokenProcessPool":
                 self._discard(pool)

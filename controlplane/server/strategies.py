@@ -9,11 +9,11 @@ where the inputs come from. Here:
   with healthy GPUs, matching ``spec.node_selector`` - built exactly as
   :meth:`controlplane.server.controller.Controller.dry_run` builds it (:meth:`StrategyService.fleet`);
 * the model, workload, policy, form, slot budget and whether expert-parallel traffic may
-  span GPU vendors come from a :class:`~controlplane.deployment.DeploymentSpec`
+  span GPU vendors come from a :class:`~policies.spec.DeploymentSpec`
   (:func:`deployment_for`), with the measured load of a deployment of the same name when
   engines reported one (as Solve);
 * prices are the built-in assumed list prices, replaced by the spec's ``gpu_hour_prices``
-  (:func:`controlplane.deployment.price_table`), replaced by the request's overrides
+  (:func:`policies.spec.price_table`), replaced by the request's overrides
   (:class:`PriceOverrides`).
 
 A question (``*Question``, already validated by :mod:`controlplane.wire.strategies`) goes in,
@@ -34,7 +34,6 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from controlplane.deployment import DeploymentSpec, price_table, resolve_model, workload_for
 from controlplane.errors import PreconditionError
 from controlplane.server import reconcile as rc
 from controlplane.server.controller import Controller
@@ -54,6 +53,7 @@ from policies.errors import InfeasibleError, InputError
 from policies.fleet import Fleet
 from policies.plan import Plan
 from policies.request import SolverOptions
+from policies.spec import DeploymentSpec, price_table, resolve_model, workload_for
 from policies.tiers import BatchTier, InteractiveTier, TierPlan, TierRequest, plan_tiers
 
 #: Measured load windows younger than this feed the advice (as in Solve), s.
@@ -128,7 +128,7 @@ def deployment_for(
     measured: Sequence[Sequence[float]] | None = None,
 ) -> Deployment:
     """The planning core's :class:`~policies.deployment.Deployment` of a spec on a fleet:
-    the same model, workload and slot budget :func:`controlplane.deployment.build_request`
+    the same model, workload and slot budget :func:`policies.spec.build_request`
     gives a Solve of that spec.
 
     Args:

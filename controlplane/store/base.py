@@ -38,15 +38,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from controlplane.deployment import DeploymentSpec
 from policies.inventory import NodeInventory
 from policies.plan import Plan
+from policies.spec import DeploymentSpec
 
 PlanState = Literal["proposed", "preparing", "committed", "aborted", "superseded"]
 AckState = Literal["prepared", "committed", "failed"]
 NodeState = Literal["ready", "draining", "degraded"]
 PLAN_STATES: tuple[PlanState, ...] = ("proposed", "preparing", "committed", "aborted", "superseded")
 ACK_STATES: tuple[AckState, ...] = ("prepared", "committed", "failed")
+
+
+#: Who decides a store's plans (see :attr:`Store.plan_author`).
+PlanAuthor = Literal["controller", "operator"]
 
 
 @dataclass(frozen=True)
@@ -169,7 +173,14 @@ class Store(Protocol):
     """The controller's persistent state. See the module docstring for the guarantees.
 
     Every method raises :class:`controlplane.errors.StoreError` when the backend fails.
+
+    Attributes:
+        plan_author: who decides this store's plans, and so may call :meth:`add_plan`:
+            ``controller`` (SQLite, standalone) or ``operator`` (Kubernetes: the operator
+            writes PartitionPlans, the controller only rolls them out).
     """
+
+    plan_author: PlanAuthor
 
     # ----------------------------------------------------------------- lifecycle
     def close(self) -> None:

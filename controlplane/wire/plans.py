@@ -12,8 +12,8 @@ from typing import Any
 
 from mixfleet.v1 import agent_pb2, engine_pb2, plan_pb2
 
+from apis.wire.deployment import spec_to_proto
 from apis.wire.inventory import inventory_to_proto
-from controlplane.deployment import spec_to_proto
 from controlplane.server.controller import AssignmentEvent, NodeView
 from controlplane.store import AckState, PlanState, StoredDeployment, StoredPlan
 from policies.assignment import PlanDiff, engine_document

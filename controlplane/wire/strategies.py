@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 from mixfleet.v1 import plan_pb2
 
-from controlplane.deployment import DeploymentSpec, spec_from_proto
+from apis.wire.deployment import spec_from_proto
 from controlplane.server.strategies import (
     BatchAnswer,
     BatchQuestion,
@@ -35,6 +35,7 @@ from policies.cost import LAYOUTS, CostCandidate
 from policies.errors import InputError
 from policies.fleet import Fleet
 from policies.request import POLICIES
+from policies.spec import DeploymentSpec
 from policies.tiers import PREFERENCES, InteractiveTier, UnitCapacity
 
 #: Name given to a request's spec when it has none (names only pick up measured load).

@@ -206,7 +206,7 @@ async def _run(workdir: Path, time_limit_s: float) -> int:
                         str(len(inv.gpus)),
                         inv.gpus[0].catalog_model if inv.gpus else "-",
                         str(links * 50),
-                        f"{len(inv.nics)}x{inv.nics[0].rate_gbps:.0f} Gb/s" if inv.nics else "-",
+                        f"{len(inv.nics)}x{inv.nics[0].rate_per_direction_gbits_per_s:.0f} Gb/s" if inv.nics else "-",
                         str(inv.simulated).lower(),
                     ]
                 )

@@ -14,8 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from policies.costmodel import CostTable, LayerPlacement
-from policies.errors import InfeasibleError
-from policies.request import PlacementRequest, RawPlacement
+from policies.request import Infeasible, PlacementRequest, RawPlacement
 from policies.solvers.common import (
     attention_speed_shares,
     cap_shares_by_memory,
@@ -39,12 +38,11 @@ def greedy_attention(req: PlacementRequest, table: CostTable) -> list[float]:
     return share
 
 
-def capacities(req: PlacementRequest, table: CostTable, share: list[float]) -> list[int]:
-    """Slots per GPU per layer: equal in engine form, memory-bound in native form.
-
-    Raises:
-        InfeasibleError: the GPUs cannot hold one replica of every expert.
-    """
+def capacities(
+    req: PlacementRequest, table: CostTable, share: list[float]
+) -> list[int] | Infeasible:
+    """Slots per GPU per layer: equal in engine form, memory-bound in native form; an
+    :class:`Infeasible` when the GPUs cannot hold one replica of every expert."""
     n = table.num_gpus
     if req.form == "engine":
         s = slots_per_gpu(table.num_experts, req.redundant_experts, n)
@@ -56,11 +54,11 @@ def capacities(req: PlacementRequest, table: CostTable, share: list[float]) -> l
             if slot_cap(table, i, share[i]) < s
         ]
         if short and all(slot_cap(table, i, 0.0) < s for i in range(n) if short):
-            raise InfeasibleError("engine-form slots do not fit in memory", tuple(short[:8]))
+            return Infeasible("engine-form slots do not fit in memory", tuple(short[:8]))
         return caps
     caps = [slot_cap(table, i, share[i]) for i in range(n)]
     if sum(caps) < table.num_experts:
-        raise InfeasibleError(
+        return Infeasible(
             "the GPUs cannot hold one replica of every expert",
             (f"{sum(caps)} slots per layer fit in memory, {table.num_experts} experts needed",),
         )
@@ -118,10 +116,12 @@ def pack_layer(table: CostTable, layer: int, phy2log: list[int], caps: list[int]
     return LayerPlacement(per_gpu)
 
 
-def place(req: PlacementRequest, table: CostTable) -> RawPlacement:
+def place(req: PlacementRequest, table: CostTable) -> RawPlacement | Infeasible:
     """Greedy placement (see module docstring)."""
     share = greedy_attention(req, table)
     caps = capacities(req, table, share)
+    if isinstance(caps, Infeasible):
+        return caps
     budget = min(table.num_experts + req.redundant_experts, sum(caps))
     layers = []
     for li in range(table.num_moe_layers):

@@ -7,7 +7,8 @@ from dataclasses import replace
 from policies.fleet import Fleet, parse_fleet
 from policies.models import preset
 from policies.plan import Plan
-from policies.request import PlacementRequest, solve
+from policies.request import PlacementRequest
+from policies.solve import solve
 from policies.workload import make_workload
 
 
@@ -22,8 +23,8 @@ def small_fleet(nodes: int = 2, gpus_per_node: int = 2, model: str = "H100-SXM5-
                         "name": f"n{i}",
                         "labels": {"rack": f"r{i % 2}"},
                         "gpus": [{"model": model, "count": gpus_per_node}],
-                        "nvlink": {"domain": f"n{i}", "per_gpu_gbps": 900},
-                        "nics": [{"count": 2, "gbps": 400, "fabric": "ib0"}],
+                        "nvlink": {"domain": f"n{i}", "per_gpu_bidir_gbytes_per_s": 900},
+                        "nics": [{"count": 2, "per_direction_gbits_per_s": 400, "fabric": "ib0"}],
                     }
                     for i in range(nodes)
                 ]

@@ -20,9 +20,9 @@ from agents.discovery.amdsmi import (
     K_VRAM,
     K_XGMI,
     AmdSmiDiscovery,
-    ReplayAmdSmi,
     inventory_from_recording,
 )
+from agents.discovery.amdsmi_replay import ReplayAmdSmi
 from agents.discovery.base import DiscoveryError
 from policies.fleet import Fleet
 from policies.inventory import XGMI_MI300_GENERATION
@@ -49,12 +49,12 @@ def test_mi300x_node_inventory() -> None:
         assert g.name == "AMD Instinct MI300X" and g.catalog_model == "MI300X"
         assert (g.architecture, g.compute_capability, g.sms) == ("cdna3", "gfx942", 304)
         assert g.memory_bytes == 192 * 2**30
-        assert g.hbm_bandwidth_gbps == 5300.0
+        assert g.hbm_bandwidth_gbytes_per_s == 5300.0
         assert g.sm_clock_mhz == 2100 and g.power_limit_w == 750.0
         assert (g.pcie_generation, g.pcie_width) == (5, 16)
         assert len(g.nvlinks) == 7  # fully connected hive of 8
         assert all(x.active and x.generation == XGMI_MI300_GENERATION for x in g.nvlinks)
-        assert g.nvlink_gbps == 896.0  # 7 links x 64 GB/s x 2 directions
+        assert g.nvlink_bidir_gbytes_per_s == 896.0  # 7 links x 64 GB/s x 2 directions
         assert g.nvlink_domain == "mi300x-0"
         assert g.health.healthy and g.health.retired_pages == 0
         assert g.pci_bus_id == g.pci_bus_id.upper() and g.pci_bus_id.endswith(":00.0")
@@ -69,7 +69,7 @@ def test_mi300x_node_inventory() -> None:
 def test_inventory_plans_like_a_fleet_file_node() -> None:
     _, inv = _discover(_recording())
     node = inv.to_node()
-    assert node.nvlink is not None and node.nvlink.per_gpu_gbps == 896.0
+    assert node.nvlink is not None and node.nvlink.per_gpu_bidir_gbytes_per_s == 896.0
     assert {g.spec.vendor for g in node.gpus} == {"amd"}
     assert node.gpus[0].spec.memory_gib == 192.0
     topo = build_topology(Fleet("f", (node,)))
@@ -81,7 +81,7 @@ def test_older_library_without_bandwidth_falls_back_to_the_catalog() -> None:
     for g in rec["gpus"]:
         del g[K_VRAM]["vram_max_bandwidth"]
     backend, inv = _discover(rec)
-    assert inv.gpus[0].hbm_bandwidth_gbps == 5300.0  # catalog figure
+    assert inv.gpus[0].hbm_bandwidth_gbytes_per_s == 5300.0  # catalog figure
     assert any("bandwidth from catalog" in n for n in backend.notes)
 
 

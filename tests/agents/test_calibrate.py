@@ -13,7 +13,6 @@ import pytest
 
 from agents.calibrate import (
     CalibrationOptions,
-    _profile_roofline,
     add_arguments,
     apply_calibration,
     figures_from_curves,
@@ -21,22 +20,25 @@ from agents.calibrate import (
     overhead_figures,
     planning_inputs,
 )
-from agents.discovery.nvml import NvmlDiscovery, ReplayNvml
-from agents.runtime.bench import BenchConfig, bench_model, workloads
+from agents.calibrate.fit import _profile_roofline
+from agents.discovery.nvml import NvmlDiscovery
+from agents.discovery.nvml_replay import ReplayNvml
+from agents.runtime.bench_config import BenchConfig, bench_model, workloads
 from policies.costmodel import CostSettings, MeasuredFigures, build_cost_table
-from policies.request import PlacementRequest, SolverOptions, solve
+from policies.request import PlacementRequest, SolverOptions
+from policies.solve import solve
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "nvml" / "h200x2.json"
 RATES = {
     "gemm_bf16_tflops": 800.0,
     "gemm_fp8_tflops": 1370.0,
-    "hbm_gbps": 4200.0,
+    "hbm_gbytes_per_s": 4200.0,
     "attn_prefill_tflops": 250.0,
-    "attn_decode_gbps": 2500.0,
-    "nvlink_gbps": 330.0,
+    "attn_decode_gbytes_per_s": 2500.0,
+    "nvlink_per_direction_gbytes_per_s": 330.0,
     "gemm_launch_us": 7.0,
     "expert_gemm_tflops": 590.0,
-    "expert_read_gbps": 3050.0,
+    "expert_read_gbytes_per_s": 3050.0,
 }
 OPTS = replace(CalibrationOptions(), fp8_dispatch=False)
 
@@ -98,7 +100,7 @@ def test_calibrated_specs_differ_so_the_ilp_plans_each_gpu_on_its_own() -> None:
     assert inv.gpus[1].measured["gemm_bf16_tflops"] == pytest.approx(320.0)
     fleet, settings = planning_inputs([inv], fp8_dispatch=False)
     assert fleet.gpus[0].spec != fleet.gpus[1].spec
-    assert settings.measured[fleet.gpus[1].id].hbm_gbps == pytest.approx(1680.0)
+    assert settings.measured[fleet.gpus[1].id].hbm_gbytes_per_s == pytest.approx(1680.0)
     model = bench_model(BenchConfig())
     wl = workloads(BenchConfig(), model)["prefill"]
     plans = {}
@@ -163,13 +165,13 @@ def test_figures_from_curves() -> None:
         p["tflops"] = 6.0 * p["m"] * 7168 * 2048 / p["us"] / 1e6
     curves = {
         "gemm": gemm,
-        "hbm_copy": {"gbps": 4200.0},
-        "attention": {"prefill": {"tflops": 250.0}, "decode": {"gbps": 2500.0}},
+        "hbm_copy": {"gbytes_per_s": 4200.0},
+        "attention": {"prefill": {"tflops": 250.0}, "decode": {"gbytes_per_s": 2500.0}},
         "grouped_experts": {
             "points": [
-                {"rows_per_expert": 8, "tflops": 20.0, "weight_gbps": 3000.0},
-                {"rows_per_expert": 256, "tflops": 560.0, "weight_gbps": 2000.0},
-                {"rows_per_expert": 512, "tflops": 590.0, "weight_gbps": 1000.0},
+                {"rows_per_expert": 8, "tflops": 20.0, "weight_gbytes_per_s": 3000.0},
+                {"rows_per_expert": 256, "tflops": 560.0, "weight_gbytes_per_s": 2000.0},
+                {"rows_per_expert": 512, "tflops": 590.0, "weight_gbytes_per_s": 1000.0},
             ]
         },
     }
@@ -184,9 +186,9 @@ def test_figures_from_curves() -> None:
     f = figures_from_curves(curves, nccl)
     assert f["gemm_bf16_tflops"] == pytest.approx(800.0 * 0.99, rel=0.02)
     assert f["gemm_fp8_tflops"] == 1370.0
-    assert f["nvlink_gbps"] == pytest.approx(300.0)
+    assert f["nvlink_per_direction_gbytes_per_s"] == pytest.approx(300.0)
     assert f["expert_gemm_tflops"] == 590.0
-    assert f["expert_read_gbps"] == 3000.0
+    assert f["expert_read_gbytes_per_s"] == 3000.0
     assert 2.0 < f["gemm_launch_us"] < 5.0  # 10 us beyond the roofline per GEMM pair
     MeasuredFigures(**f)  # every key is a field
 

@@ -8,7 +8,7 @@ import pytest
 
 from agents.discovery.base import DiscoveryError
 from agents.discovery.static import StaticDiscovery, discover_fleet, load_fleet_file
-from agents.discovery.sysfs import SysfsNicDiscovery, parse_rate_gbps, parse_roce_version
+from agents.discovery.sysfs import SysfsNicDiscovery, parse_rate_gbits_per_s, parse_roce_version
 from policies.errors import InputError
 from policies.inventory import NodeInventory, check_inventory
 
@@ -30,7 +30,7 @@ def test_static_node_from_fleet_file_plans_like_the_file() -> None:
     want = fleet.node("h200-0")
     assert [g.spec.model for g in node.gpus] == [g.spec.model for g in want.gpus]
     assert node.nvlink is not None and node.nvlink.domain == "h200-0"
-    assert node.rdma_gbps == want.rdma_gbps == 1600
+    assert node.rdma_per_direction_gbits_per_s == want.rdma_per_direction_gbits_per_s == 1600
     assert node.labels == {"rack": "r2"}
 
 
@@ -90,9 +90,9 @@ def _port(
 
 
 def test_parse_rate_and_roce_strings() -> None:
-    assert parse_rate_gbps("400 Gb/sec (4X NDR)") == 400.0
-    assert parse_rate_gbps("2.5 Gb/sec (1X SDR)") == 2.5
-    assert parse_rate_gbps("garbage") == 0.0
+    assert parse_rate_gbits_per_s("400 Gb/sec (4X NDR)") == 400.0
+    assert parse_rate_gbits_per_s("2.5 Gb/sec (1X SDR)") == 2.5
+    assert parse_rate_gbits_per_s("garbage") == 0.0
     assert parse_roce_version("RoCE v2") == "v2"
     assert parse_roce_version("IB/RoCE v1") == "v1"
     assert parse_roce_version("") is None
@@ -114,9 +114,14 @@ def test_sysfs_reads_ib_and_roce_ports(tmp_path: Path) -> None:
     ports = d.ports()
     assert [(p.device, p.port) for p in ports] == [("mlx5_0", 1), ("mlx5_1", 1), ("mlx5_2", 1)]
     ib, hdr, roce = ports
-    assert (ib.rate_gbps, ib.link_layer, ib.fabric, ib.numa_node) == (400.0, "infiniband", "ib0", 1)
+    assert (ib.rate_per_direction_gbits_per_s, ib.link_layer, ib.fabric, ib.numa_node) == (
+        400.0,
+        "infiniband",
+        "ib0",
+        1,
+    )
     assert ib.pci_address == "0000:17:00.0" and ib.roce_versions == ()
-    assert (hdr.rate_gbps, hdr.fabric, hdr.numa_node) == (200.0, "ib1", 0)
+    assert (hdr.rate_per_direction_gbits_per_s, hdr.fabric, hdr.numa_node) == (200.0, "ib1", 0)
     assert (roce.link_layer, roce.roce_versions, roce.fabric) == (
         "ethernet",
         ("v1", "v2"),
@@ -138,7 +143,7 @@ def test_sysfs_down_ports_are_not_planned(tmp_path: Path) -> None:
     assert nics[2].state.startswith("DOWN") and "Polling" in nics[2].state
     base = NodeInventory("n0", ())
     node = SysfsNicDiscovery(tmp_path, default_fabric="ib0").augment(base).to_node()
-    assert node.rdma_gbps == 400.0  # only the healthy port
+    assert node.rdma_per_direction_gbits_per_s == 400.0  # only the healthy port
 
 
 def test_sysfs_without_rdma_is_empty_and_augment_keeps_inventory(tmp_path: Path) -> None:
@@ -152,7 +157,7 @@ def test_sysfs_tolerates_unreadable_files(tmp_path: Path) -> None:
     _port(tmp_path, "mlx5_0", 1, rate="weird")
     (tmp_path / "class" / "infiniband" / "mlx5_0" / "ports" / "1" / "link_layer").unlink()
     (p,) = SysfsNicDiscovery(tmp_path).ports()
-    assert p.rate_gbps == 0.0 and p.link_layer == "infiniband"
+    assert p.rate_per_direction_gbits_per_s == 0.0 and p.link_layer == "infiniband"
     assert SysfsNicDiscovery(tmp_path).discover().to_node().nics == ()  # rate 0: not planned
 
 

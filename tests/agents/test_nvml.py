@@ -10,19 +10,18 @@ from typing import Any
 import pytest
 
 from agents.discovery.base import DiscoveryError
-from agents.discovery.nvml import (
+from agents.discovery.nvml import NvmlDiscovery
+from agents.discovery.nvml_recording import (
     K_BUS_WIDTH,
     K_CORES,
     K_FABRIC,
     K_LINK_REMOTE,
     K_NUMA,
     K_REMAPPED,
-    NvmlDiscovery,
-    ReplayNvml,
-    inventory_from_dict,
-    inventory_to_dict,
     normalize_bus_id,
 )
+from agents.discovery.nvml_replay import ReplayNvml
+from policies.inventory import inventory_from_dict, inventory_to_dict
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nvml"
 
@@ -49,21 +48,23 @@ def test_h200x2_inventory_matches_the_hardware() -> None:
         assert g.compute_capability == "9.0"
         assert g.sms == 132  # 16896 cores / 128 per SM
         assert g.memory_bytes == 150_754_820_096  # "141 GB", 140.4 GiB
-        assert g.hbm_bandwidth_gbps == pytest.approx(6016 / 8 * 3201 * 2 / 1000)  # 4.81 TB/s
-        assert g.hbm_bandwidth_gbps == pytest.approx(4814.3, abs=0.1)
+        assert g.hbm_bandwidth_gbytes_per_s == pytest.approx(
+            6016 / 8 * 3201 * 2 / 1000
+        )  # 4.81 TB/s
+        assert g.hbm_bandwidth_gbytes_per_s == pytest.approx(4814.3, abs=0.1)
         assert g.sm_clock_mhz == 1980
         assert g.power_limit_w == 700.0
         assert (g.pcie_generation, g.pcie_width) == (5, 16)
         assert len(g.nvlinks) == 18
         assert all(x.active and x.generation == 4 and x.to_switch for x in g.nvlinks)
-        assert g.nvlink_gbps == 900.0  # 18 links x 25 GB/s x 2 directions
+        assert g.nvlink_bidir_gbytes_per_s == 900.0  # 18 links x 25 GB/s x 2 directions
         assert g.nvlink_domain == "h200-node"
     assert [g.pci_bus_id for g in inv.gpus] == ["00000000:00:06.0", "00000000:00:07.0"]
     assert inv.gpus[0].uuid != inv.gpus[1].uuid
     assert backend.notes == []
     node = inv.to_node()
     assert node.nvlink is not None
-    assert (node.nvlink.domain, node.nvlink.per_gpu_gbps) == ("h200-node", 900.0)
+    assert (node.nvlink.domain, node.nvlink.per_gpu_bidir_gbytes_per_s) == ("h200-node", 900.0)
     assert node.gpus[0].spec.sms == 132
 
 
@@ -97,7 +98,7 @@ def test_missing_figures_fall_back_to_the_catalog_with_a_note() -> None:
         g[K_BUS_WIDTH] = {"error": "NVMLError_NotSupported"}
         g[K_CORES] = {"error": "NVMLError_FunctionNotFound"}  # an older driver
     backend, inv = _discover(rec)
-    assert inv.gpus[0].hbm_bandwidth_gbps == 4800.0  # catalog
+    assert inv.gpus[0].hbm_bandwidth_gbytes_per_s == 4800.0  # catalog
     assert inv.gpus[0].sms == 132  # catalog
     assert any("HBM bandwidth from catalog" in n for n in backend.notes)
     assert any("SM count from catalog" in n for n in backend.notes)
@@ -217,4 +218,4 @@ def test_real_nvml_discovery() -> None:
         assert g.uuid.startswith("GPU-") or g.uuid.startswith("MIG-")
         assert g.memory_bytes > 0
         assert g.sms > 0
-        assert g.hbm_bandwidth_gbps > 0
+        assert g.hbm_bandwidth_gbytes_per_s > 0

@@ -15,16 +15,18 @@ torch = pytest.importorskip("torch", reason="the reference runtime needs torch (
 
 from agents.runtime.launch import spawn  # noqa: E402
 from agents.runtime.layer import (  # noqa: E402
-    FP8_GROUP,
     LayerShape,
     MoeLayer,
+    make_kv_cache,
+    make_weights,
+    reference_forward,
+)
+from agents.runtime.routing import (  # noqa: E402
+    FP8_GROUP,
     RankPlacement,
     assign_replicas,
     build_tables,
     fp8_roundtrip,
-    make_kv_cache,
-    make_weights,
-    reference_forward,
     split_tokens,
 )
 

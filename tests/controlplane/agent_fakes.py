@@ -200,8 +200,8 @@ def small_fleet_doc(nodes: int = 3, gpus_per_node: int = 2) -> dict[str, Any]:
                     "name": f"n{i}",
                     "labels": {"rack": f"r{i % 2}"},
                     "gpus": [{"model": models[i % len(models)], "count": gpus_per_node}],
-                    "nvlink": {"domain": f"n{i}", "per_gpu_gbps": 900},
-                    "nics": [{"count": 1, "gbps": 400, "fabric": "ib0"}],
+                    "nvlink": {"domain": f"n{i}", "per_gpu_bidir_gbytes_per_s": 900},
+                    "nics": [{"count": 1, "per_direction_gbits_per_s": 400, "fabric": "ib0"}],
                 }
                 for i in range(nodes)
             ]

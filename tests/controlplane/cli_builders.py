@@ -19,12 +19,12 @@ spec:
   - name: a100-0
     labels: {rack: r1}
     gpus: [{model: A100-SXM4-80GB, count: 2}]
-    nvlink: {domain: a100-0, per_gpu_gbps: 600}
-    nics: [{count: 1, gbps: 400, fabric: ib0}]
+    nvlink: {domain: a100-0, per_gpu_bidir_gbytes_per_s: 600}
+    nics: [{count: 1, per_direction_gbits_per_s: 400, fabric: ib0}]
   - name: h100-0
     gpus: [{model: H100-SXM5-80GB, count: 2}]
-    nvlink: {domain: h100-0, per_gpu_gbps: 900}
-    nics: [{count: 1, gbps: 400, fabric: ib0}]
+    nvlink: {domain: h100-0, per_gpu_bidir_gbytes_per_s: 900}
+    nics: [{count: 1, per_direction_gbits_per_s: 400, fabric: ib0}]
 """
 
 #: A quick solve on the tiny fleet: Mixtral (32 MoE layers x 8 experts), 12 slots.

@@ -8,18 +8,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from controlplane.deployment import (
+from apis.wire.deployment import spec_from_proto, spec_to_proto
+from policies.errors import InputError
+from policies.fleet import parse_fleet
+from policies.models import preset
+from policies.spec import (
     DeploymentSpec,
     build_request,
     effective_redundant,
     parse_deployment,
-    spec_from_proto,
     spec_to_doc,
-    spec_to_proto,
 )
-from policies.errors import InputError
-from policies.fleet import parse_fleet
-from policies.models import preset
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "deployments"
 
@@ -90,7 +89,7 @@ def test_redundant_experts_follow_the_gpu_count() -> None:
 def test_build_request_drops_a_previous_plan_of_another_model() -> None:
     from agent_fakes import small_fleet_doc
 
-    from policies.request import solve
+    from policies.solve import solve
 
     fleet = parse_fleet(small_fleet_doc())
     spec = DeploymentSpec(name="mx", model="mixtral-8x7b", policy="greedy")

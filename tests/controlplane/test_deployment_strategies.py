@@ -18,24 +18,24 @@ from agent_fakes import FakeAgent, small_inventories, wait_until
 from cli_builders import cli_runner
 from mixfleet.v1 import plan_pb2, plan_pb2_grpc
 
-from controlplane.deployment import (
+from apis.wire.deployment import spec_from_proto, spec_to_proto
+from controlplane.server.inprocess import start_controller
+from controlplane.wire.plans import deployment_to_proto
+from policies.cost import DEFAULT_USD_PER_GPU_HOUR
+from policies.errors import InputError
+from policies.fleet import Fleet, parse_fleet
+from policies.request import check_request
+from policies.solve import solve
+from policies.spec import (
     DeploymentSpec,
     WorkloadSpec,
     build_request,
     check_spec,
     parse_deployment,
     price_table,
-    spec_from_proto,
     spec_to_doc,
-    spec_to_proto,
     usd_per_million_tokens,
 )
-from controlplane.server.inprocess import start_controller
-from controlplane.wire.plans import deployment_to_proto
-from policies.cost import DEFAULT_USD_PER_GPU_HOUR
-from policies.errors import InputError
-from policies.fleet import Fleet, parse_fleet
-from policies.request import check_request, solve
 
 MIXED_VENDORS = """\
 apiVersion: mixfleet.io/v1alpha1
@@ -45,12 +45,12 @@ spec:
   nodes:
   - name: h100-0
     gpus: [{model: H100-SXM5-80GB, count: 2}]
-    nvlink: {domain: h100-0, per_gpu_gbps: 900}
-    nics: [{count: 1, gbps: 400, fabric: ib0}]
+    nvlink: {domain: h100-0, per_gpu_bidir_gbytes_per_s: 900}
+    nics: [{count: 1, per_direction_gbits_per_s: 400, fabric: ib0}]
   - name: mi300x-0
     gpus: [{model: MI300X, count: 2}]
-    nvlink: {domain: mi300x-0, per_gpu_gbps: 896}
-    nics: [{count: 1, gbps: 400, fabric: ib0}]
+    nvlink: {domain: mi300x-0, per_gpu_bidir_gbytes_per_s: 896}
+    nics: [{count: 1, per_direction_gbits_per_s: 400, fabric: ib0}]
 """
 
 

@@ -13,7 +13,8 @@ from controlplane.cli.render import plan_picture, render_plan
 from policies.errors import InputError
 from policies.fleet import parse_fleet
 from policies.models import preset
-from policies.request import PlacementRequest, PlacementResult, SolverOptions, solve
+from policies.request import PlacementRequest, PlacementResult, SolverOptions
+from policies.solve import solve
 from policies.workload import make_workload, synthetic_zipf
 
 LOAD = "synthetic:zipf:1.2:seed=5"

@@ -15,18 +15,13 @@ import pytest
 from agent_fakes import FakeAgent, small_fleet_doc, small_inventories, wait_until
 from mixfleet.v1 import engine_pb2, engine_pb2_grpc, plan_pb2, plan_pb2_grpc
 
-from controlplane.deployment import (
-    DeploymentSpec,
-    RebalanceSpec,
-    WorkloadSpec,
-    build_request,
-    spec_to_proto,
-)
+from apis.wire.deployment import spec_to_proto
 from controlplane.server.inprocess import start_controller
 from policies.assignment import diff_plans, imbalance_under_load
 from policies.fleet import parse_fleet
 from policies.models import from_hf_config
-from policies.request import solve
+from policies.solve import solve
+from policies.spec import DeploymentSpec, RebalanceSpec, WorkloadSpec, build_request
 from policies.workload import synthetic_zipf
 
 #: A 4-layer, 32-expert Qwen3-MoE-shaped model: small enough for the ILP to solve in a second.

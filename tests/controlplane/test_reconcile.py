@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from controlplane.deployment import DeploymentSpec, RebalanceSpec
 from controlplane.server.reconcile import (
     Abort,
     Commit,
@@ -22,6 +21,7 @@ from controlplane.server.reconcile import (
     inputs_key,
     reconcile,
 )
+from policies.spec import DeploymentSpec, RebalanceSpec
 
 S = ReconcileSettings(node_lost_after_s=10.0, retry_after_abort_s=30.0, retry_after_error_s=5.0)
 NOW = 1000.0
@@ -242,3 +242,58 @@ def test_rebalance_respects_min_interval_and_the_switch() -> None:
 def test_stale_samples_do_not_trigger() -> None:
     s = samples((400, 0.3), (200, 0.3))
     assert main_action(decide(DeploymentObs(REBALANCE, 1, COMMITTED, imbalance_samples=s))) is None
+
+
+# ------------------------------------------------- Kubernetes mode: the operator decides
+
+EXTERNAL = replace(S, solves=False)
+
+
+def decide_external(d: DeploymentObs, nodes: tuple[NodeObs, ...] = NODES) -> list[object]:
+    return list(reconcile(Observed(NOW, nodes, (d,)), EXTERNAL))
+
+
+def test_the_controller_never_solves_when_the_operator_decides() -> None:
+    # New deployment, changed spec, lost node, rebalance due: no Solve, ever.
+    lost = (node("a"), node("b"), node("c", seen=NOW - 60.0))
+    rebalance = replace(SPEC, rebalance=RebalanceSpec(enabled=True, sustain_s=0.0))
+    cases = [
+        DeploymentObs(SPEC, 1),
+        DeploymentObs(SPEC, 2, committed=COMMITTED),
+        DeploymentObs(rebalance, 1, committed=COMMITTED, imbalance_samples=((NOW - 5, 0.9),)),
+    ]
+    for d in cases:
+        assert not any(isinstance(a, Solve) for a in decide_external(d))
+    acts = decide_external(DeploymentObs(SPEC, 1, committed=COMMITTED), lost)
+    assert not any(isinstance(a, Solve) for a in acts)
+    assert status(acts).phase == "degraded" and "operator" in status(acts).message
+    assert status(decide_external(DeploymentObs(SPEC, 1))).message == (
+        "waiting for the operator's plan"
+    )
+
+
+def test_the_operators_newest_plan_is_rolled_out_and_older_ones_aborted() -> None:
+    # The operator's inputs digest is its own: it is not compared with the controller's.
+    pending = PlanObs(3, "proposed", "operator-digest", nodes=("a", "b"))
+    d = DeploymentObs(SPEC, 2, committed=COMMITTED, pending=pending, older_proposed=(2,))
+    acts = decide_external(d)
+    assert [a for a in acts if not isinstance(a, SetStatus)] == [
+        Abort("mx", 2, "replaced by v3 before its rollout"),
+        StartRollout("mx", 3),
+    ]
+
+
+def test_an_operator_plan_on_an_unusable_node_waits_for_the_next_plan() -> None:
+    pending = PlanObs(2, "proposed", "operator-digest", nodes=("a", "c"))
+    nodes = (node("a"), node("b"), node("c", seen=NOW - 60.0))
+    acts = decide_external(DeploymentObs(SPEC, 1, pending=pending), nodes)
+    assert main_action(acts) is None
+    assert status(acts).phase == "pending" and "(c)" in status(acts).message
+
+
+def test_rollouts_of_operator_plans_commit_and_abort_as_before() -> None:
+    r = RolloutObs(2, NOW + 10, ("a", "b"), frozenset({"a", "b"}))
+    assert main_action(decide_external(DeploymentObs(SPEC, 1, rollout=r))) == Commit("mx", 2)
+    failed = replace(r, prepared=frozenset({"a"}), failed={"b": "disk full"})
+    got = main_action(decide_external(DeploymentObs(SPEC, 1, rollout=failed)))
+    assert isinstance(got, Abort) and "disk full" in got.reason

@@ -15,9 +15,10 @@ import grpc
 from agent_fakes import FakeAgent, small_inventories, wait_until
 from mixfleet.v1 import engine_pb2, engine_pb2_grpc, plan_pb2, plan_pb2_grpc
 
-from controlplane.deployment import DeploymentSpec, WorkloadSpec, spec_to_proto
+from apis.wire.deployment import spec_to_proto
 from controlplane.server.controller import ControllerSettings
 from controlplane.server.inprocess import FAST, RunningController, start_controller
+from policies.spec import DeploymentSpec, WorkloadSpec
 
 SPEC = DeploymentSpec(
     name="mx",

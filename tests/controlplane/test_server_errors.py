@@ -24,13 +24,14 @@ from mixfleet.v1 import (
     plan_pb2_grpc,
 )
 
+from apis.wire.deployment import spec_to_proto
 from apis.wire.inventory import inventory_to_proto
-from controlplane.deployment import DeploymentSpec, spec_to_proto
 from controlplane.server.controller import Controller
 from controlplane.server.inprocess import start_controller
 from controlplane.server.services import ServerOptions, create_server
 from controlplane.store.sqlite import SqliteStore
 from policies.errors import InputError
+from policies.spec import DeploymentSpec
 
 ADMIN = "admin-token-0123456789abcdef"
 VIEWER = "viewer-token-0123456789abcdef"
@@ -65,14 +66,14 @@ def test_bad_inventories_are_invalid_argument_naming_the_field(tmp_path: Path) -
             code = grpc.StatusCode.INVALID_ARGUMENT
             await expect(
                 code,
-                agent.Register(register_request(hbm_bandwidth_gbps=math.nan)),
-                "inventory.gpus[0].hbm_bandwidth_gbps",
+                agent.Register(register_request(hbm_bandwidth_gbytes_per_s=math.nan)),
+                "inventory.gpus[0].hbm_bandwidth_gbytes_per_s",
                 "finite",
             )
             await expect(
                 code,
-                agent.Register(register_request(hbm_bandwidth_gbps=-1.0)),
-                "inventory.gpus[0].hbm_bandwidth_gbps",
+                agent.Register(register_request(hbm_bandwidth_gbytes_per_s=-1.0)),
+                "inventory.gpus[0].hbm_bandwidth_gbytes_per_s",
             )
             await expect(
                 code,
@@ -88,11 +89,11 @@ def test_bad_inventories_are_invalid_argument_naming_the_field(tmp_path: Path) -
                 "inventory.gpus[1].uuid",
                 "duplicate",
             )
-            nic = replace(inv, nics=(replace(inv.nics[0], rate_gbps=-400.0),))
+            nic = replace(inv, nics=(replace(inv.nics[0], rate_per_direction_gbits_per_s=-400.0),))
             await expect(
                 code,
                 agent.Register(agent_pb2.RegisterRequest(inventory=inventory_to_proto(nic))),
-                "inventory.nics[0].rate_gbps",
+                "inventory.nics[0].rate_per_direction_gbits_per_s",
             )
             await expect(code, agent.Register(agent_pb2.RegisterRequest()), "inventory")
             assert ctl.controller.store.list_nodes() == []
@@ -116,12 +117,19 @@ def test_oversized_messages_are_refused(tmp_path: Path) -> None:
     run(main())
 
 
-def test_acks_and_heartbeats_for_unknown_things(tmp_path: Path) -> None:
+async def _registered(
+    ch: grpc.aio.Channel,
+) -> tuple[agent_pb2_grpc.AgentServiceAsyncStub, agent_pb2.RegisterResponse]:
+    """An AgentService stub and the registration of node n0 through it."""
+    agent = agent_pb2_grpc.AgentServiceStub(ch)
+    return agent, await agent.Register(register_request())
+
+
+def test_acks_for_unknown_things(tmp_path: Path) -> None:
     async def main() -> None:
         async with start_controller(tmp_path) as ctl, grpc.aio.insecure_channel(ctl.address) as ch:
-            agent = agent_pb2_grpc.AgentServiceStub(ch)
+            agent, reg = await _registered(ch)
             plans = plan_pb2_grpc.PlanServiceStub(ch)
-            reg = await agent.Register(register_request())
             prepared = agent_pb2.ACK_STATE_PREPARED
             await expect(
                 grpc.StatusCode.NOT_FOUND,
@@ -176,6 +184,14 @@ def test_acks_and_heartbeats_for_unknown_things(tmp_path: Path) -> None:
                 ),
                 "node",
             )
+
+    run(main())
+
+
+def test_heartbeats_and_streams_of_unknown_sessions(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with start_controller(tmp_path) as ctl, grpc.aio.insecure_channel(ctl.address) as ch:
+            agent, reg = await _registered(ch)
             hb = await agent.Heartbeat(agent_pb2.HeartbeatRequest(node="n0", session_id="stale"))
             assert hb.reregister
             hb = await agent.Heartbeat(
@@ -191,7 +207,16 @@ def test_acks_and_heartbeats_for_unknown_things(tmp_path: Path) -> None:
             )
             await expect(grpc.StatusCode.FAILED_PRECONDITION, _first(stream), "session_id")
 
-            # The same refusals on an AckStream come back in-band and the stream goes on.
+    run(main())
+
+
+def test_ack_and_heartbeat_streams_refuse_in_band(tmp_path: Path) -> None:
+    """The same refusals on an AckStream come back in-band and the stream goes on."""
+
+    async def main() -> None:
+        async with start_controller(tmp_path) as ctl, grpc.aio.insecure_channel(ctl.address) as ch:
+            agent, reg = await _registered(ch)
+            prepared = agent_pb2.ACK_STATE_PREPARED
             acks: Any = cast(Any, agent).AckStream()
             await acks.write(
                 agent_pb2.AckRequest(
@@ -231,7 +256,6 @@ def test_plan_service_errors(tmp_path: Path) -> None:
     async def main() -> None:
         async with start_controller(tmp_path) as ctl, grpc.aio.insecure_channel(ctl.address) as ch:
             plans = plan_pb2_grpc.PlanServiceStub(ch)
-            engine = engine_pb2_grpc.EngineServiceStub(ch)
             bad = spec_to_proto(DeploymentSpec(name="mx", model="mixtral-8x7b"))
             bad.policy = "magic"
             await expect(
@@ -277,6 +301,19 @@ def test_plan_service_errors(tmp_path: Path) -> None:
                 plans.Solve(plan_pb2.SolveRequest(spec=good.spec)),
                 "node_selector",
             )
+
+    run(main())
+
+
+def test_engine_service_errors(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with start_controller(tmp_path) as ctl, grpc.aio.insecure_channel(ctl.address) as ch:
+            plans = plan_pb2_grpc.PlanServiceStub(ch)
+            engine = engine_pb2_grpc.EngineServiceStub(ch)
+            good = plan_pb2.ApplyDeploymentRequest(
+                spec=spec_to_proto(DeploymentSpec(name="mx", model="mixtral-8x7b"))
+            )
+            await plans.CreateDeployment(good)
             await expect(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 engine.GetRouting(engine_pb2.GetRoutingRequest(deployment="mx")),

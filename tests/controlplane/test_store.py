@@ -13,14 +13,15 @@ from pathlib import Path
 import pytest
 from agent_fakes import small_fleet_doc, small_inventories
 
-from controlplane.deployment import DeploymentSpec
 from controlplane.errors import AlreadyExistsError, NotFoundError, PreconditionError, StoreError
 from controlplane.store import LoadWindow, StoredAck, StoredNode, open_store
 from controlplane.store.sqlite import SCHEMA_VERSION, SqliteStore
 from policies.assignment import split_plan
 from policies.fleet import parse_fleet
 from policies.plan import Plan
-from policies.request import PlacementRequest, solve
+from policies.request import PlacementRequest
+from policies.solve import solve
+from policies.spec import DeploymentSpec
 from policies.workload import make_workload
 
 SPEC = DeploymentSpec(name="mx", model="mixtral-8x7b", policy="greedy")

@@ -1,8 +1,8 @@
 """PlanService's strategy RPCs (AdviseTiers, AdviseBatch, AdviseContext, EstimateCost,
 MinCost) on a real controller over real gRPC on loopback, with simulated nodes registered
 through AgentService. Every answer is checked against the pure planner called directly on
-the same fleet (the registered inventories), and bad input against its status code and
-the field its message names.
+the same fleet (the registered inventories); bad input and bad callers are in
+test_strategy_api_errors.py.
 
 Most tests run the controller without its reconcile loop (nothing here needs a rollout)
 and with a long node-lost timeout, so nodes registered once stay usable without
@@ -13,109 +13,29 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import threading
-from collections.abc import AsyncIterator, Awaitable
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 from agent_fakes import FakeAgent, small_inventories, wait_until
-from google.protobuf.message import Message
-from mixfleet.v1 import agent_pb2, agent_pb2_grpc, plan_pb2, plan_pb2_grpc
+from mixfleet.v1 import plan_pb2, plan_pb2_grpc
+from strategy_fixtures import (
+    ALL_NODES,
+    controller_with_nodes,
+    expected,
+    opt,
+    run,
+    spec,
+)
 
-from apis.wire.inventory import inventory_to_proto
-from controlplane.deployment import DeploymentSpec, WorkloadSpec, spec_to_proto
-from controlplane.server.inprocess import FAST, RunningController, start_controller
+from apis.wire.deployment import spec_to_proto
+from controlplane.server.inprocess import start_controller
 from policies.advise import BatchPoint, advise_batch, advise_context
 from policies.cost import DEFAULT_USD_PER_GPU_HOUR, PriceTable, min_cost, plan_cost
-from policies.deployment import Deployment
-from policies.fleet import Fleet
-from policies.models import preset
-from policies.request import SolverOptions
+from policies.spec import WorkloadSpec
 from policies.tiers import BatchTier, InteractiveTier, TierRequest, plan_tiers
-
-#: Nodes stay usable for 10 minutes after registering: no heartbeats needed.
-SETTINGS = replace(FAST, node_lost_after_s=600.0)
-MODEL = "mixtral-8x7b"
-NAME = "adv"
-ADMIN = "admin-token-0123456789abcdef"
-VIEWER = "viewer-token-0123456789abcdef"
-ENGINE = "engine-token-0123456789abcdef"
-AGENT = "agent-token-0123456789abcdefg"
-ALL_NODES = ("n0", "n1", "n2")  # H100, H200, A100 (2 GPUs each); racks r0, r1, r0
-
-
-def run(coro: Awaitable[None]) -> None:
-    asyncio.run(coro)  # type: ignore[arg-type]
-
-
-def spec(tokens_per_gpu: int = 32, **changes: Any) -> DeploymentSpec:
-    """The deployment every test asks about: mixtral-8x7b decode, greedy."""
-    base = DeploymentSpec(
-        name=NAME,
-        model=MODEL,
-        policy="greedy",
-        workload=WorkloadSpec(tokens_per_gpu=tokens_per_gpu, context_len=4096),
-    )
-    return replace(base, **changes)
-
-
-def expected(nodes: tuple[str, ...] = ALL_NODES, **changes: Any) -> Deployment:
-    """The same deployment built by hand for the pure planners: the registered inventories'
-    nodes (in name order, as the controller plans), the preset, a 60 s solver limit."""
-    inventories = {inv.node: inv for inv in small_inventories()}
-    fleet = Fleet(NAME, tuple(inventories[n].to_node() for n in nodes))
-    dep = Deployment(
-        fleet=fleet,
-        model=preset(MODEL),
-        policy="greedy",
-        options=SolverOptions(time_limit_s=60.0),
-    )
-    return replace(dep, **changes)
-
-
-def opt(msg: Message, name: str) -> Any:
-    """An optional field's value, None when unset."""
-    return getattr(msg, name) if msg.HasField(name) else None
-
-
-@dataclass
-class Api:
-    ctl: RunningController
-    plans: plan_pb2_grpc.PlanServiceAsyncStub
-
-
-@asynccontextmanager
-async def controller_with_nodes(
-    tmp_path: Path, *, token_file: Path | None = None
-) -> AsyncIterator[Api]:
-    """A controller (no reconcile loop) with the three small nodes registered over gRPC."""
-    md = (("authorization", f"Bearer {AGENT}"),) if token_file else ()
-    async with (
-        start_controller(tmp_path, settings=SETTINGS, token_file=token_file, run_loop=False) as ctl,
-        grpc.aio.insecure_channel(ctl.address) as ch,
-    ):
-        agent = agent_pb2_grpc.AgentServiceStub(ch)
-        for inv in small_inventories():
-            await agent.Register(
-                agent_pb2.RegisterRequest(inventory=inventory_to_proto(inv)), metadata=md
-            )
-        yield Api(ctl, plan_pb2_grpc.PlanServiceStub(ch))
-
-
-async def expect(code: grpc.StatusCode, call: Awaitable[Any], *needles: str) -> str:
-    with pytest.raises(grpc.aio.AioRpcError) as err:
-        await call
-    assert err.value.code() == code, err.value.details()
-    details = err.value.details() or ""
-    for needle in needles:
-        assert needle in details, details
-    return details
-
 
 # ------------------------------------------------------------------------------ batch
 
@@ -485,174 +405,3 @@ def test_min_cost_matches_the_planner(tmp_path: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- errors
-
-
-def test_bad_inputs_get_the_right_status_naming_the_field(tmp_path: Path) -> None:
-    invalid = grpc.StatusCode.INVALID_ARGUMENT
-
-    def tiers(**interactive: Any) -> plan_pb2.AdviseTiersRequest:
-        return plan_pb2.AdviseTiersRequest(
-            spec=spec_to_proto(spec()),
-            interactive=plan_pb2.InteractiveTierSpec(requests_per_s=1.0, **interactive),
-        )
-
-    async def main() -> None:
-        async with controller_with_nodes(tmp_path) as api:
-            p = api.plans
-            # negative SLOs
-            await expect(invalid, p.AdviseTiers(tiers(tpot_ms=-5.0)), "interactive.tpot_ms", "> 0")
-            await expect(invalid, p.AdviseTiers(tiers(ttft_ms=math.nan)), "interactive.ttft_ms")
-            await expect(invalid, p.AdviseTiers(tiers()), "interactive:", "To fix")
-            await expect(
-                invalid,
-                p.AdviseTiers(tiers(tpot_ms=50.0, max_utilisation=1.5)),
-                "interactive.max_utilisation",
-            )
-            bad = tiers(tpot_ms=50.0)
-            bad.additions.append("Z9000")
-            await expect(invalid, p.AdviseTiers(bad), "additions[0]", "Z9000")
-            bad = tiers(tpot_ms=50.0)
-            bad.preference = "cheapest"
-            await expect(invalid, p.AdviseTiers(bad), "preference", "max-batch")
-            await expect(
-                invalid,
-                p.AdviseBatch(plan_pb2.AdviseBatchRequest(spec=spec_to_proto(spec()), tpot_ms=-1)),
-                "tpot_ms",
-            )
-            await expect(
-                invalid,
-                p.AdviseBatch(plan_pb2.AdviseBatchRequest(spec=spec_to_proto(spec()), ttft_ms=9)),
-                "ttft_ms",
-                "prefill",
-            )
-            # unknown GPU, bad price
-            await expect(
-                invalid,
-                p.EstimateCost(
-                    plan_pb2.EstimateCostRequest(spec=spec_to_proto(spec()), prices={"Z9000": 1.0})
-                ),
-                'prices["Z9000"]',
-                "unknown GPU model",
-                "To fix",
-            )
-            await expect(
-                invalid,
-                p.MinCost(
-                    plan_pb2.MinCostRequest(
-                        spec=spec_to_proto(spec()),
-                        target_tokens_per_s=100.0,
-                        prices={"H100": -2.0},
-                    )
-                ),
-                'prices["H100"]',
-            )
-            # unknown model, missing spec
-            unknown = spec_to_proto(spec())
-            unknown.model = "gpt-17"
-            await expect(
-                invalid,
-                p.AdviseBatch(plan_pb2.AdviseBatchRequest(spec=unknown)),
-                "spec.model",
-                "gpt-17",
-            )
-            await expect(
-                invalid, p.AdviseBatch(plan_pb2.AdviseBatchRequest()), "spec:", "spec.model"
-            )
-            await expect(invalid, p.EstimateCost(plan_pb2.EstimateCostRequest()), "plan:")
-            # option values
-            await expect(
-                invalid,
-                p.MinCost(plan_pb2.MinCostRequest(spec=spec_to_proto(spec()))),
-                "target_tokens_per_s",
-            )
-            await expect(
-                invalid,
-                p.MinCost(
-                    plan_pb2.MinCostRequest(
-                        spec=spec_to_proto(spec()), target_tokens_per_s=1.0, layout="diagonal"
-                    )
-                ),
-                "layout",
-            )
-            await expect(
-                invalid,
-                p.AdviseContext(
-                    plan_pb2.AdviseContextRequest(spec=spec_to_proto(spec()), contexts=[4096, -1])
-                ),
-                "contexts[1]",
-            )
-            await expect(
-                invalid,
-                p.AdviseContext(
-                    plan_pb2.AdviseContextRequest(spec=spec_to_proto(spec()), policies=["magic"])
-                ),
-                "policies[0]",
-            )
-            # no node matches the selector
-            nowhere = spec_to_proto(spec(node_selector={"rack": "nowhere"}))
-            for call in (
-                p.AdviseBatch(plan_pb2.AdviseBatchRequest(spec=nowhere)),
-                p.AdviseContext(plan_pb2.AdviseContextRequest(spec=nowhere)),
-                p.MinCost(plan_pb2.MinCostRequest(spec=nowhere, target_tokens_per_s=1.0)),
-                p.EstimateCost(plan_pb2.EstimateCostRequest(spec=nowhere)),
-                p.AdviseTiers(
-                    plan_pb2.AdviseTiersRequest(
-                        spec=nowhere,
-                        interactive=plan_pb2.InteractiveTierSpec(tpot_ms=50, requests_per_s=1),
-                    )
-                ),
-            ):
-                await expect(
-                    grpc.StatusCode.FAILED_PRECONDITION, call, "spec.node_selector", "To fix"
-                )
-            # unknown deployment; a deployment without a committed plan yet
-            await expect(
-                grpc.StatusCode.NOT_FOUND,
-                p.EstimateCost(plan_pb2.EstimateCostRequest(deployment="ghost")),
-                "deployment",
-                "ghost",
-            )
-            await p.CreateDeployment(
-                plan_pb2.ApplyDeploymentRequest(spec=spec_to_proto(spec(name="fresh")))
-            )
-            await expect(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                p.EstimateCost(plan_pb2.EstimateCostRequest(deployment="fresh")),
-                "deployment",
-                "no committed plan",
-            )
-
-    run(main())
-
-
-def test_viewers_may_ask_and_unknown_callers_may_not(tmp_path: Path) -> None:
-    tokens = tmp_path / "tokens"
-    tokens.write_text(
-        f"{ADMIN} admin cli\n{VIEWER} viewer dash\n{ENGINE} engine eng\n{AGENT} agent ag\n"
-    )
-
-    def md(token: str) -> tuple[tuple[str, str], ...]:
-        return (("authorization", f"Bearer {token}"),)
-
-    request = plan_pb2.AdviseContextRequest(
-        spec=spec_to_proto(spec(tokens_per_gpu=8)), contexts=[32768], policies=["uniform"]
-    )
-
-    async def main() -> None:
-        async with controller_with_nodes(tmp_path, token_file=tokens) as api:
-            p = api.plans
-            for token in (VIEWER, ADMIN):
-                reply = await p.AdviseContext(request, metadata=md(token))
-                assert opt(reply.policies[0], "longest_context") is not None
-            await expect(grpc.StatusCode.UNAUTHENTICATED, p.AdviseContext(request), "authorization")
-            await expect(
-                grpc.StatusCode.PERMISSION_DENIED,
-                p.MinCost(
-                    plan_pb2.MinCostRequest(spec=request.spec, target_tokens_per_s=1.0),
-                    metadata=md(ENGINE),
-                ),
-            )
-            cost = plan_pb2.EstimateCostRequest(spec=request.spec)
-            assert (await p.EstimateCost(cost, metadata=md(VIEWER))).cost_per_hour > 0
-
-    run(main())

@@ -32,8 +32,8 @@ def fleet(nodes: int = 3, gpus_per_node: int = 2, model: str = "H100-SXM5-80GB")
                         "name": f"n{i}",
                         "labels": {"pool": "e2e"},
                         "gpus": [{"model": model, "count": gpus_per_node}],
-                        "nvlink": {"domain": f"n{i}", "per_gpu_gbps": 900},
-                        "nics": [{"count": 2, "gbps": 400, "fabric": "ib0"}],
+                        "nvlink": {"domain": f"n{i}", "per_gpu_bidir_gbytes_per_s": 900},
+                        "nics": [{"count": 2, "per_direction_gbits_per_s": 400, "fabric": "ib0"}],
                     }
                     for i in range(nodes)
                 ]

@@ -28,15 +28,24 @@ from operators.reconcile import (
 )
 from policies.fleet import parse_node
 from policies.inventory import NodeInventory, inventory_from_node
-from policies.request import solve
+from policies.solve import solve
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 
 #: Small GPU nodes: two GPUs each, so a qwen3-30b-a3b or mixtral-8x7b plan solves in ~1 s.
 NODE_SPECS: dict[str, dict[str, Any]] = {
-    "h100-0": {"gpus": [{"model": "H100-SXM5-80GB", "count": 2}], "nvlink": {"per_gpu_gbps": 900}},
-    "h100-1": {"gpus": [{"model": "H100-SXM5-80GB", "count": 2}], "nvlink": {"per_gpu_gbps": 900}},
-    "a100-0": {"gpus": [{"model": "A100-SXM4-80GB", "count": 2}], "nvlink": {"per_gpu_gbps": 600}},
+    "h100-0": {
+        "gpus": [{"model": "H100-SXM5-80GB", "count": 2}],
+        "nvlink": {"per_gpu_bidir_gbytes_per_s": 900},
+    },
+    "h100-1": {
+        "gpus": [{"model": "H100-SXM5-80GB", "count": 2}],
+        "nvlink": {"per_gpu_bidir_gbytes_per_s": 900},
+    },
+    "a100-0": {
+        "gpus": [{"model": "A100-SXM4-80GB", "count": 2}],
+        "nvlink": {"per_gpu_bidir_gbytes_per_s": 600},
+    },
     "l40s-0": {"gpus": [{"model": "L40S", "count": 2}]},
 }
 TIERS = {"h100-0": "hopper", "h100-1": "hopper", "a100-0": "ampere", "l40s-0": "ada"}
@@ -46,7 +55,7 @@ def inventory(name: str, spec_name: str | None = None) -> NodeInventory:
     """The (simulated) inventory an agent on node ``name`` reports."""
     doc = dict(NODE_SPECS[spec_name or name])
     doc["name"] = name
-    doc.setdefault("nics", [{"count": 1, "gbps": 400, "fabric": "ib0"}])
+    doc.setdefault("nics", [{"count": 1, "per_direction_gbits_per_s": 400, "fabric": "ib0"}])
     return inventory_from_node(parse_node(doc))
 
 
@@ -167,3 +176,64 @@ def policy_object(name: str, **spec: Any) -> dict[str, Any]:
         "metadata": {"name": name},
         "spec": spec,
     }
+
+
+def propose_plan(kube: Any, namespace: str, deployment: str, plan: Any, *, reason: str = "") -> int:
+    """Write a PartitionPlan for ``deployment`` the way the operator does (madeBy operator,
+    the next version above every earlier one, owned by its ModelDeployment); returns the
+    version. The controller's store only rolls such plans out, it never writes one."""
+    import dataclasses
+
+    from apis.kube.client import MODEL_DEPLOYMENTS, PARTITION_PLANS
+    from apis.kube.plancodec import plan_spec
+    from apis.kube.schema import to_wire
+    from apis.kube.versions import read_floor, record_version
+
+    md = kube.get(MODEL_DEPLOYMENTS, deployment, namespace)
+    if md is None:
+        raise LookupError(f"no ModelDeployment {deployment}")
+    items, _ = kube.list(
+        PARTITION_PLANS, namespace, label_selector=f"mixfleet.io/deployment={deployment}"
+    )
+    version = (
+        max([int(p["spec"]["version"]) for p in items] + [read_floor(kube, namespace, deployment)])
+        + 1
+    )
+    spec = dataclasses.replace(
+        plan_spec(
+            dataclasses.replace(plan, version=version),
+            deployment=deployment,
+            inputs_digest=f"operator-digest-{version}",
+            deployment_generation=int(md["metadata"].get("generation") or 1),
+        ),
+        made_by="operator",
+        reason=reason,
+    )
+    kube.create(
+        PARTITION_PLANS,
+        {
+            "apiVersion": "mixfleet.io/v1alpha1",
+            "kind": "PartitionPlan",
+            "metadata": {
+                "name": f"{deployment}-v{version}",
+                "namespace": namespace,
+                "labels": {
+                    "mixfleet.io/deployment": deployment,
+                    "app.kubernetes.io/managed-by": "mixfleet-operator",
+                },
+                "ownerReferences": [
+                    {
+                        "apiVersion": "mixfleet.io/v1alpha1",
+                        "kind": "ModelDeployment",
+                        "name": deployment,
+                        "uid": md["metadata"]["uid"],
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
+            },
+            "spec": to_wire(spec),
+        },
+    )
+    record_version(kube, namespace, deployment, version)
+    return version

@@ -1,4 +1,4 @@
-"""The controller's Kubernetes store (controlplane/store/kubernetes.py) keeps the Store
+"""The controller's Kubernetes store (controlplane/store/kubernetes/) keeps the Store
 contract: nodes, deployments and their generation, versions that only grow (also across
 delete and re-create), one committed plan, idempotent acks, load windows."""
 
@@ -7,18 +7,19 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from k8s_builders import inventory
+from k8s_builders import inventory, propose_plan
 from k8s_cluster import Cluster
 
 from apis.kube.client import MODEL_DEPLOYMENTS, PARTITION_PLANS
-from controlplane.deployment import DeploymentSpec, WorkloadSpec
 from controlplane.errors import AlreadyExistsError, NotFoundError, PreconditionError
 from controlplane.store.base import LoadWindow, Store, StoredAck, StoredNode
 from controlplane.store.kubernetes import KubernetesStore, from_time, to_time
 from policies.fleet import parse_fleet
 from policies.models import preset
 from policies.plan import Plan
-from policies.request import PlacementRequest, solve
+from policies.request import PlacementRequest
+from policies.solve import solve
+from policies.spec import DeploymentSpec, WorkloadSpec
 from policies.workload import make_workload
 
 SPEC = DeploymentSpec(
@@ -112,9 +113,16 @@ def test_deployments_generation_and_create_update_only(
     )
 
 
-def test_plans_commit_pointer_and_states(store: KubernetesStore, plan: Plan) -> None:
+def _propose(cluster: Cluster, plan: Plan, deployment: str = "mx") -> int:
+    return propose_plan(cluster.kube("mixfleet-operator"), cluster.namespace, deployment, plan)
+
+
+def test_plans_commit_pointer_and_states(
+    cluster: Cluster, store: KubernetesStore, plan: Plan
+) -> None:
     store.put_deployment(SPEC, now_s=1.0)
-    p1 = store.add_plan("mx", plan, reason="created", inputs_key="k1", now_s=2.0)
+    p1 = store.get_plan("mx", _propose(cluster, plan))
+    assert p1 is not None
     assert (p1.version, p1.state, p1.plan is not None and p1.plan.version) == (1, "proposed", 1)
     store.set_plan_state("mx", 1, "preparing", now_s=3.0, prepare_deadline_s=9.0)
     got = store.get_plan("mx", 1, with_plan=False)
@@ -125,8 +133,8 @@ def test_plans_commit_pointer_and_states(store: KubernetesStore, plan: Plan) -> 
     )
     store.commit_plan("mx", 1, now_s=4.0)
     store.commit_plan("mx", 1, now_s=4.5)  # idempotent
-    p2 = store.add_plan("mx", plan, reason="rebalance", inputs_key="k2", now_s=5.0)
-    store.commit_plan("mx", p2.version, now_s=6.0)
+    v2 = _propose(cluster, plan)
+    store.commit_plan("mx", v2, now_s=6.0)
     committed = store.committed_plan("mx")
     assert committed is not None and committed.version == 2 and committed.plan is not None
     assert committed.plan.id == plan.id and committed.summary == plan.to_dict()["summary"]
@@ -141,16 +149,25 @@ def test_plans_commit_pointer_and_states(store: KubernetesStore, plan: Plan) -> 
         store.set_plan_state("mx", 1, "preparing", now_s=7.0)
     with pytest.raises(NotFoundError):
         store.commit_plan("mx", 99, now_s=7.0)
-    with pytest.raises(NotFoundError):
-        store.add_plan("ghost", plan, reason="", inputs_key="", now_s=1.0)
+
+
+def test_the_controller_cannot_write_a_plan_in_kubernetes_mode(
+    store: KubernetesStore, plan: Plan
+) -> None:
+    """One owner per decision: the operator writes PartitionPlans, the store refuses."""
+    store.put_deployment(SPEC, now_s=1.0)
+    assert store.plan_author == "operator"
+    with pytest.raises(PreconditionError, match="made by the mixfleet operator"):
+        store.add_plan("mx", plan, reason="created", inputs_key="k", now_s=2.0)
+    assert store.list_plans("mx") == []
 
 
 def test_versions_only_grow_across_delete_and_recreate(
     cluster: Cluster, store: KubernetesStore, plan: Plan
 ) -> None:
     store.put_deployment(SPEC, now_s=1.0)
-    store.add_plan("mx", plan, reason="a", inputs_key="k", now_s=2.0)
-    store.add_plan("mx", plan, reason="b", inputs_key="k", now_s=3.0)
+    _propose(cluster, plan)
+    _propose(cluster, plan)
     assert store.delete_deployment("mx", now_s=4.0)
     assert not store.delete_deployment("mx", now_s=4.0)
     k = cluster.kube()
@@ -158,38 +175,14 @@ def test_versions_only_grow_across_delete_and_recreate(
     # plans are garbage-collected.
     assert k.get(MODEL_DEPLOYMENTS, "mx", cluster.namespace) is None or cluster.fake is None
     store.put_deployment(SPEC, now_s=5.0)
-    p = store.add_plan("mx", plan, reason="again", inputs_key="k", now_s=6.0)
-    assert p.version == 3
-
-
-def test_a_version_taken_by_the_operator_is_skipped(
-    cluster: Cluster, store: KubernetesStore, plan: Plan
-) -> None:
-    store.put_deployment(SPEC, now_s=1.0)
-    p1 = store.add_plan("mx", plan, reason="a", inputs_key="k", now_s=2.0)
-    k = cluster.kube("mixfleet-operator")
-    clash = k.get(PARTITION_PLANS, "mx-v1", cluster.namespace)
-    assert clash is not None and p1.version == 1
-    clash_body = {
-        "apiVersion": "mixfleet.io/v1alpha1",
-        "kind": "PartitionPlan",
-        "metadata": {
-            "name": "mx-v2",
-            "namespace": cluster.namespace,
-            "labels": clash["metadata"]["labels"],
-        },
-        "spec": {**clash["spec"], "version": 2, "madeBy": "operator"},
-    }
-    k.create(PARTITION_PLANS, clash_body)  # the operator made v2 without recording it
-    p3 = store.add_plan("mx", plan, reason="b", inputs_key="k", now_s=3.0)
-    assert p3.version == 3
+    assert _propose(cluster, plan) == 3
 
 
 def test_acks_are_idempotent_and_feed_the_rollout_state(
     cluster: Cluster, store: KubernetesStore, plan: Plan
 ) -> None:
     store.put_deployment(SPEC, now_s=1.0)
-    store.add_plan("mx", plan, reason="a", inputs_key="k", now_s=2.0)
+    _propose(cluster, plan)
     assert store.record_ack("mx", 1, "h100-0", "prepared", now_s=3.0)
     assert not store.record_ack("mx", 1, "h100-0", "prepared", now_s=3.5)
     assert store.record_ack("mx", 1, "a100-0", "failed", reason="disk full", now_s=4.0)
@@ -214,7 +207,7 @@ def test_acks_in_a_batch_take_one_patch_per_plan(
     cluster: Cluster, store: KubernetesStore, plan: Plan
 ) -> None:
     store.put_deployment(SPEC, now_s=1.0)
-    store.add_plan("mx", plan, reason="a", inputs_key="k", now_s=2.0)
+    _propose(cluster, plan)
     store.record_ack("mx", 1, "h100-0", "prepared", now_s=3.0)
     batch = [
         StoredAck("mx", 1, "h100-0", "prepared", "", 3.5),  # already stored

@@ -27,12 +27,13 @@ from apis.kube.client import (
     Json,
     Kube,
 )
+from apis.kube.names import FINALIZER
 from apis.kube.plancodec import decode_plan
 from apis.kube.schema import from_wire
 from apis.kube.v1alpha1 import PartitionPlanSpec
 from operators.leader import LeaderSettings
 from operators.operator import Operator, OperatorSettings
-from operators.reconcile import FINALIZER, ReconcileSettings
+from operators.reconcile import ReconcileSettings
 
 pytestmark = pytest.mark.slow
 

@@ -24,9 +24,9 @@ from k8s_builders import (
     with_status,
 )
 
+from apis.kube.names import FINALIZER, config_map_name
 from apis.kube.v1alpha1 import NodeRollout, PartitionPlanStatus, PlacementPolicySpec
 from operators.reconcile import (
-    FINALIZER,
     ApplyConfigMap,
     ApplyPlan,
     ApplyStatus,
@@ -39,7 +39,6 @@ from operators.reconcile import (
     SetFinalizer,
     SolveAction,
     SolveOutcome,
-    config_map_name,
     reconcile,
 )
 

@@ -65,8 +65,8 @@ def mi300x_view(name: str = "mi300x-0") -> Any:
     doc = {
         "name": name,
         "gpus": [{"model": "MI300X", "count": 2}],
-        "nvlink": {"per_gpu_gbps": 896},
-        "nics": [{"count": 1, "gbps": 400, "fabric": "ib0"}],
+        "nvlink": {"per_gpu_bidir_gbytes_per_s": 896},
+        "nics": [{"count": 1, "per_direction_gbits_per_s": 400, "fabric": "ib0"}],
     }
     return node_view(name, inv=inventory_from_node(parse_node(doc)))
 
@@ -492,8 +492,8 @@ def test_operator_reports_an_impossible_slo_and_the_api_refuses_unknown_prices(
 def test_controller_store_keeps_the_strategy_fields_of_a_model_deployment(
     cluster: Cluster,
 ) -> None:
-    from controlplane.deployment import DeploymentSpec, WorkloadSpec
     from controlplane.store.kubernetes import KubernetesStore
+    from policies.spec import DeploymentSpec, WorkloadSpec
 
     store = KubernetesStore(cluster.kube("store-setup"), cluster.namespace)
     try:

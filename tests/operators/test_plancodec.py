@@ -17,7 +17,8 @@ from policies.errors import InputError
 from policies.fleet import parse_fleet
 from policies.models import preset
 from policies.plan import Plan
-from policies.request import PlacementRequest, solve
+from policies.request import PlacementRequest
+from policies.solve import solve
 from policies.workload import make_workload, synthetic_zipf
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,7 +14,8 @@ from policies.exports import EXPORT_FORMATS, export_plan, export_sidecar
 from policies.fleet import Fleet, parse_fleet
 from policies.models import ModelSpec, from_hf_config
 from policies.plan import ExpertSlot, Plan, validate_plan
-from policies.request import PlacementRequest, solve
+from policies.request import PlacementRequest
+from policies.solve import solve
 from policies.workload import make_workload, synthetic_zipf
 
 # A DeepSeek-shaped model small enough to solve in milliseconds: 1 dense layer, then 3 MoE
@@ -42,7 +43,7 @@ MINI_DEEPSEEK: dict[str, Any] = {
 
 def mixed_fleet(per_node: int = 2) -> Fleet:
     """One A100 node and one H100 node, ``per_node`` GPUs each, on one IB fabric."""
-    nic = [{"count": 1, "gbps": 400, "fabric": "ib0"}]
+    nic = [{"count": 1, "per_direction_gbits_per_s": 400, "fabric": "ib0"}]
     return parse_fleet(
         {
             "metadata": {"name": "mini"},
@@ -51,13 +52,13 @@ def mixed_fleet(per_node: int = 2) -> Fleet:
                     {
                         "name": "a100-0",
                         "gpus": [{"model": "A100-SXM4-80GB", "count": per_node}],
-                        "nvlink": {"per_gpu_gbps": 600},
+                        "nvlink": {"per_gpu_bidir_gbytes_per_s": 600},
                         "nics": nic,
                     },
                     {
                         "name": "h100-0",
                         "gpus": [{"model": "H100-SXM5-80GB", "count": per_node}],
-                        "nvlink": {"per_gpu_gbps": 900},
+                        "nvlink": {"per_gpu_bidir_gbytes_per_s": 900},
                         "nics": nic,
                     },
                 ]

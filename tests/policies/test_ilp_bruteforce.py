@@ -21,7 +21,7 @@ from policies.costmodel import (
     comm_times_us,
     served_fractions,
 )
-from policies.request import solve
+from policies.solve import solve
 from policies.solvers.common import engine_layer
 
 

@@ -31,12 +31,12 @@ def test_ampere_has_no_fp8_but_hopper_does() -> None:
 
 def test_fleet_overrides_and_custom_gpu() -> None:
     doc = fleet_doc([("n0", "H100-SXM5-80GB", 2, 900)])
-    doc["spec"]["nodes"][0]["gpus"][0]["hbm_bandwidth_gbps"] = 3000
+    doc["spec"]["nodes"][0]["gpus"][0]["hbm_bandwidth_gbytes_per_s"] = 3000
     doc["spec"]["nodes"].append(
         {"name": "n1", "gpus": [{"model": "MyGPU", "base": "L40S", "bf16_tflops": 400}]}
     )
     f = parse_fleet(doc)
-    assert f.gpus[0].spec.hbm_bandwidth_gbps == 3000
+    assert f.gpus[0].spec.hbm_bandwidth_gbytes_per_s == 3000
     assert f.gpus[2].spec.model == "MyGPU" and f.gpus[2].spec.bf16_tflops == 400
     assert f.gpus[2].spec.architecture == "ada"
 
@@ -53,10 +53,10 @@ def _bad(mutate: Any) -> str:
     ("mutate", "needle"),
     [
         (
-            lambda d: d["spec"]["nodes"][0]["nvlink"].update(per_gpu_gbps=math.nan),
-            "spec.nodes[0].nvlink.per_gpu_gbps",
+            lambda d: d["spec"]["nodes"][0]["nvlink"].update(per_gpu_bidir_gbytes_per_s=math.nan),
+            "spec.nodes[0].nvlink.per_gpu_bidir_gbytes_per_s",
         ),
-        (lambda d: d["spec"]["nodes"][1]["nics"][0].update(gbps=-1), "spec.nodes[1].nics[0].gbps"),
+        (lambda d: d["spec"]["nodes"][1]["nics"][0].update(per_direction_gbits_per_s=-1), "spec.nodes[1].nics[0].per_direction_gbits_per_s"),
         (lambda d: d["spec"]["nodes"][1].update(name="n0"), "duplicate node name"),
         (
             lambda d: d["spec"]["nodes"][0]["gpus"][0].update(uuids=["u1", "u1"]),
@@ -69,7 +69,7 @@ def _bad(mutate: Any) -> str:
         (lambda d: d["spec"].update(nodes=[]), "at least one node"),
         (lambda d: d["spec"]["nodes"][0].update(name="Bad_Name"), "DNS-1123"),
         (
-            lambda d: d["spec"].update(fabric_links=[{"between": ["ib0", "nope"], "gbps": 100}]),
+            lambda d: d["spec"].update(fabric_links=[{"between": ["ib0", "nope"], "per_direction_gbits_per_s": 100}]),
             "fabric_links[0].between",
         ),
     ],

@@ -7,7 +7,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from policies.plan import validate_plan
-from policies.request import solve
+from policies.request import POLICIES
+from policies.solve import solve
 
 GPU_TYPES = ["A100-SXM4-80GB", "H100-SXM5-80GB", "H200-SXM-141GB", "L40S", "B200"]
 
@@ -43,7 +44,7 @@ def test_every_policy_returns_a_valid_plan(inst: tuple[object, ...]) -> None:
     f = fleet(nodes)  # type: ignore[arg-type]
     w = workload(m, load, phase=phase, tokens=32, context=512)  # type: ignore[arg-type]
     results = {}
-    for policy in ("uniform", "eplb", "greedy", "ilp"):
+    for policy in POLICIES:
         req = request(f, m, w, policy=policy, form=form, redundant=redundant, time_limit_s=5)  # type: ignore[arg-type]
         plan = solve(req).plan
         results[policy] = plan

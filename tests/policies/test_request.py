@@ -12,7 +12,8 @@ from policies.costmodel import LayerPlacement, build_cost_table, evaluate
 from policies.errors import InfeasibleError, InputError
 from policies.models import preset
 from policies.plan import Plan
-from policies.request import count_moves, solve
+from policies.request import count_moves
+from policies.solve import solve
 from policies.topology import Channel, build_topology
 
 MIXED = [("a", "A100-SXM4-80GB", 2, 600.0), ("h", "H200-SXM-141GB", 2, 900.0)]
@@ -47,8 +48,11 @@ def test_model_that_cannot_fit_names_the_gpus() -> None:
     m = preset("deepseek-v3")
     f = fleet([("l", "V100-SXM2-16GB", 2, None)])
     w = workload(m, tokens=8, context=512)
+    result = solve(request(f, m, w, redundant=0))
+    assert not result.placed and not result.plan.summary.feasible
+    assert any("l/gpu0 (V100-SXM2-16GB)" in r for r in result.infeasible)
     with pytest.raises(InfeasibleError) as err:
-        solve(request(f, m, w, redundant=0))
+        result.require_placed()
     assert "l/gpu0 (V100-SXM2-16GB)" in str(err.value)
 
 
@@ -84,8 +88,10 @@ def test_topology_channels() -> None:
     assert topo.channel[0][1] == Channel.NVLINK
     assert topo.channel[2][3] == Channel.PCIE
     assert topo.channel[0][2] == Channel.RDMA
-    assert topo.bandwidth_gbs(0, 1) == pytest.approx(450.0)
-    assert topo.bandwidth_gbs(0, 2) == pytest.approx(400 / 8 / 2)  # one 400 Gb/s NIC per 2 GPUs
+    assert topo.bandwidth_gbytes_per_s(0, 1) == pytest.approx(450.0)
+    assert topo.bandwidth_gbytes_per_s(0, 2) == pytest.approx(
+        400 / 8 / 2
+    )  # one 400 Gb/s NIC per 2 GPUs
     assert topo.latency_us(0, 2) > topo.latency_us(0, 1)
 
 

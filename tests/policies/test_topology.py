@@ -46,9 +46,9 @@ def _reference(fleet: Fleet) -> list[list[int]]:
 def _node(name: str, fabric: str | None, nvlink: str | None, count: int = 2) -> dict[str, Any]:
     doc: dict[str, Any] = {"name": name, "gpus": [{"model": "H100-SXM5-80GB", "count": count}]}
     if nvlink is not None:
-        doc["nvlink"] = {"domain": nvlink, "per_gpu_gbps": 900}
+        doc["nvlink"] = {"domain": nvlink, "per_gpu_bidir_gbytes_per_s": 900}
     if fabric is not None:
-        doc["nics"] = [{"count": 1, "gbps": 400, "fabric": fabric}]
+        doc["nics"] = [{"count": 1, "per_direction_gbits_per_s": 400, "fabric": fabric}]
     return doc
 
 
@@ -65,7 +65,7 @@ def test_every_channel_kind_matches_the_pairwise_rule() -> None:
                     _node("island", "ib9", "island"),  # a fabric nobody links to
                     _node("offline", None, None, count=1),  # no NIC at all
                 ],
-                "fabric_links": [{"between": ["ib0", "ib1"], "gbps": 800}],
+                "fabric_links": [{"between": ["ib0", "ib1"], "per_direction_gbits_per_s": 800}],
             },
         }
     )

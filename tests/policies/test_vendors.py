@@ -11,7 +11,8 @@ from builders import fleet, fleet_doc, request, tiny_model, workload
 from policies.errors import InputError
 from policies.fleet import parse_fleet
 from policies.models import preset
-from policies.request import PlacementRequest, solve
+from policies.request import PlacementRequest
+from policies.solve import solve
 from policies.vendors import check_vendors, split_by_vendor, vendors_of
 
 MIXED_VENDORS = [
@@ -40,7 +41,7 @@ def test_single_vendor_fleet_comes_back_unchanged() -> None:
 def test_fabric_links_follow_the_nodes_that_use_them() -> None:
     doc = fleet_doc(MIXED_VENDORS)
     doc["spec"]["nodes"][1]["nics"][0]["fabric"] = "roce1"
-    doc["spec"]["fabric_links"] = [{"between": ["ib0", "roce1"], "gbps": 100}]
+    doc["spec"]["fabric_links"] = [{"between": ["ib0", "roce1"], "per_direction_gbits_per_s": 100}]
     parts = split_by_vendor(parse_fleet(doc))
     assert all(p.fabric_links == () for p in parts)  # each part uses one fabric only
 

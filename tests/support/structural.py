@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from apis.kube.schema import apply_defaults
 from support.cel import CelError, compile_rule, evaluate, uses_old_self
 
 Json = dict[str, Any]
@@ -140,25 +141,6 @@ def check_structural(schema: Mapping[str, Any], path: str = "") -> list[str]:
 
 
 # --------------------------------------------------------------------------- defaulting
-
-
-def apply_defaults(value: Any, schema: Mapping[str, Any]) -> Any:
-    """Fill absent fields that have a ``default``, recursively (in place; returns value)."""
-    if isinstance(value, dict):
-        props = schema.get("properties") or {}
-        for name, sub in props.items():
-            if name not in value and "default" in sub:
-                value[name] = copy.deepcopy(sub["default"])
-            if name in value:
-                apply_defaults(value[name], sub)
-        add = schema.get("additionalProperties")
-        if isinstance(add, Mapping):
-            for k in value:
-                apply_defaults(value[k], add)
-    elif isinstance(value, list) and isinstance(schema.get("items"), Mapping):
-        for item in value:
-            apply_defaults(item, schema["items"])
-    return value
 
 
 # ------------------------------------------------------------------------------ pruning

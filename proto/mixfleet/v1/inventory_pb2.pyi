@@ -151,7 +151,7 @@ class Gpu(_message.Message):
     COMPUTE_CAPABILITY_FIELD_NUMBER: _builtins.int
     SMS_FIELD_NUMBER: _builtins.int
     MEMORY_BYTES_FIELD_NUMBER: _builtins.int
-    HBM_BANDWIDTH_GBPS_FIELD_NUMBER: _builtins.int
+    HBM_BANDWIDTH_GBYTES_PER_S_FIELD_NUMBER: _builtins.int
     SM_CLOCK_MHZ_FIELD_NUMBER: _builtins.int
     POWER_LIMIT_W_FIELD_NUMBER: _builtins.int
     PCI_BUS_ID_FIELD_NUMBER: _builtins.int
@@ -177,7 +177,7 @@ class Gpu(_message.Message):
     """streaming multiprocessors (>= 0)"""
     memory_bytes: _builtins.int
     """device memory, bytes (>= 0)"""
-    hbm_bandwidth_gbps: _builtins.float
+    hbm_bandwidth_gbytes_per_s: _builtins.float
     """peak memory bandwidth, GB/s (finite, >= 0)"""
     sm_clock_mhz: _builtins.int
     """maximum SM clock, MHz"""
@@ -212,7 +212,7 @@ class Gpu(_message.Message):
         compute_capability: _builtins.str = ...,
         sms: _builtins.int = ...,
         memory_bytes: _builtins.int = ...,
-        hbm_bandwidth_gbps: _builtins.float = ...,
+        hbm_bandwidth_gbytes_per_s: _builtins.float = ...,
         sm_clock_mhz: _builtins.int = ...,
         power_limit_w: _builtins.float = ...,
         pci_bus_id: _builtins.str = ...,
@@ -225,7 +225,7 @@ class Gpu(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_nvlink_domain", b"_nvlink_domain", "health", b"health", "nvlink_domain", b"nvlink_domain"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_nvlink_domain", b"_nvlink_domain", "architecture", b"architecture", "catalog_model", b"catalog_model", "compute_capability", b"compute_capability", "hbm_bandwidth_gbps", b"hbm_bandwidth_gbps", "health", b"health", "index", b"index", "measured", b"measured", "memory_bytes", b"memory_bytes", "name", b"name", "nvlink_domain", b"nvlink_domain", "nvlinks", b"nvlinks", "pci_bus_id", b"pci_bus_id", "pcie_generation", b"pcie_generation", "pcie_width", b"pcie_width", "power_limit_w", b"power_limit_w", "sm_clock_mhz", b"sm_clock_mhz", "sms", b"sms", "uuid", b"uuid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_nvlink_domain", b"_nvlink_domain", "architecture", b"architecture", "catalog_model", b"catalog_model", "compute_capability", b"compute_capability", "hbm_bandwidth_gbytes_per_s", b"hbm_bandwidth_gbytes_per_s", "health", b"health", "index", b"index", "measured", b"measured", "memory_bytes", b"memory_bytes", "name", b"name", "nvlink_domain", b"nvlink_domain", "nvlinks", b"nvlinks", "pci_bus_id", b"pci_bus_id", "pcie_generation", b"pcie_generation", "pcie_width", b"pcie_width", "power_limit_w", b"power_limit_w", "sm_clock_mhz", b"sm_clock_mhz", "sms", b"sms", "uuid", b"uuid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__nvlink_domain: _TypeAlias = _typing.Literal["nvlink_domain"]  # noqa: Y015
     _WhichOneofArgType__nvlink_domain: _TypeAlias = _typing.Literal["_nvlink_domain", b"_nvlink_domain"]  # noqa: Y015
@@ -241,7 +241,7 @@ class Nic(_message.Message):
 
     DEVICE_FIELD_NUMBER: _builtins.int
     PORT_FIELD_NUMBER: _builtins.int
-    RATE_GBPS_FIELD_NUMBER: _builtins.int
+    RATE_PER_DIRECTION_GBITS_PER_S_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
     LINK_LAYER_FIELD_NUMBER: _builtins.int
     FABRIC_FIELD_NUMBER: _builtins.int
@@ -250,7 +250,7 @@ class Nic(_message.Message):
     """RDMA device, e.g. "mlx5_0" """
     port: _builtins.int
     """port number"""
-    rate_gbps: _builtins.float
+    rate_per_direction_gbits_per_s: _builtins.float
     """port rate, Gb/s per direction (finite, >= 0)"""
     state: _builtins.str
     """e.g. "4: ACTIVE" """
@@ -265,7 +265,7 @@ class Nic(_message.Message):
         *,
         device: _builtins.str = ...,
         port: _builtins.int = ...,
-        rate_gbps: _builtins.float = ...,
+        rate_per_direction_gbits_per_s: _builtins.float = ...,
         state: _builtins.str = ...,
         link_layer: _builtins.str = ...,
         fabric: _builtins.str = ...,
@@ -273,7 +273,7 @@ class Nic(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["device", b"device", "fabric", b"fabric", "link_layer", b"link_layer", "numa_node", b"numa_node", "port", b"port", "rate_gbps", b"rate_gbps", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["device", b"device", "fabric", b"fabric", "link_layer", b"link_layer", "numa_node", b"numa_node", "port", b"port", "rate_per_direction_gbits_per_s", b"rate_per_direction_gbits_per_s", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,22 +1,7 @@
-"""The node agent: discover -> Register -> Heartbeat + WatchAssignments -> apply -> Ack.
+"""The :class:`Agent`: one node's register / heartbeat / watch sessions with its controller.
 
-One :class:`Agent` speaks for one node (see proto/mixfleet/v1/agent.proto for the protocol
-it follows). Its life:
-
-1. discover the node (a discovery backend, in a worker thread);
-2. ``Register`` (retried with jittered exponential backoff while the controller is
-   unreachable); the reply gives the session and the heartbeat period;
-3. two loops run together until a re-register is needed or the agent stops:
-
-   * heartbeat: every period (+-10 % jitter) send state, GPU health and the applied plan
-     versions; on failure back off; a reply ``reregister = true`` ends the session;
-   * watch: keep a ``WatchAssignments`` stream open (reopened with backoff when it
-     breaks); PREPARE -> stage -> Ack PREPARED | FAILED; COMMIT -> switch -> Ack
-     COMMITTED | FAILED; ABORT -> discard the staged part; REMOVE -> withdraw.
-
-Failures are sorted the kopf way: an unreachable or restarting controller is temporary
-(retry with backoff, forever); refused credentials or an inventory the controller rejects
-are permanent (:class:`AgentFatalError`; the CLI exits non-zero with the reason).
+The protocol and the agent's life are described in :mod:`agents.agent`; settings, the
+channel and the classification of status codes live in :mod:`agents.agent.connection`.
 """
 
 from __future__ import annotations
@@ -26,8 +11,7 @@ import contextlib
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar, cast
 
 import grpc
@@ -35,6 +19,16 @@ import structlog
 from grpc import aio
 from mixfleet.v1 import agent_pb2, agent_pb2_grpc
 
+from agents.agent.connection import (
+    FATAL_CODES,
+    STATUS_BY_NUMBER,
+    STREAM_EOF,
+    TEMPORARY_CODES,
+    AgentSettings,
+    fatal_message,
+    make_channel,
+)
+from agents.agent.events import AgentStats, AssignmentEvent, Observer
 from agents.applier import (
     Applier,
     ApplyResult,
@@ -42,7 +36,7 @@ from agents.applier import (
     assignment_from_json,
     inflate_expert_location,
 )
-from agents.backoff import Backoff, BackoffSettings
+from agents.backoff import Backoff
 from apis.wire.inventory import health_to_proto, inventory_to_proto
 from policies.errors import InputError, MixfleetError
 from policies.inventory import NodeInventory, check_inventory
@@ -51,27 +45,6 @@ T = TypeVar("T")
 if TYPE_CHECKING:  # typing-only names of the generated stubs
     Stub: TypeAlias = agent_pb2_grpc.AgentServiceAsyncStub
     AckState: TypeAlias = agent_pb2.AckState.ValueType
-
-#: Status codes that mean "try again later" (controller down, restarting, overloaded).
-TEMPORARY_CODES = frozenset(
-    {
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
-        grpc.StatusCode.ABORTED,
-        grpc.StatusCode.INTERNAL,
-        grpc.StatusCode.UNKNOWN,
-        grpc.StatusCode.CANCELLED,
-    }
-)
-#: Status codes of Register that retrying cannot fix.
-FATAL_CODES = frozenset(
-    {
-        grpc.StatusCode.UNAUTHENTICATED,
-        grpc.StatusCode.PERMISSION_DENIED,
-        grpc.StatusCode.INVALID_ARGUMENT,
-    }
-)
 
 
 class AgentFatalError(MixfleetError):
@@ -83,194 +56,10 @@ class _ReregisterError(Exception):
     """The session ended (controller forgot it, stream says stale): register again."""
 
 
-#: gRPC status codes by their number (``AckResponse.code``).
-_STATUS_BY_NUMBER = {c.value[0]: c for c in grpc.StatusCode}
-#: What ``read()`` of a grpc.aio stream returns at its end (missing from the type stubs).
-_EOF: Any = getattr(aio, "EOF")  # noqa: B009
-
-
 class _StreamEndedError(Exception):
     """The controller ended a stream the agent still needs (reopen it)."""
 
 
-# --------------------------------------------------------------------------- settings
-
-
-@dataclass(frozen=True)
-class TlsFiles:
-    """Client side of mutual TLS (PEM files).
-
-    Attributes:
-        cert: this agent's certificate.
-        key: its private key.
-        ca: the CA that signed the controller's certificate.
-        server_name: name to check in the controller's certificate when it differs from
-            the address's host (e.g. ``localhost`` when dialing 127.0.0.1); "" = the host.
-    """
-
-    cert: Path
-    key: Path
-    ca: Path
-    server_name: str = ""
-
-
-@dataclass(frozen=True)
-class AgentSettings:
-    """How an agent talks to its controller.
-
-    Attributes:
-        controller: ``host:port`` of the controller.
-        tls: mutual-TLS files; None only together with ``insecure``.
-        insecure: plaintext channel (loopback development only).
-        token: bearer token sent as ``authorization`` metadata ("" = none).
-        heartbeat_interval_s: heartbeat period, seconds; 0 = use the controller's.
-        heartbeat_jitter: each period is scaled by a random factor in ``1 +- jitter``.
-        rpc_timeout_s: deadline of each unary RPC, seconds.
-        ack_attempts: tries of one Ack before leaving it to the stream's replay.
-        rediscover_interval_s: re-run discovery this often to refresh GPU health, seconds;
-            0 = never (static and simulated nodes).
-        backoff: retry delays after failures.
-    """
-
-    controller: str
-    tls: TlsFiles | None = None
-    insecure: bool = False
-    token: str = ""
-    heartbeat_interval_s: float = 0.0
-    heartbeat_jitter: float = 0.1
-    rpc_timeout_s: float = 10.0
-    ack_attempts: int = 5
-    rediscover_interval_s: float = 0.0
-    backoff: BackoffSettings = field(default_factory=BackoffSettings)
-
-    def __post_init__(self) -> None:
-        if self.tls is None and not self.insecure:
-            raise InputError(
-                "no TLS credentials. To fix: pass --tls-cert, --tls-key and --tls-ca, or "
-                "--insecure for a plaintext loopback connection",
-                field="tls",
-            )
-        if self.heartbeat_interval_s < 0:
-            raise InputError(
-                f"must be >= 0, got {self.heartbeat_interval_s}", field="heartbeat_interval_s"
-            )
-        if not 0 <= self.heartbeat_jitter < 1:
-            raise InputError(
-                f"must be in [0, 1), got {self.heartbeat_jitter}", field="heartbeat_jitter"
-            )
-
-
-#: Channel options: keepalive so a dead controller is noticed within ~30 s even on an idle
-#: stream, and reconnect attempts that do not wait longer than our own backoff.
-CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
-    ("grpc.keepalive_time_ms", 20_000),
-    ("grpc.keepalive_timeout_ms", 10_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
-    ("grpc.initial_reconnect_backoff_ms", 200),
-    ("grpc.max_reconnect_backoff_ms", 5_000),
-    ("grpc.max_receive_message_length", 64 * 2**20),
-)
-
-
-def make_channel(settings: AgentSettings, *, own_connection: bool = False) -> aio.Channel:
-    """A grpc.aio channel to the controller with the settings' credentials.
-
-    Args:
-        own_connection: do not share a TCP connection with other channels of this process
-            (gRPC shares one between channels of equal arguments).
-
-    Raises:
-        InputError: a TLS file cannot be read (the message names it).
-    """
-    options = list(CHANNEL_OPTIONS)
-    if own_connection:
-        options.append(("grpc.use_local_subchannel_pool", 1))
-    if settings.tls is None:
-        return aio.insecure_channel(settings.controller, options=options)
-    t = settings.tls
-    pems: dict[str, bytes] = {}
-    for name, path in (("tls_cert", t.cert), ("tls_key", t.key), ("tls_ca", t.ca)):
-        try:
-            pems[name] = Path(path).read_bytes()
-        except OSError as exc:
-            raise InputError(
-                f"cannot read {str(path)!r}: {exc.strerror or exc}. To fix: make the files "
-                "with `mixfleetctl certs init` and pass their paths",
-                field=name,
-            ) from exc
-    creds = grpc.ssl_channel_credentials(
-        root_certificates=pems["tls_ca"],
-        private_key=pems["tls_key"],
-        certificate_chain=pems["tls_cert"],
-    )
-    if t.server_name:
-        options.append(("grpc.ssl_target_name_override", t.server_name))
-    return aio.secure_channel(settings.controller, creds, options=options)
-
-
-# --------------------------------------------------------------------------- observations
-
-
-@dataclass
-class AgentStats:
-    """What an agent observed, for logs, tests and benchmarks.
-
-    Attributes:
-        registrations: successful Register calls.
-        heartbeats: successful heartbeats.
-        heartbeat_failures: failed heartbeats.
-        heartbeat_latency_s: latency of recent successful heartbeats, seconds (bounded).
-        stream_opens: WatchAssignments streams opened.
-        assignments: assignments received, by phase name.
-        acks: acks sent, by state name.
-        last_error: the latest error text.
-        expert_location_wire_bytes: size of the last compressed expert location received.
-    """
-
-    registrations: int = 0
-    heartbeats: int = 0
-    heartbeat_failures: int = 0
-    heartbeat_latency_s: list[float] = field(default_factory=list)
-    stream_opens: int = 0
-    assignments: dict[str, int] = field(default_factory=dict)
-    acks: dict[str, int] = field(default_factory=dict)
-    last_error: str = ""
-    expert_location_wire_bytes: int = 0
-    max_latencies: int = 10_000
-
-    def record_latency(self, seconds: float) -> None:
-        self.heartbeat_latency_s.append(seconds)
-        if len(self.heartbeat_latency_s) > self.max_latencies:
-            del self.heartbeat_latency_s[: self.max_latencies // 2]
-
-
-@dataclass(frozen=True)
-class AssignmentEvent:
-    """One handled assignment, for observers (tests, benchmarks, the demo).
-
-    Attributes:
-        node: node name.
-        deployment: deployment name.
-        version: plan version.
-        phase: ``prepare`` | ``commit`` | ``abort`` | ``remove``.
-        ok: the step succeeded (always True for abort and remove).
-        reason: why not.
-        received_unix_s: when the assignment arrived.
-        done_unix_s: when it was applied and acked.
-    """
-
-    node: str
-    deployment: str
-    version: int
-    phase: str
-    ok: bool
-    reason: str
-    received_unix_s: float
-    done_unix_s: float
-
-
-Observer = Callable[[AssignmentEvent], None]
 _PHASES = {
     agent_pb2.ASSIGNMENT_PHASE_PREPARE: "prepare",
     agent_pb2.ASSIGNMENT_PHASE_COMMIT: "commit",
@@ -366,7 +155,7 @@ class Agent:
                     await self._register(stub)
                 except aio.AioRpcError as exc:
                     if exc.code() in FATAL_CODES:
-                        raise AgentFatalError(_fatal_message(exc)) from exc
+                        raise AgentFatalError(fatal_message(exc)) from exc
                     self._note_error("register_failed", exc)
                     if await self._sleep_or_stop(backoff.next_delay()):
                         break
@@ -459,7 +248,7 @@ class Agent:
                             self.log.info("heartbeat_stream_unavailable")
                             continue
                         if code in FATAL_CODES:
-                            raise AgentFatalError(_fatal_message(exc)) from exc
+                            raise AgentFatalError(fatal_message(exc)) from exc
                         self._note_error("heartbeat_failed", exc)
                     else:
                         self.log.warning("heartbeat_failed", error=str(exc) or "timed out")
@@ -490,7 +279,7 @@ class Agent:
             except asyncio.InvalidStateError as exc:  # the call has already ended
                 raise _StreamEndedError("the stream has ended") from exc
             reply = await stream.read()
-        if reply is _EOF:
+        if reply is STREAM_EOF:
             raise _StreamEndedError("the controller closed the stream")
         return reply
 
@@ -559,7 +348,7 @@ class Agent:
                 if code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND):
                     raise _ReregisterError(f"watch refused: {exc.details()}") from exc
                 if code in FATAL_CODES:
-                    raise AgentFatalError(_fatal_message(exc)) from exc
+                    raise AgentFatalError(fatal_message(exc)) from exc
                 self._note_error("assignment_stream_failed", exc)
             finally:
                 call.cancel()
@@ -718,7 +507,7 @@ class Agent:
                 self._stream_acks = False  # an older controller: unary acks from now on
                 self.log.info("ack_stream_unavailable")
             else:
-                return _STATUS_BY_NUMBER.get(reply.code, grpc.StatusCode.UNKNOWN), reply.message
+                return STATUS_BY_NUMBER.get(reply.code, grpc.StatusCode.UNKNOWN), reply.message
         await stub.Ack(req, timeout=self.settings.rpc_timeout_s, metadata=self._metadata)
         return grpc.StatusCode.OK, ""
 
@@ -751,16 +540,3 @@ def _shape(inv: NodeInventory) -> tuple[Any, ...]:
         inv.nics,
         tuple(sorted(inv.labels.items())),
     )
-
-
-def _fatal_message(exc: aio.AioRpcError) -> str:
-    code = exc.code()
-    hint = {
-        grpc.StatusCode.UNAUTHENTICATED: "To fix: check --tls-cert/--tls-key/--tls-ca (or the "
-        "token) against the controller's CA and token file",
-        grpc.StatusCode.PERMISSION_DENIED: "To fix: use the certificate issued for this node "
-        "(CN node:<name>) or the fleet agent certificate",
-        grpc.StatusCode.INVALID_ARGUMENT: "To fix: correct the reported inventory field named "
-        "above (discovery configuration or Fleet file)",
-    }.get(code, "")
-    return f"controller refused the agent ({code.name}): {exc.details()}. {hint}".strip()

@@ -23,105 +23,30 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
-from google.protobuf import json_format
-from mixfleet.v1 import inventory_pb2
-
-from apis.wire.inventory import inventory_from_proto, inventory_to_proto
-from controlplane.deployment import DeploymentSpec, parse_deployment, spec_to_doc
 from controlplane.errors import AlreadyExistsError, NotFoundError, PreconditionError, StoreError
 from controlplane.store.base import (
     AckState,
     LoadWindow,
     NodeState,
+    PlanAuthor,
     PlanState,
     StoredAck,
     StoredDeployment,
     StoredNode,
     StoredPlan,
 )
+from controlplane.store.sqlite.rows import (
+    PLAN_COLUMNS,
+    deployment_from_row,
+    inventory_json,
+    node_from_row,
+    plan_from_row,
+    plan_nodes,
+)
+from controlplane.store.sqlite.schema import MIGRATIONS, SCHEMA_VERSION, split_sql
 from policies.inventory import NodeInventory
-from policies.plan import Plan, plan_from_dict
-
-#: (version, description, SQL). Append only; never edit an applied migration.
-MIGRATIONS: tuple[tuple[int, str, str], ...] = (
-    (
-        1,
-        "nodes, deployments, plans, acks, load windows",
-        """
-        CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-        CREATE TABLE nodes (
-            name TEXT PRIMARY KEY,
-            inventory_json TEXT NOT NULL,
-            session_id TEXT NOT NULL,
-            registered_at REAL NOT NULL,
-            last_heartbeat REAL NOT NULL,
-            state TEXT NOT NULL DEFAULT 'ready'
-                CHECK (state IN ('ready', 'draining', 'degraded')),
-            message TEXT NOT NULL DEFAULT '',
-            applied_json TEXT NOT NULL DEFAULT '{}'
-        );
-        CREATE TABLE deployments (
-            name TEXT PRIMARY KEY,
-            spec_json TEXT NOT NULL,
-            generation INTEGER NOT NULL CHECK (generation > 0),
-            created_at REAL NOT NULL,
-            updated_at REAL NOT NULL,
-            deleted_at REAL,
-            next_version INTEGER NOT NULL DEFAULT 1 CHECK (next_version > 0),
-            committed_version INTEGER,
-            status_json TEXT NOT NULL DEFAULT '{}',
-            FOREIGN KEY (name, committed_version) REFERENCES plans (deployment, version)
-                DEFERRABLE INITIALLY DEFERRED
-        );
-        CREATE TABLE plans (
-            deployment TEXT NOT NULL REFERENCES deployments (name),
-            version INTEGER NOT NULL CHECK (version > 0),
-            plan_id TEXT NOT NULL,
-            state TEXT NOT NULL
-                CHECK (state IN ('proposed', 'preparing', 'committed', 'aborted', 'superseded')),
-            reason TEXT NOT NULL DEFAULT '',
-            inputs_key TEXT NOT NULL DEFAULT '',
-            nodes_json TEXT NOT NULL,
-            summary_json TEXT NOT NULL,
-            plan_json TEXT NOT NULL,
-            prepare_deadline REAL,
-            created_at REAL NOT NULL,
-            state_changed_at REAL NOT NULL,
-            PRIMARY KEY (deployment, version)
-        );
-        CREATE TRIGGER plans_versions_only_grow BEFORE INSERT ON plans
-        WHEN NEW.version <= (SELECT COALESCE(MAX(version), 0) FROM plans
-                             WHERE deployment = NEW.deployment)
-        BEGIN SELECT RAISE(ABORT, 'plan versions only grow'); END;
-        CREATE TABLE acks (
-            deployment TEXT NOT NULL,
-            version INTEGER NOT NULL,
-            node TEXT NOT NULL,
-            state TEXT NOT NULL CHECK (state IN ('prepared', 'committed', 'failed')),
-            reason TEXT NOT NULL DEFAULT '',
-            at REAL NOT NULL,
-            PRIMARY KEY (deployment, version, node, state),
-            FOREIGN KEY (deployment, version) REFERENCES plans (deployment, version)
-        );
-        CREATE TABLE load_windows (
-            id INTEGER PRIMARY KEY AUTOINCREMENT,
-            deployment TEXT NOT NULL REFERENCES deployments (name),
-            engine_id TEXT NOT NULL,
-            start_s REAL NOT NULL,
-            end_s REAL NOT NULL,
-            plan_version INTEGER NOT NULL,
-            counts_json TEXT NOT NULL,
-            received_at REAL NOT NULL
-        );
-        CREATE INDEX load_windows_by_end ON load_windows (deployment, end_s);
-        """,
-    ),
-)
-SCHEMA_VERSION = MIGRATIONS[-1][0]
-_PLAN_COLUMNS = (
-    "deployment, version, plan_id, state, reason, inputs_key, nodes_json, summary_json,"
-    " prepare_deadline, created_at, state_changed_at"
-)
+from policies.plan import Plan
+from policies.spec import DeploymentSpec, spec_to_doc
 
 _ALLOWED_MOVES: dict[str, set[str]] = {
     "proposed": {"preparing", "aborted"},
@@ -139,6 +64,8 @@ class SqliteStore:
             survives a power loss) or ``NORMAL`` (survives a process crash or kill -9, may
             lose the last writes on power loss; about 8x faster writes).
     """
+
+    plan_author: PlanAuthor = "controller"
 
     def __init__(
         self, path: str | Path, *, busy_timeout_s: float = 10.0, synchronous: str = "FULL"
@@ -216,7 +143,7 @@ class SqliteStore:
             if version in applied:
                 continue
             with self._tx() as db:
-                for statement in _split_sql(sql):
+                for statement in split_sql(sql):
                     db.execute(statement)
                 db.execute(
                     "INSERT INTO schema_migrations VALUES (?, ?, ?)",
@@ -246,7 +173,7 @@ class SqliteStore:
                 "INSERT OR REPLACE INTO nodes VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     node.name,
-                    _inventory_json(node.inventory),
+                    inventory_json(node.inventory),
                     node.session_id,
                     node.registered_at_s,
                     node.last_heartbeat_s,
@@ -270,7 +197,7 @@ class SqliteStore:
         args: list[Any] = []
         if inventory is not None:
             sets.append("inventory_json = ?")
-            args.append(_inventory_json(inventory))
+            args.append(inventory_json(inventory))
         if last_heartbeat_s is not None:
             sets.append("last_heartbeat = ?")
             args.append(last_heartbeat_s)
@@ -290,10 +217,10 @@ class SqliteStore:
 
     def get_node(self, name: str) -> StoredNode | None:
         rows = self._query("SELECT * FROM nodes WHERE name = ?", (name,))
-        return _node(rows[0]) if rows else None
+        return node_from_row(rows[0]) if rows else None
 
     def list_nodes(self) -> list[StoredNode]:
-        return [_node(r) for r in self._query("SELECT * FROM nodes ORDER BY name")]
+        return [node_from_row(r) for r in self._query("SELECT * FROM nodes ORDER BY name")]
 
     def delete_node(self, name: str) -> bool:
         with self._tx() as db:
@@ -340,7 +267,7 @@ class SqliteStore:
                     (doc, now_s, spec.name),
                 )
             out = db.execute("SELECT * FROM deployments WHERE name = ?", (spec.name,)).fetchone()
-        return _deployment(out)
+        return deployment_from_row(out)
 
     def get_deployment(
         self, name: str, *, include_deleted: bool = False
@@ -348,12 +275,13 @@ class SqliteStore:
         rows = self._query("SELECT * FROM deployments WHERE name = ?", (name,))
         if not rows or (rows[0]["deleted_at"] is not None and not include_deleted):
             return None
-        return _deployment(rows[0])
+        return deployment_from_row(rows[0])
 
     def list_deployments(self, *, include_deleted: bool = False) -> list[StoredDeployment]:
         where = "" if include_deleted else " WHERE deleted_at IS NULL"
         return [
-            _deployment(r) for r in self._query(f"SELECT * FROM deployments{where} ORDER BY name")
+            deployment_from_row(r)
+            for r in self._query(f"SELECT * FROM deployments{where} ORDER BY name")
         ]
 
     def delete_deployment(self, name: str, *, now_s: float) -> bool:
@@ -409,7 +337,7 @@ class SqliteStore:
             version = int(row["next_version"])
             plan = replace(plan, version=version)
             doc = {**document, "version": version} if document is not None else plan.to_dict()
-            nodes = _plan_nodes(plan)
+            nodes = plan_nodes(plan)
             try:
                 db.execute(
                     "INSERT INTO plans VALUES (?, ?, ?, 'proposed', ?, ?, ?, ?, ?, NULL, ?, ?)",
@@ -513,11 +441,11 @@ class SqliteStore:
     def get_plan(
         self, deployment: str, version: int, *, with_plan: bool = True
     ) -> StoredPlan | None:
-        cols = "*" if with_plan else _PLAN_COLUMNS
+        cols = "*" if with_plan else PLAN_COLUMNS
         rows = self._query(
             f"SELECT {cols} FROM plans WHERE deployment = ? AND version = ?", (deployment, version)
         )
-        return _plan(rows[0], with_plan=with_plan) if rows else None
+        return plan_from_row(rows[0], with_plan=with_plan) if rows else None
 
     def committed_plan(self, deployment: str) -> StoredPlan | None:
         rows = self._query(
@@ -525,7 +453,7 @@ class SqliteStore:
             " AND d.committed_version = p.version WHERE d.name = ? AND d.deleted_at IS NULL",
             (deployment,),
         )
-        return _plan(rows[0], with_plan=True) if rows else None
+        return plan_from_row(rows[0], with_plan=True) if rows else None
 
     def list_plans(
         self,
@@ -534,7 +462,7 @@ class SqliteStore:
         states: Sequence[PlanState] | None = None,
         limit: int = 50,
     ) -> list[StoredPlan]:
-        cols = _PLAN_COLUMNS
+        cols = PLAN_COLUMNS
         where: list[str] = []
         args: list[Any] = []
         if deployment is not None:
@@ -548,7 +476,7 @@ class SqliteStore:
             f"SELECT {cols} FROM plans{clause} ORDER BY deployment, version DESC LIMIT ?",
             (*args, limit),
         )
-        return [_plan(r, with_plan=False) for r in rows]
+        return [plan_from_row(r, with_plan=False) for r in rows]
 
     # ----------------------------------------------------------------- acks
     def record_ack(
@@ -653,75 +581,3 @@ class SqliteStore:
     def prune_load_windows(self, *, before_s: float) -> int:
         with self._tx() as db:
             return db.execute("DELETE FROM load_windows WHERE end_s < ?", (before_s,)).rowcount
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-def _split_sql(script: str) -> list[str]:
-    """Statements of a migration script (triggers keep their inner semicolons)."""
-    out: list[str] = []
-    buf = ""
-    for line in script.splitlines(keepends=True):
-        buf += line
-        if sqlite3.complete_statement(buf):
-            if buf.strip():
-                out.append(buf.strip())
-            buf = ""
-    if buf.strip():
-        out.append(buf.strip())
-    return out
-
-
-def _inventory_json(inv: NodeInventory) -> str:
-    return json_format.MessageToJson(inventory_to_proto(inv), indent=None, sort_keys=True)
-
-
-def _node(r: sqlite3.Row) -> StoredNode:
-    msg = json_format.Parse(r["inventory_json"], inventory_pb2.Inventory())
-    return StoredNode(
-        name=r["name"],
-        inventory=inventory_from_proto(msg),
-        session_id=r["session_id"],
-        registered_at_s=r["registered_at"],
-        last_heartbeat_s=r["last_heartbeat"],
-        state=cast(NodeState, r["state"]),
-        message=r["message"],
-        applied={k: int(v) for k, v in json.loads(r["applied_json"]).items()},
-    )
-
-
-def _deployment(r: sqlite3.Row) -> StoredDeployment:
-    return StoredDeployment(
-        spec=parse_deployment(json.loads(r["spec_json"])),
-        generation=r["generation"],
-        created_at_s=r["created_at"],
-        updated_at_s=r["updated_at"],
-        deleted=r["deleted_at"] is not None,
-        committed_version=r["committed_version"],
-        status=json.loads(r["status_json"]),
-    )
-
-
-def _plan(r: sqlite3.Row, *, with_plan: bool) -> StoredPlan:
-    return StoredPlan(
-        deployment=r["deployment"],
-        version=r["version"],
-        plan_id=r["plan_id"],
-        state=cast(PlanState, r["state"]),
-        reason=r["reason"],
-        inputs_key=r["inputs_key"],
-        nodes=tuple(json.loads(r["nodes_json"])),
-        summary=json.loads(r["summary_json"]),
-        created_at_s=r["created_at"],
-        state_changed_at_s=r["state_changed_at"],
-        prepare_deadline_s=r["prepare_deadline"],
-        plan=plan_from_dict(json.loads(r["plan_json"])) if with_plan else None,
-    )
-
-
-def _plan_nodes(plan: Plan) -> list[str]:
-    seen: dict[str, None] = {}
-    for g in plan.gpus:
-        seen.setdefault(g.node, None)
-    return list(seen)

@@ -1,4 +1,10 @@
-"""Deployments: what the user asks the controller to serve, and how that becomes a solve.
+"""The deployment spec: what a user asks mixfleet to serve, and the one way it becomes a solve.
+
+Every path that plans a deployment - the standalone controller, the Kubernetes operator,
+``mixfleetctl plan`` and the strategy services - reads a :class:`DeploymentSpec` and calls
+:func:`to_request`. The YAML/JSON document (:func:`parse_deployment` / :func:`spec_to_doc`),
+the protobuf codec (:mod:`apis.wire.deployment`) and the ModelDeployment CRD schema
+(:mod:`apis.kube.v1alpha1`) are checked against this type by ``tests/policies/test_spec.py``.
 
 A deployment document (YAML, ``examples/deployments/*.yaml``)::
 
@@ -20,22 +26,22 @@ A deployment document (YAML, ``examples/deployments/*.yaml``)::
       allowCrossVendor: false       # optional; let the all-to-all span NVIDIA and AMD GPUs
       gpuHourPrices: {H100-SXM5-80GB: 2.5}   # optional; USD per GPU-hour, catalog names
 
-The same document (as JSON) is what the store keeps; :func:`spec_to_proto` /
-:func:`spec_from_proto` carry it over PlanService.
+The same document (as JSON) is what the store keeps; :mod:`apis.wire.deployment` carries it
+over PlanService.
+
+Pure: no I/O.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from mixfleet.v1 import plan_pb2
-
 from policies.cost import PriceTable, catalog_price_table, plan_cost
+from policies.costmodel import CostSettings, MeasuredFigures
 from policies.errors import InputError
 from policies.fleet import Fleet
 from policies.models import ModelSpec, from_hf_config, preset
@@ -45,7 +51,6 @@ from policies.workload import (
     KV_DTYPES,
     PHASES,
     Workload,
-    load_from_json,
     make_workload,
     synthetic_zipf,
 )
@@ -302,39 +307,112 @@ def usd_per_million_tokens(spec: DeploymentSpec, plan: Plan) -> float | None:
     return cost if math.isfinite(cost) else None
 
 
+def round_redundancy(num_experts: int, num_gpus: int, requested: int, form: str) -> int:
+    """Redundant slots per MoE layer for ``num_gpus`` GPUs: ``requested``, raised in engine
+    form to the next count with equal slots per GPU (``E + r`` divisible by ``num_gpus``).
+    Native form and dense models (``num_experts == 0``) keep ``requested``. The one place
+    this rounding is done (the strategies' :func:`policies.deployment.engine_redundancy`
+    adds its upper bound on top)."""
+    if form != "engine" or num_experts <= 0 or num_gpus <= 0:
+        return requested
+    return requested + (-(num_experts + requested)) % num_gpus
+
+
 def effective_redundant(spec: DeploymentSpec, model: ModelSpec, num_gpus: int) -> int:
-    """Redundant slots for ``num_gpus`` GPUs: the spec's count, raised to the next count for
-    which engine form has equal slots per GPU (``E + r`` divisible by ``num_gpus``)."""
-    r = spec.redundant_experts or 0
-    if spec.form != "engine" or not model.is_moe or num_gpus <= 0:
-        return r
-    return r + (-(model.num_experts + r)) % num_gpus
+    """Redundant slots for ``num_gpus`` GPUs: the spec's count, rounded by
+    :func:`round_redundancy`."""
+    experts = model.num_experts if model.is_moe else 0
+    return round_redundancy(experts, num_gpus, spec.redundant_experts or 0, spec.form)
 
 
-def build_request(
+def redundancy_note(spec: DeploymentSpec, model: ModelSpec, num_gpus: int) -> str:
+    """Why the redundant slots differ from the spec's count ("" when they do not)."""
+    wanted = spec.redundant_experts or 0
+    got = effective_redundant(spec, model, num_gpus)
+    if not wanted or got == wanted:
+        return ""
+    return (
+        f"redundantExperts raised from {wanted} to {got} so that "
+        f"{model.num_experts} + {got} slots divide by {num_gpus} GPUs"
+    )
+
+
+@dataclass(frozen=True)
+class SolverPolicy:
+    """How hard the MILP works: what a PlacementPolicy may set beyond the deployment spec
+    (standalone, the built-in defaults of :class:`~policies.request.SolverOptions`).
+
+    Attributes:
+        mip_gap: relative MIP gap at which a layer's solve stops (0.01 = 1%).
+        milp_solver: ``highs`` or ``cbc``.
+        workers: processes solving layers in parallel; 0 = one per CPU.
+    """
+
+    mip_gap: float = SolverOptions.mip_gap
+    milp_solver: str = SolverOptions.solver
+    workers: int = SolverOptions.workers
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What was measured and feeds a solve.
+
+    Attributes:
+        load: aggregated expert load ``[moe_layers][experts]`` of the engines' recent
+            windows (tokens), or None.
+        gpus: calibrated figures by GPU id (``node/gpuN``); GPUs not on the fleet are
+            ignored.
+    """
+
+    load: Sequence[Sequence[float]] | None = None
+    gpus: Mapping[str, MeasuredFigures] = field(default_factory=dict)
+
+
+def to_request(
     spec: DeploymentSpec,
+    policy: SolverPolicy,
     fleet: Fleet,
     *,
+    measured: Measured = Measured(),
+    reserved: Collection[str] = (),
     previous: Plan | None = None,
-    measured: Sequence[Sequence[float]] | None = None,
 ) -> PlacementRequest:
-    """The planning core's request for a deployment on a fleet.
+    """The planning core's request for a deployment: the one builder every path uses (the
+    controller, the operator, the CLI and the strategy services).
 
-    ``previous`` (the committed plan) makes the ILP migration-aware; it is dropped when it
-    is for a different model.
+    Args:
+        spec: the deployment (for the operator: its spec resolved against the
+            PlacementPolicy, :func:`operators.inputs.effective_spec`).
+        policy: solver knobs from the PlacementPolicy, or the defaults.
+        fleet: the usable nodes (healthy GPUs only).
+        measured: the measured expert load and calibrated GPU figures.
+        reserved: node names to leave out (the interactive tier's nodes).
+        previous: the committed plan, to make the ILP migration-aware; dropped when it is
+            for another model.
 
     Raises:
-        InputError: invalid spec.
+        InputError: invalid spec (the field is named).
     """
     model = resolve_model(spec)
-    workload = workload_for(spec, model, measured=measured)
+    workload = workload_for(spec, model, measured=measured.load)
+    if reserved:
+        out = set(reserved)
+        kept = tuple(n for n in fleet.nodes if n.name not in out)
+        fleet = Fleet(fleet.name, kept, fleet.fabric_links)
     if previous is not None and (
         previous.model != model.name or len(previous.moe_layers) != model.num_moe_layers
     ):
         previous = None
-    options = SolverOptions(time_limit_s=spec.solver_time_limit_s)
+    options = SolverOptions(
+        time_limit_s=spec.solver_time_limit_s,
+        mip_gap=policy.mip_gap,
+        solver=policy.milp_solver,
+        workers=policy.workers,
+    )
     if spec.rebalance.migration_weight_us > 0:
         options = replace(options, migration_weight_us=spec.rebalance.migration_weight_us)
+    on_fleet = {n.name for n in fleet.nodes}
+    figures = {k: v for k, v in measured.gpus.items() if k.split("/", 1)[0] in on_fleet}
     return PlacementRequest(
         fleet=fleet,
         model=model,
@@ -344,7 +422,22 @@ def build_request(
         redundant_experts=effective_redundant(spec, model, len(fleet.gpus)),
         options=options,
         previous=previous,
+        settings=CostSettings(measured=figures),
         allow_cross_vendor=spec.allow_cross_vendor,
+    )
+
+
+def build_request(
+    spec: DeploymentSpec,
+    fleet: Fleet,
+    *,
+    previous: Plan | None = None,
+    measured: Sequence[Sequence[float]] | None = None,
+) -> PlacementRequest:
+    """:func:`to_request` with the built-in solver policy and only a measured load (the
+    standalone controller and the CLI)."""
+    return to_request(
+        spec, SolverPolicy(), fleet, measured=Measured(load=measured), previous=previous
     )
 
 
@@ -431,7 +524,9 @@ def parse_deployment(doc: Any) -> DeploymentSpec:
             context_len=w.get("contextLen", d.context_len),
             kv_cache_dtype=w.get("kvCacheDtype", d.kv_cache_dtype),
             load=str(w.get("load", d.load)),
-            load_matrix=_matrix(matrix, "spec.workload.loadMatrix") if matrix is not None else None,
+            load_matrix=load_matrix(matrix, "spec.workload.loadMatrix")
+            if matrix is not None
+            else None,
         ),
         policy=spec.get("policy", "ilp"),
         form=spec.get("form", "engine"),
@@ -453,7 +548,7 @@ def parse_deployment(doc: Any) -> DeploymentSpec:
     return out
 
 
-def _matrix(v: Any, path: str) -> tuple[tuple[float, ...], ...]:
+def load_matrix(v: Any, path: str) -> tuple[tuple[float, ...], ...]:
     if isinstance(v, Mapping):
         v = v.get("logical_count")
     if not isinstance(v, list) or not all(isinstance(r, list) for r in v):
@@ -503,110 +598,3 @@ def spec_to_doc(spec: DeploymentSpec) -> dict[str, Any]:
     if spec.gpu_hour_prices:
         body["gpuHourPrices"] = dict(spec.gpu_hour_prices)
     return {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": spec.name}, "spec": body}
-
-
-# ---------------------------------------------------------------------- wire
-
-
-def spec_to_proto(spec: DeploymentSpec) -> plan_pb2.DeploymentSpec:
-    w = spec.workload
-    r = spec.rebalance
-    msg = plan_pb2.DeploymentSpec(
-        name=spec.name,
-        model=spec.model,
-        model_config_json=json.dumps(dict(spec.model_config)).encode()
-        if spec.model_config
-        else b"",
-        workload=plan_pb2.WorkloadSpec(
-            phase=w.phase,
-            tokens_per_gpu=w.tokens_per_gpu,
-            context_len=w.context_len,
-            kv_cache_dtype=w.kv_cache_dtype,
-            load=w.load,
-            load_json=json.dumps([list(x) for x in w.load_matrix]).encode()
-            if w.load_matrix is not None
-            else b"",
-        ),
-        policy=spec.policy,
-        form=spec.form,
-        node_selector=dict(spec.node_selector),
-        solver_time_limit_s=spec.solver_time_limit_s,
-        prepare_timeout_s=spec.prepare_timeout_s,
-        rebalance=plan_pb2.RebalanceSpec(
-            enabled=r.enabled,
-            imbalance_threshold=r.imbalance_threshold,
-            sustain_s=r.sustain_s,
-            min_interval_s=r.min_interval_s,
-            migration_weight_us=r.migration_weight_us,
-        ),
-        allow_cross_vendor=spec.allow_cross_vendor,
-        gpu_hour_prices=dict(spec.gpu_hour_prices),
-    )
-    if spec.redundant_experts is not None:
-        msg.redundant_experts = spec.redundant_experts
-    return msg
-
-
-def _json_field(raw: bytes, path: str) -> Any:
-    try:
-        return json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise InputError(f"not valid UTF-8 JSON: {exc}", field=path) from exc
-
-
-def spec_from_proto(msg: plan_pb2.DeploymentSpec) -> DeploymentSpec:
-    """A validated spec from the wire; zero values mean the defaults.
-
-    Raises:
-        InputError: naming the proto field (``spec.workload.phase``...).
-    """
-    d = DeploymentSpec(name=msg.name)
-    dw = WorkloadSpec()
-    dr = RebalanceSpec()
-    w = msg.workload
-    r = msg.rebalance
-    cfg = (
-        _json_field(msg.model_config_json, "spec.model_config_json")
-        if msg.model_config_json
-        else None
-    )
-    if cfg is not None and not isinstance(cfg, dict):
-        raise InputError("must be a JSON object", field="spec.model_config_json")
-    matrix = None
-    if w.load_json:
-        loaded = _json_field(w.load_json, "spec.workload.load_json")
-        model_hint = resolve_model(replace(d, model=msg.model, model_config=cfg))
-        try:
-            matrix = _matrix(load_from_json(loaded, model_hint), "spec.workload.load_json")
-        except InputError as exc:
-            raise InputError(str(exc), field="spec.workload.load_json") from exc
-    spec = DeploymentSpec(
-        name=msg.name,
-        model=msg.model,
-        model_config=cfg,
-        workload=WorkloadSpec(
-            phase=w.phase or dw.phase,
-            tokens_per_gpu=w.tokens_per_gpu or dw.tokens_per_gpu,
-            context_len=w.context_len or dw.context_len,
-            kv_cache_dtype=w.kv_cache_dtype or dw.kv_cache_dtype,
-            load=w.load or dw.load,
-            load_matrix=matrix,
-        ),
-        policy=msg.policy or d.policy,
-        form=msg.form or d.form,
-        redundant_experts=msg.redundant_experts if msg.HasField("redundant_experts") else None,
-        node_selector=dict(msg.node_selector),
-        solver_time_limit_s=msg.solver_time_limit_s or d.solver_time_limit_s,
-        prepare_timeout_s=msg.prepare_timeout_s or d.prepare_timeout_s,
-        rebalance=RebalanceSpec(
-            enabled=r.enabled,
-            imbalance_threshold=r.imbalance_threshold or dr.imbalance_threshold,
-            sustain_s=r.sustain_s or dr.sustain_s,
-            min_interval_s=r.min_interval_s or dr.min_interval_s,
-            migration_weight_us=r.migration_weight_us,
-        ),
-        allow_cross_vendor=msg.allow_cross_vendor,
-        gpu_hour_prices=dict(msg.gpu_hour_prices),
-    )
-    check_spec(spec, path="spec")
-    return spec

@@ -1,0 +1,125 @@
+"""The protobuf codec of :class:`policies.spec.DeploymentSpec` (``mixfleet.v1.DeploymentSpec``):
+zero values on the wire mean the defaults; decoding validates like the document parser."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Any
+
+from mixfleet.v1 import plan_pb2
+
+from policies.errors import InputError
+from policies.spec import (
+    DeploymentSpec,
+    RebalanceSpec,
+    WorkloadSpec,
+    check_spec,
+    load_matrix,
+    resolve_model,
+)
+from policies.workload import load_from_json
+
+
+def spec_to_proto(spec: DeploymentSpec) -> plan_pb2.DeploymentSpec:
+    w = spec.workload
+    r = spec.rebalance
+    msg = plan_pb2.DeploymentSpec(
+        name=spec.name,
+        model=spec.model,
+        model_config_json=json.dumps(dict(spec.model_config)).encode()
+        if spec.model_config
+        else b"",
+        workload=plan_pb2.WorkloadSpec(
+            phase=w.phase,
+            tokens_per_gpu=w.tokens_per_gpu,
+            context_len=w.context_len,
+            kv_cache_dtype=w.kv_cache_dtype,
+            load=w.load,
+            load_json=json.dumps([list(x) for x in w.load_matrix]).encode()
+            if w.load_matrix is not None
+            else b"",
+        ),
+        policy=spec.policy,
+        form=spec.form,
+        node_selector=dict(spec.node_selector),
+        solver_time_limit_s=spec.solver_time_limit_s,
+        prepare_timeout_s=spec.prepare_timeout_s,
+        rebalance=plan_pb2.RebalanceSpec(
+            enabled=r.enabled,
+            imbalance_threshold=r.imbalance_threshold,
+            sustain_s=r.sustain_s,
+            min_interval_s=r.min_interval_s,
+            migration_weight_us=r.migration_weight_us,
+        ),
+        allow_cross_vendor=spec.allow_cross_vendor,
+        gpu_hour_prices=dict(spec.gpu_hour_prices),
+    )
+    if spec.redundant_experts is not None:
+        msg.redundant_experts = spec.redundant_experts
+    return msg
+
+
+def _json_field(raw: bytes, path: str) -> Any:
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise InputError(f"not valid UTF-8 JSON: {exc}", field=path) from exc
+
+
+def spec_from_proto(msg: plan_pb2.DeploymentSpec) -> DeploymentSpec:
+    """A validated spec from the wire; zero values mean the defaults.
+
+    Raises:
+        InputError: naming the proto field (``spec.workload.phase``...).
+    """
+    d = DeploymentSpec(name=msg.name)
+    dw = WorkloadSpec()
+    dr = RebalanceSpec()
+    w = msg.workload
+    r = msg.rebalance
+    cfg = (
+        _json_field(msg.model_config_json, "spec.model_config_json")
+        if msg.model_config_json
+        else None
+    )
+    if cfg is not None and not isinstance(cfg, dict):
+        raise InputError("must be a JSON object", field="spec.model_config_json")
+    matrix = None
+    if w.load_json:
+        loaded = _json_field(w.load_json, "spec.workload.load_json")
+        model_hint = resolve_model(replace(d, model=msg.model, model_config=cfg))
+        try:
+            matrix = load_matrix(load_from_json(loaded, model_hint), "spec.workload.load_json")
+        except InputError as exc:
+            raise InputError(str(exc), field="spec.workload.load_json") from exc
+    spec = DeploymentSpec(
+        name=msg.name,
+        model=msg.model,
+        model_config=cfg,
+        workload=WorkloadSpec(
+            phase=w.phase or dw.phase,
+            tokens_per_gpu=w.tokens_per_gpu or dw.tokens_per_gpu,
+            context_len=w.context_len or dw.context_len,
+            kv_cache_dtype=w.kv_cache_dtype or dw.kv_cache_dtype,
+            load=w.load or dw.load,
+            load_matrix=matrix,
+        ),
+        policy=msg.policy or d.policy,
+        form=msg.form or d.form,
+        redundant_experts=msg.redundant_experts if msg.HasField("redundant_experts") else None,
+        node_selector=dict(msg.node_selector),
+        solver_time_limit_s=msg.solver_time_limit_s or d.solver_time_limit_s,
+        prepare_timeout_s=msg.prepare_timeout_s or d.prepare_timeout_s,
+        rebalance=RebalanceSpec(
+            enabled=r.enabled,
+            imbalance_threshold=r.imbalance_threshold or dr.imbalance_threshold,
+            sustain_s=r.sustain_s or dr.sustain_s,
+            min_interval_s=r.min_interval_s or dr.min_interval_s,
+            migration_weight_us=r.migration_weight_us,
+        ),
+        allow_cross_vendor=msg.allow_cross_vendor,
+        gpu_hour_prices=dict(msg.gpu_hour_prices),
+    )
+    check_spec(spec, path="spec")
+    return spec

@@ -1,0 +1,113 @@
+"""What every part of the controller shares: its settings, the messages it hands to the
+servicers, and the :class:`Context` (store, clock, metrics, log, wake-up) each part reads."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from controlplane.server import reconcile as rc
+from controlplane.server.metrics import Metrics
+from controlplane.store import Store, StoredNode
+from policies.assignment import NodePart
+
+Phase = Literal["prepare", "commit", "abort", "remove"]
+NodeHealth = Literal["ready", "degraded", "draining", "lost"]
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    """Timing and limits of the controller.
+
+    Attributes:
+        heartbeat_interval_s: period agents are told to heartbeat at, s.
+        node_lost_after_s: silence after which a node is lost and planned around, s.
+        tick_s: longest pause between two reconcile ticks, s.
+        retry_after_abort_s: pause before re-solving inputs whose rollout was aborted, s.
+        retry_after_error_s: pause after a temporary solve failure, s.
+        heartbeat_persist_s: persist a node's last heartbeat time at most this often, s
+            (liveness itself is kept in memory).
+        load_window_retention_s: load windows older than this are pruned, s.
+        max_imbalance_samples: imbalance samples kept per deployment.
+        solver_processes: worker processes for solves (solves that can run at once);
+            0 = a thread of the controller process (holds the GIL: tests, tiny fleets).
+        min_tick_interval_s: shortest time between two reconcile ticks, s. Acks, heartbeats
+            and registrations wake the loop; ticks woken within this interval are merged,
+            so a burst of N acks costs a few ticks, not N.
+    """
+
+    heartbeat_interval_s: float = 5.0
+    node_lost_after_s: float = 15.0
+    tick_s: float = 1.0
+    retry_after_abort_s: float = 30.0
+    retry_after_error_s: float = 30.0
+    heartbeat_persist_s: float = 30.0
+    load_window_retention_s: float = 3600.0
+    max_imbalance_samples: int = 256
+    solver_processes: int = 1
+    min_tick_interval_s: float = 0.1
+
+    def reconcile_settings(self, *, solves: bool = True) -> rc.ReconcileSettings:
+        """The decision's timing; ``solves`` False where another component (the Kubernetes
+        operator) decides the plans."""
+        return rc.ReconcileSettings(
+            node_lost_after_s=self.node_lost_after_s,
+            retry_after_abort_s=self.retry_after_abort_s,
+            retry_after_error_s=self.retry_after_error_s,
+            solves=solves,
+        )
+
+
+@dataclass(frozen=True)
+class Context:
+    """The controller's shared dependencies, handed to each of its parts.
+
+    Attributes:
+        store: the state store (the controller does not close it).
+        settings: timing and limits.
+        clock: Unix time source, s (tests inject a fake one).
+        metrics: Prometheus metrics.
+        log: the controller's structlog logger.
+        wake: asks the reconcile loop for a tick soon.
+    """
+
+    store: Store
+    settings: ControllerSettings
+    clock: Callable[[], float]
+    metrics: Metrics
+    log: Any
+    wake: Callable[[], None]
+
+
+@dataclass(frozen=True)
+class AssignmentEvent:
+    """One message on a node's WatchAssignments stream (``mixfleet.v1.Assignment``)."""
+
+    deployment: str
+    plan_id: str
+    version: int
+    phase: Phase
+    world_size: int = 0
+    part: NodePart | None = None
+    prepare_deadline_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class RegisterResult:
+    """The answer to a node's Register: its new session and the timing it must keep (s)."""
+
+    node: str
+    session_id: str
+    heartbeat_interval_s: float
+    node_lost_after_s: float
+    controller_id: str
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """A node for PlanService: stored record plus live health (``last_seen_s``: Unix s)."""
+
+    stored: StoredNode
+    health: NodeHealth
+    last_seen_s: float

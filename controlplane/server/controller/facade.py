@@ -1,0 +1,465 @@
+"""The controller: the reconcile loop, and the one object the gRPC services talk to.
+
+One :class:`Controller` runs on one asyncio event loop. The servicers
+(:mod:`controlplane.server.services`) translate messages and call its plain methods; everything
+durable goes through the :class:`controlplane.store.Store`; solves run in a worker process
+(:class:`controlplane.server.solver_pool.SolverPool`; the ILP fans its layers out to more processes
+from there), so a long solve never stalls heartbeats, acks or streams.
+
+The controller is a thin front over parts that each own their state:
+
+* :class:`~controlplane.server.controller.nodes.NodeRegistry` (``nodes``): registry,
+  sessions, liveness, the lost set;
+* :class:`~controlplane.server.controller.solves.Solves` (``solves``): solver pool,
+  running solves, failures, dry runs;
+* :class:`~controlplane.server.controller.rollout.Rollouts` (``rollouts``): two-phase
+  rollout, proposed and committed plans, acks;
+* :class:`~controlplane.server.controller.loads.Loads` (``loads``): load windows,
+  imbalance samples, rebalance timing;
+* :class:`~controlplane.server.controller.watchers.Watchers` (``watchers``): assignment
+  streams, plan and routing watchers.
+
+What it keeps itself: the loop, and the last status written per deployment.
+
+The loop (:meth:`Controller.run`), once per ``tick_s`` or as soon as something changed:
+
+1. observe - build :class:`controlplane.server.reconcile.Observed` from memory and the store;
+2. decide - :func:`controlplane.server.reconcile.reconcile` (pure);
+3. act - carry out each action (start a solve task, start / commit / abort a rollout,
+   mark nodes lost, write status). A failing action is logged and retried next tick; only
+   this loop boundary catches broad exceptions.
+
+After a restart the controller rebuilds rollouts from ``preparing`` versions and their
+stored acks (giving agents a fresh prepare deadline to reconnect) and treats every known
+node as alive until it misses heartbeats again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+
+import structlog
+
+from controlplane.errors import NotFoundError, PreconditionError
+from controlplane.server import reconcile as rc
+from controlplane.server.controller.common import (
+    AssignmentEvent,
+    Context,
+    ControllerSettings,
+    NodeView,
+    RegisterResult,
+)
+from controlplane.server.controller.loads import Loads
+from controlplane.server.controller.nodes import NodeRegistry
+from controlplane.server.controller.rollout import Rollouts
+from controlplane.server.controller.solves import Solves
+from controlplane.server.controller.watchers import Watchers
+from controlplane.server.metrics import Metrics
+from controlplane.server.solver_pool import SolverPool
+from controlplane.store import (
+    AckState,
+    LoadWindow,
+    NodeState,
+    Store,
+    StoredDeployment,
+    StoredPlan,
+)
+from policies.errors import InputError
+from policies.fleet import Fleet
+from policies.inventory import GpuHealth, NodeInventory
+from policies.request import PlacementResult
+from policies.spec import DeploymentSpec, check_spec
+
+
+class Controller:
+    """State and behaviour of the control plane (see the module docstring).
+
+    Args:
+        store: the state store (the controller does not close it).
+        settings: timing.
+        clock: Unix time source (tests inject a fake one).
+        metrics: Prometheus metrics (a fresh registry when None).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        settings: ControllerSettings | None = None,
+        clock: Callable[[], float] = time.time,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.store = store
+        self.settings = settings or ControllerSettings()
+        self.clock = clock
+        self.metrics = metrics or Metrics()
+        self.log = structlog.get_logger("mixfleet.controller")
+        self.started_s = clock()
+        ctx = Context(store, self.settings, clock, self.metrics, self.log, self.wake)
+        self.nodes = NodeRegistry(ctx)
+        self.watchers = Watchers(ctx)
+        self.rollouts = Rollouts(ctx, self.nodes, self.watchers, on_commit=self._on_commit)
+        self.loads = Loads(ctx, self.nodes, self.rollouts)
+        self.solves = Solves(ctx, self.nodes, self.rollouts, self.loads, self.watchers)
+        self._status: dict[str, tuple[str, str]] = {}
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._loop_task: asyncio.Task[None] | None = None
+        now = clock()
+        self.nodes.recover(now)
+        self.rollouts.recover(now)
+
+    @property
+    def solver(self) -> SolverPool:
+        """The pool solves run in."""
+        return self.solves.solver
+
+    # ================================================================= lifecycle
+
+    async def start(self) -> None:
+        """Start the reconcile loop."""
+        if self._loop_task is None:
+            self.solver.warm_up()
+            self._loop_task = asyncio.create_task(self.run(), name="mixfleet-reconcile")
+
+    async def stop(self) -> None:
+        """Stop the loop, end every stream and wait for running solves to be dropped."""
+        self._stopping = True
+        self._wake.set()
+        self.watchers.stop()
+        tasks = [
+            t for t in (self._loop_task, *self.solves.tasks(), *self.loads.background_tasks()) if t
+        ]
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self.solver.close()
+        with contextlib.suppress(Exception):
+            self.rollouts.flush_acks()
+
+    def wake(self) -> None:
+        """Run a reconcile tick soon."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        """The reconcile loop (until :meth:`stop`)."""
+        loop = asyncio.get_running_loop()
+        previous: float | None = None
+        while not self._stopping:
+            started = loop.time()
+            if previous is not None:
+                self.nodes.credit_stall(started - previous)
+            previous = started
+            try:
+                self.tick()
+            except Exception:  # the loop boundary: log, keep going
+                self.log.exception("reconcile tick failed")
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=self.settings.tick_s)
+            # Merge wake-ups that arrive in a burst (acks of a rollout) into one tick.
+            pause = self.settings.min_tick_interval_s - (loop.time() - started)
+            if pause > 0 and not self._stopping:
+                await asyncio.sleep(pause)
+
+    def tick(self) -> list[rc.Action]:
+        """One observe -> reconcile -> act round; returns the actions taken."""
+        self.rollouts.flush_acks()
+        observed = self.observe()
+        solves = self.store.plan_author == "controller"
+        actions = rc.reconcile(observed, self.settings.reconcile_settings(solves=solves))
+        for action in actions:
+            try:
+                self._act(action)
+            except Exception:
+                self.log.exception(
+                    "action failed",
+                    action=type(action).__name__,
+                    deployment=getattr(action, "deployment", None),
+                )
+        return actions
+
+    # ================================================================= observe
+
+    def observe(self) -> rc.Observed:
+        """What the decision sees: every node and every deployment, now."""
+        now = self.clock()
+        nodes = self.nodes.observe()
+        deployments = [self._observe_deployment(d) for d in self.store.list_deployments()]
+        return rc.Observed(now, nodes, tuple(deployments))
+
+    def _observe_deployment(self, d: StoredDeployment) -> rc.DeploymentObs:
+        committed = None
+        pending = None
+        older: list[int] = []
+        for p in self.store.list_plans(d.name, limit=5):
+            if p.state == "committed" and committed is None:
+                c = self.rollouts.committed_state(d.name)
+                gpus = tuple(g.gpu for g in c.plan.gpus) if c is not None else ()
+                committed = _plan_obs(p, gpus)
+            elif p.state in ("proposed", "aborted") and pending is None and committed is None:
+                pending = _plan_obs(p)
+            elif p.state == "proposed" and pending is not None:
+                older.append(p.version)
+        return rc.DeploymentObs(
+            spec=d.spec,
+            generation=d.generation,
+            committed=committed,
+            pending=pending,
+            rollout=self.rollouts.observed(d.name),
+            solving=self.solves.solving(d.name),
+            failure=self.solves.failure(d.name),
+            imbalance_samples=self.loads.samples(d.name),
+            last_rebalance_s=self.loads.last_rebalance_s(d.name),
+            older_proposed=tuple(older),
+        )
+
+    # ================================================================= act
+
+    def _act(self, action: rc.Action) -> None:
+        if isinstance(action, rc.SetNodeLost):
+            self.nodes.set_lost(action)
+        elif isinstance(action, rc.Solve):
+            self.solves.start(action)
+        elif isinstance(action, rc.StartRollout):
+            self.rollouts.start(action.deployment, action.version)
+        elif isinstance(action, rc.Commit):
+            self.rollouts.commit(action.deployment, action.version)
+        elif isinstance(action, rc.Abort):
+            self.rollouts.abort(action.deployment, action.version, action.reason)
+        elif isinstance(action, rc.SetStatus):
+            self._set_status(action)
+
+    def _set_status(self, a: rc.SetStatus) -> None:
+        if self._status.get(a.deployment) == (a.phase, a.message):
+            return
+        self._status[a.deployment] = (a.phase, a.message)
+        d = self.store.get_deployment(a.deployment)
+        if d is None:
+            return
+        status = dict(d.status)
+        status.update(phase=a.phase, message=a.message)
+        self.store.set_deployment_status(a.deployment, status)
+
+    def _on_commit(self, deployment: str) -> None:
+        """A new plan of ``deployment`` was committed: imbalance samples start over."""
+        self.loads.forget_samples(deployment)
+
+    # ================================================================= AgentService
+
+    def register(self, inventory: NodeInventory) -> RegisterResult:
+        """Register (or re-register) a node; starts a new session and ends its old stream.
+
+        Raises:
+            InputError: naming the field (``inventory.gpus[1].uuid``...).
+        """
+        result = self.nodes.register(inventory)
+        self.watchers.end_stream(inventory.node)
+        return result
+
+    def heartbeat(
+        self,
+        node: str,
+        session_id: str,
+        *,
+        state: NodeState = "ready",
+        message: str = "",
+        health: Mapping[int, GpuHealth] | None = None,
+        applied: Mapping[str, int] | None = None,
+    ) -> bool:
+        """Record a heartbeat; returns False when the agent must register again.
+
+        Raises:
+            InputError: a health report names a GPU index the node does not have.
+        """
+        return self.nodes.heartbeat(
+            node, session_id, state=state, message=message, health=health, applied=applied
+        )
+
+    def watch_assignments(self, node: str, session_id: str) -> AsyncIterator[AssignmentEvent]:
+        """The node's stream: committed parts, an in-flight PREPARE, then new events.
+
+        Raises (on the first read):
+            NotFoundError: unregistered node. PreconditionError: stale session.
+        """
+
+        def opened() -> None:
+            self.nodes.check_stream(node, session_id)
+            self.nodes.heard_from(node, self.clock())
+
+        def snapshot() -> list[AssignmentEvent]:
+            stored = self.nodes.get(node)
+            applied = set(stored.applied) if stored is not None else set()
+            return self.rollouts.snapshot(node, applied)
+
+        return self.watchers.assignments(node, session_id, opened, snapshot)
+
+    def ack(
+        self,
+        node: str,
+        session_id: str,
+        deployment: str,
+        plan_id: str,
+        version: int,
+        state: AckState,
+        reason: str = "",
+    ) -> bool:
+        """Record an agent's ack; returns True when it was a duplicate.
+
+        Raises:
+            InputError: FAILED without a reason. NotFoundError: unknown node, deployment or
+            version. PreconditionError: stale session, wrong plan id, the node has no part,
+            or PREPARED for a rollout that is over.
+        """
+        if state == "failed" and not reason:
+            raise InputError("a FAILED ack needs a reason", field="reason")
+        self.nodes.check_ack(node, session_id)
+        return self.rollouts.ack(node, deployment, plan_id, version, state, reason)
+
+    # ================================================================= PlanService
+
+    def fleet_for(self, name: str, nodes: Sequence[str]) -> Fleet:
+        """The planning core's fleet of the named nodes' healthy GPUs (in the given order)."""
+        return self.nodes.fleet_for(name, nodes)
+
+    async def dry_run(self, spec: DeploymentSpec, fleet: Fleet | None = None) -> PlacementResult:
+        """Solve ``spec`` without storing anything (PlanService.Solve).
+
+        Raises:
+            InputError: bad spec. PreconditionError: no usable node matches.
+            InfeasibleError: the model cannot fit.
+        """
+        return await self.solves.dry_run(spec, fleet, self.observe)
+
+    def apply_deployment(
+        self, spec: DeploymentSpec, *, create_only: bool = False, update_only: bool = False
+    ) -> StoredDeployment:
+        """Create / update a deployment (the spec was validated by the caller).
+
+        Raises:
+            AlreadyExistsError, NotFoundError: see :meth:`Store.put_deployment`.
+        """
+        check_spec(spec)
+        before = self.store.get_deployment(spec.name)
+        d = self.store.put_deployment(
+            spec, now_s=self.clock(), create_only=create_only, update_only=update_only
+        )
+        if before is None or before.generation != d.generation:
+            self.solves.forget_failure(spec.name)
+            self._status.pop(spec.name, None)
+            self.log.info("deployment applied", deployment=spec.name, generation=d.generation)
+            self.wake()
+        return d
+
+    def delete_deployment(self, name: str) -> bool:
+        """Delete a deployment: abort its rollout, REMOVE its parts from agents."""
+        r, c = self.rollouts.delete(name)
+        self.solves.cancel(name)
+        deleted = self.store.delete_deployment(name, now_s=self.clock())
+        if not deleted:
+            return False
+        self.rollouts.deleted(name, r, c)
+        self.loads.forget_samples(name)
+        self.solves.forget_failure(name)
+        self._status.pop(name, None)
+        self.log.info("deployment deleted", deployment=name)
+        self.wake()
+        return True
+
+    def get_deployment(self, name: str) -> StoredDeployment:
+        """The deployment called ``name``.
+
+        Raises:
+            NotFoundError: no such deployment.
+        """
+        d = self.store.get_deployment(name)
+        if d is None:
+            raise NotFoundError(f"no deployment {name!r}", field="name")
+        return d
+
+    def get_plan(self, deployment: str, version: int) -> StoredPlan:
+        """A version (0 = committed), with its document.
+
+        Raises:
+            NotFoundError: no such deployment or version.
+        """
+        if self.store.get_deployment(deployment, include_deleted=True) is None:
+            raise NotFoundError(f"no deployment {deployment!r}", field="deployment")
+        stored = (
+            self.store.committed_plan(deployment)
+            if version == 0
+            else self.store.get_plan(deployment, version)
+        )
+        if stored is None:
+            what = "no committed plan" if version == 0 else f"no version {version}"
+            raise NotFoundError(f"deployment {deployment!r} has {what}", field="version")
+        return stored
+
+    def acks_of(self, deployment: str, version: int) -> dict[str, str]:
+        """node -> latest ack state (``failed: reason`` for failures)."""
+        return self.rollouts.acks_of(deployment, version)
+
+    def watch_plans(self, deployment: str = "") -> AsyncIterator[StoredPlan]:
+        """Latest record of each (matching) deployment, then every change."""
+        return self.watchers.watch_plans(deployment)
+
+    def node_views(self, only: str | None = None) -> list[NodeView]:
+        """Every node (sorted by name), or just the one called ``only`` (none if unknown)."""
+        return self.nodes.node_views(only)
+
+    # ================================================================= EngineService
+
+    def routing_plan(self, deployment: str) -> StoredPlan:
+        """The committed plan of a deployment (for routing).
+
+        Raises:
+            NotFoundError: unknown deployment. PreconditionError: nothing committed yet.
+        """
+        if self.store.get_deployment(deployment) is None:
+            raise NotFoundError(f"no deployment {deployment!r}", field="deployment")
+        stored = self.store.committed_plan(deployment)
+        if stored is None:
+            raise PreconditionError(
+                f"deployment {deployment!r} has no committed plan yet. To fix: wait for the "
+                "rollout (mixfleetctl watch)",
+                field="deployment",
+            )
+        return stored
+
+    def watch_routing(self, deployment: str) -> AsyncIterator[StoredPlan]:
+        """The committed plan now (when there is one), then each newly committed one.
+
+        Raises (on the first read):
+            NotFoundError: unknown deployment.
+        """
+        return self.watchers.watch_routing(deployment)
+
+    def report_load(self, window: LoadWindow) -> None:
+        """Store a load window and, in the background, measure the committed plan's
+        imbalance under it.
+
+        Raises:
+            NotFoundError: unknown deployment. InputError: naming the field (shape, values).
+        """
+        self.loads.report_load(window)
+
+    def record_imbalance(self, deployment: str, at_s: float, excess: float) -> None:
+        """Add an imbalance sample (measured minus the plan's predicted imbalance)."""
+        self.loads.record_imbalance(deployment, at_s, excess)
+
+
+def _plan_obs(p: StoredPlan, gpus: tuple[str, ...] = ()) -> rc.PlanObs:
+    return rc.PlanObs(
+        version=p.version,
+        state=p.state,
+        inputs_key=p.inputs_key,
+        gpus=gpus,
+        state_changed_s=p.state_changed_at_s,
+        planned_imbalance=float(p.summary.get("imbalance", 0.0)),
+        nodes=tuple(p.nodes),
+    )

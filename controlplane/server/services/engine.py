@@ -1,0 +1,59 @@
+"""EngineService: inference engines read the routing and report expert load."""
+
+# ruff: noqa: N802  (gRPC servicer methods are named after the RPCs)
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from mixfleet.v1 import engine_pb2, engine_pb2_grpc
+
+from controlplane.server.controller import Controller
+from controlplane.server.services.guard import Ctx
+from controlplane.store import LoadWindow
+from controlplane.wire.plans import routing_to_proto
+from policies.errors import InputError
+
+
+class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
+    def __init__(self, controller: Controller) -> None:
+        self.c = controller
+
+    async def GetRouting(
+        self, request: engine_pb2.GetRoutingRequest, context: Ctx
+    ) -> engine_pb2.Routing:
+        return routing_to_proto(self.c.routing_plan(request.deployment), request.format)
+
+    async def WatchRouting(
+        self, request: engine_pb2.GetRoutingRequest, context: Ctx
+    ) -> AsyncIterator[engine_pb2.Routing]:
+        async for p in self.c.watch_routing(request.deployment):
+            yield routing_to_proto(p, request.format)
+
+    async def ReportExpertLoad(
+        self, request_iterator: AsyncIterator[engine_pb2.ExpertLoadWindow], context: Ctx
+    ) -> engine_pb2.ReportExpertLoadResponse:
+        accepted = 0
+        async for w in request_iterator:
+            path = f"windows[{accepted}]"
+            if w.num_layers <= 0 or w.num_experts <= 0:
+                raise InputError("must be > 0", field=f"{path}.num_layers/num_experts")
+            if len(w.counts) != w.num_layers * w.num_experts:
+                raise InputError(
+                    f"has {len(w.counts)} values, num_layers x num_experts is "
+                    f"{w.num_layers * w.num_experts}",
+                    field=f"{path}.counts",
+                )
+            rows = tuple(
+                tuple(w.counts[i * w.num_experts : (i + 1) * w.num_experts])
+                for i in range(w.num_layers)
+            )
+            window = LoadWindow(
+                w.deployment, w.engine_id, w.start_unix_s, w.end_unix_s, w.plan_version, rows
+            )
+            try:
+                self.c.report_load(window)
+            except InputError as exc:
+                raise InputError(str(exc).split(": ", 1)[-1], field=f"{path}.{exc.field}") from exc
+            accepted += 1
+        return engine_pb2.ReportExpertLoadResponse(windows_accepted=accepted)

@@ -1,0 +1,185 @@
+"""ModelDeployments as the store's deployments, and their committed pointer."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Mapping
+from typing import Any, cast
+
+from apis.kube.client import MODEL_DEPLOYMENTS, Json
+from apis.kube.errors import NotFoundError as ApiNotFound
+from apis.kube.v1alpha1 import API_VERSION
+from controlplane.errors import AlreadyExistsError, NotFoundError, PreconditionError, StoreError
+from controlplane.store.base import StoredDeployment, StoredPlan
+from controlplane.store.kubernetes.common import (
+    ANNOTATION_CREATED,
+    ANNOTATION_UPDATED,
+    OPERATOR_ONLY_KEYS,
+    from_time,
+    to_time,
+)
+from controlplane.store.kubernetes.plans import PlansMixin
+from policies.errors import InputError
+from policies.spec import DeploymentSpec, parse_deployment, spec_to_doc
+
+
+class DeploymentsMixin(PlansMixin):
+    """The store's deployments on ModelDeployment objects; deleting one ends its plans."""
+
+    def _deployment_doc(self, obj: Json) -> Json:
+        spec = {k: v for k, v in (obj.get("spec") or {}).items() if k not in OPERATOR_ONLY_KEYS}
+        if not spec.get("nodeSelector"):
+            spec.pop("nodeSelector", None)
+        return {
+            "apiVersion": API_VERSION,
+            "kind": "ModelDeployment",
+            "metadata": {"name": obj["metadata"]["name"]},
+            "spec": spec,
+        }
+
+    def _stored_deployment(self, obj: Json) -> StoredDeployment:
+        meta = obj["metadata"]
+        ann = meta.get("annotations") or {}
+        status = obj.get("status") or {}
+        created = from_time(ann.get(ANNOTATION_CREATED) or meta.get("creationTimestamp"))
+        try:
+            spec = parse_deployment(self._deployment_doc(obj))
+        except InputError as exc:
+            raise StoreError(f"ModelDeployment {meta['name']}: {exc}", field="spec") from exc
+        return StoredDeployment(
+            spec=spec,
+            generation=int(meta.get("generation") or 1),
+            created_at_s=created,
+            updated_at_s=from_time(ann.get(ANNOTATION_UPDATED), created),
+            deleted=bool(meta.get("deletionTimestamp")),
+            committed_version=status.get("committedVersion"),
+            status=dict(status.get("controller") or {}),
+        )
+
+    def put_deployment(
+        self,
+        spec: DeploymentSpec,
+        *,
+        now_s: float,
+        create_only: bool = False,
+        update_only: bool = False,
+    ) -> StoredDeployment:
+        doc = spec_to_doc(spec)
+
+        def run() -> Json:
+            obj = self._kube.get(MODEL_DEPLOYMENTS, spec.name, self.namespace)
+            live = obj is not None and not obj["metadata"].get("deletionTimestamp")
+            if create_only and live:
+                raise AlreadyExistsError(
+                    f"deployment {spec.name!r} exists. To fix: use UpdateDeployment or "
+                    "ApplyDeployment, or delete it first",
+                    field="spec.name",
+                )
+            if update_only and not live:
+                raise NotFoundError(f"no deployment {spec.name!r}", field="spec.name")
+            if obj is not None and not live:
+                raise PreconditionError(
+                    f"deployment {spec.name!r} is being deleted. To fix: wait until it is gone",
+                    field="spec.name",
+                )
+            if obj is not None and self._deployment_doc(obj)["spec"] == _normalized(doc["spec"]):
+                return obj  # unchanged: no write, no generation bump
+            old_annotations = ((obj or {}).get("metadata") or {}).get("annotations") or {}
+            body = {
+                "metadata": {
+                    "name": spec.name,
+                    "namespace": self.namespace,
+                    "annotations": {
+                        ANNOTATION_CREATED: old_annotations.get(ANNOTATION_CREATED, to_time(now_s)),
+                        ANNOTATION_UPDATED: to_time(now_s),
+                    },
+                },
+                "spec": doc["spec"],
+            }
+            out: Json = self._kube.apply(MODEL_DEPLOYMENTS, body)
+            return out
+
+        return self._stored_deployment(self._call(f"put deployment {spec.name}", run))
+
+    def get_deployment(
+        self, name: str, *, include_deleted: bool = False
+    ) -> StoredDeployment | None:
+        obj = self._call(
+            f"get deployment {name}",
+            lambda: self._kube.get(MODEL_DEPLOYMENTS, name, self.namespace),
+        )
+        if obj is None or (obj["metadata"].get("deletionTimestamp") and not include_deleted):
+            return None
+        return self._stored_deployment(obj)
+
+    def list_deployments(self, *, include_deleted: bool = False) -> list[StoredDeployment]:
+        items, _ = self._call(
+            "list deployments", lambda: self._kube.list(MODEL_DEPLOYMENTS, self.namespace)
+        )
+        out = [
+            self._stored_deployment(o)
+            for o in items
+            if include_deleted or not o["metadata"].get("deletionTimestamp")
+        ]
+        return sorted(out, key=lambda d: d.name)
+
+    def delete_deployment(self, name: str, *, now_s: float) -> bool:
+        obj = self._call(
+            f"get deployment {name}",
+            lambda: self._kube.get(MODEL_DEPLOYMENTS, name, self.namespace),
+        )
+        if obj is None or obj["metadata"].get("deletionTimestamp"):
+            return False
+        for p in self.list_plans(name, limit=1_000_000):
+            if p.state == "committed":
+                self._set_state(name, p.version, "superseded", None, now_s, None)
+            elif p.state in ("proposed", "preparing"):
+                self._set_state(name, p.version, "aborted", "deployment deleted", now_s, None)
+        self._call(
+            f"clear pointer of {name}",
+            lambda: self._pointer.apply(
+                MODEL_DEPLOYMENTS,
+                {"metadata": {"name": name, "namespace": self.namespace}, "status": {}},
+                subresource="status",
+            ),
+        )
+        uid = obj["metadata"].get("uid")
+        return bool(
+            self._call(
+                f"delete deployment {name}",
+                lambda: self._kube.delete(MODEL_DEPLOYMENTS, name, self.namespace, uid=uid),
+            )
+        )
+
+    def set_deployment_status(self, name: str, status: Mapping[str, Any]) -> None:
+        body = {
+            "metadata": {"name": name, "namespace": self.namespace},
+            "status": {"controller": json.loads(json.dumps(dict(status)))},
+        }
+
+        def run() -> None:
+            with contextlib.suppress(ApiNotFound):  # deleted meanwhile
+                self._kube.apply(MODEL_DEPLOYMENTS, body, subresource="status")
+
+        self._call(f"status of {name}", run)
+
+    def committed_plan(self, deployment: str) -> StoredPlan | None:
+        d = self.get_deployment(deployment)
+        if d is None or d.committed_version is None:
+            return None
+        return self.get_plan(deployment, d.committed_version)
+
+
+def _normalized(spec: Json) -> Json:
+    """``spec`` as the API server would store it (with the CRD's defaults), for comparison
+    with the stored spec."""
+    from apis.kube.schema import apply_defaults
+    from apis.kube.v1alpha1 import MODEL_DEPLOYMENT
+
+    schema = MODEL_DEPLOYMENT.schema()["properties"]["spec"]
+    out = apply_defaults(json.loads(json.dumps(spec)), schema)
+    out = {k: v for k, v in out.items() if k not in OPERATOR_ONLY_KEYS}
+    if not out.get("nodeSelector"):
+        out.pop("nodeSelector", None)
+    return cast(Json, out)

@@ -1,0 +1,81 @@
+"""The :class:`KubernetesStore`: its parts put together, plus opening and the controller id."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from typing import cast
+
+from apis.kube.client import CONFIGMAPS, Kube, api_client_from
+from apis.kube.errors import ConflictError
+from controlplane.errors import StoreError
+from controlplane.store.base import PlanAuthor
+from controlplane.store.kubernetes.acks_loads import AcksLoadsMixin
+from controlplane.store.kubernetes.common import (
+    CONTROLLER_CONFIGMAP,
+    FIELD_MANAGER,
+    LABEL_MANAGED_BY,
+    MANAGED_BY,
+)
+from controlplane.store.kubernetes.deployments import DeploymentsMixin
+from controlplane.store.kubernetes.nodes import NodesMixin
+
+
+class KubernetesStore(NodesMixin, DeploymentsMixin, AcksLoadsMixin):
+    """:class:`controlplane.store.base.Store` on the Kubernetes API.
+
+    Args:
+        kube: API access (any field manager; the store uses its own per kind of write).
+        namespace: namespace of the ModelDeployments, PartitionPlans and ConfigMaps.
+        conflict_retries: attempts of a read-modify-write that meets 409 Conflict.
+    """
+
+    plan_author: PlanAuthor = "operator"
+
+    @classmethod
+    def from_url(cls, rest: str, *, kubeconfig: str | None = None) -> KubernetesStore:
+        """``kubernetes:NAMESPACE`` (``kubernetes:`` = $POD_NAMESPACE, else ``default``).
+
+        Raises:
+            StoreError: no Kubernetes configuration found.
+        """
+        namespace = rest.strip("/") or os.environ.get("POD_NAMESPACE", "default")
+        try:
+            api = api_client_from(kubeconfig)
+        except Exception as exc:  # the loaders raise several unrelated types
+            raise StoreError(
+                f"cannot reach Kubernetes: {exc}. To fix: run in a pod with a service account "
+                "or set KUBECONFIG",
+                field="store",
+            ) from exc
+        return cls(Kube(api, field_manager=FIELD_MANAGER), namespace)
+
+    # ---------------------------------------------------------------- plumbing
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+
+    def controller_id(self) -> str:
+        def get_or_make() -> str:
+            for _ in range(self.conflict_retries):
+                cm = self._kube.get(CONFIGMAPS, CONTROLLER_CONFIGMAP, self.namespace)
+                if cm is not None:
+                    return str((cm.get("data") or {}).get("controllerID", ""))
+                body = {
+                    "apiVersion": "v1",
+                    "kind": "ConfigMap",
+                    "metadata": {
+                        "name": CONTROLLER_CONFIGMAP,
+                        "namespace": self.namespace,
+                        "labels": {LABEL_MANAGED_BY: MANAGED_BY},
+                    },
+                    "data": {"controllerID": uuid.uuid4().hex},
+                }
+                try:
+                    self._kube.create(CONFIGMAPS, body)
+                except ConflictError:
+                    continue
+            raise StoreError("cannot create the controller id ConfigMap", field="store")
+
+        return cast(str, self._call("controller id", get_or_make))
