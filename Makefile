@@ -44,13 +44,13 @@ test: install
 bench: install bench-placement bench-strategies bench-controlplane
 
 bench-placement: install
-	$(BIN)/mixfleetctl bench placement --scenario all --out bench/results/placement.json --docs docs/benchmarks.md
+	$(BIN)/python -m bench.placement --scenario all --out bench/results/placement.json --docs docs/benchmarks.md
 
 bench-controlplane: install
 	$(BIN)/python -m bench.controlplane --agents 100,500,2000 --out bench/results/controlplane.json --docs docs/controlplane-benchmark.md
 
 bench-strategies: install
-	$(BIN)/mixfleetctl bench strategies --scenario all --out bench/results/strategies.json --docs docs/strategies.md
+	$(BIN)/python -m bench.strategies --scenario all --out bench/results/strategies.json --docs docs/strategies.md
 
 crds: install
 	$(BIN)/python -m operators.crdgen

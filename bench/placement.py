@@ -1,7 +1,7 @@
 """Placement benchmark: every policy on the scenarios of examples/fleets/, with targets.
 
-Run ``mixfleetctl bench placement --scenario all --json --out bench/results/placement.json
---docs docs/benchmarks.md`` (``make bench``). Each scenario solves the same request with
+Run ``python -m bench.placement --scenario all --json --out bench/results/placement.json
+--docs docs/benchmarks.md`` (``make bench-placement``). Each scenario solves the same request with
 ``uniform``, ``eplb``, ``greedy`` and ``ilp`` in the forms it lists, records predicted step
 time, throughput, the ILP's proven bound and gap, and solve time, and checks the targets of
 issue 2. Solve times are wall-clock on the machine that runs it (``cpu_count`` is recorded).
@@ -14,15 +14,15 @@ import dataclasses
 import json
 import os
 import platform
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from bench.common import add_arguments, command_line, log, package_versions, run_main
+from bench.placement_report import check_targets, render_markdown
 from controlplane.cli.files import read_fleet
 from policies.errors import InfeasibleError, InputError
 from policies.fleet import Fleet
@@ -343,229 +343,23 @@ def run_grouping_scenario(s: Scenario, log: Callable[[str], None]) -> dict[str, 
     }
 
 
-def _get(rows: Sequence[dict[str, Any]], policy: str, form: str) -> dict[str, Any] | None:
-    for r in rows:
-        if (
-            r["policy"] == policy
-            and r["form"] == form
-            and r.get("feasible")
-            and "tokens_per_s" in r
-        ):
-            return r
-    return None
-
-
-def _field(row: dict[str, Any] | None, key: str) -> float | None:
-    """A numeric field of a result row, None when the row or the value is missing."""
-    if row is None or row.get(key) is None:
-        return None
-    return float(row[key])
-
-
-def _ratio(rows: Sequence[dict[str, Any]], a: str, b: str, form: str) -> float | None:
-    ra, rb = _get(rows, a, form), _get(rows, b, form)
-    if ra is None or rb is None:
-        return None
-    return float(ra["tokens_per_s"]) / float(rb["tokens_per_s"])
-
-
-def check_targets(name: str, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Issue-2 targets for a scenario: each with the measured value and pass/fail."""
-    out: list[dict[str, Any]] = []
-
-    def target(what: str, value: float | None, ok: Callable[[float], bool], goal: str) -> None:
-        out.append(
-            {
-                "target": what,
-                "goal": goal,
-                "value": None if value is None else round(value, 4),
-                "met": value is not None and ok(value),
-            }
-        )
-
-    ilp_engine = _get(rows, "ilp", "engine")
-    ilp_native = _get(rows, "ilp", "native")
-    if name == "mixed-24-decode":
-        target(
-            "ilp / uniform tokens/s (engine)",
-            _ratio(rows, "ilp", "uniform", "engine"),
-            lambda v: v >= 1.30,
-            ">= 1.30",
-        )
-        target(
-            "ilp / eplb tokens/s (engine)",
-            _ratio(rows, "ilp", "eplb", "engine"),
-            lambda v: v >= 1.15,
-            ">= 1.15",
-        )
-        target(
-            "ilp / greedy tokens/s (engine)",
-            _ratio(rows, "ilp", "greedy", "engine"),
-            lambda v: v >= 1.0,
-            ">= 1.00",
-        )
-        target(
-            "gap to proven bound (native)",
-            _field(ilp_native, "gap"),
-            lambda v: v <= 0.02,
-            "<= 2%",
-        )
-        target(
-            "gap to proven bound (engine)",
-            _field(ilp_engine, "gap"),
-            lambda v: v <= 0.05,
-            "<= 5%",
-        )
-        target(
-            "solve time, all 58 MoE layers (engine)",
-            _field(ilp_engine, "wall_s"),
-            lambda v: v <= 30,
-            "<= 30 s",
-        )
-        target(
-            "solve time, all 58 MoE layers (native)",
-            _field(ilp_native, "wall_s"),
-            lambda v: v <= 30,
-            "<= 30 s",
-        )
-    elif name == "homog-32-decode":
-        target(
-            "ilp / eplb tokens/s (engine)",
-            _ratio(rows, "ilp", "eplb", "engine"),
-            lambda v: v >= 1.0,
-            ">= 1.00",
-        )
-    elif name == "large-256-decode":
-        target(
-            "solve time (engine)",
-            _field(ilp_engine, "wall_s"),
-            lambda v: v <= 120,
-            "<= 120 s",
-        )
-    elif name == "layer-256x64-decode":
-        target(
-            "solve time, one layer (engine)",
-            _field(ilp_engine, "wall_s"),
-            lambda v: v <= 1.0,
-            "<= 1 s",
-        )
-    return out
-
-
 def _machine() -> dict[str, Any]:
-    versions = {}
-    for pkg in ("pulp", "highspy", "numpy", "networkx"):
-        try:
-            versions[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            versions[pkg] = "missing"
+    """CPUs, Python, platform and solver package versions of this machine."""
     return {
         "cpu_count": os.cpu_count(),
         "processor": platform.processor() or platform.machine(),
         "python": platform.python_version(),
         "platform": platform.platform(terse=True),
-        "packages": versions,
+        "packages": package_versions(("pulp", "highspy", "numpy", "networkx")),
     }
 
 
-def render_markdown(report: dict[str, Any]) -> str:
-    """The docs page for a benchmark report."""
-    lines = [
-        "# Placement benchmark",
-        "",
-        "Predicted by the cost model (docs/planning.md); every policy gets the same fleet, model,",
-        "workload, slot budget and cost model. Regenerate with:",
-        "",
-        "```",
-        report["command"],
-        "```",
-        "",
-        f"Machine: {report['machine']['cpu_count']} CPUs, Python {report['machine']['python']}, "
-        + ", ".join(f"{k} {v}" for k, v in report["machine"]["packages"].items())
-        + f". Run on {report['generated_at'][:10]}.",
-        "",
-    ]
-    for sc in report["scenarios"]:
-        inp = sc["inputs"]
-        if "groupings" in sc:
-            lines += [
-                f"## {sc['scenario']}",
-                "",
-                f"{sc['description']}. {inp['gpus']} GPUs, {inp['model']}, {inp['phase']}, {inp['tokens_per_gpu']} tokens/GPU, context {inp['context_len']}.",
-                "",
-                "| policy | grouping | tokens/s | groups (tokens/s, busiest link us per layer) |",
-                "|---|---|---:|---|",
-            ]
-            for r in sc["groupings"]:
-                parts = "; ".join(
-                    f"{'+'.join(g['nodes'])}: {g['tokens_per_s']:,.0f}, link {g['max_link_us']}"
-                    + (f" ({g['error']})" if g["error"] else "")
-                    for g in r["groups"]
-                )
-                lines.append(
-                    f"| {r['policy']} | {r['grouping']} | {r['tokens_per_s']:,.0f} | {parts} |"
-                )
-            lines.append("")
-            continue
-        lines += [
-            f"## {sc['scenario']}",
-            "",
-            f"{sc['description']}. {inp['gpus']} GPUs, {inp['model']} ({inp['moe_layers']} MoE layers), "
-            f"{inp['phase']}, {inp['tokens_per_gpu']} tokens/GPU, context {inp['context_len']}, "
-            f"KV {inp['kv_cache_dtype']}, load `{inp['load']}`, {inp['redundant_experts']} redundant "
-            "experts.",
-            "",
-            "| form | policy | tokens/s | vs uniform | step ms | bound ms | gap | solve s | feasible |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---|",
-        ]
-        for r in sc["results"]:
-            if "tokens_per_s" not in r:
-                lines.append(
-                    f"| {r['form']} | {r['policy']} | - | - | - | - | - | - | no: {r.get('error', '')[:80]} |"
-                )
-                continue
-            base = _get(sc["results"], "uniform", r["form"])
-            vs = f"{r['tokens_per_s'] / base['tokens_per_s']:.2f}x" if base else "-"
-            bound = f"{r['lower_bound_us'] / 1e3:.2f}" if r["lower_bound_us"] is not None else "-"
-            gap = f"{r['gap'] * 100:.2f}%" if r["gap"] is not None else "-"
-            feas = "yes" if r["feasible"] else "no: " + "; ".join(r["violations"][:1])[:80]
-            lines.append(
-                f"| {r['form']} | {r['policy']} | {r['tokens_per_s']:,.0f} | {vs} | "
-                f"{r['step_time_us'] / 1e3:.2f} | {bound} | {gap} | {r['solve_s']:.2f} | {feas} |"
-            )
-        if sc["targets"]:
-            lines += ["", "| target | goal | measured | met |", "|---|---|---:|---|"]
-            for t in sc["targets"]:
-                lines.append(
-                    f"| {t['target']} | {t['goal']} | {t['value']} | {'yes' if t['met'] else '**no**'} |"
-                )
-        lines.append("")
-    lines += [
-        "## Reading these results",
-        "",
-        "- The gains come from three places: attention shares that follow each GPU's speed and",
-        "  memory, fewer and lighter experts on slow GPUs, and replicas of hot experts where",
-        "  they cut the busiest GPU's dispatch/combine traffic. `greedy` already gets most of",
-        "  the first; the ILP's margin over `greedy` is a few percent, over `eplb` (which assumes",
-        "  identical GPUs) 20-30% on mixed fleets.",
-        "- On identical GPUs (homog-32) there is little to gain: the ILP matches EPLB within a",
-        "  few percent, never below it.",
-        "- Where uniform and EPLB show INFEASIBLE, their equal attention split puts more KV cache",
-        "  on the smallest GPU (L40S) than it holds; their step time is reported but the plan",
-        "  cannot run.",
-        "- large-256: the engine-form MILP does not close its gap within the time limit; the",
-        "  plan is still the best of the four, but the gap column says how far the proof is.",
-        "- The one-layer solve-time scenario runs with `--time-limit 0.9` (the whole solve,",
-        "  model building included, fits in the 1 s target); its gap says what that costs.",
-        "- All figures are cost-model predictions; docs/validation.md measures the model",
-        "  against real H200s (within 15%).",
-        "",
-    ]
-    return "\n".join(lines)
+def run(args: argparse.Namespace) -> int:
+    """Run the chosen scenarios; print, write the JSON results and the docs page.
 
-
-def placement_main(args: argparse.Namespace) -> int:
-    """``mixfleetctl bench placement``: run scenarios, print, write JSON and docs."""
+    Raises:
+        InputError: unknown scenario.
+    """
     name = str(getattr(args, "scenario", "all") or "all")
     if name != "all" and name not in SCENARIOS and name != GROUPING_SCENARIO.name:
         raise InputError(
@@ -579,10 +373,6 @@ def placement_main(args: argparse.Namespace) -> int:
         if name in SCENARIOS
         else []
     )
-
-    def log(msg: str) -> None:
-        print(msg, file=sys.stderr, flush=True)
-
     scenarios = []
     for s in chosen:
         log(f"{s.name}: {s.description}")
@@ -590,20 +380,24 @@ def placement_main(args: argparse.Namespace) -> int:
     if name in ("all", GROUPING_SCENARIO.name):
         log(f"{GROUPING_SCENARIO.name}: {GROUPING_SCENARIO.description}")
         scenarios.append(run_grouping_scenario(GROUPING_SCENARIO, log))
-    argv = ["mixfleetctl", "bench", "placement", "--scenario", name]
-    if getattr(args, "json", False):
-        argv.append("--json")
-    if getattr(args, "out", None):
-        argv += ["--out", str(args.out)]
-    if getattr(args, "docs", None):
-        argv += ["--docs", str(args.docs)]
     report = {
         "benchmark": "placement",
-        "command": " ".join(argv),
+        "command": command_line("bench.placement", args, with_json=True),
         "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": _machine(),
         "scenarios": scenarios,
     }
+    _write(report, args, name, scenarios)
+    missed = [t for sc in scenarios for t in sc["targets"] if not t["met"]]
+    for t in missed:
+        log(f"target missed: {t['target']}: {t['value']} (goal {t['goal']})")
+    return 0
+
+
+def _write(
+    report: dict[str, Any], args: argparse.Namespace, name: str, scenarios: list[dict[str, Any]]
+) -> None:
+    """``--out`` (one scenario merged into an existing report), ``--docs`` and ``--json``."""
     text = json.dumps(report, indent=1)
     if getattr(args, "out", None):
         out = Path(args.out)
@@ -625,7 +419,26 @@ def placement_main(args: argparse.Namespace) -> int:
         log(f"wrote {docs}")
     if getattr(args, "json", False):
         print(text)
-    missed = [t for sc in scenarios for t in sc["targets"] if not t["met"]]
-    for t in missed:
-        log(f"target missed: {t['target']}: {t['value']} (goal {t['goal']})")
-    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    """Options of ``python -m bench.placement``."""
+    p = argparse.ArgumentParser(
+        prog="python -m bench.placement", description="placement benchmark scenarios"
+    )
+    add_arguments(p, docs_help="Markdown table to write")
+    return p
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse the options of ``python -m bench.placement``."""
+    return parser().parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m bench.placement``: exit 0, or 2 on a bad scenario name."""
+    return run_main(parser(), run, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

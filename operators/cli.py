@@ -25,8 +25,8 @@ import structlog
 
 from apis.kube.client import Kube, api_client_from
 from operators.leader import LeaderSettings
+from operators.observe import ReconcileSettings
 from operators.operator import Operator, OperatorSettings
-from operators.reconcile import ReconcileSettings
 
 LEVELS = ("debug", "info", "warning", "error")
 HEALTH_LEADER_SERVICE = "mixfleet.operator.Leader"

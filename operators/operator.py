@@ -1,5 +1,5 @@
 """The ModelDeployment operator: informers, a work queue, and the observe -> reconcile ->
-act loop around :func:`operators.reconcile.reconcile`.
+act loop around :func:`operators.decide.reconcile`.
 
 * Informers list and watch ModelDeployments, GPUNodes, PlacementPolicies, and the
   PartitionPlans and ConfigMaps the operator manages, re-listing when a watch's
@@ -16,7 +16,7 @@ act loop around :func:`operators.reconcile.reconcile`.
   write checks leadership again (:class:`apis.kube.client.Kube` ``write_guard``).
 
 Temporary errors (API unavailable, conflicts) requeue the key with exponential backoff;
-permanent ones are already conditions in the status (see :mod:`operators.reconcile`).
+permanent ones are already conditions in the status (see :mod:`operators.status`).
 Broad ``except`` only at the loop boundary, where an unexpected error is logged and the
 key retried with backoff.
 """
@@ -72,32 +72,35 @@ from apis.kube.v1alpha1 import (
     PlacementPolicySpec,
 )
 from apis.kube.versions import read_floor, record_version
-from operators.leader import LeaderElector, LeaderSettings
-from operators.reconcile import (
+from operators.decide import (
     Action,
     ApplyConfigMap,
     ApplyPlan,
     ApplyStatus,
-    ConfigMapView,
     DeleteConfigMap,
     DeletePlan,
+    Requeue,
+    SetFinalizer,
+    SolveAction,
+    TierAction,
+    reconcile,
+)
+from operators.leader import LeaderElector, LeaderSettings
+from operators.observe import (
+    ConfigMapView,
     DeploymentView,
     NodeView,
     Observed,
     PlanView,
     ReconcileSettings,
-    Requeue,
-    SetFinalizer,
-    SolveAction,
     SolveOutcome,
-    TierAction,
     TierOutcome,
-    reconcile,
 )
 from policies.errors import InfeasibleError, InputError, SolverError
 from policies.request import PlacementRequest, PlacementResult
 from policies.solve import solve
-from policies.tiers import TierPlan, TierRequest, plan_tiers
+from policies.tier_planner import plan_tiers
+from policies.tiers import TierPlan, TierRequest
 
 Key = tuple[str, str]
 """A ModelDeployment key: (namespace, name)."""
@@ -307,7 +310,7 @@ class Operator:
         clock: wall clock, UTC (injectable for tests).
         solver: the placement solve (``policies.solve.solve``; injectable for tests).
         lease_kube: API access for the Lease (default: a copy of ``kube`` without guard).
-        tier_planner: the interactive / batch split (``policies.tiers.plan_tiers``;
+        tier_planner: the interactive / batch split (``policies.tier_planner.plan_tiers``;
             injectable for tests).
     """
 

@@ -36,7 +36,7 @@ Pure: no I/O.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from policies.costmodel import GIB, build_cost_table
@@ -236,28 +236,7 @@ def advise_batch(
     for t in lows:
         if t < start:
             at(t)
-    good: int | None = None
-    bad: int | None = None
-    if at(start).ok:
-        good = start
-        t = start
-        while t < cap:
-            t = min(cap, max(t + 1, math.ceil(t * growth)))
-            if at(t).ok:
-                good = t
-            else:
-                bad = t
-                break
-    else:
-        bad = start
-        oks = [t for t, p in points.items() if p.ok and t < start]
-        good = max(oks) if oks else None
-        if good is None and 1 not in points:
-            good = 1 if at(1).ok else None
-        if good is None:
-            bad = min(bad, 1)
-        else:
-            bad = min((t for t, p in points.items() if not p.ok and t > good), default=bad)
+    good, bad = _bracket(at, points, start, cap, growth)
     while good is not None and bad is not None and bad - good > max(1, tolerance * good):
         mid = (good + bad) // 2
         if at(mid).ok:
@@ -285,6 +264,54 @@ def advise_batch(
     return BatchAdvice(
         dep.phase, dep.policy, target_ms, start, start_gpu, good, points[good], limit, curve
     )
+
+
+def _bracket(
+    at: Callable[[int], BatchPoint],
+    points: Mapping[int, BatchPoint],
+    start: int,
+    cap: int,
+    growth: float,
+) -> tuple[int | None, int | None]:
+    """The largest batch known to work and the smallest known to fail around ``start``.
+
+    From a working ``start`` the batch grows by ``growth`` until one fails or ``cap`` is
+    reached; from a failing one the largest working batch already solved below it is taken
+    (trying 1 token per GPU when none is).
+
+    Args:
+        at: solves (memoised) one batch, tokens per GPU.
+        points: the batches solved so far (``at`` adds to it).
+        start: first batch, tokens per GPU; cap: largest batch tried.
+        growth: factor between successive batches while growing.
+
+    Returns:
+        ``(good, bad)``: tokens per GPU; ``good`` None when nothing works, ``bad`` None when
+        every batch up to ``cap`` works.
+    """
+    good: int | None = None
+    bad: int | None = None
+    if at(start).ok:
+        good = start
+        t = start
+        while t < cap:
+            t = min(cap, max(t + 1, math.ceil(t * growth)))
+            if at(t).ok:
+                good = t
+            else:
+                bad = t
+                break
+    else:
+        bad = start
+        oks = [t for t, p in points.items() if p.ok and t < start]
+        good = max(oks) if oks else None
+        if good is None and 1 not in points:
+            good = 1 if at(1).ok else None
+        if good is None:
+            bad = min(bad, 1)
+        else:
+            bad = min((t for t, p in points.items() if not p.ok and t > good), default=bad)
+    return good, bad
 
 
 def _why_not(dep: Deployment, first: BatchPoint, target_ms: float | None) -> tuple[str, ...]:

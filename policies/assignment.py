@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from policies.costmodel import LayerPlacement, build_cost_table, evaluate
+from policies.costmodel import build_cost_table
 from policies.errors import InputError
+from policies.evaluation import LayerPlacement, evaluate
 from policies.exports import export_plan
 from policies.fleet import Fleet
 from policies.models import ModelSpec

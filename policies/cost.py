@@ -20,6 +20,7 @@ the target. The finalists, and the cheaper subsets the screen put within ``slack
 target (the final policy may lift them over it), are solved with the final policy (``ilp``)
 cheapest first; the first that meets the target wins. Subsets spanning GPU vendors are
 skipped for MoE models unless cross-vendor all-to-all is allowed (:mod:`policies.vendors`).
+Solving one subset in either layout lives in :mod:`policies.subsets`.
 
 Units: US dollars (``usd``), hours, tokens per second. Pure: no I/O.
 """
@@ -36,16 +37,15 @@ from typing import Any
 from policies.catalog import CATALOG, closest, lookup
 from policies.deployment import (
     Deployment,
-    Outcome,
     describe_nodes,
     node_groups,
     sub_fleet,
-    try_solve,
 )
 from policies.errors import InfeasibleError, InputError
 from policies.fleet import Fleet
 from policies.plan import Plan
 from policies.request import PlacementResult
+from policies.subsets import SubsetEvaluator, SubsetThroughput, subset_nodes
 from policies.vendors import vendors_of
 
 #: Default price per GPU-hour, USD. ASSUMPTIONS: rounded, indicative on-demand cloud list
@@ -306,97 +306,6 @@ class MinCostResult:
     notes: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
-class _Evaluated:
-    """Throughput of a subset in one layout."""
-
-    tokens_per_s: float
-    results: tuple[PlacementResult, ...]
-    layout: str
-    reason: str
-
-
-def _subset(groups: Sequence[tuple[str, ...]], counts: Sequence[int]) -> tuple[str, ...]:
-    return tuple(n for g, k in zip(groups, counts, strict=True) for n in g[:k])
-
-
-class _Evaluator:
-    """Solves subsets in either layout, caching per-node replica solves by node group."""
-
-    def __init__(
-        self, dep: Deployment, tokens_per_gpu: int, groups: Sequence[tuple[str, ...]], layout: str
-    ) -> None:
-        self.dep = dep
-        self.tokens = tokens_per_gpu
-        self.groups = groups
-        self.layout = layout
-        self.replica_tps: dict[tuple[int, str], Outcome] = {}
-
-    def group(self, names: Sequence[str], policy: str) -> _Evaluated:
-        fleet = self.dep.fleet
-        part = sub_fleet(fleet, names, name=f"{fleet.name}-subset")
-        out = try_solve(self.dep.request(self.tokens, fleet=part, policy=policy))
-        if out.ok and out.result is not None:
-            return _Evaluated(out.result.plan.summary.tokens_per_s, (out.result,), "group", "")
-        return _Evaluated(0.0, (), "group", out.reason)
-
-    def _replica(self, node: str, policy: str) -> Outcome:
-        part = sub_fleet(self.dep.fleet, [node], name=f"{self.dep.fleet.name}-{node}")
-        return try_solve(self.dep.request(self.tokens, fleet=part, policy=policy))
-
-    def replicas(self, counts: Sequence[int], policy: str, *, plans: bool) -> _Evaluated:
-        """One replica per node; with ``plans`` every node is solved (its own GPU ids),
-        else one node per group stands for the others."""
-        fleet = self.dep.fleet
-        if any(
-            fleet.node(n).nvlink is not None and self._shared_domain(n)
-            for g in self.groups
-            for n in g
-        ):
-            return _Evaluated(0.0, (), "replicas", "a multi-node NVLink domain")
-        tps = 0.0
-        results: list[PlacementResult] = []
-        for gi, (grp, k) in enumerate(zip(self.groups, counts, strict=True)):
-            if k == 0:
-                continue
-            key = (gi, policy)
-            if key not in self.replica_tps:
-                self.replica_tps[key] = self._replica(grp[0], policy)
-            out = self.replica_tps[key]
-            if not out.ok or out.result is None:
-                return _Evaluated(0.0, (), "replicas", f"{grp[0]} alone: {out.reason}")
-            tps += k * out.result.plan.summary.tokens_per_s
-            if plans:
-                results.append(out.result)
-                for node in grp[1:k]:
-                    more = self._replica(node, policy)
-                    if more.result is None or not more.ok:
-                        return _Evaluated(0.0, (), "replicas", f"{node} alone: {more.reason}")
-                    results.append(more.result)
-        return _Evaluated(tps, tuple(results), "replicas", "")
-
-    def _shared_domain(self, node: str) -> bool:
-        fleet = self.dep.fleet
-        nv = fleet.node(node).nvlink
-        return (
-            nv is not None
-            and sum(1 for n in fleet.nodes if n.nvlink and n.nvlink.domain == nv.domain) > 1
-        )
-
-    def best(
-        self, names: Sequence[str], counts: Sequence[int], policy: str, *, plans: bool
-    ) -> _Evaluated:
-        options: list[_Evaluated] = []
-        if self.layout in ("best", "group"):
-            options.append(self.group(names, policy))
-        if self.layout in ("best", "replicas"):
-            options.append(self.replicas(counts, policy, plans=plans))
-        ok = [o for o in options if o.tokens_per_s > 0]
-        if not ok:
-            return _Evaluated(0.0, (), options[0].layout, "; ".join(o.reason for o in options))
-        return max(ok, key=lambda o: o.tokens_per_s)
-
-
 def min_cost(
     dep: Deployment,
     target_tokens_per_s: float,
@@ -444,6 +353,85 @@ def min_cost(
     dep = replace(dep, allow_cross_vendor=allow_cross_vendor)
     fleet = dep.fleet
     groups = tuple(node_groups(fleet))
+    ev = SubsetEvaluator(dep, tokens_per_gpu, groups, layout)
+    scr = _screen(
+        ev,
+        prices,
+        target_tokens_per_s,
+        screen_policy=screen_policy,
+        finalists=finalists,
+        slack=slack,
+        max_screens=max_screens,
+        allow_cross_vendor=allow_cross_vendor,
+    )
+    notes = scr.notes(max_screens=max_screens, finalists=finalists)
+    pool = sorted(
+        [c for c in scr.screened if c.counts in scr.met] + scr.near,
+        key=lambda c: (c.usd_per_hour, c.gpus),
+    )
+    solved: list[CostCandidate] = []
+    for cand in pool:
+        done, best = _solve_finalist(ev, cand, final_policy, screen_policy)
+        solved.append(done)
+        if best.results and best.tokens_per_s >= target_tokens_per_s:
+            return MinCostResult(
+                target_tokens_per_s,
+                groups,
+                done,
+                best.results,
+                plans_cost([r.plan for r in best.results], prices),
+                describe_nodes(fleet, cand.nodes),
+                tuple(scr.screened),
+                tuple(solved),
+                tuple(notes),
+            )
+    raise _no_subset_error(fleet, scr.screened, target_tokens_per_s, tokens_per_gpu, notes)
+
+
+@dataclass
+class _Screening:
+    """What screening the subsets found.
+
+    Attributes:
+        screened: every subset screened, cheapest first.
+        met: node counts of the subsets that reached the target.
+        near: subsets within ``target / (1 + slack)`` of the target.
+        skipped_vendor: subsets skipped because they span GPU vendors.
+    """
+
+    screened: list[CostCandidate] = field(default_factory=list)
+    met: list[tuple[int, ...]] = field(default_factory=list)
+    near: list[CostCandidate] = field(default_factory=list)
+    skipped_vendor: int = 0
+
+    def notes(self, *, max_screens: int, finalists: int) -> list[str]:
+        """Remarks on what screening left out."""
+        notes: list[str] = []
+        if self.skipped_vendor:
+            notes.append(
+                f"{self.skipped_vendor} subset(s) spanning GPU vendors skipped (expert-parallel "
+                "traffic stays inside one vendor)"
+            )
+        if len(self.screened) >= max_screens and len(self.met) < finalists:
+            notes.append(f"screening stopped after {max_screens} subsets (max_screens)")
+        return notes
+
+
+def _screen(
+    ev: SubsetEvaluator,
+    prices: PriceTable,
+    target_tokens_per_s: float,
+    *,
+    screen_policy: str,
+    finalists: int,
+    slack: float,
+    max_screens: int,
+    allow_cross_vendor: bool,
+) -> _Screening:
+    """Screen node subsets cheapest first (then fewest GPUs) with ``screen_policy``, skipping
+    supersets of a subset that already met the target (see :func:`min_cost`)."""
+    dep, groups, layout = ev.dep, ev.groups, ev.layout
+    fleet = dep.fleet
     node_price = [
         sum(prices.price(g.spec.model) for g in fleet.node(grp[0]).gpus) for grp in groups
     ]
@@ -455,21 +443,17 @@ def min_cost(
             sum(k * n for k, n in zip(c, gpus_in, strict=True)),
         )
     )
-    ev = _Evaluator(dep, tokens_per_gpu, groups, layout)
-    screened: list[CostCandidate] = []
-    met: list[tuple[int, ...]] = []
-    near: list[CostCandidate] = []
-    skipped_vendor = 0
+    out = _Screening()
     for counts in combos:
-        if len(met) >= finalists or len(screened) >= max_screens:
+        if len(out.met) >= finalists or len(out.screened) >= max_screens:
             break
-        if any(all(c >= m for c, m in zip(counts, prev, strict=True)) for prev in met):
+        if any(all(c >= m for c, m in zip(counts, prev, strict=True)) for prev in out.met):
             continue
-        names = _subset(groups, counts)
+        names = subset_nodes(groups, counts)
         part = sub_fleet(fleet, names)
         mixed = dep.model.is_moe and len(vendors_of(part)) > 1
         if mixed and not allow_cross_vendor and layout == "group":
-            skipped_vendor += 1
+            out.skipped_vendor += 1
             continue
         if mixed and not allow_cross_vendor:
             got = ev.replicas(counts, screen_policy, plans=False)
@@ -484,54 +468,50 @@ def min_cost(
             got.layout,
             reason=got.reason,
         )
-        screened.append(cand)
+        out.screened.append(cand)
         if got.tokens_per_s >= target_tokens_per_s:
-            met.append(counts)
+            out.met.append(counts)
         elif got.tokens_per_s >= target_tokens_per_s / (1.0 + slack):
-            near.append(cand)
-    notes: list[str] = []
-    if skipped_vendor:
-        notes.append(
-            f"{skipped_vendor} subset(s) spanning GPU vendors skipped (expert-parallel traffic "
-            "stays inside one vendor)"
-        )
-    if len(screened) >= max_screens and len(met) < finalists:
-        notes.append(f"screening stopped after {max_screens} subsets (max_screens)")
-    pool = sorted(
-        [c for c in screened if c.counts in met] + near, key=lambda c: (c.usd_per_hour, c.gpus)
+            out.near.append(cand)
+    return out
+
+
+def _solve_finalist(
+    ev: SubsetEvaluator, cand: CostCandidate, final_policy: str, screen_policy: str
+) -> tuple[CostCandidate, SubsetThroughput]:
+    """Solve a screened subset in its layout with both policies; the faster one wins.
+
+    Returns:
+        The candidate with its final throughput and reason, and the winning evaluation.
+    """
+    if cand.layout == "replicas":
+        final = ev.replicas(cand.counts, final_policy, plans=True)
+        screen = ev.replicas(cand.counts, screen_policy, plans=True)
+    else:
+        final = ev.group(cand.nodes, final_policy)
+        screen = ev.group(cand.nodes, screen_policy)
+    best = final if final.tokens_per_s >= screen.tokens_per_s else screen
+    done = CostCandidate(
+        cand.counts,
+        cand.nodes,
+        cand.gpus,
+        cand.usd_per_hour,
+        cand.screened_tokens_per_s,
+        cand.layout,
+        best.tokens_per_s,
+        best.reason,
     )
-    solved: list[CostCandidate] = []
-    for cand in pool:
-        if cand.layout == "replicas":
-            final = ev.replicas(cand.counts, final_policy, plans=True)
-            screen = ev.replicas(cand.counts, screen_policy, plans=True)
-        else:
-            final = ev.group(cand.nodes, final_policy)
-            screen = ev.group(cand.nodes, screen_policy)
-        best = final if final.tokens_per_s >= screen.tokens_per_s else screen
-        done = CostCandidate(
-            cand.counts,
-            cand.nodes,
-            cand.gpus,
-            cand.usd_per_hour,
-            cand.screened_tokens_per_s,
-            cand.layout,
-            best.tokens_per_s,
-            best.reason,
-        )
-        solved.append(done)
-        if best.results and best.tokens_per_s >= target_tokens_per_s:
-            return MinCostResult(
-                target_tokens_per_s,
-                groups,
-                done,
-                best.results,
-                plans_cost([r.plan for r in best.results], prices),
-                describe_nodes(fleet, cand.nodes),
-                tuple(screened),
-                tuple(solved),
-                tuple(notes),
-            )
+    return done, best
+
+
+def _no_subset_error(
+    fleet: Fleet,
+    screened: Sequence[CostCandidate],
+    target_tokens_per_s: float,
+    tokens_per_gpu: int,
+    notes: Sequence[str],
+) -> InfeasibleError:
+    """The error :func:`min_cost` raises when no subset reaches the target."""
     top = max(screened, key=lambda c: c.screened_tokens_per_s, default=None)
     if top is None or top.screened_tokens_per_s <= 0:
         best_seen = "no subset produced a plan"
@@ -540,7 +520,7 @@ def min_cost(
             f"the best subset screened reaches {top.screened_tokens_per_s:,.0f} tokens/s "
             f"({describe_nodes(fleet, top.nodes)}, {top.layout} layout)"
         )
-    raise InfeasibleError(
+    return InfeasibleError(
         f"no subset of {fleet.name} reaches {target_tokens_per_s:,.0f} tokens/s at "
         f"{tokens_per_gpu} tokens per GPU",
         (f"{best_seen}. To fix: lower the target, raise the batch (--tokens), or add GPUs", *notes),

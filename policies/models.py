@@ -223,49 +223,77 @@ def from_hf_config(cfg: Any, name: str | None = None) -> ModelSpec:
     label = name or str(cfg.get("_name_or_path", family))
     if n_layers == 0 or hidden == 0 or nh == 0:
         raise InputError("num_hidden_layers, hidden_size and num_attention_heads must be > 0")
-    if family in ("deepseek_v3", "deepseek_v2"):
-        dense_k = _int(cfg, "first_k_dense_replace", 0)
-        freq = _int(cfg, "moe_layer_freq", 1) or 1
-        nope, rope = _int(cfg, "qk_nope_head_dim"), _int(cfg, "qk_rope_head_dim")
-        moe = tuple(i for i in range(dense_k, n_layers) if (i - dense_k) % freq == 0)
-        dtype = _dtype(cfg, "bf16")
-        return ModelSpec(
-            name=label,
-            family=family,
-            num_layers=n_layers,
-            moe_layers=moe,
-            hidden=hidden,
-            vocab=vocab,
-            num_q_heads=nh,
-            num_kv_heads=1,
-            head_dim=nope + rope,
-            v_head_dim=_int(cfg, "v_head_dim"),
-            attention="mla",
-            q_lora_rank=_int(cfg, "q_lora_rank", 0) if cfg.get("q_lora_rank") else 0,
-            kv_lora_rank=_int(cfg, "kv_lora_rank"),
-            qk_rope_dim=rope,
-            num_experts=_int(cfg, "n_routed_experts"),
-            num_shared_experts=_int(cfg, "n_shared_experts", 0),
-            top_k=_int(cfg, "num_experts_per_tok"),
-            expert_ffn=_int(cfg, "moe_intermediate_size"),
-            dense_ffn=_int(cfg, "intermediate_size"),
-            n_group=_int(cfg, "n_group", 1) or 1,
-            topk_group=_int(cfg, "topk_group", 1) or 1,
-            weight_dtype=dtype,
-            expert_dtype=dtype,
-            tie_embeddings=tie,
-        )
-    nkv = _int(cfg, "num_key_value_heads", nh)
-    head_dim = cfg.get("head_dim") or hidden // nh
-    if not isinstance(head_dim, int):
-        raise InputError(f"must be an integer, got {head_dim!r}", field="head_dim")
-    common: dict[str, Any] = {
+    base: dict[str, Any] = {
         "name": label,
         "family": family,
         "num_layers": n_layers,
         "hidden": hidden,
         "vocab": vocab,
         "num_q_heads": nh,
+        "tie_embeddings": tie,
+    }
+    if family in ("deepseek_v3", "deepseek_v2"):
+        return _deepseek_spec(cfg, base)
+    common = _gqa_common(cfg, base)
+    build = {
+        "llama": _llama_spec,
+        "qwen3_moe": _qwen3_moe_spec,
+        "mixtral": _mixtral_spec,
+        "gpt_oss": _gpt_oss_spec,
+    }[family]
+    return build(cfg, common)
+
+
+def _deepseek_spec(cfg: Mapping[str, Any], base: Mapping[str, Any]) -> ModelSpec:
+    """DeepSeek V3 / V2: MLA attention, dense layers before ``first_k_dense_replace``,
+    then a MoE layer every ``moe_layer_freq`` layers.
+
+    Args:
+        cfg: the ``config.json`` document.
+        base: the fields every family shares (name, family, layers, hidden size, vocab,
+            query heads, tied embeddings), already read from ``cfg``.
+    """
+    n_layers = base["num_layers"]
+    dense_k = _int(cfg, "first_k_dense_replace", 0)
+    freq = _int(cfg, "moe_layer_freq", 1) or 1
+    nope, rope = _int(cfg, "qk_nope_head_dim"), _int(cfg, "qk_rope_head_dim")
+    moe = tuple(i for i in range(dense_k, n_layers) if (i - dense_k) % freq == 0)
+    dtype = _dtype(cfg, "bf16")
+    return ModelSpec(
+        **base,
+        moe_layers=moe,
+        num_kv_heads=1,
+        head_dim=nope + rope,
+        v_head_dim=_int(cfg, "v_head_dim"),
+        attention="mla",
+        q_lora_rank=_int(cfg, "q_lora_rank", 0) if cfg.get("q_lora_rank") else 0,
+        kv_lora_rank=_int(cfg, "kv_lora_rank"),
+        qk_rope_dim=rope,
+        num_experts=_int(cfg, "n_routed_experts"),
+        num_shared_experts=_int(cfg, "n_shared_experts", 0),
+        top_k=_int(cfg, "num_experts_per_tok"),
+        expert_ffn=_int(cfg, "moe_intermediate_size"),
+        dense_ffn=_int(cfg, "intermediate_size"),
+        n_group=_int(cfg, "n_group", 1) or 1,
+        topk_group=_int(cfg, "topk_group", 1) or 1,
+        weight_dtype=dtype,
+        expert_dtype=dtype,
+    )
+
+
+def _gqa_common(cfg: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields the grouped-query-attention families (llama, qwen3_moe, mixtral,
+    gpt_oss) share: ``base`` plus KV heads and head dimensions, no MLA, no expert groups.
+
+    Raises:
+        InputError: missing KV heads or a non-integer ``head_dim``.
+    """
+    nkv = _int(cfg, "num_key_value_heads", base["num_q_heads"])
+    head_dim = cfg.get("head_dim") or base["hidden"] // base["num_q_heads"]
+    if not isinstance(head_dim, int):
+        raise InputError(f"must be an integer, got {head_dim!r}", field="head_dim")
+    return {
+        **base,
         "num_kv_heads": nkv,
         "head_dim": head_dim,
         "v_head_dim": head_dim,
@@ -275,57 +303,69 @@ def from_hf_config(cfg: Any, name: str | None = None) -> ModelSpec:
         "qk_rope_dim": 0,
         "n_group": 1,
         "topk_group": 1,
-        "tie_embeddings": tie,
     }
-    if family == "llama":
-        dtype = _dtype(cfg, "bf16")
-        return ModelSpec(
-            **common,
-            moe_layers=(),
-            num_experts=0,
-            num_shared_experts=0,
-            top_k=0,
-            expert_ffn=0,
-            dense_ffn=_int(cfg, "intermediate_size"),
-            weight_dtype=dtype,
-            expert_dtype=dtype,
-        )
-    if family == "qwen3_moe":
-        step = _int(cfg, "decoder_sparse_step", 1) or 1
-        dense_only = set(cfg.get("mlp_only_layers") or [])
-        moe = tuple(i for i in range(n_layers) if i not in dense_only and (i + 1) % step == 0)
-        dtype = _dtype(cfg, "bf16")
-        return ModelSpec(
-            **common,
-            moe_layers=moe,
-            num_experts=_int(cfg, "num_experts"),
-            num_shared_experts=0,
-            top_k=_int(cfg, "num_experts_per_tok"),
-            expert_ffn=_int(cfg, "moe_intermediate_size"),
-            dense_ffn=_int(cfg, "intermediate_size"),
-            weight_dtype=dtype,
-            expert_dtype=dtype,
-        )
-    if family == "mixtral":
-        dtype = _dtype(cfg, "bf16")
-        ffn = _int(cfg, "intermediate_size")
-        return ModelSpec(
-            **common,
-            moe_layers=tuple(range(n_layers)),
-            num_experts=_int(cfg, "num_local_experts"),
-            num_shared_experts=0,
-            top_k=_int(cfg, "num_experts_per_tok"),
-            expert_ffn=ffn,
-            dense_ffn=ffn,
-            weight_dtype=dtype,
-            expert_dtype=dtype,
-        )
-    # gpt_oss: attention in BF16, experts MXFP4.
+
+
+def _llama_spec(cfg: Mapping[str, Any], common: Mapping[str, Any]) -> ModelSpec:
+    """Llama: dense, every layer a plain FFN."""
+    dtype = _dtype(cfg, "bf16")
+    return ModelSpec(
+        **common,
+        moe_layers=(),
+        num_experts=0,
+        num_shared_experts=0,
+        top_k=0,
+        expert_ffn=0,
+        dense_ffn=_int(cfg, "intermediate_size"),
+        weight_dtype=dtype,
+        expert_dtype=dtype,
+    )
+
+
+def _qwen3_moe_spec(cfg: Mapping[str, Any], common: Mapping[str, Any]) -> ModelSpec:
+    """Qwen3 MoE: a MoE layer every ``decoder_sparse_step`` layers except ``mlp_only_layers``."""
+    step = _int(cfg, "decoder_sparse_step", 1) or 1
+    dense_only = set(cfg.get("mlp_only_layers") or [])
+    n_layers = common["num_layers"]
+    moe = tuple(i for i in range(n_layers) if i not in dense_only and (i + 1) % step == 0)
+    dtype = _dtype(cfg, "bf16")
+    return ModelSpec(
+        **common,
+        moe_layers=moe,
+        num_experts=_int(cfg, "num_experts"),
+        num_shared_experts=0,
+        top_k=_int(cfg, "num_experts_per_tok"),
+        expert_ffn=_int(cfg, "moe_intermediate_size"),
+        dense_ffn=_int(cfg, "intermediate_size"),
+        weight_dtype=dtype,
+        expert_dtype=dtype,
+    )
+
+
+def _mixtral_spec(cfg: Mapping[str, Any], common: Mapping[str, Any]) -> ModelSpec:
+    """Mixtral: every layer MoE, experts as wide as ``intermediate_size``."""
+    dtype = _dtype(cfg, "bf16")
+    ffn = _int(cfg, "intermediate_size")
+    return ModelSpec(
+        **common,
+        moe_layers=tuple(range(common["num_layers"])),
+        num_experts=_int(cfg, "num_local_experts"),
+        num_shared_experts=0,
+        top_k=_int(cfg, "num_experts_per_tok"),
+        expert_ffn=ffn,
+        dense_ffn=ffn,
+        weight_dtype=dtype,
+        expert_dtype=dtype,
+    )
+
+
+def _gpt_oss_spec(cfg: Mapping[str, Any], common: Mapping[str, Any]) -> ModelSpec:
+    """gpt-oss: every layer MoE; attention in BF16, experts MXFP4."""
     top_k = cfg.get("num_experts_per_tok", cfg.get("experts_per_token"))
     ffn = _int(cfg, "intermediate_size")
     return ModelSpec(
         **common,
-        moe_layers=tuple(range(n_layers)),
+        moe_layers=tuple(range(common["num_layers"])),
         num_experts=_int(cfg, "num_local_experts"),
         num_shared_experts=0,
         top_k=_int({"k": top_k}, "k"),

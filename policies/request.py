@@ -18,8 +18,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
-from policies.costmodel import CostSettings, CostTable, Evaluation, LayerPlacement
+from policies.costmodel import CostSettings, CostTable
 from policies.errors import InfeasibleError, InputError
+from policies.evaluation import Evaluation, LayerPlacement
 from policies.fleet import Fleet
 from policies.models import ModelSpec
 from policies.plan import FORMS, Plan

@@ -16,7 +16,8 @@ import time
 from dataclasses import replace
 from typing import cast
 
-from policies.costmodel import GIB, CostTable, Evaluation, build_cost_table, evaluate
+from policies.costmodel import GIB, CostTable, build_cost_table
+from policies.evaluation import Evaluation, evaluate
 from policies.plan import (
     ExpertSlot,
     GpuPlan,

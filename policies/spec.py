@@ -449,6 +449,15 @@ def selects(spec: DeploymentSpec, labels: Mapping[str, str]) -> bool:
 # ---------------------------------------------------------------------- documents
 
 
+#: Keys a ModelDeployment's ``spec`` may have.
+_SPEC_FIELDS = (
+    frozenset({"model", "modelConfig", "workload", "nodeSelector", "gpuHourPrices"})
+    | {"allowCrossVendor", "policy", "form", "redundantExperts", "solverTimeLimitS"}
+    | {"prepareTimeoutS", "rebalance"}
+    | {"policyRef", "engineFormat"}  # Kubernetes operator fields: read there, ignored here
+)
+
+
 def parse_deployment(doc: Any) -> DeploymentSpec:
     """Read a ModelDeployment document (parsed YAML or JSON) and validate it.
 
@@ -470,26 +479,11 @@ def parse_deployment(doc: Any) -> DeploymentSpec:
         raise InputError("must be a mapping", field="metadata")
     if not isinstance(spec, Mapping):
         raise InputError("missing or not a mapping", field="spec")
-    known = {
-        "model",
-        "modelConfig",
-        "workload",
-        "policy",
-        "form",
-        "redundantExperts",
-        "nodeSelector",
-        "solverTimeLimitS",
-        "prepareTimeoutS",
-        "rebalance",
-        "allowCrossVendor",
-        "gpuHourPrices",
-        "policyRef",  # Kubernetes operator fields: read there, ignored here
-        "engineFormat",
-    }
     for key in spec:
-        if key not in known:
+        if key not in _SPEC_FIELDS:
             raise InputError(
-                f"unknown field {key!r}; known: {', '.join(sorted(known))}", field=f"spec.{key}"
+                f"unknown field {key!r}; known: {', '.join(sorted(_SPEC_FIELDS))}",
+                field=f"spec.{key}",
             )
     w = spec.get("workload") or {}
     rb = spec.get("rebalance") or {}
@@ -497,7 +491,6 @@ def parse_deployment(doc: Any) -> DeploymentSpec:
         raise InputError("must be a mapping", field="spec.workload")
     if not isinstance(rb, Mapping):
         raise InputError("must be a mapping", field="spec.rebalance")
-    matrix = w.get("loadMatrix")
     cfg = spec.get("modelConfig")
     if cfg is not None and not isinstance(cfg, Mapping):
         raise InputError("must be a mapping (a config.json)", field="spec.modelConfig")
@@ -512,22 +505,12 @@ def parse_deployment(doc: Any) -> DeploymentSpec:
             field="spec.gpuHourPrices",
         )
     cross = spec.get("allowCrossVendor")
-    d = WorkloadSpec()
     dr = RebalanceSpec()
     out = DeploymentSpec(
         name=str(meta.get("name", "")),
         model=str(spec.get("model", "") or ""),
         model_config=dict(cfg) if cfg is not None else None,
-        workload=WorkloadSpec(
-            phase=w.get("phase", d.phase),
-            tokens_per_gpu=w.get("tokensPerGpu", d.tokens_per_gpu),
-            context_len=w.get("contextLen", d.context_len),
-            kv_cache_dtype=w.get("kvCacheDtype", d.kv_cache_dtype),
-            load=str(w.get("load", d.load)),
-            load_matrix=load_matrix(matrix, "spec.workload.loadMatrix")
-            if matrix is not None
-            else None,
-        ),
+        workload=_workload_spec(w),
         policy=spec.get("policy", "ilp"),
         form=spec.get("form", "engine"),
         redundant_experts=spec.get("redundantExperts"),
@@ -546,6 +529,20 @@ def parse_deployment(doc: Any) -> DeploymentSpec:
     )
     check_spec(out)
     return out
+
+
+def _workload_spec(w: Mapping[str, Any]) -> WorkloadSpec:
+    """The ``spec.workload`` block (missing keys take the defaults; checked by check_spec)."""
+    d = WorkloadSpec()
+    matrix = w.get("loadMatrix")
+    return WorkloadSpec(
+        phase=w.get("phase", d.phase),
+        tokens_per_gpu=w.get("tokensPerGpu", d.tokens_per_gpu),
+        context_len=w.get("contextLen", d.context_len),
+        kv_cache_dtype=w.get("kvCacheDtype", d.kv_cache_dtype),
+        load=str(w.get("load", d.load)),
+        load_matrix=None if matrix is None else load_matrix(matrix, "spec.workload.loadMatrix"),
+    )
 
 
 def load_matrix(v: Any, path: str) -> tuple[tuple[float, ...], ...]:

@@ -96,8 +96,9 @@ def _profile_roofline(
     """The cost model's attention, comm and expert times (us) for one profile point of GPU 0
     with fixed costs and extras set to (almost) zero."""
     from policies.catalog import lookup
-    from policies.costmodel import LayerPlacement, build_cost_table, evaluate
+    from policies.costmodel import build_cost_table
     from policies.errors import InputError
+    from policies.evaluation import LayerPlacement, evaluate
     from policies.fleet import GpuId, Node, NvLinkDomain
     from policies.workload import make_workload
 

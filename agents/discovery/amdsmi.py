@@ -25,7 +25,7 @@ Every call may raise ``AmdSmiLibraryException`` (not supported on this GPU or dr
 figure stays unknown and the catalog fills in, with a note. ``amdsmi_init`` failing (no
 amdgpu driver, no access to /dev/kfd) is a :class:`DiscoveryError` that says how to fix it.
 
-The module is injectable: :class:`~agents.discovery.amdsmi_replay.ReplayAmdSmi` answers from a recording in the format of
+The module is injectable: :class:`~support.amdsmi_replay.ReplayAmdSmi` answers from a recording in the format of
 ``tests/fixtures/amdsmi/mi300x8-modelled.json`` so tests run without AMD hardware, and
 ``python -m agents.discovery.amdsmi --out FILE`` writes such a recording on a real host.
 No AMD host was available when this backend was written: that fixture is MODELLED on AMD's
@@ -154,7 +154,7 @@ class AmdSmiDiscovery:
     Attributes:
         node_name: node name reported (DNS-1123); the host name (lower case) when empty.
         amdsmi: the ``amdsmi`` module or a stand-in with the same functions (tests inject
-            a :class:`~agents.discovery.amdsmi_replay.ReplayAmdSmi`); imported on first use
+            a :class:`~support.amdsmi_replay.ReplayAmdSmi`); imported on first use
             when None.
         labels: node labels to report.
         notes: remarks from the last :meth:`discover` (catalog fallbacks, mismatches).

@@ -24,7 +24,7 @@ Every NVML call may raise ``NVMLError_NotSupported`` (the GPU lacks the feature)
 catalog figure or None takes its place); the last becomes a :class:`DiscoveryError` that
 says how to fix it.
 
-The NVML module is injectable: :class:`~agents.discovery.nvml_replay.ReplayNvml` replays a
+The NVML module is injectable: :class:`~support.nvml_replay.ReplayNvml` replays a
 recording such as ``tests/fixtures/nvml/h200x2.json`` (values and errors per call) so tests
 run without a GPU, and :func:`record_node` writes such a recording from the real driver.
 This module owns the live calls (:class:`NvmlDiscovery`, XID events); the recording format
@@ -129,7 +129,7 @@ class NvmlDiscovery:
     Attributes:
         node_name: node name reported (DNS-1123); the host name (lower case) when empty.
         nvml: the ``pynvml`` module or a stand-in with the same functions (tests inject a
-            :class:`~agents.discovery.nvml_replay.ReplayNvml`); imported on first use when None.
+            :class:`~support.nvml_replay.ReplayNvml`); imported on first use when None.
         watch_xid: register for XID critical-error events on the first call and report the
             XIDs seen since the previous call in each GPU's health.
         labels: node labels to report.

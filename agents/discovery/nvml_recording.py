@@ -6,7 +6,7 @@ as in ``tests/fixtures/nvml/h200x2.json``. :func:`inventory_from_recording` turn
 a :class:`NodeInventory`: identity, HBM bandwidth and SMs (cross-checked with the GPU
 catalog), NVLinks and the NVLink domains (GPUs joined directly or through an NVSwitch, or
 sharing an NVL72 fabric clique), health. Live discovery (:mod:`agents.discovery.nvml`)
-and the replay (:mod:`agents.discovery.nvml_replay`) both speak this format.
+and the replay (:mod:`support.nvml_replay`) both speak this format.
 
 Units: bandwidth GB/s (1e9 B/s), clocks MHz, memory bytes, power W.
 """

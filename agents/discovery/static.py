@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import structlog
 import yaml
 
 from agents.discovery.base import DiscoveryError
@@ -37,7 +38,10 @@ def load_fleet_file(path: str | Path) -> Fleet:
         doc: Any = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise DiscoveryError(f"fleet file {str(p)!r} is not valid YAML: {exc}") from exc
-    return parse_fleet(doc)
+    fleet = parse_fleet(doc)
+    for w in fleet.warnings:  # deprecated keys: still read, named with their replacement
+        structlog.get_logger("mixfleet.agent").warning("fleet file", path=str(p), warning=w)
+    return fleet
 
 
 class StaticDiscovery:

@@ -43,7 +43,8 @@ from agents.calibrate import (
 )
 from agents.runtime.bench_config import BenchConfig, bench_model, workloads
 from agents.runtime.bench_results import environment, report, summary
-from policies.costmodel import CostSettings, build_cost_table, evaluate
+from policies.costmodel import CostSettings, build_cost_table
+from policies.evaluation import evaluate
 from policies.fleet import Fleet
 from policies.inventory import inventory_from_dict, inventory_to_dict
 from policies.models import ModelSpec
@@ -109,7 +110,7 @@ def predictions(
     fleet: Fleet, model: ModelSpec, wl: Workload, settings: CostSettings, plan: Plan
 ) -> dict[str, Any]:
     """The cost model's per-GPU phase times for the plan's MoE layer, microseconds."""
-    from policies.costmodel import LayerPlacement
+    from policies.evaluation import LayerPlacement
 
     table = build_cost_table(fleet, model, wl, settings)
     layer = LayerPlacement(
@@ -406,15 +407,14 @@ def _bench_rank(rank: int, world: int, c: BenchConfig) -> dict[str, Any]:
 
 
 def _cpu_setup() -> tuple[dict[str, Any], BenchConfig]:
-    """The ``--cpu`` run: the node replayed from the H200 x2 NVML fixture and tiny shapes
-    with made-up calibration effort. Returns (discovery record, config)."""
-    from agents.discovery.nvml import NvmlDiscovery
-    from agents.discovery.nvml_replay import ReplayNvml
-
+    """The ``--cpu`` run: the node as NVML discovery reported it on a real 2x H200 host
+    (tests/fixtures/nvml/h200x2-discovered.json, which tests/agents/test_nvml.py replays
+    against the discovery code) and tiny shapes with made-up calibration effort. Returns
+    (discovery record, config)."""
     here = os.path.dirname(os.path.abspath(__file__))
-    fixture = os.path.join(here, "..", "..", "tests", "fixtures", "nvml", "h200x2.json")
+    fixture = os.path.join(here, "..", "..", "tests", "fixtures", "nvml", "h200x2-discovered.json")
     with open(fixture, encoding="utf-8") as fh:
-        inv = NvmlDiscovery(node_name="h200-node", nvml=ReplayNvml(json.load(fh))).discover()
+        inv = inventory_from_dict(json.load(fh)["inventory"])
     discovered: dict[str, Any] = {"inventory": inventory_to_dict(inv)}
     c = BenchConfig(
         hidden=256,

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from policies.costmodel import LayerPlacement
+from policies.evaluation import LayerPlacement
 from policies.plan import Plan
 
 Tensor = Any  # torch.Tensor; torch is untyped for mypy here

@@ -271,7 +271,7 @@ class RebalanceSpec:
 @dataclass(frozen=True)
 class InteractiveTierSpec:
     """An interactive (latency) tier: its SLO and traffic. Nodes are split between it and a
-    batch tier by :func:`policies.tiers.plan_tiers`; each interactive replica stays inside
+    batch tier by :func:`policies.tier_planner.plan_tiers`; each interactive replica stays inside
     one NVLink domain."""
 
     tpot_ms: float | None = field(

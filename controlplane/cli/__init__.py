@@ -1,8 +1,10 @@
 """``mixfleetctl``: the command-line front door.
 
-A thin dispatcher. Command groups live in their own modules; each exposes
-``register(subparsers)``, which adds its parsers and sets ``handler`` (``args -> exit
-status``) on every leaf command. Adding a module of commands is one line in
+A thin dispatcher. Each command group lives in one module that exposes
+``register(subparsers)``, which adds the group's parsers and sets ``handler`` (``args -> exit
+status``) on every leaf command; :mod:`.output` holds what the groups share (parser builders,
+tables, ``-o`` formats, progress on stderr), :mod:`.problem` the inputs of a placement
+question, :mod:`.connection` the controller connection. Adding a group is one line in
 :data:`COMMAND_MODULES`.
 
 Exit status: 0 success; 1 an unexpected failure of the solver; 2 bad input or usage (one
@@ -16,11 +18,22 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn, cast
+from typing import NoReturn
 
-from controlplane.cli import local as cli_local
-from controlplane.cli import remote as cli_remote
-from controlplane.cli import strategies as cli_strategies
+from controlplane.cli import (
+    advise,
+    certs,
+    connection,
+    controller,
+    deploy,
+    fleet,
+    model,
+    nodes,
+    plan,
+    plans,
+    watch,
+)
+from controlplane.cli.output import Groups
 from policies.errors import InfeasibleError, InputError, MixfleetError
 
 EXIT_OK = 0
@@ -29,13 +42,20 @@ EXIT_USAGE = 2
 EXIT_INFEASIBLE = 3
 EXIT_INTERRUPTED = 130
 
-Register = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
+Register = Callable[[Groups], None]
 
-#: Modules of commands, in ``--help`` order. One line per module.
+#: Command groups, in ``--help`` order. One line per module.
 COMMAND_MODULES: tuple[Register, ...] = (
-    cli_local.register,
-    cli_strategies.register,
-    cli_remote.register,
+    fleet.register,
+    model.register,
+    plan.register,
+    advise.register,
+    controller.register,
+    certs.register,
+    nodes.register,
+    deploy.register,
+    plans.register,
+    watch.register,
 )
 
 
@@ -59,11 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     # Sub-parsers are _Parser too (argparse uses the parent's class); register functions
     # only need the ArgumentParser interface.
-    groups = cast(
-        "argparse._SubParsersAction[argparse.ArgumentParser]",
-        parser.add_subparsers(dest="command", metavar="COMMAND", required=True),
-    )
-    cli_remote.add_connection_args(parser)
+    groups = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    connection.add_connection_args(parser)
     for register in COMMAND_MODULES:
         register(groups)
     return parser

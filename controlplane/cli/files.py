@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -116,9 +117,12 @@ def read_fleet(path: str | Path) -> Fleet:
     """
     doc = read_document(path, "fleet")
     try:
-        return parse_fleet(doc)
+        fleet = parse_fleet(doc)
     except InputError as exc:
         raise _in_file(path, "fleet", exc) from exc
+    for w in fleet.warnings:  # deprecated keys: still read, named with their replacement
+        print(f"warning: fleet file '{path}': {w}", file=sys.stderr)
+    return fleet
 
 
 def read_model_config(path: str | Path) -> ModelSpec:

@@ -26,12 +26,16 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from policies.catalog import lookup
-from policies.costmodel import LayerPlacement, build_cost_table, served_fractions
+from policies.costmodel import build_cost_table
 from policies.errors import InputError
+from policies.evaluation import LayerPlacement, served_fractions
 from policies.fleet import Fleet, Gpu, GpuId, Node
 from policies.models import ModelSpec, preset
 from policies.plan import Plan
 from policies.workload import make_workload, synthetic_zipf
+
+#: A ``[gpu][moe_layer]`` grid of one panel.
+Grid = tuple[tuple[float, ...], ...]
 
 _PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2")
 
@@ -111,6 +115,61 @@ def _stand_in_fleet(plan: Plan) -> Fleet | None:
     )
 
 
+def _check_inputs(plan: Plan, rows: Sequence[Sequence[float]] | None, fleet: Fleet | None) -> None:
+    """Raise :class:`InputError` when the load or the fleet does not match the plan."""
+    n_layers = len(plan.moe_layers)
+    if rows is not None and (
+        len(rows) != n_layers or any(len(r) != plan.num_experts for r in rows)
+    ):
+        raise InputError(
+            f"load has shape [{len(rows)}][...]; the plan has {n_layers} MoE layers of "
+            f"{plan.num_experts} experts",
+            field="load",
+        )
+    if fleet is not None and [g.id for g in fleet.gpus] != [g.gpu for g in plan.gpus]:
+        raise InputError(
+            f"fleet {fleet.name!r} does not have the plan's GPUs (plan fleet {plan.fleet!r}). "
+            "To fix: give the fleet file the plan was solved for",
+            field="fleet",
+        )
+
+
+def _predicted_grids(
+    plan: Plan,
+    m: ModelSpec,
+    rows: Sequence[Sequence[float]],
+    fleet: Fleet,
+    placements: Sequence[LayerPlacement],
+) -> tuple[Grid, Grid]:
+    """``[gpu][moe_layer]`` token-expert pairs served per step and predicted expert-phase
+    time (us), from the cost model on ``fleet`` with the plan's workload and ``rows``."""
+    n_layers = len(plan.moe_layers)
+    wl = plan.workload
+    workload = make_workload(
+        m,
+        phase=str(wl.get("phase", "decode")),
+        tokens_per_gpu=int(wl.get("tokens_per_gpu", 1)),
+        context_len=int(wl.get("context_len", 1)),
+        load=rows,
+        kv_cache_dtype=str(wl.get("kv_cache_dtype", "bf16")),
+    )
+    table = build_cost_table(fleet, m, workload)
+    pairs_per_layer = table.total_tokens * table.top_k
+    served = [served_fractions(table, li, placements[li]) for li in range(n_layers)]
+    load_grid = tuple(
+        tuple(served[li][i] * pairs_per_layer for li in range(n_layers))
+        for i in range(len(plan.gpus))
+    )
+    time_grid = tuple(
+        tuple(
+            table.expert_us(i, served[li][i] * pairs_per_layer, len(g.experts[li]))
+            for li in range(n_layers)
+        )
+        for i, g in enumerate(plan.gpus)
+    )
+    return load_grid, time_grid
+
+
 def plan_picture(
     plan: Plan,
     *,
@@ -132,20 +191,7 @@ def plan_picture(
     n_layers = len(plan.moe_layers)
     m = _model_for(plan, model)
     rows = _load_for(plan, m, load)
-    if rows is not None and (
-        len(rows) != n_layers or any(len(r) != plan.num_experts for r in rows)
-    ):
-        raise InputError(
-            f"load has shape [{len(rows)}][...]; the plan has {n_layers} MoE layers of "
-            f"{plan.num_experts} experts",
-            field="load",
-        )
-    if fleet is not None and [g.id for g in fleet.gpus] != [g.gpu for g in plan.gpus]:
-        raise InputError(
-            f"fleet {fleet.name!r} does not have the plan's GPUs (plan fleet {plan.fleet!r}). "
-            "To fix: give the fleet file the plan was solved for",
-            field="fleet",
-        )
+    _check_inputs(plan, rows, fleet)
     placements = [
         LayerPlacement(tuple(tuple((s.expert, s.share) for s in g.experts[li]) for g in plan.gpus))
         for li in range(n_layers)
@@ -157,32 +203,10 @@ def plan_picture(
     load_title = "experts served (sum of replica token shares; load unknown)"
     time_grid = slots
     time_title = "expert replica slots (predicted time needs model and load)"
-    wl = plan.workload
     stand_in = fleet or _stand_in_fleet(plan)
     if m is not None and rows is not None and stand_in is not None and n_layers:
-        workload = make_workload(
-            m,
-            phase=str(wl.get("phase", "decode")),
-            tokens_per_gpu=int(wl.get("tokens_per_gpu", 1)),
-            context_len=int(wl.get("context_len", 1)),
-            load=rows,
-            kv_cache_dtype=str(wl.get("kv_cache_dtype", "bf16")),
-        )
-        table = build_cost_table(stand_in, m, workload)
-        pairs_per_layer = table.total_tokens * table.top_k
-        served = [served_fractions(table, li, placements[li]) for li in range(n_layers)]
-        load_grid = tuple(
-            tuple(served[li][i] * pairs_per_layer for li in range(n_layers))
-            for i in range(len(plan.gpus))
-        )
+        load_grid, time_grid = _predicted_grids(plan, m, rows, stand_in, placements)
         load_title = "token-expert pairs served per step"
-        time_grid = tuple(
-            tuple(
-                table.expert_us(i, served[li][i] * pairs_per_layer, len(g.experts[li]))
-                for li in range(n_layers)
-            )
-            for i, g in enumerate(plan.gpus)
-        )
         figures = "fleet figures" if fleet is not None else "catalog figures"
         time_title = f"predicted expert-phase time, us ({figures})"
     s = plan.summary

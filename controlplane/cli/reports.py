@@ -1,5 +1,5 @@
 """Tables and documents for the deployment-strategy reports (tiers, batch sizing, long
-context, cost), shared by ``mixfleetctl`` (:mod:`controlplane.cli.strategies`) and the
+context, cost), shared by ``mixfleetctl`` (:mod:`controlplane.cli.advise`, :mod:`controlplane.cli.plan`) and the
 strategy benchmark (:mod:`bench.strategies`).
 
 Every ``*_document`` returns plain JSON-ready data (tuples become lists when dumped by
@@ -13,7 +13,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from controlplane.cli.local import CompareRow, format_table, plan_problems
+from controlplane.cli.output import format_table
+from controlplane.cli.problem import CompareRow, plan_problems
 from policies.advise import BatchAdvice, BatchPoint, ContextAdvice
 from policies.cost import MinCostResult, PlanCost, PriceTable, plan_cost
 from policies.tiers import TierPlan

@@ -54,7 +54,8 @@ from policies.fleet import Fleet
 from policies.plan import Plan
 from policies.request import SolverOptions
 from policies.spec import DeploymentSpec, price_table, resolve_model, workload_for
-from policies.tiers import BatchTier, InteractiveTier, TierPlan, TierRequest, plan_tiers
+from policies.tier_planner import plan_tiers
+from policies.tiers import BatchTier, InteractiveTier, TierPlan, TierRequest
 
 #: Measured load windows younger than this feed the advice (as in Solve), s.
 MEASURED_LOAD_WINDOW_S = 3600.0
@@ -371,7 +372,7 @@ class StrategyService:
         return deployment_for(spec, fleet, measured=self.measured_load(spec))
 
     async def tiers(self, q: TiersQuestion) -> TiersAnswer:
-        """Split the live fleet between the tiers (:func:`policies.tiers.plan_tiers`).
+        """Split the live fleet between the tiers (:func:`policies.tier_planner.plan_tiers`).
 
         Raises:
             InputError, PreconditionError: see :meth:`deployment`, bad tiers.

@@ -23,14 +23,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from controlplane.cli import files
-from controlplane.cli.local import (
-    CompareRow,
-    Problem,
-    compare_policies,
-    compare_table,
-    quiet_note,
-    stderr_note,
-)
+from controlplane.cli.output import quiet_note, stderr_note
+from controlplane.cli.plan import compare_table
+from controlplane.cli.problem import CompareRow, Problem, compare_policies
 from policies.errors import InfeasibleError, MixfleetError
 from policies.models import preset
 from policies.request import POLICIES, SolverOptions
@@ -149,7 +144,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         status = demo_e2e.main([])
         if status == 0:
-            print("\nthe four policies side by side: .venv/bin/python -m demo --compare")
+            print(
+                "\nthe four policies side by side: PYTHONPATH=examples .venv/bin/python -m demo --compare"
+            )
         return status
     try:
         run(args.out, time_limit_s=args.time_limit, quiet=args.quiet)

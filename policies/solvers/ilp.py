@@ -37,8 +37,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 
-from policies.costmodel import (
-    CostTable,
+from policies.costmodel import CostTable
+from policies.evaluation import (
     Evaluation,
     LayerPlacement,
     comm_times_us,

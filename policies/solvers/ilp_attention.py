@@ -30,7 +30,8 @@ from collections.abc import Sequence
 
 import pulp
 
-from policies.costmodel import CostTable, LayerPlacement, evaluate, served_fractions
+from policies.costmodel import CostTable
+from policies.evaluation import LayerPlacement, evaluate, served_fractions
 from policies.request import Infeasible, PlacementRequest
 from policies.solvers import greedy
 from policies.solvers.common import replicate_capped, slots_per_gpu

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.amdsmi_replay import ReplayAmdSmi
 
 from agents.discovery.amdsmi import (
     K_LINK,
@@ -22,7 +23,6 @@ from agents.discovery.amdsmi import (
     AmdSmiDiscovery,
     inventory_from_recording,
 )
-from agents.discovery.amdsmi_replay import ReplayAmdSmi
 from agents.discovery.base import DiscoveryError
 from policies.fleet import Fleet
 from policies.inventory import XGMI_MI300_GENERATION

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.nvml_replay import ReplayNvml
 
 from agents.calibrate import (
     CalibrationOptions,
@@ -22,7 +23,6 @@ from agents.calibrate import (
 )
 from agents.calibrate.fit import _profile_roofline
 from agents.discovery.nvml import NvmlDiscovery
-from agents.discovery.nvml_replay import ReplayNvml
 from agents.runtime.bench_config import BenchConfig, bench_model, workloads
 from policies.costmodel import CostSettings, MeasuredFigures, build_cost_table
 from policies.request import PlacementRequest, SolverOptions

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.nvml_replay import ReplayNvml
 
 from agents.discovery.base import DiscoveryError
 from agents.discovery.nvml import NvmlDiscovery
@@ -20,7 +21,6 @@ from agents.discovery.nvml_recording import (
     K_REMAPPED,
     normalize_bus_id,
 )
-from agents.discovery.nvml_replay import ReplayNvml
 from policies.inventory import inventory_from_dict, inventory_to_dict
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nvml"

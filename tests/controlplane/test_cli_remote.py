@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from agent_fakes import FakeAgent, small_inventories, wait_until
 
-from controlplane.cli import remote as cli_remote
+from controlplane.cli import certs, connection, deploy, nodes, plans, watch
+from controlplane.cli import controller as controller_cli
 from controlplane.server.inprocess import RunningController, start_controller
 from policies.errors import InputError, MixfleetError
 
@@ -21,8 +22,10 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "deployments" / "mi
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mixfleetctl")
-    cli_remote.add_connection_args(p)
-    cli_remote.register(p.add_subparsers(dest="command"))
+    connection.add_connection_args(p)
+    groups = p.add_subparsers(dest="command")
+    for module in (controller_cli, certs, nodes, deploy, plans, watch):
+        module.register(groups)
     return p
 
 
@@ -146,8 +149,8 @@ def test_controller_run_serves_and_logs_json(tmp_path: Path) -> None:
         sock.bind(("127.0.0.1", 0))
         metrics_port = sock.getsockname()[1]
     code = (
-        "import argparse, sys; from controlplane.cli import remote as cli_remote; "
-        "p = argparse.ArgumentParser(); cli_remote.register(p.add_subparsers()); "
+        "import argparse, sys; from controlplane.cli import controller; "
+        "p = argparse.ArgumentParser(); controller.register(p.add_subparsers()); "
         "a = p.parse_args(sys.argv[1:]); sys.exit(a.handler(a))"
     )
     proc = subprocess.Popen(

@@ -135,8 +135,3 @@ def test_plan_min_cost(run_cli: RunCli, inputs: list[str], tmp_path: Path) -> No
     assert len(list((tmp_path / "p").glob("*.json"))) == len(doc["plans"])
     code, _, err = run_cli(*args, "--target-tokens-per-s", "1e12")
     assert code == 3 and "To fix" in err
-
-
-def test_bench_strategies_unknown_scenario(run_cli: RunCli) -> None:
-    code, _, err = run_cli("bench", "strategies", "--scenario", "nope")
-    assert code == 2 and "unknown scenario" in err

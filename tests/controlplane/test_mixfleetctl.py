@@ -7,8 +7,6 @@ import json
 import math
 import subprocess
 import sys
-import types
-from argparse import Namespace
 from pathlib import Path
 
 import pytest
@@ -475,39 +473,12 @@ def test_help_exits_0(run_cli: RunCli) -> None:
     assert "--redundant-experts" in out and "--time-limit" in out
 
 
-# ------------------------------------------------------------------------ bench
-
-
-def test_bench_placement_dispatches_lazily(
-    run_cli: RunCli, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    seen: list[Namespace] = []
-
-    def placement_main(args: Namespace) -> int:
-        seen.append(args)
-        return 0
-
-    fake = types.ModuleType("bench.placement")
-    fake.placement_main = placement_main  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "bench.placement", fake)
-    code, _, _ = run_cli(
-        "bench", "placement", "--scenario", "mixed-24-decode", "--json", "--out", "r.json"
-    )
-    assert code == 0
-    (args,) = seen
-    assert (args.scenario, args.json, args.out, args.docs) == (
-        "mixed-24-decode",
-        True,
-        "r.json",
-        None,
-    )
-
-
 def test_command_modules_are_one_line_each() -> None:
     parser = cli.build_parser()
     text = parser.format_help()
-    for group in ("fleet", "model", "plan", "bench"):
+    for group in ("fleet", "model", "plan", "advise"):
         assert group in text
+    assert "bench" not in text and "operator" not in text
 
 
 # ------------------------------------------------------------------- subprocess

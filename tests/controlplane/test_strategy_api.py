@@ -35,7 +35,8 @@ from controlplane.server.inprocess import start_controller
 from policies.advise import BatchPoint, advise_batch, advise_context
 from policies.cost import DEFAULT_USD_PER_GPU_HOUR, PriceTable, min_cost, plan_cost
 from policies.spec import WorkloadSpec
-from policies.tiers import BatchTier, InteractiveTier, TierRequest, plan_tiers
+from policies.tier_planner import plan_tiers
+from policies.tiers import BatchTier, InteractiveTier, TierRequest
 
 # ------------------------------------------------------------------------------ batch
 

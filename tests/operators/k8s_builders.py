@@ -18,14 +18,8 @@ from apis.kube.v1alpha1 import (
     PartitionPlanStatus,
     PlacementPolicySpec,
 )
-from operators.reconcile import (
-    DeploymentView,
-    NodeView,
-    Observed,
-    PlanView,
-    SolveAction,
-    SolveOutcome,
-)
+from operators.decide import SolveAction
+from operators.observe import DeploymentView, NodeView, Observed, PlanView, SolveOutcome
 from policies.fleet import parse_node
 from policies.inventory import NodeInventory, inventory_from_node
 from policies.solve import solve

@@ -32,8 +32,8 @@ from apis.kube.plancodec import decode_plan
 from apis.kube.schema import from_wire
 from apis.kube.v1alpha1 import PartitionPlanSpec
 from operators.leader import LeaderSettings
+from operators.observe import ReconcileSettings
 from operators.operator import Operator, OperatorSettings
-from operators.reconcile import ReconcileSettings
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""The pure ModelDeployment decision (operators.reconcile): no API server, no clock, no threads.
+"""The pure ModelDeployment decision (operators.decide): no API server, no clock, no threads.
 
 Each test builds an observation, runs the decision (and, where it asks for one, a real solve
 of a small model), and checks the actions - or applies them to a tiny simulated world and
@@ -26,21 +26,18 @@ from k8s_builders import (
 
 from apis.kube.names import FINALIZER, config_map_name
 from apis.kube.v1alpha1 import NodeRollout, PartitionPlanStatus, PlacementPolicySpec
-from operators.reconcile import (
+from operators.decide import (
     ApplyConfigMap,
     ApplyPlan,
     ApplyStatus,
-    ConfigMapView,
     DeleteConfigMap,
     DeletePlan,
-    Observed,
-    ReconcileSettings,
     Requeue,
     SetFinalizer,
     SolveAction,
-    SolveOutcome,
     reconcile,
 )
+from operators.observe import ConfigMapView, Observed, ReconcileSettings, SolveOutcome
 
 SETTINGS = ReconcileSettings(node_stale_after_s=90.0, plan_history=2, solver_error_retry_s=60.0)
 

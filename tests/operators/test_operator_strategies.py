@@ -32,25 +32,23 @@ from k8s_cluster import RUN_LABEL, Cluster, wait_for
 from apis.kube.client import MODEL_DEPLOYMENTS, PARTITION_PLANS, PLACEMENT_POLICIES, Kube
 from apis.kube.errors import InvalidError
 from apis.kube.v1alpha1 import InteractiveTierSpec, PlacementPolicySpec
-from operators.operator import Operator, OperatorSettings
-from operators.reconcile import (
+from operators.decide import (
     ApplyConfigMap,
     ApplyPlan,
     ApplyStatus,
-    ConfigMapView,
-    Observed,
-    ReconcileSettings,
     Requeue,
     SolveAction,
     TierAction,
-    TierOutcome,
     reconcile,
 )
+from operators.observe import ConfigMapView, Observed, ReconcileSettings, TierOutcome
+from operators.operator import Operator, OperatorSettings
 from policies.cost import DEFAULT_USD_PER_GPU_HOUR
 from policies.errors import InputError
 from policies.fleet import parse_node
 from policies.inventory import inventory_from_node
-from policies.tiers import TierRequest, plan_tiers
+from policies.tier_planner import plan_tiers
+from policies.tiers import TierRequest
 
 SETTINGS = ReconcileSettings(node_stale_after_s=90.0, plan_history=2, solver_error_retry_s=60.0)
 #: Met by one two-GPU H100 node (about 24 requests/s), not by the whole test fleet.

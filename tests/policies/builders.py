@@ -42,7 +42,8 @@ def tiny_model(
 
 
 def fleet_doc(
-    nodes: Sequence[tuple[str, str, int, float | None]], nic_per_direction_gbits_per_s: float = 400.0
+    nodes: Sequence[tuple[str, str, int, float | None]],
+    nic_per_direction_gbits_per_s: float = 400.0,
 ) -> dict[str, Any]:
     """A Fleet document from ``(name, model, count, nvlink_bidir_gbytes_per_s or None)`` tuples, one
     400 Gb/s NIC per node on fabric ib0."""
@@ -51,7 +52,13 @@ def fleet_doc(
         node: dict[str, Any] = {
             "name": name,
             "gpus": [{"model": model, "count": count}],
-            "nics": [{"count": 1, "per_direction_gbits_per_s": nic_per_direction_gbits_per_s, "fabric": "ib0"}],
+            "nics": [
+                {
+                    "count": 1,
+                    "per_direction_gbits_per_s": nic_per_direction_gbits_per_s,
+                    "fabric": "ib0",
+                }
+            ],
         }
         if nvl:
             node["nvlink"] = {"domain": name, "per_gpu_bidir_gbytes_per_s": nvl}

@@ -56,7 +56,10 @@ def _bad(mutate: Any) -> str:
             lambda d: d["spec"]["nodes"][0]["nvlink"].update(per_gpu_bidir_gbytes_per_s=math.nan),
             "spec.nodes[0].nvlink.per_gpu_bidir_gbytes_per_s",
         ),
-        (lambda d: d["spec"]["nodes"][1]["nics"][0].update(per_direction_gbits_per_s=-1), "spec.nodes[1].nics[0].per_direction_gbits_per_s"),
+        (
+            lambda d: d["spec"]["nodes"][1]["nics"][0].update(per_direction_gbits_per_s=-1),
+            "spec.nodes[1].nics[0].per_direction_gbits_per_s",
+        ),
         (lambda d: d["spec"]["nodes"][1].update(name="n0"), "duplicate node name"),
         (
             lambda d: d["spec"]["nodes"][0]["gpus"][0].update(uuids=["u1", "u1"]),
@@ -69,7 +72,9 @@ def _bad(mutate: Any) -> str:
         (lambda d: d["spec"].update(nodes=[]), "at least one node"),
         (lambda d: d["spec"]["nodes"][0].update(name="Bad_Name"), "DNS-1123"),
         (
-            lambda d: d["spec"].update(fabric_links=[{"between": ["ib0", "nope"], "per_direction_gbits_per_s": 100}]),
+            lambda d: d["spec"].update(
+                fabric_links=[{"between": ["ib0", "nope"], "per_direction_gbits_per_s": 100}]
+            ),
             "fabric_links[0].between",
         ),
     ],

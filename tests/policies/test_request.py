@@ -8,8 +8,9 @@ import pytest
 from builders import fleet, request, tiny_model, workload
 
 from policies.catalog import lookup
-from policies.costmodel import LayerPlacement, build_cost_table, evaluate
+from policies.costmodel import build_cost_table
 from policies.errors import InfeasibleError, InputError
+from policies.evaluation import LayerPlacement, evaluate
 from policies.models import preset
 from policies.plan import Plan
 from policies.request import count_moves

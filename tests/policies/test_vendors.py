@@ -72,7 +72,7 @@ def test_node_with_two_vendors_is_an_input_error() -> None:
 WIRED = "allow_cross_vendor" in PlacementRequest.__dataclass_fields__
 
 
-@pytest.mark.skipif(not WIRED, reason="request.solve does not call check_vendors yet")
+@pytest.mark.skipif(not WIRED, reason="policies.solve does not call check_vendors yet")
 def test_solve_refuses_a_cross_vendor_group_unless_allowed() -> None:
     f = fleet(MIXED_VENDORS)
     m = tiny_model()

@@ -1,0 +1,132 @@
+"""``mixfleetctl controller run``: serve AgentService, PlanService and EngineService.
+
+Runs the controller (:mod:`controlplane.server`) on ``--listen`` with the state store of
+``--store`` until SIGINT/SIGTERM; prints ``listening on HOST:PORT`` once it serves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+from pathlib import Path
+
+from controlplane.cli.output import Groups, add_group, add_leaf
+from policies.errors import InputError
+
+
+def cmd_controller_run(args: argparse.Namespace) -> int:
+    from controlplane.server.logs import configure_logging
+
+    configure_logging(args.log_format, args.log_level)
+    return asyncio.run(_run_controller(args))
+
+
+async def _run_controller(args: argparse.Namespace) -> int:
+    import structlog
+
+    from controlplane.server.controller import Controller, ControllerSettings
+    from controlplane.server.services import ServerOptions, TlsFiles, create_server, mark_serving
+    from controlplane.store import open_store
+
+    tls = None
+    given = [args.tls_cert, args.tls_key, args.tls_ca]
+    if any(given):
+        if not all(given):
+            raise InputError("give all three of --tls-cert, --tls-key and --tls-ca", field="--tls")
+        tls = TlsFiles(Path(args.tls_cert), Path(args.tls_key), Path(args.tls_ca))
+    settings = ControllerSettings(
+        heartbeat_interval_s=args.heartbeat_interval,
+        node_lost_after_s=args.node_lost_after,
+    )
+    store = open_store(args.store)
+    controller = Controller(store, settings=settings)
+    options = ServerOptions(
+        tls=tls,
+        token_file=Path(args.token_file) if args.token_file else None,
+        insecure=args.insecure,
+        max_receive_message_bytes=args.max_message_mib << 20,
+    )
+    server, port = create_server(args.listen, controller, options)
+    if args.metrics_port is not None:
+        controller.metrics.serve(args.metrics_port)
+    await server.start()
+    await mark_serving(server)
+    await controller.start()
+    host = args.listen.rsplit(":", 1)[0]
+    log = structlog.get_logger("mixfleet.controller")
+    log.info(
+        "controller listening",
+        address=f"{host}:{port}",
+        store=args.store,
+        tls=tls is not None,
+        metrics_port=args.metrics_port,
+    )
+    print(f"listening on {host}:{port}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("controller stopping")
+    await server.stop(grace=2.0)
+    await controller.stop()
+    store.close()
+    return 0
+
+
+def register(groups: Groups) -> None:
+    """Add the ``controller`` group."""
+    ctl = add_group(groups, "controller", "run the controller", required=False)
+    p = add_leaf(
+        ctl,
+        "run",
+        cmd_controller_run,
+        "serve AgentService, PlanService and EngineService",
+        description="Run the controller until SIGINT/SIGTERM.",
+    )
+    p.add_argument(
+        "--listen",
+        metavar="HOST:PORT",
+        default="127.0.0.1:7070",
+        help="address to serve on (port 0 = any free port; default %(default)s)",
+    )
+    p.add_argument(
+        "--store",
+        metavar="URL",
+        default="sqlite:mixfleet-state.db",
+        help="state store, sqlite:PATH (default %(default)s)",
+    )
+    p.add_argument("--tls-cert", metavar="PEM", help="server certificate")
+    p.add_argument("--tls-key", metavar="PEM", help="server private key")
+    p.add_argument("--tls-ca", metavar="PEM", help="CA of accepted client certificates")
+    p.add_argument("--token-file", metavar="FILE", help="bearer tokens for the CLI and engines")
+    p.add_argument(
+        "--insecure", action="store_true", help="plaintext without TLS (loopback addresses only)"
+    )
+    p.add_argument(
+        "--metrics-port", type=int, metavar="PORT", help="serve Prometheus metrics on this port"
+    )
+    p.add_argument(
+        "--heartbeat-interval",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="agent heartbeat period, s (default %(default)s)",
+    )
+    p.add_argument(
+        "--node-lost-after",
+        type=float,
+        default=15.0,
+        metavar="S",
+        help="heartbeat silence before a node is lost, s (default %(default)s)",
+    )
+    p.add_argument(
+        "--max-message-mib",
+        type=int,
+        default=16,
+        metavar="MIB",
+        help="largest request accepted, MiB (default %(default)s)",
+    )
+    p.add_argument("--log-format", choices=("json", "console"), default="json")
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))

@@ -1,0 +1,97 @@
+"""``mixfleetctl nodes list|show``: the nodes registered with the controller.
+
+``list``: one row per node (health, healthy GPUs, GPU models, labels, last heartbeat);
+``show NODE``: one node's inventory (GPUs, NVLinks, NICs). ``-o json`` for scripts.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from mixfleet.v1 import plan_pb2
+
+from controlplane.cli.connection import add_client, age, call, to_json
+from controlplane.cli.output import Groups, add_group, print_json, table
+from controlplane.wire.plans import NODE_HEALTH_NAMES
+
+
+def cmd_nodes_list(args: argparse.Namespace) -> int:
+    reply = call(args, lambda s, md: s.ListNodes(plan_pb2.ListNodesRequest(), metadata=md))
+    if args.output == "json":
+        print_json(to_json(reply)["nodes"] if reply.nodes else [])
+        return 0
+    rows = []
+    for n in reply.nodes:
+        inv = n.inventory
+        models = sorted({g.catalog_model or g.name for g in inv.gpus})
+        rows.append(
+            [
+                inv.node,
+                NODE_HEALTH_NAMES.get(n.health, "?"),
+                f"{n.healthy_gpus}/{len(inv.gpus)}",
+                ",".join(models),
+                ",".join(f"{k}={v}" for k, v in sorted(inv.labels.items())) or "-",
+                "yes" if inv.simulated else "no",
+                age(n.last_heartbeat_unix_s),
+            ]
+        )
+    print(table(["NODE", "HEALTH", "GPUS", "MODELS", "LABELS", "SIMULATED", "SEEN"], rows))
+    return 0
+
+
+def cmd_nodes_show(args: argparse.Namespace) -> int:
+    n = call(args, lambda s, md: s.GetNode(plan_pb2.GetNodeRequest(name=args.name), metadata=md))
+    if args.output == "json":
+        print_json(to_json(n))
+        return 0
+    inv = n.inventory
+    print(f"node:      {inv.node}")
+    print(f"health:    {NODE_HEALTH_NAMES.get(n.health, '?')}  {n.message}".rstrip())
+    print(
+        f"agent:     {inv.agent_version}{' (simulated)' if inv.simulated else ''}"
+        f"  discovered by {','.join(inv.discovered_by) or '-'}"
+    )
+    print(f"labels:    {dict(inv.labels) or '-'}")
+    print(f"seen:      {age(n.last_heartbeat_unix_s)} ago")
+    print(f"applied:   {dict(n.applied) or '-'}")
+    rows = []
+    for g in inv.gpus:
+        nv = sum(1 for link in g.nvlinks if link.active)
+        rows.append(
+            [
+                g.index,
+                g.catalog_model or g.name,
+                g.uuid,
+                f"{g.memory_bytes / 2**30:.0f}",
+                f"{g.hbm_bandwidth_gbytes_per_s:.0f}",
+                nv,
+                g.nvlink_domain if g.HasField("nvlink_domain") else "-",
+            ]
+        )
+    print(table(["GPU", "MODEL", "UUID", "MEM_GIB", "HBM_GBS", "NVLINKS", "DOMAIN"], rows))
+    if inv.nics:
+        print(
+            table(
+                ["NIC", "PORT", "GBIT/S", "STATE", "LAYER", "FABRIC"],
+                [
+                    [
+                        c.device,
+                        c.port,
+                        f"{c.rate_per_direction_gbits_per_s:g}",
+                        c.state,
+                        c.link_layer,
+                        c.fabric,
+                    ]
+                    for c in inv.nics
+                ],
+            )
+        )
+    return 0
+
+
+def register(groups: Groups) -> None:
+    """Add the ``nodes`` group."""
+    nodes = add_group(groups, "nodes", "nodes registered with the controller", required=False)
+    add_client(nodes, "list", cmd_nodes_list, "list nodes, their health and GPUs")
+    p = add_client(nodes, "show", cmd_nodes_show, "show one node's inventory")
+    p.add_argument("name", metavar="NODE")

@@ -1,0 +1,401 @@
+"""``mixfleetctl plan``: solve, inspect, compare, export and render placement plans.
+
+* ``plan solve``    - one policy; prints the plan, ``--out`` saves it;
+* ``plan show``     - a saved plan, with the validator's findings;
+* ``plan compare``  - several policies side by side on the same inputs;
+* ``plan export``   - an engine's expert-placement file (SGLang, vLLM, TensorRT-LLM);
+* ``plan render``   - GPU x layer heatmaps of a plan (PNG);
+* ``plan cost``     - ``plan compare`` with USD per hour and per million tokens;
+* ``plan min-cost`` - the cheapest subset of whole nodes that reaches a throughput target.
+
+Everything here needs only files, no controller. Exit 3 (infeasible) when a plan violates
+constraints or no subset reaches the throughput.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from controlplane.cli import files
+from controlplane.cli.output import (
+    Groups,
+    add_group,
+    add_leaf,
+    add_output_arg,
+    emit,
+    fmt_opt,
+    format_table,
+    notes,
+)
+from controlplane.cli.problem import (
+    DEFAULT_TOKENS_PER_GPU,
+    CompareRow,
+    Problem,
+    add_deployment_args,
+    add_problem_args,
+    compare_policies,
+    deployment_from_args,
+    parse_policies,
+    plan_problems,
+    problem_from_args,
+    read_load,
+    read_prices,
+    solve_with_progress,
+)
+from controlplane.cli.reports import cost_document, cost_table, min_cost_document, min_cost_table
+from policies.cost import LAYOUTS, min_cost
+from policies.errors import InfeasibleError
+from policies.exports import EXPORT_FORMATS, export_plan, export_sidecar
+from policies.models import preset
+from policies.plan import Plan, validate_plan
+from policies.request import POLICIES
+
+# ------------------------------------------------------------------------- output
+
+
+def plan_table(plan: Plan) -> str:
+    """Human-readable plan: headline, summary and one row per GPU."""
+    s = plan.summary
+    wl = plan.workload
+    lines = [
+        f"plan {plan.id} v{plan.version}: {s.policy} ({s.form} form), model {plan.model}, "
+        f"fleet {plan.fleet} ({len(plan.gpus)} GPUs)",
+        f"workload: {wl.get('phase')}, {wl.get('tokens_per_gpu')} tokens/GPU, context "
+        f"{wl.get('context_len')}, KV {wl.get('kv_cache_dtype')}, load {wl.get('load_source')}",
+        f"experts: {plan.num_experts} x {len(plan.moe_layers)} MoE layers, "
+        f"{plan.num_redundant} redundant slots"
+        + (f", {plan.slots_per_gpu} slots per GPU" if plan.slots_per_gpu is not None else ""),
+        f"step {s.step_time_us / 1e3:.2f} ms  {s.tokens_per_s:,.0f} tokens/s  bound "
+        f"{fmt_opt(None if s.lower_bound_us is None else s.lower_bound_us / 1e3, '.2f')} ms  "
+        f"gap {fmt_opt(None if s.gap is None else s.gap * 100, '.2f')}%  solve {s.solve_s:.1f} s  "
+        f"imbalance {s.imbalance:.3f}  moves {fmt_opt(s.expert_moves, 'd')}  "
+        f"feasible {'yes' if s.feasible else 'NO'}",
+        f"solver: {s.solver}",
+        "",
+    ]
+    rows = []
+    for g in plan.gpus:
+        counts = [len(layer) for layer in g.experts]
+        slots = (
+            "-"
+            if not counts
+            else (str(counts[0]) if min(counts) == max(counts) else f"{min(counts)}-{max(counts)}")
+        )
+        mem = g.memory_bytes
+        h = g.hints
+        rows.append(
+            [
+                g.gpu,
+                g.model,
+                f"{g.attention_share:.4f}",
+                f"{g.dp_weight:.3f}",
+                "-" if g.attention_heads is None else str(g.attention_heads),
+                slots,
+                f"{g.predicted_busy_us / 1e3:.2f}",
+                f"{mem.get('total', 0.0) / 2**30:.1f}/{mem.get('usable', 0.0) / 2**30:.1f}",
+                f"{h.ep_backend}/{h.deepep_mode}",
+                f"{h.attention_backend} x{h.decode_num_splits}",
+            ]
+        )
+    lines.append(
+        format_table(
+            [
+                "GPU",
+                "model",
+                "attn share",
+                "dp weight",
+                "heads",
+                "slots/layer",
+                "busy ms",
+                "mem GiB",
+                "dispatch",
+                "attention",
+            ],
+            rows,
+        )
+    )
+    for v in plan.violations:
+        lines.append(f"VIOLATION: {v}")
+    for n in plan.notes:
+        lines.append(f"note: {n}")
+    return "\n".join(lines)
+
+
+def _print_plan(plan: Plan, output: str) -> None:
+    if output == "table":
+        emit(plan_table(plan))
+    else:
+        emit(files.dump_document(plan.to_dict(), output))
+
+
+def _baseline(rows: Sequence[CompareRow]) -> float | None:
+    for r in rows:
+        if r.policy == "uniform" and r.result is not None:
+            return r.result.plan.summary.tokens_per_s
+    return None
+
+
+def compare_table(rows: Sequence[CompareRow]) -> str:
+    """Side-by-side table of a comparison."""
+    base = _baseline(rows)
+    table = []
+    for r in rows:
+        if r.result is None:
+            table.append([r.policy, "-", "-", "-", "-", "-", "no: " + r.error[:60]])
+            continue
+        s = r.result.plan.summary
+        speedup = f"{s.tokens_per_s / base:.3f}x" if base else "-"
+        table.append(
+            [
+                r.policy,
+                f"{s.step_time_us / 1e3:.2f}",
+                f"{s.tokens_per_s:,.0f}",
+                speedup,
+                "-" if s.gap is None else f"{s.gap * 100:.2f}%",
+                f"{s.solve_s:.1f}",
+                "NO" if plan_problems(r.result.plan) else "yes",
+            ]
+        )
+    return format_table(
+        ["policy", "step ms", "tokens/s", "vs uniform", "gap", "solve s", "feasible"], table
+    )
+
+
+def compare_document(problem: Problem, rows: Sequence[CompareRow]) -> dict[str, Any]:
+    """JSON/YAML form of a comparison."""
+    base = _baseline(rows)
+    wl = problem.workload
+    out_rows: list[dict[str, Any]] = []
+    for r in rows:
+        if r.result is None:
+            out_rows.append({"policy": r.policy, "feasible": False, "error": r.error})
+            continue
+        d = asdict(r.result.plan.summary)
+        d["plan_id"] = r.result.plan.id
+        d["problems"] = list(plan_problems(r.result.plan)[:12])
+        d["speedup_vs_uniform"] = d["tokens_per_s"] / base if base else None
+        out_rows.append(d)
+    return {
+        "fleet": problem.fleet.name,
+        "model": problem.model.name,
+        "workload": {
+            "phase": wl.phase,
+            "tokens_per_gpu": wl.tokens_per_gpu,
+            "context_len": wl.context_len,
+            "kv_cache_dtype": wl.kv_cache_dtype,
+            "load_source": wl.load_source,
+        },
+        "form": problem.form,
+        "redundant_experts": problem.redundant_experts,
+        "policies": out_rows,
+    }
+
+
+# ----------------------------------------------------------------------- handlers
+
+
+def cmd_plan_solve(args: argparse.Namespace) -> int:
+    """``plan solve``: one policy; prints the plan, optionally saves it."""
+    problem = problem_from_args(args)
+    result = solve_with_progress(problem, args.policy, notes(args))
+    plan = result.plan
+    if args.out:
+        path = files.write_document(args.out, plan.to_dict(), "plan")
+        notes(args)(f"wrote plan {plan.id} to {path}")
+    _print_plan(plan, args.output)
+    problems = plan_problems(plan)
+    if problems:
+        raise InfeasibleError(f"the {plan.summary.policy} plan violates constraints", problems[:12])
+    return 0
+
+
+def cmd_plan_show(args: argparse.Namespace) -> int:
+    """``plan show FILE``: a saved plan, with the validator's findings."""
+    plan = files.read_plan(args.file)
+    _print_plan(plan, args.output)
+    if args.output == "table" and not plan.violations:
+        for p in validate_plan(plan):
+            emit(f"INVALID: {p}")
+    return 0
+
+
+def cmd_plan_compare(args: argparse.Namespace) -> int:
+    """``plan compare``: the policies side by side on the same inputs."""
+    policies = parse_policies(args.policies)
+    problem = problem_from_args(args)
+    rows = compare_policies(problem, policies, notes(args))
+    if args.save_plans:
+        for r in rows:
+            if r.result is not None:
+                path = Path(args.save_plans) / f"{r.policy}.json"
+                files.write_document(path, r.result.plan.to_dict(), "plan")
+                notes(args)(f"wrote {r.policy} plan to {path}")
+    if args.output == "table":
+        emit(compare_table(rows))
+    else:
+        emit(files.dump_document(compare_document(problem, rows), args.output))
+    return 0
+
+
+_EXPORT_USE = {
+    "sglang": "SGLang: --init-expert-location {path} --ep-num-redundant-experts {r}",
+    "vllm": "vLLM: no flag loads a placement; load this EPLB state from your launcher",
+    "trtllm": "TensorRT-LLM: moe_config: {{load_balancer: {path}}} in the LLM API options",
+}
+
+
+def cmd_plan_export(args: argparse.Namespace) -> int:
+    """``plan export FILE --format F``: an engine's placement file (plus a sidecar)."""
+    plan = files.read_plan(args.file)
+    doc = export_plan(plan, args.format)
+    text = files.dump_document(doc, "yaml" if args.format == "trtllm" else "json")
+    if args.out:
+        path = files.write_text(args.out, text, f"{args.format} export")
+        notes(args)(f"wrote {args.format} placement of plan {plan.id} to {path}")
+        notes(args)(_EXPORT_USE[args.format].format(path=path, r=plan.num_redundant))
+        if args.format == "sglang" and path.suffix != ".json":
+            notes(args)("note: SGLang reads a file only when its name ends in .json")
+    else:
+        emit(text)
+    if args.sidecar:
+        path = files.write_document(args.sidecar, export_sidecar(plan), "sidecar")
+        notes(args)(f"wrote DP-attention weights and runtime hints to {path}")
+    return 0
+
+
+def cmd_plan_render(args: argparse.Namespace) -> int:
+    """``plan render FILE``: GPU x layer heatmaps of load and predicted time (PNG)."""
+    from controlplane.cli.render import render_plan  # matplotlib is slow to import
+
+    plan = files.read_plan(args.file)
+    model = files.read_model_config(args.model_config) if args.model_config else None
+    fleet = files.read_fleet(args.fleet) if args.fleet else None
+    load = None
+    if args.load:
+        m = model
+        if m is None:
+            m = preset(plan.model)
+        load, _ = read_load(args.load, m)
+    out = args.out or str(Path(args.file).with_suffix(".png"))
+    path = render_plan(plan, out, model=model, load=load, fleet=fleet)
+    emit(str(path))
+    return 0
+
+
+def cmd_plan_cost(args: argparse.Namespace) -> int:
+    """``plan cost``: policies side by side with cost per hour and per million tokens."""
+    prices = read_prices(args.prices)
+    problem = problem_from_args(args)
+    rows = compare_policies(problem, parse_policies(args.policies), notes(args))
+    if args.output == "table":
+        emit(cost_table(rows, prices))
+    else:
+        emit(files.dump_document(cost_document(rows, prices), args.output))
+    return 0
+
+
+def cmd_plan_min_cost(args: argparse.Namespace) -> int:
+    """``plan min-cost``: the cheapest subset of whole nodes reaching a throughput."""
+    dep = deployment_from_args(args)
+    prices = read_prices(args.prices)
+    tokens = args.tokens or DEFAULT_TOKENS_PER_GPU[dep.phase]
+    notes(args)(
+        f"cheapest subset of {dep.fleet.name} for {args.target_tokens_per_s:,.0f} tokens/s: "
+        f"screen greedy, finalists {dep.policy}"
+    )
+    res = min_cost(
+        dep,
+        args.target_tokens_per_s,
+        prices,
+        tokens_per_gpu=tokens,
+        final_policy=dep.policy,
+        layout=args.layout,
+        finalists=args.finalists,
+        allow_cross_vendor=args.allow_cross_vendor,
+    )
+    if args.save_plans:
+        for r in res.results:
+            path = Path(args.save_plans) / f"{r.plan.fleet}-{r.plan.id}.json"
+            files.write_document(path, r.plan.to_dict(), "plan")
+            notes(args)(f"wrote plan {r.plan.id} to {path}")
+    if args.output == "table":
+        emit(min_cost_table(res))
+    else:
+        emit(files.dump_document(min_cost_document(res), args.output))
+    return 0
+
+
+# ----------------------------------------------------------------------- register
+
+
+def register(groups: Groups) -> None:
+    """Add the ``plan`` group and its commands."""
+    plan = add_group(groups, "plan", "solve, inspect, compare, export and render placement plans")
+    p = add_leaf(plan, "solve", cmd_plan_solve, "place attention and experts with one policy")
+    add_problem_args(p)
+    p.add_argument("--policy", choices=POLICIES, default="ilp", help="default: ilp")
+    add_output_arg(p)
+    p.add_argument("--out", metavar="FILE", help="also save the plan (.json, or .yaml/.yml)")
+
+    p = add_leaf(plan, "show", cmd_plan_show, "show a saved plan")
+    p.add_argument("file", metavar="FILE")
+    add_output_arg(p)
+
+    p = add_leaf(plan, "compare", cmd_plan_compare, "solve several policies side by side")
+    add_problem_args(p)
+    p.add_argument(
+        "--policies",
+        default=",".join(POLICIES),
+        metavar="LIST",
+        help="comma-separated policies (default: %(default)s)",
+    )
+    add_output_arg(p)
+    p.add_argument("--save-plans", metavar="DIR", help="save each plan as DIR/<policy>.json")
+
+    _register_export_render(plan)
+    _register_cost(plan)
+
+
+def _register_export_render(plan: Groups) -> None:
+    """``plan export`` and ``plan render``."""
+    p = add_leaf(plan, "export", cmd_plan_export, "write an engine's expert-placement file")
+    p.add_argument("file", metavar="FILE", help="engine-form plan (JSON or YAML)")
+    p.add_argument("--format", choices=EXPORT_FORMATS, required=True)
+    p.add_argument("--out", metavar="FILE", help="output file (default: stdout)")
+    p.add_argument(
+        "--sidecar",
+        metavar="FILE",
+        help="also write per-rank DP-attention weights and runtime hints (JSON or YAML)",
+    )
+    p.add_argument("-q", "--quiet", action="store_true", help="no hints on stderr")
+
+    p = add_leaf(plan, "render", cmd_plan_render, "draw a plan as a PNG (GPU x layer heatmaps)")
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("--out", metavar="PNG", help="default: the plan's path with .png")
+    p.add_argument("--fleet", metavar="FILE", help="the plan's fleet, for exact GPU figures")
+    p.add_argument("--model-config", metavar="PATH", help="the plan's model if not a preset")
+    p.add_argument("--load", metavar="FILE|SPEC", help="the plan's load if it came from a file")
+
+
+def _register_cost(plan: Groups) -> None:
+    """``plan cost`` and ``plan min-cost``."""
+    p = add_leaf(plan, "cost", cmd_plan_cost, "compare policies with cost per million tokens")
+    add_deployment_args(p, policy="ilp", redundant=32)
+    p.add_argument("--tokens", type=int, metavar="N", help="tokens per step per GPU")
+    p.add_argument("--previous", metavar="PLAN", help="plan to stay close to (re-planning)")
+    p.add_argument("--policies", default=",".join(POLICIES), metavar="LIST")
+    p.add_argument("--prices", metavar="FILE", help="price file (default: built-in assumptions)")
+
+    p = add_leaf(plan, "min-cost", cmd_plan_min_cost, "cheapest node subset for a throughput")
+    add_deployment_args(p, policy="ilp", redundant=0)
+    p.add_argument("--target-tokens-per-s", type=float, required=True, metavar="X")
+    p.add_argument("--tokens", type=int, metavar="N", help="tokens per step per GPU")
+    p.add_argument("--layout", choices=LAYOUTS, default="best", help="default: best")
+    p.add_argument("--finalists", type=int, default=3, metavar="K")
+    p.add_argument("--prices", metavar="FILE", help="price file (default: built-in assumptions)")
+    p.add_argument("--allow-cross-vendor", action="store_true")
+    p.add_argument("--save-plans", metavar="DIR", help="save the chosen plans in DIR")

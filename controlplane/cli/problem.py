@@ -1,0 +1,402 @@
+"""The inputs of a placement question, read from the command line, and solving them.
+
+Shared by the ``plan`` and ``advise`` groups (and the demo and benchmarks):
+
+* :class:`Problem` - fleet, model, workload and solver options of ``plan solve|compare|cost``,
+  from :func:`add_problem_args` / :func:`problem_from_args`;
+* :func:`deployment_from_args` - the same inputs as a :class:`policies.deployment.Deployment`
+  for ``advise *`` and ``plan min-cost`` (:func:`add_deployment_args`), and
+  :func:`read_prices` for the cost commands;
+* :func:`solve_with_progress` and :func:`compare_policies` - one policy or several on the
+  same problem, with progress lines on stderr;
+* :func:`plan_problems` - why a plan cannot be deployed.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from controlplane.cli import files
+from controlplane.cli.output import OUTPUTS, Note, gpu_groups, ticker
+from policies.cost import PriceTable, price_table_from_dict
+from policies.deployment import Deployment
+from policies.errors import InfeasibleError, InputError
+from policies.fleet import Fleet
+from policies.models import ModelSpec, preset
+from policies.plan import FORMS, Plan, validate_plan
+from policies.request import POLICIES, PlacementRequest, PlacementResult, SolverOptions
+from policies.solve import solve
+from policies.workload import KV_DTYPES, PHASES, Workload, make_workload, synthetic_zipf
+
+#: Tokens per step per GPU when ``--tokens`` is not given, by phase.
+DEFAULT_TOKENS_PER_GPU = {"decode": 128, "prefill": 4096}
+_DEFAULTS = SolverOptions()
+_REQUEST_DEFAULTS = PlacementRequest.__dataclass_fields__
+
+
+# ------------------------------------------------------------------------- inputs
+
+
+@dataclass(frozen=True)
+class Problem:
+    """The inputs every policy of a solve or a comparison shares.
+
+    Attributes:
+        fleet: parsed fleet.
+        model: model architecture.
+        workload: phase, batch, context and expert load.
+        form: ``engine`` or ``native``.
+        redundant_experts: extra expert slots per MoE layer.
+        options: solver options.
+        previous: plan to stay close to, or None.
+        allow_cross_vendor: let one expert-parallel group span GPU vendors (NVIDIA and
+            AMD); off, a MoE model on a mixed-vendor fleet is refused with how to split it.
+    """
+
+    fleet: Fleet
+    model: ModelSpec
+    workload: Workload
+    form: str
+    redundant_experts: int
+    options: SolverOptions
+    previous: Plan | None = None
+    allow_cross_vendor: bool = False
+
+    def request(self, policy: str) -> PlacementRequest:
+        """The placement request for one policy."""
+        return PlacementRequest(
+            fleet=self.fleet,
+            model=self.model,
+            workload=self.workload,
+            policy=policy,
+            form=self.form,
+            redundant_experts=self.redundant_experts,
+            options=self.options,
+            previous=self.previous,
+            allow_cross_vendor=self.allow_cross_vendor,
+        )
+
+
+def read_load(spec: str | None, model: ModelSpec) -> tuple[Sequence[Sequence[float]] | None, str]:
+    """Expert load from ``--load``: ``uniform`` (or absent), ``synthetic:zipf:S:seed=N`` or
+    a JSON file; returns the rows (None for uniform) and the plan's ``load_source``.
+
+    Raises:
+        InputError: malformed synthetic spec, unreadable or malformed file.
+    """
+    if spec is None or spec == "uniform":
+        return None, "uniform"
+    if spec.startswith("synthetic:"):
+        return synthetic_zipf(model, spec), spec
+    return files.read_expert_load(spec, model), f"file:{spec}"
+
+
+def read_model(args: argparse.Namespace) -> ModelSpec:
+    """``--model NAME`` (a preset) or ``--model-config PATH`` (a config.json).
+
+    Raises:
+        InputError: unknown preset or bad config file.
+    """
+    if getattr(args, "model_config", None):
+        return files.read_model_config(args.model_config)
+    return preset(args.model)
+
+
+def problem_from_args(args: argparse.Namespace) -> Problem:
+    """Read every input file named on the command line and build the shared problem.
+
+    Raises:
+        InputError: any bad file or value.
+    """
+    fleet = files.read_fleet(args.fleet)
+    model = read_model(args)
+    rows, source = read_load(args.load, model)
+    tokens = args.tokens if args.tokens is not None else DEFAULT_TOKENS_PER_GPU[args.phase]
+    workload = make_workload(
+        model,
+        phase=args.phase,
+        tokens_per_gpu=tokens,
+        context_len=args.context,
+        load=rows,
+        kv_cache_dtype=args.kv_cache_dtype,
+        load_source=source,
+    )
+    options = SolverOptions(
+        time_limit_s=args.time_limit,
+        mip_gap=args.mip_gap,
+        solver=args.solver,
+        workers=args.workers,
+    )
+    previous = files.read_plan(args.previous) if args.previous else None
+    return Problem(
+        fleet,
+        model,
+        workload,
+        args.form,
+        args.redundant_experts,
+        options,
+        previous,
+        allow_cross_vendor=bool(getattr(args, "allow_cross_vendor", False)),
+    )
+
+
+def add_problem_args(p: argparse.ArgumentParser) -> None:
+    """Arguments shared by ``plan solve`` and ``plan compare``."""
+    p.add_argument("--fleet", required=True, metavar="FILE", help="Fleet file (YAML or JSON)")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--model", metavar="NAME", help="model preset (mixfleetctl model list)")
+    which.add_argument(
+        "--model-config", metavar="PATH", help="Hugging Face config.json of the model"
+    )
+    p.add_argument("--phase", choices=PHASES, default="decode", help="default: decode")
+    p.add_argument(
+        "--tokens",
+        type=int,
+        metavar="N",
+        help="tokens per step per GPU on average (default: 128 decode, 4096 prefill)",
+    )
+    p.add_argument("--context", type=int, default=4096, metavar="N", help="context length, tokens")
+    p.add_argument("--kv-cache-dtype", choices=KV_DTYPES, default="bf16", help="default: bf16")
+    p.add_argument(
+        "--load",
+        metavar="FILE|SPEC",
+        help="expert load: a JSON file ([layers][experts] or an SGLang logical_count dump), "
+        "synthetic:zipf:S:seed=N, or uniform (default)",
+    )
+    p.add_argument("--form", choices=FORMS, default="engine", help="default: engine")
+    p.add_argument(
+        "--redundant-experts",
+        type=int,
+        default=_REQUEST_DEFAULTS["redundant_experts"].default,
+        metavar="R",
+        help="extra expert slots per MoE layer (engine form: experts + R must divide by the "
+        "GPU count; default: %(default)s)",
+    )
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        default=_DEFAULTS.time_limit_s,
+        metavar="S",
+        help="ilp wall-clock limit, seconds (default: %(default)s)",
+    )
+    p.add_argument(
+        "--mip-gap",
+        type=float,
+        default=_DEFAULTS.mip_gap,
+        metavar="G",
+        help="ilp relative MIP gap per layer (default: %(default)s)",
+    )
+    p.add_argument("--solver", choices=("highs", "cbc"), default=_DEFAULTS.solver)
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=_DEFAULTS.workers,
+        metavar="N",
+        help="processes solving layers in parallel; 0 = one per CPU",
+    )
+    p.add_argument(
+        "--previous", metavar="PLAN", help="plan to stay close to (re-planning), JSON or YAML"
+    )
+    p.add_argument(
+        "--allow-cross-vendor",
+        action="store_true",
+        help="let one expert-parallel group span NVIDIA and AMD GPUs (only for runtimes that "
+        "bridge vendors; default: a MoE model on a mixed-vendor fleet is refused)",
+    )
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+
+
+def read_prices(path: str | None) -> PriceTable:
+    """The price table: the defaults, with a price file's entries on top.
+
+    A price file is YAML or JSON: ``{currency: USD, prices: {H100-SXM5-80GB: 2.99, ...}}``
+    (USD per GPU-hour by catalog name, alias or custom GPU name).
+
+    Raises:
+        InputError: unreadable file or a bad price.
+    """
+    if not path:
+        return PriceTable()
+    doc = files.read_document(path, "price")
+    try:
+        return price_table_from_dict(doc, source=str(path))
+    except InputError as exc:
+        wrapped = InputError(f"price file {str(path)!r}: {exc}")
+        wrapped.field = exc.field
+        raise wrapped from exc
+
+
+def add_deployment_args(p: argparse.ArgumentParser, *, policy: str, redundant: int) -> None:
+    """Fleet, model, workload shape and solver options (the dests ``plan compare`` uses)."""
+    p.add_argument("--fleet", required=True, metavar="FILE", help="Fleet file (YAML or JSON)")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--model", metavar="NAME", help="model preset (mixfleetctl model list)")
+    which.add_argument("--model-config", metavar="PATH", help="Hugging Face config.json")
+    p.add_argument("--phase", choices=PHASES, default="decode", help="default: decode")
+    p.add_argument("--context", type=int, default=4096, metavar="N", help="context, tokens")
+    p.add_argument("--kv-cache-dtype", choices=KV_DTYPES, default="bf16", help="default: bf16")
+    p.add_argument(
+        "--load", metavar="FILE|SPEC", help="expert load: a JSON file, synthetic:zipf:S:seed=N"
+    )
+    p.add_argument("--policy", choices=POLICIES, default=policy, help="default: %(default)s")
+    p.add_argument("--form", choices=FORMS, default="engine", help="default: engine")
+    p.add_argument(
+        "--redundant-experts",
+        type=int,
+        default=redundant,
+        metavar="R",
+        help="extra expert slots per MoE layer; in engine form raised to the next count the "
+        "GPU count divides (default: %(default)s)",
+    )
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        default=_DEFAULTS.time_limit_s,
+        metavar="S",
+        help="ilp wall-clock limit per solve, seconds (default: %(default)s)",
+    )
+    p.add_argument("--mip-gap", type=float, default=_DEFAULTS.mip_gap, metavar="G")
+    p.add_argument("--solver", choices=("highs", "cbc"), default=_DEFAULTS.solver)
+    p.add_argument(
+        "--workers", type=int, default=_DEFAULTS.workers, metavar="N", help="0 = one per CPU"
+    )
+    p.add_argument("-o", "--output", choices=OUTPUTS, default="table", help="default: table")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+
+
+def deployment_from_args(args: argparse.Namespace) -> Deployment:
+    """Read the files named on the command line into a :class:`Deployment`.
+
+    Raises:
+        InputError: any bad file or value.
+    """
+    fleet = files.read_fleet(args.fleet)
+    model = read_model(args)
+    rows, source = read_load(args.load, model)
+    if args.time_limit <= 0:
+        raise InputError(f"must be > 0 seconds, got {args.time_limit}", field="--time-limit")
+    return Deployment(
+        fleet=fleet,
+        model=model,
+        phase=args.phase,
+        context_len=args.context,
+        kv_cache_dtype=args.kv_cache_dtype,
+        load=None if rows is None else tuple(tuple(float(x) for x in r) for r in rows),
+        load_source=source,
+        policy=args.policy,
+        form=args.form,
+        redundant_experts=args.redundant_experts,
+        options=SolverOptions(
+            time_limit_s=args.time_limit,
+            mip_gap=args.mip_gap,
+            solver=args.solver,
+            workers=args.workers,
+        ),
+    )
+
+
+# ------------------------------------------------------------------------ solving
+
+
+def plan_problems(plan: Plan) -> tuple[str, ...]:
+    """Why a plan cannot be deployed: the cost model's violations (memory, coverage), else
+    the validator's findings (e.g. unequal slots in engine form); empty when it can."""
+    if plan.violations:
+        return tuple(plan.violations)
+    return tuple(validate_plan(plan))
+
+
+def _describe(problem: Problem, policy: str) -> str:
+    m = problem.model
+    fleet = problem.fleet
+    what = f"{m.name} ({m.num_moe_layers} MoE layers x {m.num_experts} experts"
+    if m.is_moe:
+        what += f", {m.num_experts + problem.redundant_experts} slots"
+    what += ")"
+    line = (
+        f"solving {policy} ({problem.form} form): {what} on {fleet.name} "
+        f"({gpu_groups([g.spec.model for g in fleet.gpus])})"
+    )
+    if policy == "ilp":
+        line += f", time limit {problem.options.time_limit_s:g} s"
+    return line
+
+
+def _result_line(result: PlacementResult) -> str:
+    s = result.plan.summary
+    gap = f", gap {s.gap * 100:.2f}%" if s.gap is not None else ""
+    problems = plan_problems(result.plan)
+    state = f"INFEASIBLE ({len(problems)} problems)" if problems else "feasible"
+    return (
+        f"{s.policy}: step {s.step_time_us / 1e3:.2f} ms, {s.tokens_per_s:,.0f} tokens/s{gap}, "
+        f"{state}, solved in {s.solve_s:.1f} s"
+    )
+
+
+def solve_with_progress(problem: Problem, policy: str, note: Note) -> PlacementResult:
+    """Solve one policy, reporting what is solved, a heartbeat and the result to ``note``.
+
+    Raises:
+        InputError: from :func:`policies.solve.solve`.
+        InfeasibleError: the policy found no placement (``require_placed``).
+    """
+    note(_describe(problem, policy))
+    with ticker(note, f"{policy} still solving"):
+        result = solve(problem.request(policy)).require_placed()
+    note(_result_line(result))
+    return result
+
+
+@dataclass(frozen=True)
+class CompareRow:
+    """One policy of a comparison: its result, or why it has none.
+
+    Attributes:
+        policy: policy name.
+        result: the solve's result, or None when the policy found no plan.
+        error: the reason there is no result.
+    """
+
+    policy: str
+    result: PlacementResult | None
+    error: str = ""
+
+
+def parse_policies(text: str) -> list[str]:
+    """``uniform,eplb,greedy,ilp`` -> a list, checked against the known policies.
+
+    Raises:
+        InputError: empty list or unknown policy.
+    """
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    unknown = [p for p in names if p not in POLICIES]
+    if not names or unknown:
+        raise InputError(
+            f"unknown policies {unknown or [text]}. To fix: give a comma-separated list of "
+            f"{', '.join(POLICIES)}",
+            field="policies",
+        )
+    return list(dict.fromkeys(names))
+
+
+def compare_policies(problem: Problem, policies: Sequence[str], note: Note) -> list[CompareRow]:
+    """Solve every policy on the same problem. A policy that proves infeasible gets a row
+    with the reason; when all do, the first error is raised.
+
+    Raises:
+        InfeasibleError: no policy found a plan.
+    """
+    rows: list[CompareRow] = []
+    first: InfeasibleError | None = None
+    for policy in policies:
+        try:
+            rows.append(CompareRow(policy, solve_with_progress(problem, policy, note)))
+        except InfeasibleError as exc:
+            first = first or exc
+            note(f"{policy}: infeasible: {exc}")
+            rows.append(CompareRow(policy, None, str(exc).splitlines()[0]))
+    if first is not None and all(r.result is None for r in rows):
+        raise first
+    return rows

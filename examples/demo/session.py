@@ -1,0 +1,372 @@
+"""The end-to-end demo's parts (:mod:`demo.e2e` runs them in order).
+
+The settings and deployment of the demo, the simulated engine (:func:`engine`: load
+windows, uniform then shifted), the gRPC clients (:class:`Demo`) and one function per step:
+:func:`show_agents`, :func:`deploy`, :func:`shift_load`, :func:`show_replan`,
+:func:`show_history`. Each step prints its lines and returns what the next needs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import time
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from grpc import aio
+from mixfleet.v1 import engine_pb2, engine_pb2_grpc, plan_pb2, plan_pb2_grpc
+
+from agents.applier import parse_env
+from controlplane.server.controller import ControllerSettings
+from policies.assignment import diff_plans
+from policies.models import preset
+from policies.plan import plan_from_dict
+
+FLEET_FILE = Path(__file__).resolve().parents[2] / "examples" / "fleets" / "mixed-24.yaml"
+DEPLOYMENT = "deepseek-v3"
+MODEL = "deepseek-v3"
+#: Demo timing: 1 s heartbeats, quick ticks.
+SETTINGS = ControllerSettings(
+    heartbeat_interval_s=1.0,
+    node_lost_after_s=5.0,
+    tick_s=0.2,
+    retry_after_abort_s=2.0,
+    retry_after_error_s=2.0,
+)
+WINDOW_S = 0.5  # one load window every half second
+UNIFORM_S = 3.0  # load before the shift, s
+HOT_EXPERTS = 8  # per MoE layer, after the shift
+HOT_FACTOR = 4.0  # their load relative to the others
+
+
+def say(text: str = "") -> None:
+    print(text, flush=True)
+
+
+def _spec(time_limit_s: float) -> plan_pb2.DeploymentSpec:
+    return plan_pb2.DeploymentSpec(
+        name=DEPLOYMENT,
+        model=MODEL,
+        workload=plan_pb2.WorkloadSpec(phase="prefill", tokens_per_gpu=4096, context_len=4096),
+        policy="ilp",
+        form="engine",
+        solver_time_limit_s=time_limit_s,
+        prepare_timeout_s=30.0,
+        rebalance=plan_pb2.RebalanceSpec(
+            enabled=True,
+            imbalance_threshold=0.2,
+            sustain_s=2.0,
+            min_interval_s=60.0,
+            # ~0.002 % of a 3 s prefill step per moved replica: re-balance, but do not
+            # reshuffle experts that are fine where they are.
+            migration_weight_us=50.0,
+        ),
+    )
+
+
+def _load(shifted: bool, rng: random.Random) -> list[list[float]]:
+    """Expert token counts of one window, ``[moe_layers][experts]``: uniform up to +-5 %
+    sampling noise before the shift; after it, ``HOT_EXPERTS`` experts per layer (fixed per
+    layer) get ``HOT_FACTOR`` times the tokens."""
+    model = preset(MODEL)
+    hot = random.Random(5)
+    rows = []
+    for _ in range(model.num_moe_layers):
+        hot_set = set(hot.sample(range(model.num_experts), HOT_EXPERTS))
+        rows.append(
+            [
+                1000.0 * (HOT_FACTOR if shifted and e in hot_set else 1.0) * rng.uniform(0.95, 1.05)
+                for e in range(model.num_experts)
+            ]
+        )
+    return rows
+
+
+class Demo:
+    """PlanService and EngineService clients of the demo, on one channel."""
+
+    def __init__(self, channel: aio.Channel) -> None:
+        self.plans = plan_pb2_grpc.PlanServiceStub(channel)
+        self.engines = engine_pb2_grpc.EngineServiceStub(channel)
+
+    async def deployment(self) -> plan_pb2.Deployment:
+        reply: plan_pb2.Deployment = await self.plans.GetDeployment(
+            plan_pb2.GetDeploymentRequest(name=DEPLOYMENT), timeout=10
+        )
+        return reply
+
+    async def wait_version(self, version: int, timeout_s: float) -> plan_pb2.Deployment:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            d = await self.deployment()
+            if d.status.committed_version >= version:
+                return d
+            await asyncio.sleep(0.2)
+        raise TimeoutError(f"no committed version {version} within {timeout_s:.0f} s")
+
+    async def plan_doc(self, version: int) -> tuple[plan_pb2.PlanRecord, Any]:
+        rec: plan_pb2.PlanRecord = await self.plans.GetPlan(
+            plan_pb2.GetPlanRequest(deployment=DEPLOYMENT, version=version), timeout=30
+        )
+        return rec, plan_from_dict(json.loads(rec.plan_json))
+
+
+async def engine(
+    demo: Demo, stop: asyncio.Event, shift_at: asyncio.Event, rng: random.Random
+) -> int:
+    """A simulated engine: streams one load window every WINDOW_S until stopped."""
+    sent = 0
+
+    async def windows() -> AsyncIterator[engine_pb2.ExpertLoadWindow]:
+        nonlocal sent
+        model = preset(MODEL)
+        while not stop.is_set():
+            end = time.time()
+            counts = _load(shift_at.is_set(), rng)
+            yield engine_pb2.ExpertLoadWindow(
+                deployment=DEPLOYMENT,
+                engine_id="sim-engine-0",
+                start_unix_s=end - WINDOW_S,
+                end_unix_s=end,
+                num_layers=model.num_moe_layers,
+                num_experts=model.num_experts,
+                counts=[x for row in counts for x in row],
+                plan_version=0,
+            )
+            sent += 1
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), WINDOW_S)
+
+    reply = await demo.engines.ReportExpertLoad(windows(), timeout=600)
+    return int(reply.windows_accepted)
+
+
+def _table(rows: Sequence[Sequence[str]], indent: str = "  ") -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        say(indent + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+
+
+def _acks(rec: plan_pb2.PlanRecord) -> str:
+    counts: dict[str, int] = {}
+    for v in rec.acks.values():
+        counts[v.split(":")[0]] = counts.get(v.split(":")[0], 0) + 1
+    return ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "none"
+
+
+def _shares(plan: Any) -> str:
+    by_node: dict[str, float] = {}
+    for g in plan.gpus:
+        by_node[g.node] = by_node.get(g.node, 0.0) + g.attention_share
+    return ", ".join(f"{n} {s:.2f}" for n, s in by_node.items())
+
+
+async def show_agents(demo: Demo, expected: int) -> None:
+    """Wait for ``expected`` agents to register; print their inventories."""
+    nodes: plan_pb2.ListNodesResponse = plan_pb2.ListNodesResponse()
+    for _ in range(100):
+        nodes = await demo.plans.ListNodes(plan_pb2.ListNodesRequest(), timeout=10)
+        if len(nodes.nodes) == expected:
+            break
+        await asyncio.sleep(0.1)
+    say(f"agents       {len(nodes.nodes)} simulated agents registered:")
+    rows = [["node", "GPUs", "model", "NVLink GB/s", "RDMA", "simulated"]]
+    for n in nodes.nodes:
+        inv = n.inventory
+        links = sum(1 for x in inv.gpus[0].nvlinks if x.active) if inv.gpus else 0
+        rows.append(
+            [
+                inv.node,
+                str(len(inv.gpus)),
+                inv.gpus[0].catalog_model if inv.gpus else "-",
+                str(links * 50),
+                f"{len(inv.nics)}x{inv.nics[0].rate_per_direction_gbits_per_s:.0f} Gb/s"
+                if inv.nics
+                else "-",
+                str(inv.simulated).lower(),
+            ]
+        )
+    _table(rows)
+
+
+async def deploy(demo: Demo, workdir: Path, time_limit_s: float) -> Any:
+    """Apply the deployment, wait for v1, print it and an agent's plan file; returns v1."""
+    say()
+    say(
+        f"deploy       {MODEL}, prefill 4096 tokens/GPU, policy ilp "
+        f"(time limit {time_limit_s:.0f} s), rebalance on"
+    )
+    t0 = time.monotonic()
+    await demo.plans.ApplyDeployment(
+        plan_pb2.ApplyDeploymentRequest(spec=_spec(time_limit_s)), timeout=10
+    )
+    await demo.wait_version(1, timeout_s=time_limit_s * 4 + 30)
+    rec1, plan1 = await demo.plan_doc(1)
+    say(
+        f"committed    v1 {rec1.plan_id} in {time.monotonic() - t0:.1f} s "
+        f"(solve {plan1.summary.solve_s:.1f} s, {plan1.summary.solver}); predicted step "
+        f"{plan1.summary.step_time_us / 1000:.0f} ms; acks {_acks(rec1)}"
+    )
+    env = parse_env((workdir / "agents" / "h200-0" / DEPLOYMENT / "gpu0.env").read_text())
+    say("agent files  h200-0 gpu0.env (excerpt):")
+    for key in (
+        "MIXFLEET_PLAN_VERSION",
+        "MIXFLEET_RANK",
+        "MIXFLEET_ATTENTION_SHARE",
+        "MIXFLEET_DP_WEIGHT",
+        "MIXFLEET_EP_BACKEND",
+        "MIXFLEET_DEEPEP_NUM_SMS",
+        "MIXFLEET_ATTENTION_BACKEND",
+    ):
+        say(f"  {key}={env.get(key, '')}")
+    say("attention    share per node: " + _shares(plan1))
+    return plan1
+
+
+async def start_engine(
+    demo: Demo, stop_engine: asyncio.Event
+) -> tuple[asyncio.Task[int], asyncio.Event]:
+    """Read the routing, start the simulated engine on uniform load; returns its task and
+    the event that shifts its load."""
+    routing: engine_pb2.Routing = await demo.engines.GetRouting(
+        engine_pb2.GetRoutingRequest(
+            deployment=DEPLOYMENT, format=engine_pb2.ROUTING_FORMAT_SGLANG
+        ),
+        timeout=30,
+    )
+    say()
+    say(
+        f"engine       GetRouting: v{routing.version}, {routing.world_size} ranks x "
+        f"{routing.slots_per_rank} expert slots, {len(routing.layers)} MoE layers "
+        f"(SGLang document {len(routing.engine_json) // 1024} KiB)"
+    )
+    shift = asyncio.Event()
+    task = asyncio.create_task(engine(demo, stop_engine, shift, random.Random(1)), name="engine")
+    return task, shift
+
+
+async def shift_load(
+    demo: Demo, shift: asyncio.Event, stop_engine: asyncio.Event, time_limit_s: float
+) -> tuple[plan_pb2.PlanRecord, Any]:
+    """Uniform load for ``UNIFORM_S``, then the shift; follow the controller until it
+    commits the re-plan (the engine stops reporting once planning starts). Returns v2."""
+    await asyncio.sleep(UNIFORM_S)
+    d = await demo.deployment()
+    say(
+        f"load         uniform: observed imbalance {d.status.observed_imbalance:+.2f} "
+        f"(plan predicted {d.status.imbalance:+.2f}); no re-plan"
+    )
+    shift.set()
+    say(f"load         SHIFT: {HOT_EXPERTS} experts per layer now get {HOT_FACTOR:.0f}x the tokens")
+    t_shift = time.monotonic()
+    seen = ""
+    while True:
+        d = await demo.deployment()
+        if d.status.committed_version >= 2:
+            break
+        phase = plan_pb2.DeploymentPhase.Name(d.status.phase).removeprefix("DEPLOYMENT_PHASE_")
+        line = f"{phase.lower()}: {d.status.message.splitlines()[0] if d.status.message else ''}"
+        if d.status.phase == plan_pb2.DEPLOYMENT_PHASE_PLANNING and not stop_engine.is_set():
+            # The re-plan has started; stop reporting so that the from-scratch
+            # comparison below plans for exactly the same measured load.
+            stop_engine.set()
+        if line != seen:
+            say(
+                f"controller   t+{time.monotonic() - t_shift:4.1f} s observed imbalance "
+                f"{d.status.observed_imbalance:+.2f}; {line}"
+            )
+            seen = line
+        if time.monotonic() - t_shift > time_limit_s * 4 + 60:
+            raise TimeoutError("no rebalance")
+        await asyncio.sleep(0.25)
+    rec2, plan2 = await demo.plan_doc(d.status.committed_version)
+    say(
+        f"committed    v{rec2.version} {rec2.plan_id} {time.monotonic() - t_shift:.1f} s "
+        f"after the shift: {rec2.reason}"
+    )
+    return rec2, plan2
+
+
+async def show_replan(
+    demo: Demo, plan1: Any, rec2: plan_pb2.PlanRecord, plan2: Any, time_limit_s: float
+) -> None:
+    """The diff v1 -> v2 and the same load planned from scratch (a dry run)."""
+    diff: plan_pb2.PlanDiff = await demo.plans.DiffPlans(
+        plan_pb2.DiffPlansRequest(deployment=DEPLOYMENT, from_version=1, to_version=rec2.version),
+        timeout=30,
+    )
+    say()
+    say("re-plan      migration-aware ILP (previous plan as the starting point):")
+    say(
+        f"  expert moves  {diff.expert_moves} of {diff.total_slots} slots "
+        f"({diff.expert_moves / max(1, diff.total_slots):.0%})"
+    )
+    say(
+        f"  step time     {diff.step_time_us_before / 1000:.0f} ms predicted for v1 "
+        f"under uniform load -> {diff.step_time_us_after / 1000:.0f} ms for "
+        f"v{rec2.version} under the shifted load"
+    )
+    changed = sorted(diff.gpus, key=lambda g: -(g.experts_added + g.experts_removed))
+    say(f"  GPUs changed  {len(diff.gpus)} of {len(plan2.gpus)}; most churn:")
+    _table(
+        [["gpu", "attention", "+experts", "-experts"]]
+        + [
+            [
+                g.gpu,
+                f"{g.attention_share_before:.3f}->{g.attention_share_after:.3f}",
+                str(g.experts_added),
+                str(g.experts_removed),
+            ]
+            for g in changed[:4]
+        ],
+        indent="    ",
+    )
+    # The same measured load planned from scratch (a dry run: nothing stored or rolled out).
+    scratch_spec = _spec(time_limit_s)
+    scratch_spec.workload.load = "measured"
+    t0 = time.monotonic()
+    reply: plan_pb2.SolveResponse = await demo.plans.Solve(
+        plan_pb2.SolveRequest(spec=scratch_spec, include_plan=True),
+        timeout=time_limit_s * 4 + 60,
+    )
+    scratch = plan_from_dict(json.loads(reply.plan.plan_json))
+    scratch_diff = diff_plans(plan1, scratch)
+    say(
+        f"  from scratch  {scratch_diff.expert_moves} moves "
+        f"({scratch_diff.expert_moves / max(1, scratch_diff.total_slots):.0%}) for "
+        f"{scratch.summary.step_time_us / 1000:.0f} ms (dry run, "
+        f"{time.monotonic() - t0:.0f} s)"
+    )
+
+
+async def show_history(demo: Demo, workdir: Path) -> None:
+    """The routing and plan file the engine and agents now have, and the plan history."""
+    routing = await demo.engines.GetRouting(
+        engine_pb2.GetRoutingRequest(deployment=DEPLOYMENT), timeout=30
+    )
+    say(f"engine       routing now v{routing.version}")
+    env = parse_env((workdir / "agents" / "h200-0" / DEPLOYMENT / "gpu0.env").read_text())
+    say(f"agent files  h200-0 gpu0.env MIXFLEET_PLAN_VERSION={env['MIXFLEET_PLAN_VERSION']}")
+    history: plan_pb2.ListPlansResponse = await demo.plans.ListPlans(
+        plan_pb2.ListPlansRequest(deployment=DEPLOYMENT), timeout=10
+    )
+    say()
+    say("plan history")
+    rows = [["version", "state", "step ms", "moves", "solve s", "reason"]]
+    for p in sorted(history.plans, key=lambda p: p.version):
+        moves = p.summary.expert_moves if p.summary.HasField("expert_moves") else None
+        rows.append(
+            [
+                f"v{p.version}",
+                plan_pb2.PlanState.Name(p.state).removeprefix("PLAN_STATE_").lower(),
+                f"{p.summary.step_time_us / 1000:.0f}",
+                "-" if moves is None else str(moves),
+                f"{p.summary.solve_s:.1f}",
+                p.reason[:70],
+            ]
+        )
+    _table(rows)

@@ -1,0 +1,390 @@
+"""The ModelDeployment reconciler's decision: a pure function from what was observed to the
+actions that make the world match the spec.
+
+One tick of the control loop (:mod:`operators.operator`) is::
+
+    observed = observe(key)                      # the deployment, GPUNodes, policy, plans
+    actions = reconcile(observed, settings)      # pure: this module
+    if a SolveAction is among them:              # the one expensive step
+        outcome = run_solve(action)              # policies.solve, also pure
+        actions = reconcile(replace(observed, solve=outcome), settings)
+    act(actions)                                 # server-side apply, deletes, finalizers
+
+Nothing here does I/O, reads a clock or keeps state: the time is ``observed.now``, and the
+status is rebuilt from the observations on every tick (the previous status is read only to
+keep ``lastTransitionTime`` of unchanged conditions and the record of the last failed
+solve, so a bad spec is not re-solved in a hot loop).
+
+Errors in the spec are *permanent* (kopf's term): they become ``Solved=False`` with a reason
+(``UnknownModel``, ``InvalidModelConfig``, ``InvalidWorkload``, ``InvalidPrices``,
+``PolicyNotFound``, ``NoEligibleNodes``, ``MixedVendors``, ``NothingToExport``,
+``Infeasible``, ``PlanTooLarge``) and a message that says how to fix it; the deployment is
+solved again only when its inputs change.
+
+Tiers. When the PlacementPolicy defines an ``interactive`` tier, a tick first asks for a
+:class:`TierAction`: :func:`policies.tier_planner.plan_tiers` splits the eligible nodes into
+interactive replicas (each one NVLink domain, an independent copy of the model sized to the
+SLO) and a batch tier. The split is recorded in ``status.tiers`` (with the digest of its
+inputs, so it is planned again only when they change) and reported by the
+``InteractiveSLO`` condition. The deployment's own plan - its PartitionPlan, ConfigMap and
+agent rollout - is then the batch tier: the deployment's workload solved on the batch
+nodes only, the interactive nodes left out of its fleet. Interactive replicas run the
+model on their nodes at the batches ``status.tiers.replicas`` gives (one domain of
+identical GPUs needs no heterogeneous placement).
+
+Cost. ``status.costPerMillionTokensUSD`` prices the current plan's GPUs at the
+deployment's ``gpuHourPrices`` over the policy's over the built-in assumed prices
+(:mod:`policies.cost`).
+
+This module owns the actions and the order of the rules; the inputs of a solve are built
+in :mod:`operators.inputs`, the status in :mod:`operators.status`, the objects written in
+:mod:`operators.objects`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from apis.kube.errors import PermanentError
+from apis.kube.names import (
+    FINALIZER,
+    config_map_name,
+    parse_time,
+    rfc3339,
+)
+from apis.kube.schema import Json, to_wire
+from apis.kube.v1alpha1 import (
+    SolveRecord,
+    TiersStatus,
+)
+from operators.inputs import (
+    SolveInputs,
+    TierInputs,
+    check_vendor_mix,
+    reserved_nodes,
+    solve_inputs,
+    tier_inputs,
+)
+from operators.objects import (
+    ENGINE_FILES,
+    SIDECAR_FILE,
+    config_map_object,
+    plan_object,
+    plan_reason,
+)
+from operators.observe import (
+    Observed,
+    ReconcileSettings,
+    current_plan,
+    newest_plan,
+    next_version,
+)
+from operators.status import (
+    deployment_status,
+    tiers_status,
+)
+from policies.errors import InputError
+from policies.request import PlacementRequest
+from policies.tiers import TierRequest
+
+#: Solve failures that re-solving the same inputs cannot fix.
+PERMANENT_SOLVE_REASONS = frozenset({"Infeasible", "InvalidSpec", "PlanTooLarge"})
+
+
+#: Tier-split failures that planning the same inputs again cannot fix.
+PERMANENT_TIER_REASONS = frozenset({"InvalidTier"})
+
+
+@dataclass(frozen=True)
+class SetFinalizer:
+    """Add (``present``) or remove this operator's finalizer on the deployment."""
+
+    present: bool
+
+
+@dataclass(frozen=True)
+class SolveAction:
+    """Solve ``request``; feed the outcome back into :func:`reconcile`.
+
+    Attributes:
+        request: the placement request.
+        inputs_digest: digest of the inputs, recorded in the PartitionPlan.
+        version: version the new plan gets.
+    """
+
+    request: PlacementRequest
+    inputs_digest: str
+    version: int
+
+
+@dataclass(frozen=True)
+class TierAction:
+    """Split the eligible nodes between the interactive and the batch tier
+    (:func:`policies.tier_planner.plan_tiers`); feed the outcome back into :func:`reconcile`.
+
+    Attributes:
+        request: the tier request (the whole eligible fleet).
+        inputs_digest: digest of the inputs, recorded in ``status.tiers``.
+    """
+
+    request: TierRequest
+    inputs_digest: str
+
+
+@dataclass(frozen=True)
+class ApplyPlan:
+    """Create a PartitionPlan (server-side apply of metadata and immutable spec)."""
+
+    body: Json = field(repr=False)
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class DeletePlan:
+    """Delete an old or orphaned PartitionPlan."""
+
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True)
+class ApplyConfigMap:
+    """Publish the engine export of the current plan."""
+
+    body: Json = field(repr=False)
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class DeleteConfigMap:
+    """Remove the deployment's ConfigMap."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class ApplyStatus:
+    """Server-side apply of the deployment's status subresource."""
+
+    status: Json
+
+
+@dataclass(frozen=True)
+class Requeue:
+    """Reconcile this deployment again after ``after_s`` seconds."""
+
+    after_s: float
+
+
+Action = (
+    SetFinalizer
+    | TierAction
+    | SolveAction
+    | ApplyPlan
+    | DeletePlan
+    | ApplyConfigMap
+    | DeleteConfigMap
+    | ApplyStatus
+    | Requeue
+)
+
+
+def reconcile(observed: Observed, settings: ReconcileSettings) -> tuple[Action, ...]:
+    """Decide what to do for one ModelDeployment.
+
+    Returns the actions in the order they must run. When a solve is needed and
+    ``observed.solve`` is None, the result is the finalizer action (if any) and one
+    :class:`SolveAction`: run it and call again with the outcome in ``observed.solve``.
+    """
+    d = observed.deployment
+    if d.deleting:
+        return _finalize(observed)
+    actions: list[Action] = []
+    if FINALIZER not in d.finalizers:
+        actions.append(SetFinalizer(True))
+
+    inputs: SolveInputs | None = None
+    input_error: PermanentError | None = None
+    try:
+        inputs = solve_inputs(observed, settings)
+    except PermanentError as exc:
+        input_error = exc
+    requeue: list[float] = []
+
+    # With an interactive tier, split first; the deployment's plan is then the batch tier.
+    tiers: TiersStatus | None = None
+    t_in = tier_inputs(observed, inputs) if inputs is not None else None
+    if t_in is not None:
+        step = _tier_step(observed, settings, t_in)
+        if isinstance(step, TierAction):
+            return (*actions, step)
+        tiers, retry_tiers_in = step
+        if retry_tiers_in > 0:
+            requeue.append(retry_tiers_in)
+        reserved = reserved_nodes(tiers)
+        if reserved:
+            try:
+                inputs = solve_inputs(observed, settings, reserved=reserved)
+            except PermanentError as exc:
+                inputs, input_error = None, exc
+    if inputs is not None:
+        try:
+            check_vendor_mix(inputs.request)
+        except PermanentError as exc:
+            inputs, input_error = None, exc
+
+    plans = [p for p in observed.plans if not p.deleting]
+    current = current_plan(plans)
+    ours = newest_plan([p for p in plans if p.spec.made_by == "operator"])
+    last = d.status.last_solve
+    solve = observed.solve
+    new_record: SolveRecord | None = last
+
+    # The operator re-solves when the inputs of its own newest plan no longer match. It is
+    # the only writer of PartitionPlans: the controller rolls them out and commits them.
+    if inputs is not None and (ours is None or ours.spec.inputs_digest != inputs.digest):
+        failed_before = (
+            last is not None and last.outcome == "Failed" and last.inputs_digest == inputs.digest
+        )
+        retry_in = 0.0
+        if failed_before and last is not None and last.reason not in PERMANENT_SOLVE_REASONS:
+            t = parse_time(last.time)
+            elapsed = (observed.now - t).total_seconds() if t else settings.solver_error_retry_s
+            retry_in = max(0.0, settings.solver_error_retry_s - elapsed)
+        if solve is None or solve.inputs_digest != inputs.digest:
+            if not failed_before or (
+                last is not None and last.reason not in PERMANENT_SOLVE_REASONS and retry_in <= 0
+            ):
+                return (
+                    *actions,
+                    SolveAction(inputs.request, inputs.digest, next_version(observed)),
+                )
+            if retry_in > 0:
+                requeue.append(retry_in)
+        else:
+            new_record = SolveRecord(
+                inputs_digest=solve.inputs_digest,
+                outcome="Succeeded" if solve.plan is not None else "Failed",
+                reason=solve.reason,
+                time=rfc3339(observed.now),
+                duration_s=round(solve.duration_s, 3),
+            )
+            if solve.plan is not None:
+                try:
+                    body, view = plan_object(
+                        observed,
+                        solve.plan,
+                        solve.inputs_digest,
+                        plan_reason(observed, ours, inputs),
+                    )
+                except PermanentError as exc:
+                    new_record = dataclasses.replace(
+                        new_record, outcome="Failed", reason=exc.reason
+                    )
+                    solve = dataclasses.replace(
+                        solve, plan=None, reason=exc.reason, message=str(exc)
+                    )
+                else:
+                    actions.append(ApplyPlan(body, view.name))
+                    plans.append(view)
+                    current = view
+            if solve.plan is None and solve.reason not in PERMANENT_SOLVE_REASONS:
+                requeue.append(settings.solver_error_retry_s)
+
+    # Engine export of the current plan.
+    spec = d.spec
+    cm_name = config_map_name(d.name)
+    cm_wanted = current is not None and spec is not None and spec.engine_format != "none"
+    if cm_wanted and current is not None and spec is not None:
+        cm = observed.config_map
+        wanted_keys = (ENGINE_FILES[spec.engine_format], SIDECAR_FILE)
+        if (
+            cm is None
+            or cm.plan != current.name
+            or tuple(sorted(cm.keys)) != tuple(sorted(wanted_keys))
+        ):
+            try:
+                actions.append(
+                    ApplyConfigMap(
+                        config_map_object(observed, current, spec.engine_format), cm_name
+                    )
+                )
+            except InputError as exc:
+                input_error = input_error or PermanentError("ExportFailed", str(exc))
+    elif observed.config_map is not None:
+        actions.append(DeleteConfigMap(observed.config_map.name))
+
+    # Keep the newest plans; the current one always survives.
+    keep = {
+        p.name
+        for p in sorted(plans, key=lambda p: -p.spec.version)[: max(1, settings.plan_history)]
+    }
+    for p in sorted(plans, key=lambda p: p.spec.version):
+        if p.name not in keep and (current is None or p.name != current.name):
+            actions.append(DeletePlan(p.name, p.uid))
+
+    ours = newest_plan([p for p in plans if p.spec.made_by == "operator"])
+    status = deployment_status(
+        observed, inputs, input_error, current, ours, new_record, solve, cm_wanted, tiers
+    )
+    # committedVersion and controller belong to the controller's field manager: compare
+    # with them carried over, apply without them.
+    seen = dataclasses.replace(
+        status, committed_version=d.status.committed_version, controller=d.status.controller
+    )
+    if to_wire(seen) != to_wire(d.status):
+        actions.append(ApplyStatus(to_wire(status)))
+    if inputs is not None and inputs.fleet_view.next_stale_s is not None:
+        requeue.append(max(1.0, inputs.fleet_view.next_stale_s + 1.0))
+    if requeue:
+        actions.append(Requeue(min(requeue)))
+    return tuple(actions)
+
+
+def _tier_step(
+    observed: Observed, settings: ReconcileSettings, t_in: TierInputs
+) -> TierAction | tuple[TiersStatus, float]:
+    """The split to use this tick and seconds until a failed one is retried (0: none), or
+    the action that plans it. A split recorded for the same inputs is reused."""
+    now = observed.now
+    fresh = observed.tiers
+    if fresh is not None and fresh.inputs_digest == t_in.digest:
+        st = tiers_status(fresh, observed, now)
+        transient = st.outcome == "Failed" and st.reason not in PERMANENT_TIER_REASONS
+        return st, settings.solver_error_retry_s if transient else 0.0
+    prev = observed.deployment.status.tiers
+    if prev is not None and prev.inputs_digest == t_in.digest:
+        if prev.outcome == "Succeeded" or prev.reason in PERMANENT_TIER_REASONS:
+            return prev, 0.0
+        t = parse_time(prev.time)
+        elapsed = (now - t).total_seconds() if t else settings.solver_error_retry_s
+        if elapsed < settings.solver_error_retry_s:
+            return prev, settings.solver_error_retry_s - elapsed
+    if t_in.error is not None:
+        failed = TiersStatus(
+            inputs_digest=t_in.digest,
+            outcome="Failed",
+            reason=t_in.error.reason,
+            message=str(t_in.error)[:8192],
+            time=rfc3339(now),
+        )
+        return failed, 0.0
+    assert t_in.request is not None  # built whenever there is no error
+    return TierAction(t_in.request, t_in.digest)
+
+
+def _finalize(observed: Observed) -> tuple[Action, ...]:
+    """Deletion: remove the ConfigMap and the PartitionPlans, then the finalizer."""
+    d = observed.deployment
+    if FINALIZER not in d.finalizers:
+        return ()
+    actions: list[Action] = []
+    if observed.config_map is not None:
+        actions.append(DeleteConfigMap(observed.config_map.name))
+    actions += [DeletePlan(p.name, p.uid) for p in observed.plans if not p.deleting]
+    if observed.config_map is None and not observed.plans:
+        actions.append(SetFinalizer(False))
+    else:
+        actions.append(Requeue(1.0))
+    return tuple(actions)

@@ -1,0 +1,214 @@
+"""What one reconcile of one ModelDeployment reads: views of the deployment, its GPUNodes,
+PartitionPlans and ConfigMap, the outcomes of a solve or tier split run this tick, and the
+knobs of the decision; plus how the plans among them are read (current, newest, next
+version). Frozen dataclasses, no I/O: :mod:`operators.operator` fills them in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from apis.kube.v1alpha1 import (
+    GPUNodeSpec,
+    GPUNodeStatus,
+    ModelDeploymentSpec,
+    ModelDeploymentStatus,
+    PartitionPlanSpec,
+    PartitionPlanStatus,
+    PlacementPolicySpec,
+)
+from policies.plan import Plan
+from policies.tiers import TierPlan
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """A GPUNode as observed.
+
+    Attributes:
+        name: GPUNode name (the Kubernetes node name).
+        labels: GPUNode metadata labels (what gpuNodeSelector matches).
+        spec: cordon and tier.
+        status: inventory, health and heartbeat.
+        deleting: has a deletionTimestamp.
+    """
+
+    name: str
+    labels: Mapping[str, str]
+    spec: GPUNodeSpec
+    status: GPUNodeStatus
+    deleting: bool = False
+
+
+@dataclass(frozen=True)
+class PlanView:
+    """A PartitionPlan of the deployment as observed.
+
+    Attributes:
+        name: object name.
+        uid: object uid.
+        spec: the immutable plan.
+        status: per-node rollout.
+        deleting: has a deletionTimestamp.
+    """
+
+    name: str
+    uid: str
+    spec: PartitionPlanSpec
+    status: PartitionPlanStatus
+    deleting: bool = False
+
+
+@dataclass(frozen=True)
+class ConfigMapView:
+    """The deployment's ConfigMap as observed.
+
+    Attributes:
+        name: object name.
+        plan: PartitionPlan name in its ``mixfleet.io/plan`` annotation.
+        keys: data keys it holds.
+    """
+
+    name: str
+    plan: str
+    keys: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class DeploymentView:
+    """A ModelDeployment as observed.
+
+    Attributes:
+        name, namespace, uid: identity.
+        generation: metadata.generation (bumped by spec changes only).
+        finalizers: metadata.finalizers.
+        deleting: has a deletionTimestamp.
+        spec: the parsed spec, or None when it does not parse (see ``spec_error``).
+        spec_error: why the spec did not parse.
+        status: the status as last written.
+    """
+
+    name: str
+    namespace: str
+    uid: str
+    generation: int
+    finalizers: tuple[str, ...]
+    deleting: bool
+    spec: ModelDeploymentSpec | None
+    status: ModelDeploymentStatus
+    spec_error: str = ""
+
+
+@dataclass(frozen=True)
+class SolveOutcome:
+    """The result of running a :class:`SolveAction`.
+
+    Attributes:
+        inputs_digest: digest of the inputs solved.
+        plan: the plan, or None when the solve failed.
+        reason: ``Solved`` or the failure's condition reason.
+        message: failure message (with "To fix:"), empty on success.
+        duration_s: wall time of the solve, seconds.
+    """
+
+    inputs_digest: str
+    plan: Plan | None
+    reason: str
+    message: str = ""
+    duration_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class TierOutcome:
+    """The result of running a :class:`TierAction`.
+
+    Attributes:
+        inputs_digest: digest of the inputs planned.
+        plan: the split, or None when planning failed.
+        reason: ``Planned`` or the failure's condition reason (``InvalidTier``,
+            ``TierPlanningFailed``).
+        message: failure message (with "To fix:"), empty on success.
+        duration_s: wall time of the planning, seconds.
+    """
+
+    inputs_digest: str
+    plan: TierPlan | None
+    reason: str
+    message: str = ""
+    duration_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Observed:
+    """Everything one reconcile of one deployment looks at.
+
+    Attributes:
+        deployment: the ModelDeployment.
+        nodes: every GPUNode.
+        plans: the deployment's PartitionPlans (label ``mixfleet.io/deployment``).
+        config_map: its ConfigMap, if any.
+        policy: the PlacementPolicy spec that applies (referenced, default, or built-in).
+        policy_name: its name ("" for built-in defaults).
+        policy_missing: name of a referenced policy that does not exist ("" if none).
+        now: the time of the observation (UTC).
+        solve: outcome of the solve this tick ran, if any.
+        version_floor: highest plan version ever used for this deployment name (also by
+            deleted incarnations); new versions are above it.
+        tiers: outcome of the tier split this tick ran, if any.
+    """
+
+    deployment: DeploymentView
+    nodes: tuple[NodeView, ...]
+    plans: tuple[PlanView, ...]
+    config_map: ConfigMapView | None
+    policy: PlacementPolicySpec
+    now: datetime
+    policy_name: str = ""
+    policy_missing: str = ""
+    solve: SolveOutcome | None = None
+    version_floor: int = 0
+    tiers: TierOutcome | None = None
+
+
+@dataclass(frozen=True)
+class ReconcileSettings:
+    """Knobs of the decision.
+
+    Attributes:
+        node_stale_after_s: a GPUNode whose last heartbeat is older is left out, seconds.
+        plan_history: PartitionPlans kept per deployment (newest first, current included).
+        solver_error_retry_s: wait before re-solving after a solver failure that may be
+            transient, seconds.
+        field_manager: server-side apply field manager (recorded nowhere in the decision,
+            kept here so all knobs travel together).
+    """
+
+    node_stale_after_s: float = 90.0
+    plan_history: int = 3
+    solver_error_retry_s: float = 60.0
+    field_manager: str = "mixfleet-operator"
+
+
+def newest_plan(plans: Sequence[PlanView]) -> PlanView | None:
+    """The newest PartitionPlan that is not being deleted (what the operator compares its
+    inputs with: a plan it wrote and the controller has not committed yet still counts)."""
+    live = [p for p in plans if not p.deleting]
+    return max(live, key=lambda p: p.spec.version) if live else None
+
+
+def current_plan(plans: Sequence[PlanView]) -> PlanView | None:
+    """The plan the deployment serves: the committed PartitionPlan (the controller commits
+    it when every agent has prepared it), else - before any commit, or with no controller
+    rolling plans out - the newest one that is not being deleted. Status, ConfigMap and
+    ``plans history`` all name this plan."""
+    live = [p for p in plans if not p.deleting]
+    committed = [p for p in live if p.status.state == "Committed"]
+    pool = committed or live
+    return max(pool, key=lambda p: p.spec.version) if pool else None
+
+
+def next_version(observed: Observed) -> int:
+    """The version a new plan gets: above every existing plan and every recorded version."""
+    return max([observed.version_floor, *(p.spec.version for p in observed.plans)]) + 1
