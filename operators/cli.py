@@ -1,6 +1,7 @@
-"""Command line of the operator: ``python -m operators run`` or ``mixfleetctl operator run``.
+"""Command line of the operator: ``mixfleet-operator run`` (the console script), also
+``python -m operators run``.
 
-    python -m operators run --namespace team-a --namespace team-b \\
+    mixfleet-operator run --namespace team-a --namespace team-b \\
         --lease-namespace mixfleet-system --identity "$POD_NAME" --health-listen 0.0.0.0:8081
 
 In a pod the Kubernetes connection comes from the service account; elsewhere from
@@ -52,7 +53,7 @@ def configure_logging(level: str = "info") -> None:
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
-    """The options of ``operator run`` (shared by ``python -m operators`` and mixfleetctl)."""
+    """The options of ``run``."""
     p.add_argument(
         "--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube/config)"
     )
@@ -105,7 +106,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def settings_from(args: argparse.Namespace) -> OperatorSettings:
-    """Operator settings from parsed ``operator run`` arguments."""
+    """Operator settings from parsed ``run`` arguments."""
     leader = None
     if not args.no_leader_election:
         leader = LeaderSettings(
@@ -159,7 +160,7 @@ def serve_health(op: Operator, address: str, stop: threading.Event) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    """``operator run``: serve until SIGTERM or SIGINT; returns the exit status."""
+    """``run``: serve until SIGTERM or SIGINT; returns the exit status."""
     configure_logging(args.log_level)
     log = structlog.get_logger("mixfleet.operator")
     settings = settings_from(args)
@@ -188,26 +189,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(subparsers: Any) -> None:
-    """Add ``operator run`` to a CLI's subparsers (``mixfleetctl operator run``).
-
-    Usage in controlplane/cli.py::
-
-        from operators.cli import register as register_operator
-        register_operator(sub)      # sub = parser.add_subparsers(...)
-
-    The ``run`` parser sets ``handler`` (parsed arguments -> exit status), mixfleetctl's
-    convention for leaf commands.
-    """
-    op = subparsers.add_parser("operator", help="the Kubernetes operator (ModelDeployment CRDs)")
-    op_sub = op.add_subparsers(dest="operator_command", required=True)
-    run_p = op_sub.add_parser("run", help="reconcile ModelDeployments until stopped")
-    add_run_arguments(run_p)
-    run_p.set_defaults(handler=run)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m operators ...``."""
+    """``mixfleet-operator ...`` / ``python -m operators ...``; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m operators", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     run_p = sub.add_parser("run", help="reconcile ModelDeployments until stopped")

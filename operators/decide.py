@@ -55,6 +55,7 @@ from apis.kube.names import (
 )
 from apis.kube.schema import Json, to_wire
 from apis.kube.v1alpha1 import (
+    ModelDeploymentStatus,
     SolveRecord,
     TiersStatus,
 )
@@ -75,7 +76,9 @@ from operators.objects import (
 )
 from operators.observe import (
     Observed,
+    PlanView,
     ReconcileSettings,
+    SolveOutcome,
     current_plan,
     newest_plan,
     next_version,
@@ -195,7 +198,12 @@ def reconcile(observed: Observed, settings: ReconcileSettings) -> tuple[Action, 
 
     Returns the actions in the order they must run. When a solve is needed and
     ``observed.solve`` is None, the result is the finalizer action (if any) and one
-    :class:`SolveAction`: run it and call again with the outcome in ``observed.solve``.
+    :class:`SolveAction`: run it and call again with the outcome in ``observed.solve``
+    (likewise a :class:`TierAction` and ``observed.tiers``).
+
+    The rules, in order: finalizer; inputs and tier split (:func:`_prepare_inputs`);
+    solve (:func:`_solve_rule`); engine export (:func:`_export_rule`); plan history
+    (:func:`_prune_plans`); status (:func:`_status_action`); requeue.
     """
     d = observed.deployment
     if d.deleting:
@@ -204,24 +212,88 @@ def reconcile(observed: Observed, settings: ReconcileSettings) -> tuple[Action, 
     if FINALIZER not in d.finalizers:
         actions.append(SetFinalizer(True))
 
+    prepared = _prepare_inputs(observed, settings)
+    if isinstance(prepared, TierAction):
+        return (*actions, prepared)
+    inputs, input_error = prepared.inputs, prepared.error
+    requeue: list[float] = []
+    if prepared.retry_tiers_in_s > 0:
+        requeue.append(prepared.retry_tiers_in_s)
+
+    plans = [p for p in observed.plans if not p.deleting]
+    current = current_plan(plans)
+    solved = _solve_rule(observed, settings, inputs, plans)
+    if isinstance(solved, SolveAction):
+        return (*actions, solved)
+    if solved.created is not None:
+        body, view = solved.created
+        actions.append(ApplyPlan(body, view.name))
+        plans.append(view)
+        current = view
+    if solved.retry_in_s is not None:
+        requeue.append(solved.retry_in_s)
+
+    export, cm_wanted, export_error = _export_rule(observed, current)
+    actions += export
+    input_error = input_error or export_error
+    actions += _prune_plans(plans, current, settings)
+
+    ours = newest_plan([p for p in plans if p.spec.made_by == "operator"])
+    status = deployment_status(
+        observed,
+        inputs,
+        input_error,
+        current,
+        ours,
+        solved.record,
+        solved.solve,
+        cm_wanted,
+        prepared.tiers,
+    )
+    status_action = _status_action(observed, status)
+    if status_action is not None:
+        actions.append(status_action)
+    if inputs is not None and inputs.fleet_view.next_stale_s is not None:
+        requeue.append(max(1.0, inputs.fleet_view.next_stale_s + 1.0))
+    if requeue:
+        actions.append(Requeue(min(requeue)))
+    return tuple(actions)
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """The inputs of this tick's solve, after the tier split.
+
+    Attributes:
+        inputs: the solve's inputs; None when the spec cannot be solved.
+        error: why not (a permanent error, reported in the status).
+        tiers: the tier split in use; None without an interactive tier.
+        retry_tiers_in_s: seconds until a failed tier split is planned again (0: none).
+    """
+
+    inputs: SolveInputs | None
+    error: PermanentError | None
+    tiers: TiersStatus | None
+    retry_tiers_in_s: float
+
+
+def _prepare_inputs(observed: Observed, settings: ReconcileSettings) -> TierAction | _Prepared:
+    """The solve's inputs; with an interactive tier, split first (or ask for the split):
+    the deployment's plan is then the batch tier, the interactive nodes reserved."""
     inputs: SolveInputs | None = None
     input_error: PermanentError | None = None
     try:
         inputs = solve_inputs(observed, settings)
     except PermanentError as exc:
         input_error = exc
-    requeue: list[float] = []
-
-    # With an interactive tier, split first; the deployment's plan is then the batch tier.
     tiers: TiersStatus | None = None
+    retry_tiers_in_s = 0.0
     t_in = tier_inputs(observed, inputs) if inputs is not None else None
     if t_in is not None:
         step = _tier_step(observed, settings, t_in)
         if isinstance(step, TierAction):
-            return (*actions, step)
-        tiers, retry_tiers_in = step
-        if retry_tiers_in > 0:
-            requeue.append(retry_tiers_in)
+            return step
+        tiers, retry_tiers_in_s = step
         reserved = reserved_nodes(tiers)
         if reserved:
             try:
@@ -233,68 +305,109 @@ def reconcile(observed: Observed, settings: ReconcileSettings) -> tuple[Action, 
             check_vendor_mix(inputs.request)
         except PermanentError as exc:
             inputs, input_error = None, exc
+    return _Prepared(inputs, input_error, tiers, retry_tiers_in_s)
 
-    plans = [p for p in observed.plans if not p.deleting]
-    current = current_plan(plans)
-    ours = newest_plan([p for p in plans if p.spec.made_by == "operator"])
-    last = d.status.last_solve
+
+@dataclass(frozen=True)
+class _Solved:
+    """What the solve rule leaves for the rest of the tick.
+
+    Attributes:
+        record: ``status.lastSolve`` to write.
+        solve: the solve outcome the status reports (None: no solve this tick).
+        created: the PartitionPlan to create (body and its view), if a solve placed it.
+        retry_in_s: requeue after this many seconds to retry a failed solve (None: no).
+    """
+
+    record: SolveRecord | None
+    solve: SolveOutcome | None
+    created: tuple[Json, PlanView] | None = None
+    retry_in_s: float | None = None
+
+
+def _solve_rule(
+    observed: Observed,
+    settings: ReconcileSettings,
+    inputs: SolveInputs | None,
+    plans: list[PlanView],
+) -> SolveAction | _Solved:
+    """Solve when the inputs of the operator's own newest plan no longer match. The
+    operator is the only writer of PartitionPlans: the controller rolls them out and
+    commits them."""
+    last = observed.deployment.status.last_solve
     solve = observed.solve
-    new_record: SolveRecord | None = last
+    ours = newest_plan([p for p in plans if p.spec.made_by == "operator"])
+    if inputs is None or (ours is not None and ours.spec.inputs_digest == inputs.digest):
+        return _Solved(last, solve)
+    if solve is None or solve.inputs_digest != inputs.digest:
+        return _solve_or_wait(observed, settings, inputs, last)
+    return _record_solve(observed, settings, inputs, ours, solve)
 
-    # The operator re-solves when the inputs of its own newest plan no longer match. It is
-    # the only writer of PartitionPlans: the controller rolls them out and commits them.
-    if inputs is not None and (ours is None or ours.spec.inputs_digest != inputs.digest):
-        failed_before = (
-            last is not None and last.outcome == "Failed" and last.inputs_digest == inputs.digest
-        )
-        retry_in = 0.0
-        if failed_before and last is not None and last.reason not in PERMANENT_SOLVE_REASONS:
-            t = parse_time(last.time)
-            elapsed = (observed.now - t).total_seconds() if t else settings.solver_error_retry_s
-            retry_in = max(0.0, settings.solver_error_retry_s - elapsed)
-        if solve is None or solve.inputs_digest != inputs.digest:
-            if not failed_before or (
-                last is not None and last.reason not in PERMANENT_SOLVE_REASONS and retry_in <= 0
-            ):
-                return (
-                    *actions,
-                    SolveAction(inputs.request, inputs.digest, next_version(observed)),
-                )
-            if retry_in > 0:
-                requeue.append(retry_in)
-        else:
-            new_record = SolveRecord(
-                inputs_digest=solve.inputs_digest,
-                outcome="Succeeded" if solve.plan is not None else "Failed",
-                reason=solve.reason,
-                time=rfc3339(observed.now),
-                duration_s=round(solve.duration_s, 3),
+
+def _solve_or_wait(
+    observed: Observed,
+    settings: ReconcileSettings,
+    inputs: SolveInputs,
+    last: SolveRecord | None,
+) -> SolveAction | _Solved:
+    """Ask for a solve, unless the same inputs failed before: permanently (never again) or
+    transiently less than ``solver_error_retry_s`` ago (wait for the rest of it)."""
+    failed_before = (
+        last is not None and last.outcome == "Failed" and last.inputs_digest == inputs.digest
+    )
+    retry_in = 0.0
+    if failed_before and last is not None and last.reason not in PERMANENT_SOLVE_REASONS:
+        t = parse_time(last.time)
+        elapsed = (observed.now - t).total_seconds() if t else settings.solver_error_retry_s
+        retry_in = max(0.0, settings.solver_error_retry_s - elapsed)
+    if not failed_before or (
+        last is not None and last.reason not in PERMANENT_SOLVE_REASONS and retry_in <= 0
+    ):
+        return SolveAction(inputs.request, inputs.digest, next_version(observed))
+    return _Solved(last, observed.solve, retry_in_s=retry_in if retry_in > 0 else None)
+
+
+def _record_solve(
+    observed: Observed,
+    settings: ReconcileSettings,
+    inputs: SolveInputs,
+    ours: PlanView | None,
+    solve: SolveOutcome,
+) -> _Solved:
+    """Record the outcome of this tick's solve and build the PartitionPlan it placed; a
+    plan that cannot be written (``PlanTooLarge``) turns the outcome into a failure."""
+    record = SolveRecord(
+        inputs_digest=solve.inputs_digest,
+        outcome="Succeeded" if solve.plan is not None else "Failed",
+        reason=solve.reason,
+        time=rfc3339(observed.now),
+        duration_s=round(solve.duration_s, 3),
+    )
+    created: tuple[Json, PlanView] | None = None
+    if solve.plan is not None:
+        try:
+            created = plan_object(
+                observed, solve.plan, solve.inputs_digest, plan_reason(observed, ours, inputs)
             )
-            if solve.plan is not None:
-                try:
-                    body, view = plan_object(
-                        observed,
-                        solve.plan,
-                        solve.inputs_digest,
-                        plan_reason(observed, ours, inputs),
-                    )
-                except PermanentError as exc:
-                    new_record = dataclasses.replace(
-                        new_record, outcome="Failed", reason=exc.reason
-                    )
-                    solve = dataclasses.replace(
-                        solve, plan=None, reason=exc.reason, message=str(exc)
-                    )
-                else:
-                    actions.append(ApplyPlan(body, view.name))
-                    plans.append(view)
-                    current = view
-            if solve.plan is None and solve.reason not in PERMANENT_SOLVE_REASONS:
-                requeue.append(settings.solver_error_retry_s)
+        except PermanentError as exc:
+            record = dataclasses.replace(record, outcome="Failed", reason=exc.reason)
+            solve = dataclasses.replace(solve, plan=None, reason=exc.reason, message=str(exc))
+    retry_in_s = (
+        settings.solver_error_retry_s
+        if solve.plan is None and solve.reason not in PERMANENT_SOLVE_REASONS
+        else None
+    )
+    return _Solved(record, solve, created, retry_in_s)
 
-    # Engine export of the current plan.
+
+def _export_rule(
+    observed: Observed, current: PlanView | None
+) -> tuple[list[Action], bool, PermanentError | None]:
+    """The engine export of the current plan: ``(actions, wanted, error)`` - the ConfigMap
+    applied when it is missing or stale, deleted when no longer wanted; ``wanted`` when the
+    deployment asks for an export and has a plan; ``error`` when the export failed."""
+    d = observed.deployment
     spec = d.spec
-    cm_name = config_map_name(d.name)
     cm_wanted = current is not None and spec is not None and spec.engine_format != "none"
     if cm_wanted and current is not None and spec is not None:
         cm = observed.config_map
@@ -305,41 +418,41 @@ def reconcile(observed: Observed, settings: ReconcileSettings) -> tuple[Action, 
             or tuple(sorted(cm.keys)) != tuple(sorted(wanted_keys))
         ):
             try:
-                actions.append(
-                    ApplyConfigMap(
-                        config_map_object(observed, current, spec.engine_format), cm_name
-                    )
-                )
+                body = config_map_object(observed, current, spec.engine_format)
             except InputError as exc:
-                input_error = input_error or PermanentError("ExportFailed", str(exc))
+                return [], cm_wanted, PermanentError("ExportFailed", str(exc))
+            return [ApplyConfigMap(body, config_map_name(d.name))], cm_wanted, None
     elif observed.config_map is not None:
-        actions.append(DeleteConfigMap(observed.config_map.name))
+        return [DeleteConfigMap(observed.config_map.name)], cm_wanted, None
+    return [], cm_wanted, None
 
-    # Keep the newest plans; the current one always survives.
+
+def _prune_plans(
+    plans: list[PlanView], current: PlanView | None, settings: ReconcileSettings
+) -> list[Action]:
+    """Delete all but the ``plan_history`` newest plans; the current one always survives."""
     keep = {
         p.name
         for p in sorted(plans, key=lambda p: -p.spec.version)[: max(1, settings.plan_history)]
     }
-    for p in sorted(plans, key=lambda p: p.spec.version):
-        if p.name not in keep and (current is None or p.name != current.name):
-            actions.append(DeletePlan(p.name, p.uid))
+    return [
+        DeletePlan(p.name, p.uid)
+        for p in sorted(plans, key=lambda p: p.spec.version)
+        if p.name not in keep and (current is None or p.name != current.name)
+    ]
 
-    ours = newest_plan([p for p in plans if p.spec.made_by == "operator"])
-    status = deployment_status(
-        observed, inputs, input_error, current, ours, new_record, solve, cm_wanted, tiers
-    )
-    # committedVersion and controller belong to the controller's field manager: compare
-    # with them carried over, apply without them.
+
+def _status_action(observed: Observed, status: ModelDeploymentStatus) -> ApplyStatus | None:
+    """Apply the status when it differs from the observed one. ``committedVersion`` and
+    ``controller`` belong to the controller's field manager: compare with them carried
+    over, apply without them."""
+    d = observed.deployment
     seen = dataclasses.replace(
         status, committed_version=d.status.committed_version, controller=d.status.controller
     )
     if to_wire(seen) != to_wire(d.status):
-        actions.append(ApplyStatus(to_wire(status)))
-    if inputs is not None and inputs.fleet_view.next_stale_s is not None:
-        requeue.append(max(1.0, inputs.fleet_view.next_stale_s + 1.0))
-    if requeue:
-        actions.append(Requeue(min(requeue)))
-    return tuple(actions)
+        return ApplyStatus(to_wire(status))
+    return None
 
 
 def _tier_step(

@@ -1,17 +1,18 @@
-"""The ModelDeployment operator: informers, a work queue, and the observe -> reconcile ->
-act loop around :func:`operators.decide.reconcile`.
+"""The ModelDeployment operator: its settings, and the observe -> reconcile -> act loop
+around :func:`operators.decide.reconcile`, fed by informers through a work queue.
 
-* Informers list and watch ModelDeployments, GPUNodes, PlacementPolicies, and the
-  PartitionPlans and ConfigMaps the operator manages, re-listing when a watch's
-  resourceVersion is too old (410 Gone). Events turn into deployment keys on the queue: a
-  deployment's own events, its plans' and ConfigMap's (by the ``mixfleet.io/deployment``
-  label), every deployment on a GPUNode change that matters to placement (heartbeat-only
-  updates do not), and the deployments using a PlacementPolicy when it changes.
+* Informers (:mod:`operators.informer`) list and watch ModelDeployments, GPUNodes,
+  PlacementPolicies, and the PartitionPlans and ConfigMaps the operator manages,
+  re-listing when a watch's resourceVersion is too old (410 Gone). Events turn into
+  deployment keys on the queue: a deployment's own events, its plans' and ConfigMap's (by
+  the ``mixfleet.io/deployment`` label), every deployment on a GPUNode change that matters
+  to placement (heartbeat-only updates do not), and the deployments using a
+  PlacementPolicy when it changes.
 * Workers take keys one at a time per key. A tick observes (a fresh GET of the deployment,
   a LIST of its PartitionPlans, a GET of its ConfigMap; GPUNodes and policies from the
-  informers' caches), decides, solves when told to, and acts: server-side apply under the
-  operator's field manager, deletes with uid preconditions, the finalizer through a JSON
-  merge patch guarded by resourceVersion and retried on 409.
+  informers' caches), decides, solves when told to, and acts (:mod:`operators.act`):
+  server-side apply under the operator's field manager, deletes with uid preconditions,
+  the finalizer through a JSON merge patch guarded by resourceVersion and retried on 409.
 * Only the leader (Lease election, :mod:`operators.leader`) works the queue, and every
   write checks leadership again (:class:`apis.kube.client.Kube` ``write_guard``).
 
@@ -29,10 +30,9 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
 
 import structlog
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter, Gauge
 
 from apis.kube.client import (
     CONFIGMAPS,
@@ -42,18 +42,8 @@ from apis.kube.client import (
     PLACEMENT_POLICIES,
     Json,
     Kube,
-    Resource,
 )
-from apis.kube.errors import (
-    ApiError,
-    ConflictError,
-    GoneError,
-    InvalidError,
-    NotFoundError,
-    NotLeaderError,
-    OperatorError,
-    TemporaryError,
-)
+from apis.kube.errors import NotLeaderError, TemporaryError
 from apis.kube.names import (
     FINALIZER,
     LABEL_DEPLOYMENT,
@@ -71,20 +61,17 @@ from apis.kube.v1alpha1 import (
     PartitionPlanStatus,
     PlacementPolicySpec,
 )
-from apis.kube.versions import read_floor, record_version
+from apis.kube.versions import read_floor
+from operators.act import act, run_solve, run_tiers, set_finalizer
 from operators.decide import (
     Action,
-    ApplyConfigMap,
-    ApplyPlan,
-    ApplyStatus,
-    DeleteConfigMap,
-    DeletePlan,
     Requeue,
     SetFinalizer,
     SolveAction,
     TierAction,
     reconcile,
 )
+from operators.informer import Informer, Key, key_of, placement_relevant
 from operators.leader import LeaderElector, LeaderSettings
 from operators.observe import (
     ConfigMapView,
@@ -96,26 +83,13 @@ from operators.observe import (
     SolveOutcome,
     TierOutcome,
 )
-from policies.errors import InfeasibleError, InputError, SolverError
+from policies.errors import InputError
 from policies.request import PlacementRequest, PlacementResult
 from policies.solve import solve
 from policies.tier_planner import plan_tiers
 from policies.tiers import TierPlan, TierRequest
 
-Key = tuple[str, str]
-"""A ModelDeployment key: (namespace, name)."""
-
 RECONCILES = Counter("mixfleet_operator_reconciles_total", "Reconcile ticks by result", ["result"])
-SOLVES = Histogram(
-    "mixfleet_operator_solve_seconds",
-    "Wall time of placement solves, seconds",
-    buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300),
-)
-TIER_SPLITS = Histogram(
-    "mixfleet_operator_tier_split_seconds",
-    "Wall time of interactive / batch tier splits, seconds",
-    buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600),
-)
 LEADER = Gauge("mixfleet_operator_leader", "1 while this replica holds the leader lease")
 
 
@@ -149,156 +123,6 @@ class OperatorSettings:
     conflict_retries: int = 5
     reconcile: ReconcileSettings = field(default_factory=ReconcileSettings)
     leader: LeaderSettings | None = field(default_factory=LeaderSettings)
-
-
-def _key(obj: Json) -> Key:
-    meta = obj.get("metadata") or {}
-    return str(meta.get("namespace") or ""), str(meta.get("name") or "")
-
-
-class Informer:
-    """Keeps a cache of one resource up to date with list + watch.
-
-    Args:
-        kube: API access.
-        res: the resource.
-        namespace: one namespace, or None for all (cluster-scoped: None).
-        label_selector: only objects matching it.
-        on_event: ``(type, old, new)`` for ADDED / MODIFIED / DELETED (old or new None).
-        watch_timeout_s: server-side watch timeout, seconds.
-        retry_delay_s: wait after an error before listing again, seconds.
-    """
-
-    def __init__(
-        self,
-        kube: Kube,
-        res: Resource,
-        *,
-        namespace: str | None = None,
-        label_selector: str | None = None,
-        on_event: Callable[[str, Json | None, Json | None], None] = lambda t, o, n: None,
-        watch_timeout_s: int = 300,
-        retry_delay_s: float = 1.0,
-    ) -> None:
-        self.kube = kube
-        self.res = res
-        self.namespace = namespace
-        self.label_selector = label_selector
-        self.on_event = on_event
-        self.watch_timeout_s = watch_timeout_s
-        self.retry_delay_s = retry_delay_s
-        self.synced = threading.Event()
-        self._cache: dict[Key, Json] = {}
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.log = structlog.get_logger("mixfleet.operator").bind(resource=res.plural)
-        #: lists done (1 + re-lists after errors or 410 Gone).
-        self.lists = 0
-
-    def items(self) -> list[Json]:
-        """A snapshot of the cached objects."""
-        with self._lock:
-            return list(self._cache.values())
-
-    def get(self, key: Key) -> Json | None:
-        with self._lock:
-            return self._cache.get(key)
-
-    def _relist(self) -> str:
-        items, rv = self.kube.list(self.res, self.namespace, label_selector=self.label_selector)
-        self.lists += 1
-        fresh = {_key(o): o for o in items}
-        with self._lock:
-            old = self._cache
-            self._cache = fresh
-        for k, obj in fresh.items():
-            prev = old.get(k)
-            if prev is None:
-                self.on_event("ADDED", None, obj)
-            elif prev.get("metadata", {}).get("resourceVersion") != obj["metadata"].get(
-                "resourceVersion"
-            ):
-                self.on_event("MODIFIED", prev, obj)
-        for k, prev in old.items():
-            if k not in fresh:
-                self.on_event("DELETED", prev, None)
-        self.synced.set()
-        return rv
-
-    def run(self) -> None:
-        """List, then watch from the list's resourceVersion; re-list on 410 or errors."""
-        rv = ""
-        while not self._stop.is_set():
-            try:
-                if not rv:
-                    rv = self._relist()
-                for ev in self.kube.watch(
-                    self.res,
-                    rv,
-                    self.namespace,
-                    label_selector=self.label_selector,
-                    timeout_s=self.watch_timeout_s,
-                    stop=self._stop,
-                ):
-                    if self._stop.is_set():
-                        return
-                    rv = ev.resource_version or rv
-                    if ev.type == "BOOKMARK":
-                        continue
-                    k = _key(ev.object)
-                    with self._lock:
-                        prev = self._cache.get(k)
-                        if ev.type == "DELETED":
-                            self._cache.pop(k, None)
-                        else:
-                            self._cache[k] = ev.object
-                    if ev.type == "DELETED":
-                        self.on_event("DELETED", prev, None)
-                    else:
-                        self.on_event(ev.type if prev is None else "MODIFIED", prev, ev.object)
-            except GoneError:
-                self.log.info("watch expired; listing again")
-                rv = ""
-            except (ApiError, OperatorError) as exc:
-                self.log.warning("watch failed; listing again", error=str(exc))
-                rv = ""
-                self._stop.wait(self.retry_delay_s)
-            except Exception as exc:  # loop boundary: keep the informer alive
-                self.log.error("informer error", error=repr(exc))
-                rv = ""
-                self._stop.wait(self.retry_delay_s)
-
-    def start(self) -> None:
-        self._thread = threading.Thread(
-            target=self.run, name=f"informer-{self.res.plural}", daemon=True
-        )
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-
-_PLACEMENT_IGNORED_STATUS = ("lastHeartbeatTime",)
-
-
-def placement_relevant(obj: Json | None) -> Any:
-    """The parts of a GPUNode that placement reads (heartbeat time excluded)."""
-    if obj is None:
-        return None
-    meta = obj.get("metadata") or {}
-    status = {
-        k: v for k, v in (obj.get("status") or {}).items() if k not in _PLACEMENT_IGNORED_STATUS
-    }
-    return (
-        meta.get("labels"),
-        meta.get("deletionTimestamp"),
-        obj.get("spec"),
-        status,
-    )
 
 
 class Operator:
@@ -399,7 +223,7 @@ class Operator:
         return [*self.deployments, *self.plans, *self.config_maps, self.nodes, self.policies]
 
     def deployment_keys(self) -> list[Key]:
-        return [_key(o) for inf in self.deployments for o in inf.items()]
+        return [key_of(o) for inf in self.deployments for o in inf.items()]
 
     def enqueue_all(self) -> None:
         for k in self.deployment_keys():
@@ -410,7 +234,7 @@ class Operator:
         self.enqueue_all()
 
     def _on_deployment(self, _type: str, old: Json | None, new: Json | None) -> None:
-        self.queue.add(_key(new or old or {}))
+        self.queue.add(key_of(new or old or {}))
 
     def _on_owned(self, _type: str, old: Json | None, new: Json | None) -> None:
         obj = new or old or {}
@@ -424,12 +248,12 @@ class Operator:
             self.enqueue_all()
 
     def _on_policy(self, _type: str, old: Json | None, new: Json | None) -> None:
-        name = _key(new or old or {})[1]
+        name = key_of(new or old or {})[1]
         for inf in self.deployments:
             for obj in inf.items():
                 ref = ((obj.get("spec") or {}).get("policyRef") or {}).get("name")
                 if ref == name or (ref is None and name == self.settings.default_policy):
-                    self.queue.add(_key(obj))
+                    self.queue.add(key_of(obj))
 
     # ------------------------------------------------------------------ observe
 
@@ -541,61 +365,14 @@ class Operator:
     # -------------------------------------------------------------------- solve
 
     def run_solve(self, action: SolveAction) -> SolveOutcome:
-        """Run one placement solve; spec errors become a failed outcome, not an exception."""
+        """Run one placement solve (:func:`operators.act.run_solve`), counted in ``solves``."""
         self.solves += 1
-        t0 = time.monotonic()
-        try:
-            result = self.solver(action.request).require_placed()
-        except InfeasibleError as exc:
-            return SolveOutcome(
-                action.inputs_digest, None, "Infeasible", str(exc), time.monotonic() - t0
-            )
-        except InputError as exc:
-            return SolveOutcome(
-                action.inputs_digest, None, "InvalidSpec", str(exc), time.monotonic() - t0
-            )
-        except SolverError as exc:
-            return SolveOutcome(
-                action.inputs_digest, None, "SolverError", str(exc), time.monotonic() - t0
-            )
-        elapsed = time.monotonic() - t0
-        SOLVES.observe(elapsed)
-        if result.infeasible:
-            reasons = "; ".join(result.infeasible[:8])
-            return SolveOutcome(
-                action.inputs_digest,
-                None,
-                "Infeasible",
-                f"no placement satisfies every constraint: {reasons}. To fix: add GPUs, "
-                "lower workload.tokensPerGpu or contextLen, or use kvCacheDtype: fp8",
-                elapsed,
-            )
-        return SolveOutcome(action.inputs_digest, result.plan, "Solved", "", elapsed)
+        return run_solve(self.solver, action)
 
     def run_tiers(self, action: TierAction) -> TierOutcome:
-        """Split the nodes into interactive and batch tiers; a bad tier becomes a failed
-        outcome (``InvalidTier``, permanent), a solver failure ``TierPlanningFailed``
-        (retried), never an exception."""
+        """Run one tier split (:func:`operators.act.run_tiers`), counted in ``tier_splits``."""
         self.tier_splits += 1
-        t0 = time.monotonic()
-        try:
-            split = self.tier_planner(action.request)
-        except InputError as exc:
-            return TierOutcome(
-                action.inputs_digest,
-                None,
-                "InvalidTier",
-                f"{exc}. To fix: correct the PlacementPolicy's interactive tier or the "
-                "deployment's spec",
-                time.monotonic() - t0,
-            )
-        except (InfeasibleError, SolverError) as exc:
-            return TierOutcome(
-                action.inputs_digest, None, "TierPlanningFailed", str(exc), time.monotonic() - t0
-            )
-        elapsed = time.monotonic() - t0
-        TIER_SPLITS.observe(elapsed)
-        return TierOutcome(action.inputs_digest, split, "Planned", "", elapsed)
+        return run_tiers(self.tier_planner, action)
 
     # ---------------------------------------------------------------------- act
 
@@ -620,7 +397,12 @@ class Operator:
                 break
             for a in actions:
                 if isinstance(a, SetFinalizer):
-                    self._set_finalizer(observed.deployment, a.present)
+                    set_finalizer(
+                        self.kube,
+                        observed.deployment,
+                        a.present,
+                        conflict_retries=self.settings.conflict_retries,
+                    )
             deployment = dataclasses.replace(
                 observed.deployment,
                 finalizers=tuple({*observed.deployment.finalizers, FINALIZER}),
@@ -655,80 +437,13 @@ class Operator:
         return actions
 
     def act(self, observed: Observed, actions: Iterable[Action]) -> None:
-        """Carry out the actions in order."""
-        d = observed.deployment
-        ns = d.namespace
-        for a in actions:
-            if isinstance(a, SetFinalizer):
-                self._set_finalizer(d, a.present)
-            elif isinstance(a, ApplyPlan):
-                self._create_plan(a.body)
-            elif isinstance(a, DeletePlan):
-                self.kube.delete(PARTITION_PLANS, a.name, ns, uid=a.uid or None)
-            elif isinstance(a, ApplyConfigMap):
-                self.kube.apply(CONFIGMAPS, a.body)
-            elif isinstance(a, DeleteConfigMap):
-                self.kube.delete(CONFIGMAPS, a.name, ns)
-            elif isinstance(a, ApplyStatus):
-                body = {"metadata": {"name": d.name, "namespace": ns}, "status": a.status}
-                try:
-                    self.kube.apply(MODEL_DEPLOYMENTS, body, subresource="status")
-                except NotFoundError:
-                    return  # deleted meanwhile
-            elif isinstance(a, Requeue):
-                self.queue.add_after((ns, d.name), a.after_s)
-
-    def _create_plan(self, body: Json) -> None:
-        """Create a PartitionPlan and record its version; a name already taken means another
-        writer allocated the version first - observe again."""
-        meta = body["metadata"]
-        try:
-            self.kube.create(
-                PARTITION_PLANS,
-                dict(body, apiVersion=PARTITION_PLANS.api_version, kind=PARTITION_PLANS.kind),
-            )
-        except ConflictError as exc:
-            raise TemporaryError(
-                f"PartitionPlan {body['metadata']['name']} exists already; re-observing",
-                delay_s=0.1,
-            ) from exc
-        except InvalidError as exc:
-            raise TemporaryError(f"PartitionPlan rejected: {exc}") from exc
-        record_version(
-            self.kube, meta["namespace"], body["spec"]["deployment"], int(body["spec"]["version"])
-        )
-
-    def _set_finalizer(self, d: DeploymentView, present: bool) -> None:
-        """Add or remove the finalizer: read, modify, merge patch with resourceVersion as
-        precondition; on 409 read again (at most ``conflict_retries`` times)."""
-        for attempt in range(self.settings.conflict_retries):
-            obj = self.kube.get(MODEL_DEPLOYMENTS, d.name, d.namespace)
-            if obj is None or obj["metadata"].get("uid") != d.uid:
-                return
-            finalizers = list(obj["metadata"].get("finalizers") or [])
-            if (FINALIZER in finalizers) == present:
-                return
-            if present:
-                finalizers.append(FINALIZER)
-            else:
-                finalizers = [f for f in finalizers if f != FINALIZER]
-            patch = {
-                "metadata": {
-                    "finalizers": finalizers or None,
-                    "resourceVersion": obj["metadata"]["resourceVersion"],
-                }
-            }
-            try:
-                self.kube.merge_patch(MODEL_DEPLOYMENTS, d.name, patch, d.namespace)
-                return
-            except ConflictError:
-                self.log.info(
-                    "finalizer conflict; retrying", deployment=d.name, attempt=attempt + 1
-                )
-            except NotFoundError:
-                return
-        raise ConflictError(
-            409, "Conflict", f"finalizer of {d.namespace}/{d.name}: too many conflicts"
+        """Carry out the actions in order (:func:`operators.act.act`)."""
+        act(
+            self.kube,
+            observed,
+            actions,
+            requeue=self.queue.add_after,
+            conflict_retries=self.settings.conflict_retries,
         )
 
     # -------------------------------------------------------------------- loops

@@ -37,6 +37,7 @@ from operators.observe import (
 )
 from policies.cost import PriceTable, usd_per_million_tokens
 from policies.errors import InputError
+from policies.tiers import TierPlan
 
 SOLVED, ROLLED_OUT, DEGRADED = "Solved", "RolledOut", "Degraded"
 
@@ -93,58 +94,68 @@ def tiers_status(outcome: TierOutcome, observed: Observed, now: datetime) -> Tie
         )
         for a in inter.additions[:32]
     )
+    return TiersStatus(
+        inputs_digest=outcome.inputs_digest,
+        outcome="Succeeded",
+        reason="SLOMet" if inter.slo_met else "SLONotMet",
+        message=_tiers_message(observed, tp, replicas, additions)[:8192],
+        time=when,
+        slo_met=inter.slo_met,
+        demand_requests_per_s=round(inter.demand_requests_per_s, 3),
+        capacity_requests_per_s=round(inter.capacity_requests_per_s, 3),
+        interactive_nodes=inter.nodes,
+        batch_nodes=tp.batch.nodes,
+        replicas=replicas,
+        additions=additions,
+        duration_s=duration,
+    )
+
+
+def _tiers_message(
+    observed: Observed,
+    tp: TierPlan,
+    replicas: Sequence[TierReplica],
+    additions: Sequence[TierAddition],
+) -> str:
+    """The message of ``status.tiers``: the replicas serving the SLO, or what to add to
+    meet it."""
+    inter = tp.interactive
     targets = _targets(observed)
     demand = inter.demand_requests_per_s
     capacity = inter.capacity_requests_per_s
     batch = ", ".join(tp.batch.nodes) or "none"
     if inter.slo_met and not replicas:
-        message = (
+        return (
             f"interactive.requestsPerS is {demand:g}: no interactive replica; every "
             f"eligible node is in the batch tier ({batch})"
         )
-    elif inter.slo_met:
-        message = (
+    if inter.slo_met:
+        return (
             f"{len(replicas)} interactive replica(s) ("
             + "; ".join(", ".join(r.nodes) for r in replicas)
             + f") serve {capacity:.2f} requests/s within {targets} ({demand:.2f} asked; "
             f"predicted TPOT {inter.tpot_ms or 0.0:.2f} ms, TTFT {inter.ttft_ms or 0.0:.2f} "
             f"ms); batch tier, this deployment's plan: {batch}"
         )
-    else:
-        fixes = "; ".join(
-            f"{a.nodes} node(s) of {a.gpus_per_node}x {a.gpu_model}"
-            + (f" ({a.usd_per_hour:.2f} USD/h)" if a.usd_per_hour is not None else "")
-            for a in additions[:5]
-        )
-        adds = (
-            f"To meet it, add any one of: {fixes}; or lower interactive.requestsPerS or "
-            "relax its targets"
-            if fixes
-            else "No catalog GPU meets these targets. To fix: relax tpotMs / ttftMs or shorten "
-            "promptTokens / outputTokens"
-        )
-        why = [x for x in inter.reasons if not x.startswith("the eligible units serve")]
-        message = (
-            f"the interactive tier cannot meet its SLO: the eligible NVLink domains serve "
-            f"{capacity:.2f} requests/s within {targets}, {demand:.2f} asked. {adds}."
-            + (f" Not eligible: {'; '.join(why)}." if why else "")
-            + f" Meanwhile the interactive tier keeps {', '.join(inter.nodes) or 'no node'}; "
-            f"batch tier: {batch}"
-        )
-    return TiersStatus(
-        inputs_digest=outcome.inputs_digest,
-        outcome="Succeeded",
-        reason="SLOMet" if inter.slo_met else "SLONotMet",
-        message=message[:8192],
-        time=when,
-        slo_met=inter.slo_met,
-        demand_requests_per_s=round(demand, 3),
-        capacity_requests_per_s=round(capacity, 3),
-        interactive_nodes=inter.nodes,
-        batch_nodes=tp.batch.nodes,
-        replicas=replicas,
-        additions=additions,
-        duration_s=duration,
+    fixes = "; ".join(
+        f"{a.nodes} node(s) of {a.gpus_per_node}x {a.gpu_model}"
+        + (f" ({a.usd_per_hour:.2f} USD/h)" if a.usd_per_hour is not None else "")
+        for a in additions[:5]
+    )
+    adds = (
+        f"To meet it, add any one of: {fixes}; or lower interactive.requestsPerS or "
+        "relax its targets"
+        if fixes
+        else "No catalog GPU meets these targets. To fix: relax tpotMs / ttftMs or shorten "
+        "promptTokens / outputTokens"
+    )
+    why = [x for x in inter.reasons if not x.startswith("the eligible units serve")]
+    return (
+        f"the interactive tier cannot meet its SLO: the eligible NVLink domains serve "
+        f"{capacity:.2f} requests/s within {targets}, {demand:.2f} asked. {adds}."
+        + (f" Not eligible: {'; '.join(why)}." if why else "")
+        + f" Meanwhile the interactive tier keeps {', '.join(inter.nodes) or 'no node'}; "
+        f"batch tier: {batch}"
     )
 
 
@@ -203,70 +214,24 @@ def deployment_status(
     cm_wanted: bool,
     tiers: TiersStatus | None = None,
 ) -> ModelDeploymentStatus:
+    """The deployment's status for this tick.
+
+    Args:
+        observed: what this tick observed.
+        inputs: the solve's inputs; None when the spec cannot be solved.
+        input_error: why not.
+        current: the plan in force (None: no plan yet).
+        ours: the operator's newest plan.
+        record: ``status.lastSolve``.
+        solve: this tick's solve outcome, if any.
+        cm_wanted: the engine export ConfigMap is wanted.
+        tiers: ``status.tiers`` of the tier split in use.
+    """
     d = observed.deployment
     gen, now, prev = d.generation, observed.now, d.status.conditions
-
-    # Solved
-    old_solved = next((c for c in prev if c.type == SOLVED), None)
-    if input_error is not None:
-        solved = ("False", input_error.reason, str(input_error))
-    elif (
-        solve is not None
-        and inputs is not None
-        and solve.inputs_digest == inputs.digest
-        and solve.plan is None
-    ):
-        solved = ("False", solve.reason, solve.message)
-    elif ours is not None and inputs is not None and ours.spec.inputs_digest == inputs.digest:
-        s = ours.spec
-        msg = (
-            f"plan v{s.version} ({s.plan_id}) places {s.model} on {len(s.gpus)} GPUs of "
-            f"{len(s.nodes)} nodes: step {s.step_time_us:.0f} us, {s.tokens_per_s:.0f} tokens/s "
-            f"({s.policy})"
-        )
-        if inputs.redundant_note:
-            msg += f"; {inputs.redundant_note}"
-        solved = ("True", SOLVED, msg)
-    elif (
-        record is not None
-        and inputs is not None
-        and record.outcome == "Failed"
-        and record.inputs_digest == inputs.digest
-    ):
-        keep = (
-            old_solved.message
-            if old_solved is not None and old_solved.reason == record.reason
-            else ""
-        )
-        solved = ("False", record.reason, keep or f"the last solve failed: {record.reason}")
-    else:
-        solved = ("Unknown", "Solving", "a new plan is being solved")
-
-    # RolledOut
+    solved = _solved(observed, inputs, input_error, ours, record, solve)
     rolled = _rollout(current) if current is not None else ("False", "NoPlan", "no plan yet")
-
-    # Degraded
-    degraded = ("False", "AsExpected", "serving the plan for the current spec and fleet")
-    if current is not None:
-        eligible = {n.name for n in inputs.fleet_view.fleet.nodes} if inputs else set()
-        lost = [n for n in current.spec.nodes if inputs is not None and n not in eligible]
-        if lost:
-            why = inputs.fleet_view.excluded if inputs else {}
-            detail = ", ".join(f"{n} ({why.get(n, 'not selected')})" for n in lost[:10])
-            degraded = (
-                "True",
-                "NodesUnavailable",
-                f"plan v{current.spec.version} uses nodes that are no longer eligible: {detail}",
-            )
-        elif solved[0] == "False":
-            degraded = (
-                "True",
-                "ServingOutdatedPlan",
-                f"serving plan v{current.spec.version}, solved for earlier inputs: {solved[2]}",
-            )
-        elif rolled[1] == "RolloutFailed":
-            degraded = ("True", "RolloutFailed", rolled[2])
-
+    degraded = _degraded(inputs, current, solved, rolled)
     conditions: tuple[Condition, ...] = (
         _condition(prev, SOLVED, *solved, gen, now),
         _condition(prev, ROLLED_OUT, *rolled, gen, now),
@@ -299,6 +264,76 @@ def deployment_status(
         config_map=config_map_name(d.name) if cm_wanted else None,
         last_solve=record,
     )
+
+
+def _solved(
+    observed: Observed,
+    inputs: SolveInputs | None,
+    input_error: PermanentError | None,
+    ours: PlanView | None,
+    record: SolveRecord | None,
+    solve: SolveOutcome | None,
+) -> tuple[str, str, str]:
+    """``(status, reason, message)`` of the Solved condition."""
+    if input_error is not None:
+        return "False", input_error.reason, str(input_error)
+    if (
+        solve is not None
+        and inputs is not None
+        and solve.inputs_digest == inputs.digest
+        and solve.plan is None
+    ):
+        return "False", solve.reason, solve.message
+    if ours is not None and inputs is not None and ours.spec.inputs_digest == inputs.digest:
+        s = ours.spec
+        msg = (
+            f"plan v{s.version} ({s.plan_id}) places {s.model} on {len(s.gpus)} GPUs of "
+            f"{len(s.nodes)} nodes: step {s.step_time_us:.0f} us, {s.tokens_per_s:.0f} tokens/s "
+            f"({s.policy})"
+        )
+        if inputs.redundant_note:
+            msg += f"; {inputs.redundant_note}"
+        return "True", SOLVED, msg
+    if (
+        record is not None
+        and inputs is not None
+        and record.outcome == "Failed"
+        and record.inputs_digest == inputs.digest
+    ):
+        old = next((c for c in observed.deployment.status.conditions if c.type == SOLVED), None)
+        keep = old.message if old is not None and old.reason == record.reason else ""
+        return "False", record.reason, keep or f"the last solve failed: {record.reason}"
+    return "Unknown", "Solving", "a new plan is being solved"
+
+
+def _degraded(
+    inputs: SolveInputs | None,
+    current: PlanView | None,
+    solved: tuple[str, str, str],
+    rolled: tuple[str, str, str],
+) -> tuple[str, str, str]:
+    """``(status, reason, message)`` of the Degraded condition: the current plan uses nodes
+    no longer eligible, was solved for earlier inputs, or failed to roll out."""
+    if current is not None:
+        eligible = {n.name for n in inputs.fleet_view.fleet.nodes} if inputs else set()
+        lost = [n for n in current.spec.nodes if inputs is not None and n not in eligible]
+        if lost:
+            why = inputs.fleet_view.excluded if inputs else {}
+            detail = ", ".join(f"{n} ({why.get(n, 'not selected')})" for n in lost[:10])
+            return (
+                "True",
+                "NodesUnavailable",
+                f"plan v{current.spec.version} uses nodes that are no longer eligible: {detail}",
+            )
+        if solved[0] == "False":
+            return (
+                "True",
+                "ServingOutdatedPlan",
+                f"serving plan v{current.spec.version}, solved for earlier inputs: {solved[2]}",
+            )
+        if rolled[1] == "RolloutFailed":
+            return "True", "RolloutFailed", rolled[2]
+    return "False", "AsExpected", "serving the plan for the current spec and fleet"
 
 
 def _interactive_slo(

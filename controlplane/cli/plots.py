@@ -12,8 +12,8 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from controlplane.cli.render import save_png
 from policies.advise import BatchAdvice
-from policies.errors import InputError
 
 
 def render_batch_curve(advice: BatchAdvice, out: str | Path, *, title: str = "") -> Path:
@@ -63,13 +63,4 @@ def render_batch_curve(advice: BatchAdvice, out: str | Path, *, title: str = "")
     ax.legend(handles + h2, labels + l2, loc="upper left", fontsize="small")
     target = f"{name} <= {advice.target_ms:g} ms" if advice.target_ms is not None else "memory only"
     ax.set_title(title or f"batch sizing ({advice.phase}, {advice.policy}, {target})")
-    path = Path(out)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, format="png", dpi=110)
-    except OSError as exc:
-        raise InputError(
-            f"cannot write the picture to {str(path)!r}: {exc.strerror or exc}. To fix: "
-            "choose a writable path with --png"
-        ) from exc
-    return path
+    return save_png(fig, out, "--png")

@@ -299,6 +299,15 @@ def render_plan(
         title="GPU type",
         fontsize=8,
     )
+    return save_png(fig, out, "--out")
+
+
+def save_png(fig: Figure, out: str | Path, flag: str) -> Path:
+    """Write ``fig`` as a PNG (110 dpi) to ``out``, creating its folder.
+
+    Raises:
+        InputError: the path cannot be written (the message names ``flag`` to change).
+    """
     path = Path(out)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -306,6 +315,6 @@ def render_plan(
     except OSError as exc:
         raise InputError(
             f"cannot write the picture to {str(path)!r}: {exc.strerror or exc}. To fix: "
-            "choose a writable path with --out"
+            f"choose a writable path with {flag}"
         ) from exc
     return path

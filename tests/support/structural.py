@@ -215,13 +215,13 @@ def validate(
         schema: its schema node.
         path: dotted path of ``value`` for messages.
         old: the previous value on update (for transition rules), None on create.
-        rules: also evaluate ``x-kubernetes-validations`` CEL rules.
+        rules: also evaluate ``x-kubernetes-validations`` CEL rules (only where the value
+            passed the schema's other checks).
     """
-    causes: list[Cause] = []
     where = path or "<root>"
     if value is None:
         if schema.get("nullable"):
-            return causes
+            return []
         return [Cause(where, "must not be null", "FieldValueTypeInvalid")]
     t = schema.get("type")
     if t is not None and not _type_ok(value, t):
@@ -230,6 +230,19 @@ def validate(
                 where, f"must be of type {t}, got {type(value).__name__}", "FieldValueTypeInvalid"
             )
         ]
+    causes = _scalar_causes(value, schema, where)
+    if isinstance(value, dict):
+        causes += _object_causes(value, schema, path, old, rules)
+    if isinstance(value, list):
+        causes += _list_causes(value, schema, path, old, rules)
+    if rules and not causes:
+        causes += _rule_causes(value, schema, where, old)
+    return causes
+
+
+def _scalar_causes(value: Any, schema: Mapping[str, Any], where: str) -> list[Cause]:
+    """``enum``, the bounds of a number, and the length, pattern and format of a string."""
+    causes: list[Cause] = []
     if "enum" in schema and value not in schema["enum"]:
         allowed = ", ".join(repr(v) for v in schema["enum"])
         causes.append(
@@ -258,81 +271,101 @@ def validate(
             causes.append(Cause(where, f"{value!r} does not match {schema['pattern']!r}"))
         if schema.get("format") == "date-time" and not _date_time_ok(value):
             causes.append(Cause(where, f"{value!r} is not an RFC 3339 date-time"))
-    if isinstance(value, dict):
-        props = schema.get("properties") or {}
-        for name in schema.get("required") or []:
-            if name not in value:
-                causes.append(Cause(_join(path, name), "Required value", "FieldValueRequired"))
-        if "maxProperties" in schema and len(value) > schema["maxProperties"]:
-            causes.append(
-                Cause(
-                    where,
-                    f"must have at most {schema['maxProperties']} entries",
-                    "FieldValueTooMany",
-                )
+    return causes
+
+
+def _object_causes(
+    value: dict[str, Any], schema: Mapping[str, Any], path: str, old: Any, rules: bool
+) -> list[Cause]:
+    """Required properties, ``maxProperties``, and every property against its schema."""
+    causes: list[Cause] = []
+    props = schema.get("properties") or {}
+    for name in schema.get("required") or []:
+        if name not in value:
+            causes.append(Cause(_join(path, name), "Required value", "FieldValueRequired"))
+    if "maxProperties" in schema and len(value) > schema["maxProperties"]:
+        causes.append(
+            Cause(
+                path or "<root>",
+                f"must have at most {schema['maxProperties']} entries",
+                "FieldValueTooMany",
             )
-        old_map = old if isinstance(old, dict) else {}
-        for k, v in value.items():
-            if k in props:
-                causes += validate(
-                    v, props[k], path=_join(path, k), old=old_map.get(k), rules=rules
-                )
-            elif isinstance(schema.get("additionalProperties"), Mapping):
-                causes += validate(
-                    v,
-                    schema["additionalProperties"],
-                    path=_join(path, k),
-                    old=old_map.get(k),
-                    rules=rules,
-                )
-    if isinstance(value, list):
-        if "maxItems" in schema and len(value) > schema["maxItems"]:
-            causes.append(
-                Cause(where, f"must have at most {schema['maxItems']} items", "FieldValueTooMany")
+        )
+    old_map = old if isinstance(old, dict) else {}
+    for k, v in value.items():
+        if k in props:
+            causes += validate(v, props[k], path=_join(path, k), old=old_map.get(k), rules=rules)
+        elif isinstance(schema.get("additionalProperties"), Mapping):
+            causes += validate(
+                v,
+                schema["additionalProperties"],
+                path=_join(path, k),
+                old=old_map.get(k),
+                rules=rules,
             )
-        if "minItems" in schema and len(value) < schema["minItems"]:
-            causes.append(Cause(where, f"must have at least {schema['minItems']} items"))
-        items = schema.get("items")
-        lt = schema.get("x-kubernetes-list-type")
-        keys = schema.get("x-kubernetes-list-map-keys") or []
-        old_by_key: dict[tuple[Any, ...], Any] = {}
-        if lt == "map" and isinstance(old, list):
-            old_by_key = {tuple(o.get(k) for k in keys): o for o in old if isinstance(o, dict)}
-        seen: set[Any] = set()
-        for i, item in enumerate(value):
-            ipath = f"{path}[{i}]"
-            if lt == "set":
-                marker = repr(item)
-                if marker in seen:
-                    causes.append(Cause(ipath, f"duplicate value {item!r}", "FieldValueDuplicate"))
-                seen.add(marker)
-            old_item = None
-            if lt == "map" and isinstance(item, dict):
-                key = tuple(item.get(k) for k in keys)
-                if key in seen:
-                    causes.append(
-                        Cause(
-                            ipath,
-                            f"duplicate entry with key {dict(zip(keys, key, strict=True))}",
-                            "FieldValueDuplicate",
-                        )
+    return causes
+
+
+def _list_causes(
+    value: list[Any], schema: Mapping[str, Any], path: str, old: Any, rules: bool
+) -> list[Cause]:
+    """Item counts, duplicates of a ``set`` or ``map`` list, and every item against the
+    item schema (a ``map`` list's items against the old item of the same key)."""
+    causes: list[Cause] = []
+    where = path or "<root>"
+    if "maxItems" in schema and len(value) > schema["maxItems"]:
+        causes.append(
+            Cause(where, f"must have at most {schema['maxItems']} items", "FieldValueTooMany")
+        )
+    if "minItems" in schema and len(value) < schema["minItems"]:
+        causes.append(Cause(where, f"must have at least {schema['minItems']} items"))
+    items = schema.get("items")
+    lt = schema.get("x-kubernetes-list-type")
+    keys = schema.get("x-kubernetes-list-map-keys") or []
+    old_by_key: dict[tuple[Any, ...], Any] = {}
+    if lt == "map" and isinstance(old, list):
+        old_by_key = {tuple(o.get(k) for k in keys): o for o in old if isinstance(o, dict)}
+    seen: set[Any] = set()
+    for i, item in enumerate(value):
+        ipath = f"{path}[{i}]"
+        if lt == "set":
+            marker = repr(item)
+            if marker in seen:
+                causes.append(Cause(ipath, f"duplicate value {item!r}", "FieldValueDuplicate"))
+            seen.add(marker)
+        old_item = None
+        if lt == "map" and isinstance(item, dict):
+            key = tuple(item.get(k) for k in keys)
+            if key in seen:
+                causes.append(
+                    Cause(
+                        ipath,
+                        f"duplicate entry with key {dict(zip(keys, key, strict=True))}",
+                        "FieldValueDuplicate",
                     )
-                seen.add(key)
-                old_item = old_by_key.get(key)
-            if isinstance(items, Mapping):
-                causes += validate(item, items, path=ipath, old=old_item, rules=rules)
-    if rules and not causes:
-        for r in schema.get("x-kubernetes-validations") or []:
-            transition = uses_old_self(r["rule"])
-            if transition and old is None:
-                continue
-            try:
-                ok = evaluate(r["rule"], value, old if transition else None)
-            except CelError as exc:
-                causes.append(Cause(where, f"rule {r['rule']!r} failed to evaluate: {exc}"))
-                continue
-            if not ok:
-                causes.append(Cause(where, r.get("message") or f"failed rule: {r['rule']}"))
+                )
+            seen.add(key)
+            old_item = old_by_key.get(key)
+        if isinstance(items, Mapping):
+            causes += validate(item, items, path=ipath, old=old_item, rules=rules)
+    return causes
+
+
+def _rule_causes(value: Any, schema: Mapping[str, Any], where: str, old: Any) -> list[Cause]:
+    """The node's ``x-kubernetes-validations`` CEL rules; transition rules (``oldSelf``)
+    only on update."""
+    causes: list[Cause] = []
+    for r in schema.get("x-kubernetes-validations") or []:
+        transition = uses_old_self(r["rule"])
+        if transition and old is None:
+            continue
+        try:
+            ok = evaluate(r["rule"], value, old if transition else None)
+        except CelError as exc:
+            causes.append(Cause(where, f"rule {r['rule']!r} failed to evaluate: {exc}"))
+            continue
+        if not ok:
+            causes.append(Cause(where, r.get("message") or f"failed rule: {r['rule']}"))
     return causes
 
 
