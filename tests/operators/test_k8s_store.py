@@ -244,3 +244,16 @@ def test_load_windows_and_pruning(store: KubernetesStore) -> None:
     assert [w.end_s for w in store.load_windows("mx")] == [20.0, 30.0]
     with pytest.raises(NotFoundError):
         store.add_load_window(LoadWindow("ghost", "e0", 0.0, 1.0, 1, ((1.0,),)), now_s=1.0)
+
+
+def test_a_spec_that_does_not_parse_does_not_hide_the_others(
+    cluster: Cluster, store: KubernetesStore
+) -> None:
+    """One bad ModelDeployment (an unknown preset) is left out of the list, so the
+    controller keeps rolling out the others; the operator reports the bad one."""
+    from k8s_builders import md_object
+
+    store.put_deployment(SPEC, now_s=1.0)
+    k = cluster.kube("mixfleet-test")
+    k.create(MODEL_DEPLOYMENTS, md_object("bad", cluster.namespace, model="gpt-17"))
+    assert [d.name for d in store.list_deployments()] == ["mx"]

@@ -117,11 +117,17 @@ class DeploymentsMixin(PlansMixin):
         items, _ = self._call(
             "list deployments", lambda: self._kube.list(MODEL_DEPLOYMENTS, self.namespace)
         )
-        out = [
-            self._stored_deployment(o)
-            for o in items
-            if include_deleted or not o["metadata"].get("deletionTimestamp")
-        ]
+        out: list[StoredDeployment] = []
+        for o in items:
+            if o["metadata"].get("deletionTimestamp") and not include_deleted:
+                continue
+            try:
+                out.append(self._stored_deployment(o))
+            except StoreError:
+                # A spec that does not parse (an unknown preset, say) is left out: one bad
+                # object must not stop every other deployment. The operator, which owns
+                # the decision, reports it in that ModelDeployment's status conditions.
+                continue
         return sorted(out, key=lambda d: d.name)
 
     def delete_deployment(self, name: str, *, now_s: float) -> bool:
