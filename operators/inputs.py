@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from dataclasses import fields as _fields
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from apis.kube.errors import PermanentError
 from apis.kube.names import (
@@ -60,6 +60,9 @@ def selector_matches(selector: Mapping[str, str], labels: Mapping[str, str]) -> 
     return all(labels.get(k) == v for k, v in selector.items())
 
 
+_T = TypeVar("_T")
+
+
 @dataclass(frozen=True)
 class FleetView:
     """The GPUNodes a deployment may use.
@@ -86,7 +89,8 @@ def eligible_fleet(
 ) -> FleetView:
     """Select and convert the GPUNodes a deployment may place on.
 
-    A node is left out when it is being deleted, cordoned, not matched by the selector, of
+    A node is left out when it is being deleted, cordoned or draining (its agent says so;
+    the controller does not roll a plan out onto it), not matched by the selector, of
     a tier the policy does not allow, has reported no inventory, its heartbeat is older
     than ``stale_after_s``, its health is ``Unhealthy``, or none of its GPUs is healthy.
     """
@@ -100,8 +104,8 @@ def eligible_fleet(
         if n.deleting:
             excluded[n.name] = "being deleted"
             continue
-        if n.spec.cordon:
-            excluded[n.name] = "cordoned"
+        if n.spec.cordon or (n.status.agent is not None and n.status.agent.state == "draining"):
+            excluded[n.name] = "cordoned" if n.spec.cordon else "its agent is draining"
             continue
         if policy.tiers and n.spec.tier not in policy.tiers:
             excluded[n.name] = f"tier {n.spec.tier or '(none)'!r} not in policy tiers"
@@ -263,19 +267,23 @@ def effective_spec(
         name=name,
         model=spec.model or "",
         model_config=spec.model_config if spec.model is None else None,
-        workload=SpecWorkload(
-            **{f.name: getattr(spec.workload, f.name) for f in _fields(SpecWorkload)}
-        ),
+        workload=_same_fields(SpecWorkload, spec.workload),
         policy=eff.policy,
         form=spec.form,
         redundant_experts=eff.redundant_experts,
         node_selector=dict(spec.node_selector),
         solver_time_limit_s=eff.time_limit_s,
         prepare_timeout_s=spec.prepare_timeout_s or defaults.prepare_timeout_s,
-        rebalance=SpecRebalance(**{f.name: getattr(rb, f.name) for f in _fields(SpecRebalance)}),
+        rebalance=_same_fields(SpecRebalance, rb),
         allow_cross_vendor=allow_cross_vendor(spec, policy),
-        gpu_hour_prices=dict(spec.gpu_hour_prices),
+        gpu_hour_prices={**policy.gpu_hour_prices, **spec.gpu_hour_prices},
     )
+
+
+def _same_fields(cls: type[_T], source: object) -> _T:
+    """A ``cls`` from the equally named fields of the CRD type ``source`` (the two are kept
+    field-for-field equal by tests/policies/test_spec.py)."""
+    return cls(**{f.name: getattr(source, f.name) for f in _fields(cls)})  # type: ignore[arg-type]
 
 
 def _check_solvable(observed: Observed) -> tuple[ModelDeploymentSpec, ModelSpec]:

@@ -47,14 +47,14 @@ class RunningController:
         port: the bound port.
         controller: the controller (its store, settings, clock).
         server: the gRPC server.
-        db_path: the SQLite file.
+        db_path: the SQLite file (None when the controller runs on another store).
     """
 
     address: str
     port: int
     controller: Controller
     server: grpc.aio.Server
-    db_path: Path
+    db_path: Path | None
 
     async def crash(self) -> None:
         """Stop serving without closing the store cleanly (what a kill -9 leaves behind is
@@ -106,7 +106,7 @@ async def start_controller(
     await mark_serving(server)
     if run_loop:
         await controller.start()
-    db_path = store.path if isinstance(store, SqliteStore) else Path(tmp_path) / "state.db"
+    db_path = store.path if isinstance(store, SqliteStore) else None
     running = RunningController(f"127.0.0.1:{bound}", bound, controller, server, db_path)
     try:
         yield running

@@ -161,8 +161,11 @@ def solve_layer(p: LayerProblem) -> LayerSolution | Infeasible:
     prob += md.tau_e + tau_c + p.migration_weight_us * pulp.lpSum(moves)
     for c in range(len(p.classes)):  # warm k_c: most replicas on one GPU of c
         md.warm_vars.append((md.k[c], float(p.warm_k[c])))
-    for var, value in md.warm_vars:
-        var.setInitialValue(value)
+    # A warm start outside a variable's bounds is not a feasible point (the greedy layout
+    # can hold more replicas of an expert than the formulation allows): solve cold then.
+    if all(_within_bounds(var, value) for var, value in md.warm_vars):
+        for var, value in md.warm_vars:
+            var.setInitialValue(value)
     # HiGHS needs a moment for presolve and the root LP; below that it proves nothing.
     limit = max(0.25, p.time_limit_s - (time.perf_counter() - started))
     out = solve_milp(prob, solver=p.solver, time_limit_s=limit, mip_gap=p.mip_gap, warm=True)
@@ -409,3 +412,9 @@ def solve_layers(
             return sol
         solved.append(sol)
     return solved
+
+
+def _within_bounds(var: pulp.LpVariable, value: float) -> bool:
+    """Whether ``value`` lies within ``var``'s bounds (None is unbounded)."""
+    lo, hi = var.lowBound, var.upBound
+    return (lo is None or value >= lo) and (hi is None or value <= hi)

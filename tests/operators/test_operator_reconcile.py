@@ -25,7 +25,7 @@ from k8s_builders import (
 )
 
 from apis.kube.names import FINALIZER, config_map_name
-from apis.kube.v1alpha1 import NodeRollout, PartitionPlanStatus, PlacementPolicySpec
+from apis.kube.v1alpha1 import AgentSession, NodeRollout, PartitionPlanStatus, PlacementPolicySpec
 from operators.decide import (
     ApplyConfigMap,
     ApplyPlan,
@@ -220,6 +220,25 @@ def test_cordoned_node_leaves_the_plan_and_the_reason_says_so() -> None:
     st = status_of(actions)
     assert st["currentPlan"]["name"] == "mx-v2"  # type: ignore[index]
     assert cond(st, "Degraded")["status"] == "False"
+
+
+def test_a_draining_node_leaves_the_plan_like_a_cordoned_one() -> None:
+    """The controller rolls no plan out onto a node whose agent is draining, so the
+    operator, which alone decides plans, plans around it."""
+    obs = observed()
+    world = apply_world(obs, tick(obs))
+    draining = node_view("a100-0")
+    session = AgentSession(
+        session_id="s1", registered_time="2026-01-01T00:00:00Z", state="draining"
+    )
+    draining = dataclasses.replace(
+        draining, status=dataclasses.replace(draining.status, agent=session)
+    )
+    world = dataclasses.replace(world, nodes=(node_view("h100-0"), draining))
+    (plan,) = only(tick(world), ApplyPlan)
+    assert isinstance(plan, ApplyPlan)
+    assert plan.body["spec"]["nodes"] == ["h100-0"]
+    assert plan.body["spec"]["reason"] == "fleet changed: -a100-0 (its agent is draining)"
 
 
 def test_stale_heartbeat_degrades_until_the_new_plan_exists() -> None:

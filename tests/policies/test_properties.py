@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from builders import fleet, request, tiny_model, workload
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from policies.plan import validate_plan
@@ -38,6 +38,17 @@ def instances(draw: st.DrawFn) -> tuple[object, ...]:
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(instances())
+@example(  # the greedy warm start held more replicas than the ILP's bound: solved cold now
+    (
+        [("n0", "A100-SXM4-80GB", 4, None), ("n1", "A100-SXM4-80GB", 4, None)],
+        4,
+        3,
+        [[0.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]],
+        4,
+        "native",
+        "decode",
+    )
+)
 def test_every_policy_returns_a_valid_plan(inst: tuple[object, ...]) -> None:
     nodes, experts, layers, load, redundant, form, phase = inst
     m = tiny_model(experts=experts, moe_layers=layers)  # type: ignore[arg-type]
