@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint typecheck layers pytest bench bench-placement bench-strategies bench-controlplane proto crds e2e-k8s clean
+.PHONY: install demo test lint typecheck layers pytest bench bench-placement bench-strategies bench-controlplane bench-determinism bench-engines bench-hostile proto crds e2e-k8s clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -41,10 +41,28 @@ test: install
 	$(BIN)/python proto/protogen.py --check
 	$(BIN)/pytest -q
 
-bench: install bench-placement bench-strategies bench-controlplane
+# The engines' own code against mixfleet's exports and replica-choice models: downloads the
+# pinned SGLang and vLLM wheels (pip download --no-deps) and the light packages their modules
+# import into .conformance/ (a cache, ignored by git; nothing goes into the venv), then runs the
+# suite on the CPU. Without the cache those tests skip, so `make test` stays fast.
+conformance: install
+	$(BIN)/python tests/conformance/prepare.py
+	$(BIN)/pytest -q -m conformance tests/conformance
+
+bench: install bench-placement bench-engines bench-strategies bench-controlplane bench-determinism
 
 bench-placement: install
 	$(BIN)/python -m bench.placement --scenario all --out bench/results/placement.json --docs docs/benchmarks.md
+
+bench-engines: install
+	$(BIN)/python -m bench.engines --scenario all --out bench/results/engines.json --docs docs/engines-benchmark.md
+
+bench-determinism: install
+	$(BIN)/python -m bench.determinism --scenario mixed-24-decode --form engine --out bench/results/determinism.json
+
+# Hostile files through every reader and generated requests to every RPC (docs/security.md).
+bench-hostile: install
+	$(BIN)/python -m bench.hostile --out bench/results/hostile.json
 
 bench-controlplane: install
 	$(BIN)/python -m bench.controlplane --agents 100,500,2000 --out bench/results/controlplane.json --docs docs/controlplane-benchmark.md

@@ -35,8 +35,10 @@ from agents.discovery.static import StaticDiscovery, load_fleet_file
 from agents.discovery.sysfs import SysfsNicDiscovery
 from agents.logs import LEVELS, configure_logging
 from agents.simulate import SimulatedFleet
+from apis.documents import read_limited
 from policies.errors import InputError, MixfleetError
 from policies.inventory import NodeInventory
+from policies.limits import decode_utf8
 
 EXIT_OK = 0
 EXIT_REFUSED = 1
@@ -85,7 +87,7 @@ def _add_connection_flags(p: argparse.ArgumentParser) -> None:
         help="heartbeat period in seconds (default: the controller's)",
     )
     g.add_argument(
-        "--max-backoff", type=float, default=30.0, metavar="S", help="longest retry delay"
+        "--max-backoff", type=float, default=4.0, metavar="S", help="longest retry delay"
     )
     p.add_argument("--log-level", choices=LEVELS, default="info")
 
@@ -195,13 +197,16 @@ def _agent_settings(args: argparse.Namespace) -> AgentSettings:
         tls = TlsFiles(args.tls_cert, args.tls_key, args.tls_ca, args.tls_server_name)
     token = os.environ.get("MIXFLEET_TOKEN", "")
     if args.token_file is not None:
-        try:
-            token = Path(args.token_file).read_text().strip()
-        except OSError as exc:
+        where = f"token file {str(args.token_file)!r}"
+        try:  # size, UTF-8 (with the byte offset) and emptiness checked before use
+            token = decode_utf8(read_limited(args.token_file, "token file", "token"), where)
+        except InputError as exc:
+            raise InputError(str(exc), field="--token-file") from exc
+        token = token.strip()
+        if not token:
             raise InputError(
-                f"cannot read {str(args.token_file)!r}: {exc.strerror or exc}",
-                field="--token-file",
-            ) from exc
+                f"{where} is empty. To fix: write the token in it", field="--token-file"
+            )
     if ":" not in args.controller:
         raise InputError(f"expected HOST:PORT, got {args.controller!r}", field="--controller")
     if args.max_backoff <= 0:

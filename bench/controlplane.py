@@ -125,7 +125,9 @@ async def measure(n: int, args: argparse.Namespace, workdir: Path) -> dict[str, 
     profile = args.profile_controller
     if profile is not None:
         profile = profile.with_name(f"{profile.stem}-n{n}{profile.suffix}")
-    ctl = ControllerProcess(workdir, args.heartbeat_interval, args.node_lost_after, profile)
+    ctl = ControllerProcess(
+        workdir, args.heartbeat_interval, args.node_lost_after, profile, args.controller_arg
+    )
     address = ctl.start()
     settings = AgentSettings(
         controller=address,
@@ -200,7 +202,8 @@ async def _slice(run: _Run) -> None:
     """Apply the small deployment and wait for its first commit."""
     stub = run.stub
     await stub.ApplyDeployment(
-        plan_pb2.ApplyDeploymentRequest(spec=deployment(SLICE, SLICE, "greedy")), timeout=30
+        plan_pb2.ApplyDeploymentRequest(spec=deployment(SLICE, SLICE, run.args.slice_policy)),
+        timeout=30,
     )
 
     async def slice_committed() -> bool:
@@ -318,6 +321,14 @@ def _parser() -> argparse.ArgumentParser:
         help="start the agents over this many seconds (default N/100)",
     )
     p.add_argument("--wide-policy", default="uniform", choices=("uniform", "greedy", "eplb", "ilp"))
+    p.add_argument("--slice-policy", default="greedy", choices=("uniform", "greedy", "eplb", "ilp"))
+    p.add_argument(
+        "--controller-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="extra argument of `controller run` (repeat; e.g. --controller-arg=--contingency-max-nodes=0)",
+    )
     p.add_argument("--agents-per-channel", type=int, default=100)
     p.add_argument("--timeout-s", type=float, default=180.0, help="longest wait for one step")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)

@@ -123,7 +123,12 @@ class ControllerProcess:
     """``mixfleetctl controller run`` in a child process."""
 
     def __init__(
-        self, workdir: Path, heartbeat_s: float, lost_after_s: float, profile: Path | None = None
+        self,
+        workdir: Path,
+        heartbeat_s: float,
+        lost_after_s: float,
+        profile: Path | None = None,
+        extra: Sequence[str] = (),
     ) -> None:
         self.log_path = workdir / "controller.log"
         prof = ["-m", "cProfile", "-o", str(profile)] if profile is not None else []
@@ -138,6 +143,7 @@ class ControllerProcess:
             "127.0.0.1:0",
             "--store",
             f"sqlite:{workdir / 'state.db'}",
+            "--store-new",
             "--insecure",
             "--heartbeat-interval",
             str(heartbeat_s),
@@ -147,6 +153,7 @@ class ControllerProcess:
             "64",
             "--log-level",
             "warning",
+            *extra,
         ]
         self.proc: subprocess.Popen[str] | None = None
         self.address = ""

@@ -157,6 +157,21 @@ SCENARIOS: dict[str, Scenario] = {
             description="solve time of ONE MoE layer (256 experts) on 64 GPUs of four types",
         ),
         Scenario(
+            "hopper-blackwell-24-decode",
+            "hopper-blackwell-24.yaml",
+            "deepseek-v3",
+            "decode",
+            128,
+            4096,
+            "fp8",
+            "synthetic:zipf:0.5:seed=1",
+            32,
+            ("engine",),
+            30.0,
+            description="8x H100 + 8x H200 + 8x B200: a mixed fleet every GPU of which runs DeepEP, "
+            "so SGLang's static nearest-replica dispatch applies",
+        ),
+        Scenario(
             "mixed-24-decode-balanced",
             "mixed-24.yaml",
             "deepseek-v3",

@@ -80,8 +80,11 @@ TARGETS: dict[str, tuple[tuple[str, Measure, str, Callable[[float], bool]], ...]
             ">= 1.00",
             _at_least(1.0),
         ),
-        ("gap to proven bound (native)", _ilp_field("native", "gap"), "<= 2%", _at_most(0.02)),
-        ("gap to proven bound (engine)", _ilp_field("engine", "gap"), "<= 5%", _at_most(0.05)),
+        # The gap is to the valid global bound (policies/solvers/ilp_bound.py); the earlier
+        # 2% / 5% targets were met against a "bound" that was not one (it exceeded achieved
+        # step times). The engine-faithful issue asks for <= 3% to a valid bound.
+        ("gap to valid bound (native)", _ilp_field("native", "gap"), "<= 3%", _at_most(0.03)),
+        ("gap to valid bound (engine)", _ilp_field("engine", "gap"), "<= 3%", _at_most(0.03)),
         (
             "solve time, all 58 MoE layers (engine)",
             _ilp_field("engine", "wall_s"),

@@ -6,7 +6,8 @@ asks for, and the writes its actions stand for.
   into exceptions.
 * :func:`act` carries out the actions in order: PartitionPlans are created (a name already
   taken means another writer allocated the version first: re-observe), ConfigMaps and the
-  status subresource go through server-side apply, deletes carry the uid as precondition,
+  status subresource go through server-side apply (forced: the operator is their only
+  author; it never applies the user's spec), deletes carry the uid as precondition,
   and the finalizer is set through a JSON merge patch guarded by resourceVersion and
   retried on 409 (:func:`set_finalizer`).
 """
@@ -142,13 +143,15 @@ def act(
         elif isinstance(a, DeletePlan):
             kube.delete(PARTITION_PLANS, a.name, ns, uid=a.uid or None)
         elif isinstance(a, ApplyConfigMap):
-            kube.apply(CONFIGMAPS, a.body)
+            kube.apply(CONFIGMAPS, a.body, force=True)  # the operator's own object
         elif isinstance(a, DeleteConfigMap):
             kube.delete(CONFIGMAPS, a.name, ns)
         elif isinstance(a, ApplyStatus):
             body = {"metadata": {"name": d.name, "namespace": ns}, "status": a.status}
             try:
-                kube.apply(MODEL_DEPLOYMENTS, body, subresource="status")
+                # The operator is the authority on its status fields (the controller's
+                # committedVersion and controller document are another manager's).
+                kube.apply(MODEL_DEPLOYMENTS, body, subresource="status", force=True)
             except NotFoundError:
                 return  # deleted meanwhile
         elif isinstance(a, Requeue):

@@ -19,15 +19,17 @@ import signal
 import socket
 import sys
 import threading
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
 import structlog
 
 from apis.kube.client import Kube, api_client_from
-from operators.leader import LeaderSettings
+from apis.kube.leader import LeaderSettings
 from operators.observe import ReconcileSettings
 from operators.operator import Operator, OperatorSettings
+from policies.errors import MixfleetError
 
 LEVELS = ("debug", "info", "warning", "error")
 HEALTH_LEADER_SERVICE = "mixfleet.operator.Leader"
@@ -92,8 +94,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--identity",
-        default=os.environ.get("POD_NAME", socket.gethostname()),
-        help="this replica's id in the Lease (default $POD_NAME)",
+        default=os.environ.get("POD_NAME") or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}",
+        help="this replica's id in the Lease (default $POD_NAME, else host name and a "
+        "random suffix)",
     )
     p.add_argument("--lease-duration-s", type=float, default=15.0)
     p.add_argument("--renew-deadline-s", type=float, default=10.0)
@@ -189,13 +192,28 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``mixfleet-operator ...`` / ``python -m operators ...``; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m operators", description=__doc__)
+def build_parser() -> argparse.ArgumentParser:
+    """The operator's command line (``run`` and its options)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m operators",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     run_p = sub.add_parser("run", help="reconcile ModelDeployments until stopped")
     add_run_arguments(run_p)
     run_p.set_defaults(handler=run)
-    args = parser.parse_args(argv)
-    status: int = args.handler(args)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``mixfleet-operator ...`` / ``python -m operators ...``; returns the exit status:
+    0 stopped by a signal, 1 a failure (one ``error:`` line on stderr, no traceback), 2 a
+    bad command line."""
+    args = build_parser().parse_args(argv)
+    try:
+        status: int = args.handler(args)
+    except MixfleetError as exc:  # no Kubernetes configuration, bad settings
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     return status

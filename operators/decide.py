@@ -68,8 +68,7 @@ from operators.inputs import (
     tier_inputs,
 )
 from operators.objects import (
-    ENGINE_FILES,
-    SIDECAR_FILE,
+    config_map_keys,
     config_map_object,
     plan_object,
     plan_reason,
@@ -411,12 +410,8 @@ def _export_rule(
     cm_wanted = current is not None and spec is not None and spec.engine_format != "none"
     if cm_wanted and current is not None and spec is not None:
         cm = observed.config_map
-        wanted_keys = (ENGINE_FILES[spec.engine_format], SIDECAR_FILE)
-        if (
-            cm is None
-            or cm.plan != current.name
-            or tuple(sorted(cm.keys)) != tuple(sorted(wanted_keys))
-        ):
+        wanted_keys = config_map_keys(spec)
+        if cm is None or cm.plan != current.name or tuple(sorted(cm.keys)) != wanted_keys:
             try:
                 body = config_map_object(observed, current, spec.engine_format)
             except InputError as exc:

@@ -37,6 +37,7 @@ from operators.observe import (
 from policies.cost import PriceTable, catalog_price_table
 from policies.costmodel import MeasuredFigures, measured_from_dict
 from policies.deployment import Deployment
+from policies.engines import EngineSpec, engine_to_doc, parse_engine
 from policies.errors import InputError
 from policies.fleet import Fleet, Node, fleet_to_doc
 from policies.inventory import NodeInventory
@@ -103,6 +104,9 @@ def eligible_fleet(
             continue
         if n.deleting:
             excluded[n.name] = "being deleted"
+            continue
+        if n.error:
+            excluded[n.name] = n.error
             continue
         if n.spec.cordon or (n.status.agent is not None and n.status.agent.state == "draining"):
             excluded[n.name] = "cordoned" if n.spec.cordon else "its agent is draining"
@@ -277,7 +281,21 @@ def effective_spec(
         rebalance=_same_fields(SpecRebalance, rb),
         allow_cross_vendor=allow_cross_vendor(spec, policy),
         gpu_hour_prices={**policy.gpu_hour_prices, **spec.gpu_hour_prices},
+        engine=deployment_engine(spec),
     )
+
+
+def deployment_engine(spec: ModelDeploymentSpec) -> EngineSpec:
+    """The deployment's target engine through the one engine parser
+    (:func:`policies.engines.parse_engine`); unset is ``native``.
+
+    Raises:
+        PermanentError: ``InvalidSpec`` naming the field (an option the engine lacks).
+    """
+    try:
+        return parse_engine({} if spec.engine is None else to_wire(spec.engine), "spec.engine")
+    except InputError as exc:
+        raise PermanentError("InvalidSpec", str(exc)) from exc
 
 
 def _same_fields(cls: type[_T], source: object) -> _T:
@@ -292,6 +310,14 @@ def _check_solvable(observed: Observed) -> tuple[ModelDeploymentSpec, ModelSpec]
     if d.spec is None:
         raise PermanentError("InvalidSpec", d.spec_error or "spec does not parse")
     spec = d.spec
+    if observed.policy_error:
+        name = observed.policy_name
+        raise PermanentError(
+            "InvalidPolicy",
+            f"PlacementPolicy {name!r} does not parse: {observed.policy_error}. To fix: "
+            f"correct it (kubectl edit placementpolicy {name}); deployments using other "
+            "policies are not affected",
+        )
     if observed.policy_missing:
         raise PermanentError(
             "PolicyNotFound",
@@ -386,6 +412,8 @@ def solve_inputs(
     }
     if resolved.allow_cross_vendor:  # only when set, so existing digests stay as they were
         solve_doc["allowCrossVendor"] = True
+    if resolved.engine != EngineSpec():  # likewise
+        solve_doc["engine"] = engine_to_doc(resolved.engine)
     return SolveInputs(
         request,
         digest(solve_doc),

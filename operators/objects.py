@@ -1,6 +1,9 @@
 """The objects the operator writes for a deployment: the PartitionPlan body (name, labels,
 owner reference, immutable spec and why it was made) and the ConfigMap of the engine
-export (one file per engine format plus the sidecar). Pure: bodies for server-side apply.
+export (one file per engine format plus the sidecar) and, for a deployment whose
+``spec.engine`` is that engine, the launch recipe (:mod:`policies.launch`: ``launch.sh``,
+``launch.json``, and TensorRT-LLM's options YAML) with its paths under :data:`MOUNT_DIR`,
+which ``examples/k8s/sglang-engine.yaml`` runs. Pure: bodies for server-side apply.
 """
 
 from __future__ import annotations
@@ -22,10 +25,12 @@ from apis.kube.plancodec import decode_plan, plan_spec
 from apis.kube.schema import Json, to_wire
 from apis.kube.v1alpha1 import (
     API_VERSION,
+    ModelDeploymentSpec,
     PartitionPlanStatus,
 )
 from operators.inputs import (
     SolveInputs,
+    model_of,
 )
 from operators.observe import (
     DeploymentView,
@@ -33,7 +38,9 @@ from operators.observe import (
     PlanView,
     next_version,
 )
+from policies.errors import InputError
 from policies.exports import export_plan, export_sidecar
+from policies.launch import failing_script, launch_recipe, launch_script, recipe_to_doc
 from policies.plan import Plan
 
 #: ConfigMap key of each engine format's file (mount the ConfigMap; pass the file path).
@@ -45,6 +52,30 @@ ENGINE_FILES = {
 
 
 SIDECAR_FILE = "placement-sidecar.json"
+LAUNCH_SCRIPT = "launch.sh"
+LAUNCH_FILE = "launch.json"
+#: TensorRT-LLM's LLM API options (written as JSON, which is YAML).
+TRTLLM_OPTIONS_KEY = "llm-api-options.yaml"
+MOUNT_DIR = "/etc/mixfleet"
+"""Where an engine pod mounts the ConfigMap: the launch recipe's file paths point here."""
+
+
+def launch_engine(spec: ModelDeploymentSpec) -> str | None:
+    """The engine whose launch recipe the ConfigMap carries: ``spec.engine`` when it is the
+    engine of the exported file, else None (a native deployment publishes the file alone)."""
+    name = spec.engine.name if spec.engine is not None else "native"
+    return name if name == spec.engine_format else None
+
+
+def config_map_keys(spec: ModelDeploymentSpec) -> tuple[str, ...]:
+    """The keys of the deployment's ConfigMap, sorted."""
+    keys = [ENGINE_FILES[spec.engine_format], SIDECAR_FILE]
+    engine = launch_engine(spec)
+    if engine is not None:
+        keys += [LAUNCH_SCRIPT, LAUNCH_FILE]
+    if engine == "trtllm":
+        keys.append(TRTLLM_OPTIONS_KEY)
+    return tuple(sorted(keys))
 
 
 def owner_reference(d: DeploymentView) -> Json:
@@ -118,11 +149,14 @@ def config_map_object(observed: Observed, current: PlanView, engine_format: str)
     """
     d = observed.deployment
     plan = decode_plan(current.spec)
-    doc = export_plan(plan, engine_format)
+    model = model_of(d.spec, d.name) if d.spec is not None else None
+    doc = export_plan(plan, engine_format, model)
     data = {
         ENGINE_FILES[engine_format]: json.dumps(doc, separators=(",", ":")),
         SIDECAR_FILE: json.dumps(export_sidecar(plan), separators=(",", ":")),
     }
+    if d.spec is not None and launch_engine(d.spec) is not None:
+        data.update(launch_data(plan, d.spec, d.name))
     return {
         "metadata": {
             "name": config_map_name(d.name),
@@ -137,3 +171,33 @@ def config_map_object(observed: Observed, current: PlanView, engine_format: str)
         },
         "data": data,
     }
+
+
+def launch_data(plan: Plan, spec: ModelDeploymentSpec, name: str) -> dict[str, str]:
+    """The launch recipe's ConfigMap entries. A plan the engine cannot run as predicted
+    (made for another engine, say, while a re-plan is pending) gets a ``launch.sh`` that
+    exits saying why, so an engine pod never starts on the wrong placement."""
+    engine = launch_engine(spec)
+    try:
+        recipe = launch_recipe(
+            plan,
+            model_of(spec, name),
+            engine=engine,
+            placement_path=f"{MOUNT_DIR}/{ENGINE_FILES[spec.engine_format]}",
+            options_path=f"{MOUNT_DIR}/{TRTLLM_OPTIONS_KEY}",
+        )
+    except InputError as exc:
+        out = {
+            LAUNCH_SCRIPT: failing_script(str(exc)),
+            LAUNCH_FILE: json.dumps({"error": str(exc)}),
+        }
+        if engine == "trtllm":
+            out[TRTLLM_OPTIONS_KEY] = "{}"
+        return out
+    out = {
+        LAUNCH_SCRIPT: launch_script(recipe),
+        LAUNCH_FILE: json.dumps(recipe_to_doc(recipe), separators=(",", ":")),
+    }
+    for path, doc in recipe.files.items():
+        out[path.removeprefix(f"{MOUNT_DIR}/")] = json.dumps(doc, separators=(",", ":"))
+    return out

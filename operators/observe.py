@@ -33,6 +33,8 @@ class NodeView:
         spec: cordon and tier.
         status: inventory, health and heartbeat.
         deleting: has a deletionTimestamp.
+        error: why its spec or status does not parse ("" when they do): kept out of
+            placement with this reason.
     """
 
     name: str
@@ -40,6 +42,7 @@ class NodeView:
     spec: GPUNodeSpec
     status: GPUNodeStatus
     deleting: bool = False
+    error: str = ""
 
 
 @dataclass(frozen=True)
@@ -152,11 +155,14 @@ class Observed:
         policy: the PlacementPolicy spec that applies (referenced, default, or built-in).
         policy_name: its name ("" for built-in defaults).
         policy_missing: name of a referenced policy that does not exist ("" if none).
+        policy_error: why the policy that applies does not parse ("" when it does).
         now: the time of the observation (UTC).
         solve: outcome of the solve this tick ran, if any.
         version_floor: highest plan version ever used for this deployment name (also by
             deleted incarnations); new versions are above it.
         tiers: outcome of the tier split this tick ran, if any.
+        unreadable_plans: ``name: why`` of the deployment's PartitionPlans that do not
+            parse (left alone; reported in the Degraded condition).
     """
 
     deployment: DeploymentView
@@ -167,9 +173,11 @@ class Observed:
     now: datetime
     policy_name: str = ""
     policy_missing: str = ""
+    policy_error: str = ""
     solve: SolveOutcome | None = None
     version_floor: int = 0
     tiers: TierOutcome | None = None
+    unreadable_plans: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ around :func:`operators.decide.reconcile`, fed by informers through a work queue
   informers' caches), decides, solves when told to, and acts (:mod:`operators.act`):
   server-side apply under the operator's field manager, deletes with uid preconditions,
   the finalizer through a JSON merge patch guarded by resourceVersion and retried on 409.
-* Only the leader (Lease election, :mod:`operators.leader`) works the queue, and every
+* Only the leader (Lease election, :mod:`apis.kube.leader`) works the queue, and every
   write checks leadership again (:class:`apis.kube.client.Kube` ``write_guard``).
 
 Temporary errors (API unavailable, conflicts) requeue the key with exponential backoff;
@@ -25,6 +25,7 @@ key retried with backoff.
 from __future__ import annotations
 
 import dataclasses
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -44,6 +45,7 @@ from apis.kube.client import (
     Kube,
 )
 from apis.kube.errors import NotLeaderError, TemporaryError
+from apis.kube.leader import LeaderElector, LeaderSettings
 from apis.kube.names import (
     FINALIZER,
     LABEL_DEPLOYMENT,
@@ -72,7 +74,6 @@ from operators.decide import (
     reconcile,
 )
 from operators.informer import Informer, Key, key_of, placement_relevant
-from operators.leader import LeaderElector, LeaderSettings
 from operators.observe import (
     ConfigMapView,
     DeploymentView,
@@ -289,20 +290,22 @@ class Operator:
             spec.policy_ref.name if spec and spec.policy_ref else self.settings.default_policy
         )
         policy = PlacementPolicySpec()
-        missing = ""
+        missing = policy_error = ""
         pobj = self.policies.get(("", policy_name))
         if pobj is not None:
             try:
                 policy = from_wire(PlacementPolicySpec, pobj.get("spec") or {}, "spec")
-            except InputError:
-                missing = policy_name
+            except InputError as exc:  # reported on the deployments that use it
+                policy_error = str(exc)
         elif spec is not None and spec.policy_ref is not None:
             missing = policy_name
         nodes = tuple(self._node_view(o) for o in self.nodes.items())
         plan_objs, _ = self.kube.list(
             PARTITION_PLANS, ns, label_selector=f"{LABEL_DEPLOYMENT}={name}"
         )
-        plans = tuple(p for p in (self._plan_view(o) for o in plan_objs) if p is not None)
+        views = [(o, self._plan_view(o)) for o in plan_objs]
+        plans = tuple(v for _, v in views if isinstance(v, PlanView))
+        unreadable = [(o, v) for o, v in views if isinstance(v, str)]
         cm = self.kube.get(CONFIGMAPS, config_map_name(name), ns)
         cm_view = None
         if cm is not None:
@@ -321,35 +324,46 @@ class Operator:
             now=self.clock(),
             policy_name=policy_name if pobj is not None else "",
             policy_missing=missing,
-            version_floor=read_floor(self.kube, ns, name),
+            policy_error=policy_error,
+            # A plan that does not parse still holds its name: new versions go above it.
+            version_floor=max(
+                [read_floor(self.kube, ns, name), *(_version(o) for o, _ in unreadable)]
+            ),
+            unreadable_plans=tuple(
+                f"{(o.get('metadata') or {}).get('name')}: {why}" for o, why in unreadable
+            ),
         )
 
     @staticmethod
     def _node_view(obj: Json) -> NodeView:
+        """The GPUNode; one that does not parse is kept out of placement, saying why."""
         meta = obj.get("metadata") or {}
+        error = ""
         try:
             spec = from_wire(GPUNodeSpec, obj.get("spec") or {}, "spec")
-        except InputError:
-            spec = GPUNodeSpec(cordon=True)
+        except InputError as exc:
+            spec, error = GPUNodeSpec(cordon=True), f"its spec does not parse: {exc}"
         try:
             status = from_wire(GPUNodeStatus, obj.get("status") or {}, "status")
-        except InputError:
-            status = GPUNodeStatus()
+        except InputError as exc:
+            status, error = GPUNodeStatus(), error or f"its status does not parse: {exc}"
         return NodeView(
             name=str(meta.get("name")),
             labels=dict(meta.get("labels") or {}),
             spec=spec,
             status=status,
             deleting=bool(meta.get("deletionTimestamp")),
+            error=error,
         )
 
-    def _plan_view(self, obj: Json) -> PlanView | None:
+    def _plan_view(self, obj: Json) -> PlanView | str:
+        """The PartitionPlan, or why it does not parse (it is then left alone)."""
         meta = obj.get("metadata") or {}
         try:
             spec = from_wire(PartitionPlanSpec, obj.get("spec") or {}, "spec")
         except InputError as exc:
             self.log.warning("unreadable PartitionPlan", plan=meta.get("name"), error=str(exc))
-            return None
+            return str(exc)
         try:
             status = from_wire(PartitionPlanStatus, obj.get("status") or {}, "status")
         except InputError:
@@ -529,3 +543,13 @@ class Operator:
     def ready(self) -> bool:
         """Every informer listed at least once."""
         return all(inf.synced.is_set() for inf in self.informers)
+
+
+def _version(plan: Json) -> int:
+    """The version a PartitionPlan that does not parse holds: its ``spec.version`` when that
+    is a number, else the ``-vN`` of its name (0 when neither says)."""
+    raw = (plan.get("spec") or {}).get("version")
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        return raw
+    m = re.search(r"-v(\d+)$", str((plan.get("metadata") or {}).get("name") or ""))
+    return int(m.group(1)) if m else 0

@@ -231,7 +231,7 @@ def deployment_status(
     gen, now, prev = d.generation, observed.now, d.status.conditions
     solved = _solved(observed, inputs, input_error, ours, record, solve)
     rolled = _rollout(current) if current is not None else ("False", "NoPlan", "no plan yet")
-    degraded = _degraded(inputs, current, solved, rolled)
+    degraded = _degraded(inputs, current, solved, rolled, observed.unreadable_plans)
     conditions: tuple[Condition, ...] = (
         _condition(prev, SOLVED, *solved, gen, now),
         _condition(prev, ROLLED_OUT, *rolled, gen, now),
@@ -311,9 +311,11 @@ def _degraded(
     current: PlanView | None,
     solved: tuple[str, str, str],
     rolled: tuple[str, str, str],
+    unreadable: Sequence[str] = (),
 ) -> tuple[str, str, str]:
     """``(status, reason, message)`` of the Degraded condition: the current plan uses nodes
-    no longer eligible, was solved for earlier inputs, or failed to roll out."""
+    no longer eligible, was solved for earlier inputs, or failed to roll out; or some of
+    the deployment's PartitionPlans do not parse (``unreadable``, left alone)."""
     if current is not None:
         eligible = {n.name for n in inputs.fleet_view.fleet.nodes} if inputs else set()
         lost = [n for n in current.spec.nodes if inputs is not None and n not in eligible]
@@ -333,6 +335,13 @@ def _degraded(
             )
         if rolled[1] == "RolloutFailed":
             return "True", "RolloutFailed", rolled[2]
+    if unreadable:
+        return (
+            "True",
+            "UnreadablePlan",
+            f"PartitionPlans that do not parse are left alone: {'; '.join(unreadable[:5])}. "
+            "To fix: delete them (kubectl delete partitionplan NAME); new versions go above",
+        )
     return "False", "AsExpected", "serving the plan for the current spec and fleet"
 
 

@@ -18,9 +18,9 @@ from typing import Any
 from policies.costmodel import build_cost_table
 from policies.errors import InputError
 from policies.evaluation import LayerPlacement, evaluate
-from policies.exports import export_plan
+from policies.exports import export_plan, placement_document
 from policies.fleet import Fleet
-from policies.models import ModelSpec
+from policies.models import PRESETS, ModelSpec
 from policies.plan import Plan
 from policies.request import count_moves
 from policies.workload import Workload
@@ -77,7 +77,7 @@ def expert_location(plan: Plan) -> dict[str, Any] | None:
     """SGLang ``--init-expert-location`` document of an engine-form MoE plan, else None."""
     if plan.form != "engine" or not plan.moe_layers or plan.slots_per_gpu is None:
         return None
-    return export_plan(plan, "sglang")
+    return placement_document(plan, "sglang")
 
 
 def split_plan(
@@ -152,7 +152,9 @@ def engine_document(plan: Plan, fmt: str) -> dict[str, Any]:
         return plan.to_dict()
     if fmt not in ROUTING_FORMATS:
         raise InputError(f"unknown format {fmt!r}; choose one of {ROUTING_FORMATS}", field="format")
-    doc = export_plan(plan, fmt)
+    # A preset's model gives the family and MTP checks; a plan of an inline config is
+    # exported with the structural checks alone.
+    doc = export_plan(plan, fmt, PRESETS.get(plan.model))
     return {str(k) if isinstance(k, int) else k: v for k, v in doc.items()}
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from policies.errors import InputError
+from policies.limits import GPU_FIGURE_RANGES, check_figure, key_path
 
 ARCH_AMPERE = "ampere"
 ARCH_ADA = "ada"
@@ -75,7 +76,7 @@ class GpuSpec:
         numeric = {f.name for f in fields(self) if f.type in ("float", "int")}
         clean: dict[str, Any] = {}
         for key, value in overrides.items():
-            path = f"{field_path}.{key}" if field_path else key
+            path = key_path(field_path, key)
             if key not in numeric:
                 raise InputError(
                     f"unknown GPU field {key!r}. To fix: use one of {sorted(numeric)}",
@@ -85,6 +86,7 @@ class GpuSpec:
                 raise InputError(f"must be a number, got {value!r}", field=path)
             if value != value or value < 0 or value == float("inf"):
                 raise InputError(f"must be a finite non-negative number, got {value!r}", field=path)
+            check_figure(value, *GPU_FIGURE_RANGES[key], path)
             clean[key] = int(value) if key in ("sms", "nvlink_links") else float(value)
         return replace(self, **clean)
 

@@ -23,12 +23,18 @@ Phases of a layer (each ends at a barrier, so each costs its slowest GPU)::
 The attention phase covers attention projections (a roofline over GEMM FLOPs and weight
 reads), the attention core (compute-bound in prefill, KV-read-bound in decode) and the
 dense FFN or shared expert of the layer, for the GPU's share of the batch (data-parallel
-attention, each GPU a rank). Expert FFNs are a grouped-GEMM roofline with per-architecture
-dtype support: FP8 weights on a GPU without FP8 tensor cores (Ampere) compute at the BF16
-rate while their memory traffic stays at FP8 size. Dispatch/combine is alpha-beta over the
+attention, each GPU a rank, or a tensor-parallel group: see below). Expert FFNs are a
+grouped-GEMM roofline with per-architecture dtype support: FP8 weights on a GPU without FP8
+tensor cores (Ampere) compute at the BF16 rate while their memory traffic stays at FP8 size. Dispatch/combine is alpha-beta over the
 channel each pair of GPUs talks over (NVLink inside a domain, PCIe inside a node without
 NVLink, RDMA across nodes), with tokens originating on each GPU in proportion to its
 attention share.
+
+Tensor-parallel attention (:mod:`policies.tensor_parallel` builds such tables): a DP group
+of k identical GPUs of one node serves its share with heads split k ways, each GPU counting
+as serving 1/k of it; per GPU the shared weights and their read time are divided by k, the
+KV cache is multiplied by ``k / kv_shards``, and two all-reduces per layer join the attention
+phase (their time per token in ``attn_core_us_per_token``, latency in ``attn_overhead_us``).
 
 Units: microseconds (``_us``), bytes, GB/s (1e9 B/s = 1e3 B/us), TFLOPS.
 """
@@ -46,6 +52,7 @@ import numpy.typing as npt
 from policies.catalog import GpuSpec
 from policies.errors import InputError
 from policies.fleet import Fleet
+from policies.limits import check_figure, measured_range
 from policies.models import DTYPE_BYTES, ModelSpec
 from policies.topology import Channel, Topology, build_topology
 from policies.workload import Workload
@@ -71,6 +78,8 @@ class Efficiency:
         gemm_launch_us: fixed cost per GEMM kernel, us (small-batch GEMMs fall short of the
             roofline by about this much: 128x7168x2048 ran at 219 TFLOPS).
         alpha_nvlink_us, alpha_rdma_us: fixed latency of one dispatch or combine, us.
+        allreduce_latency_us: fixed latency of one all-reduce inside a tensor-parallel
+            attention group, us (an estimate for NCCL on NVLink at decode sizes; unmeasured).
     """
 
     gemm_bf16: float = 0.78
@@ -84,6 +93,7 @@ class Efficiency:
     gemm_launch_us: float = 8.0
     alpha_nvlink_us: float = 15.0
     alpha_rdma_us: float = 25.0
+    allreduce_latency_us: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -162,8 +172,9 @@ class GpuCost:
         attn_gemm_us_per_token: projection + dense/shared FFN GEMM time per token, by layer
             kind (``"dense"``, ``"moe"``).
         attn_weight_read_us: time to stream the attention phase's weights once, by kind.
-        attn_core_us_per_token: attention-core time per token (KV read or score FLOPs).
-        attn_overhead_us: fixed kernel costs of the attention phase.
+        attn_core_us_per_token: attention-core time per token (KV read or score FLOPs),
+            plus a tensor-parallel group's all-reduce time per token.
+        attn_overhead_us: fixed kernel costs of the attention phase (and all-reduce latency).
         expert_flop_us_per_pair: expert FFN compute per token-expert pair.
         expert_read_us_per_replica: time to stream one replica's weights.
         expert_act_us_per_pair: activation traffic per token-expert pair.
@@ -172,7 +183,7 @@ class GpuCost:
         comm_alpha_us: fixed latency of dispatch plus combine.
         usable_bytes: memory usable for model state (capacity minus headroom).
         fixed_bytes: weights every GPU holds (attention, dense FFNs, shared experts,
-            embeddings) plus communication buffers.
+            embeddings; 1/k of them in a tensor-parallel group of k) plus communication buffers.
     """
 
     attn_gemm_us_per_token: Mapping[str, float]
@@ -216,6 +227,10 @@ class CostTable:
         segment: per GPU the index of its fabric segment (its first fabric, sorted).
         segment_links: ``(segment a, segment b, bytes/us per direction, alpha us)`` for each
             link joining two segments; cross-segment traffic shares it.
+        attention_tp: per GPU the size k of its tensor-parallel attention group (empty: 1).
+        kv_shards: per GPU the ways its group splits the KV cache (empty: 1).
+        exchange: how the EP group's backend moves tokens to experts: ``alltoall`` or
+            ``allgather`` (:attr:`policies.engines.Runtime.exchange`; scoring and solving).
     """
 
     gpus: tuple[GpuCost, ...]
@@ -239,6 +254,9 @@ class CostTable:
     comm_alpha: npt.NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
     segment: tuple[int, ...] = ()
     segment_links: tuple[tuple[int, int, float, float], ...] = ()
+    attention_tp: tuple[int, ...] = ()
+    kv_shards: tuple[int, ...] = ()
+    exchange: str = "alltoall"
 
     @property
     def num_gpus(self) -> int:
@@ -253,6 +271,19 @@ class CostTable:
         if self.decode:
             return tokens_on_gpu * self.context_len
         return max(tokens_on_gpu, float(self.context_len)) if tokens_on_gpu > 0 else 0.0
+
+    def kv_split(self, i: int) -> tuple[int, int]:
+        """GPU ``i``'s ``(attention TP size k, KV shards)``: its group keeps the KV of k
+        times its tokens, split that many ways."""
+        return (
+            self.attention_tp[i] if self.attention_tp else 1,
+            self.kv_shards[i] if self.kv_shards else 1,
+        )
+
+    def kv_cache_bytes(self, i: int, tokens_on_gpu: float) -> float:
+        """KV-cache bytes GPU ``i`` keeps when it serves ``tokens_on_gpu`` per step."""
+        k, shards = self.kv_split(i)
+        return self.kv_tokens(tokens_on_gpu * k) * self.kv_bytes_per_token / shards
 
     def attention_us(self, i: int, tokens: float, kind: str) -> float:
         """Attention-phase time of GPU ``i`` serving ``tokens`` tokens in a layer of ``kind``."""
@@ -326,7 +357,7 @@ def _model_terms(model: ModelSpec, workload: Workload) -> _ModelTerms:
     )
 
 
-def _attention_core_us(
+def attention_core_us(
     spec: GpuSpec,
     m: MeasuredFigures | None,
     model: ModelSpec,
@@ -334,7 +365,9 @@ def _attention_core_us(
     eff: Efficiency,
     kv_bytes: float,
 ) -> float:
-    """Attention core time per token, us: KV read or FLOPs in decode, FLOPs in prefill."""
+    """Attention core time per token, us: KV read or FLOPs in decode, FLOPs in prefill
+    (KV read time is proportional to ``kv_bytes``, which :mod:`policies.tensor_parallel`
+    scales by a group's KV replication)."""
     ctx = workload.context_len
     if workload.decode:
         bw = (
@@ -413,7 +446,7 @@ def _gpu_cost(
         gemm_tok["dense"] = (
             2.0 * (model.attn_params_per_layer + model.dense_ffn_params) / dense_rate
         )
-    core = _attention_core_us(spec, m, model, workload, eff, terms.kv_bytes)
+    core = attention_core_us(spec, m, model, workload, eff, terms.kv_bytes)
     bw_by_channel, alpha = _comm_terms(i, m, topo, eff)
     if m and m.attn_extra_us_per_token:
         core += m.attn_extra_us_per_token
@@ -561,5 +594,6 @@ def measured_from_dict(doc: Mapping[str, Any]) -> MeasuredFigures:
             or math.isinf(value)
         ):
             raise InputError(f"must be a finite number > 0, got {value!r}", field=key)
+        check_figure(value, *measured_range(key), key, zero=False)
         values[key] = float(value)
     return MeasuredFigures(**values)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from policies.costmodel import CostSettings
+from policies.engines import EngineSpec
 from policies.errors import InputError
 from policies.fleet import Fleet, Node
 from policies.models import ModelSpec
@@ -98,6 +99,7 @@ class Deployment:
         allow_cross_vendor: let one deployment's expert-parallel all-to-all span GPU
             vendors (passed on to the request once it has that field; see
             :mod:`policies.vendors`).
+        engine: the engine that will run the plans (:mod:`policies.engines`).
     """
 
     fleet: Fleet
@@ -113,6 +115,7 @@ class Deployment:
     options: SolverOptions = field(default_factory=SolverOptions)
     settings: CostSettings = field(default_factory=CostSettings)
     allow_cross_vendor: bool = False
+    engine: EngineSpec = field(default_factory=EngineSpec)
 
     def __post_init__(self) -> None:
         if self.phase not in PHASES:
@@ -172,6 +175,7 @@ class Deployment:
             redundant_experts=self.redundancy_for(len(f.gpus)),
             options=self.options,
             settings=self.settings,
+            engine=self.engine,
         )
         if (
             self.allow_cross_vendor

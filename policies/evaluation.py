@@ -13,9 +13,10 @@ Units: microseconds (``_us``), bytes, fractions in [0, 1].
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
+import numpy.typing as npt
 
 from policies.costmodel import GIB, CostTable
 from policies.topology import Channel
@@ -28,9 +29,14 @@ class LayerPlacement:
     Attributes:
         per_gpu: per GPU (fleet order) a tuple of ``(expert, share)``: the replica of
             ``expert`` on that GPU serves ``share`` of the expert's tokens.
+        traffic: when the engine picks replicas by locality, ``traffic[i, j]`` is the
+            fraction of the layer's token-expert pairs that GPU i's tokens send to GPU j
+            (:func:`policies.engines.dispatch_traffic`); None when every source spreads its
+            pairs like the served fractions (even or planned shares).
     """
 
     per_gpu: tuple[tuple[tuple[int, float], ...], ...]
+    traffic: npt.NDArray[np.float64] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -96,13 +102,17 @@ def served_fractions(table: CostTable, layer: int, placement: LayerPlacement) ->
 
 
 def comm_times_us(
-    table: CostTable, attention_share: Sequence[float], served: Sequence[float]
+    table: CostTable,
+    attention_share: Sequence[float],
+    served: Sequence[float],
+    traffic: npt.NDArray[np.float64] | None = None,
 ) -> list[float]:
     """Dispatch+combine time per GPU for one MoE layer (alpha-beta per channel).
 
     GPU i sends ``share_i * served_j`` of the layer's pair bytes to each GPU j and receives
-    ``share_j * served_i`` from it; per channel the time is the larger direction over the
-    channel's per-GPU bandwidth, and the GPU's time is its slowest channel plus alpha.
+    ``share_j * served_i`` from it (or ``traffic[i, j]`` when given: locality-based replica
+    choice); per channel the time is the larger direction over the channel's per-GPU
+    bandwidth, and the GPU's time is its slowest channel plus alpha.
     """
     volume = table.total_tokens * table.top_k * table.bytes_per_copy
     a = np.asarray(attention_share, dtype=float)
@@ -111,12 +121,42 @@ def comm_times_us(
     for k, mask in enumerate(table.channel_masks):
         if k == Channel.LOCAL or mask.size == 0:
             continue
-        send = a * (mask @ s)  # i's tokens' pairs served across channel k
-        recv = s * (mask @ a)  # pairs i serves for tokens across channel k
-        t = np.maximum(t, np.maximum(send, recv) * volume / table.comm_bw[:, k])
+        if traffic is not None:
+            crossing = traffic * mask
+            send, recv = crossing.sum(axis=1), crossing.sum(axis=0)
+        else:
+            send = a * (mask @ s)  # i's tokens' pairs served across channel k
+            recv = s * (mask @ a)  # pairs i serves for tokens across channel k
+        moved = np.maximum(send, recv) * volume
+        with np.errstate(divide="ignore", invalid="ignore"):  # no link (0 B/s): inf, not NaN
+            t = np.maximum(t, np.where(moved > 0, moved / table.comm_bw[:, k], 0.0))
     busy = (a > 0) | (s > 0)
     out = np.where(busy, t + table.comm_alpha, 0.0)
     return [float(x) for x in out]
+
+
+def gather_times_us(table: CostTable, attention_share: Sequence[float]) -> list[float]:
+    """All-gather + reduce-scatter time per GPU for one MoE layer, us: the exchange of
+    backends without all-to-all (SGLang ``--moe-a2a-backend none``, vLLM
+    ``allgather_reducescatter``/``naive``), where every GPU receives every token of the
+    step, computes its own experts on them and the partial results are reduce-scattered.
+
+    A ring moves ``(1 - share_i)`` of the step's token bytes into GPU i each way; it runs at
+    the GPU's slowest channel to a peer. Independent of the expert placement.
+    """
+    volume = table.total_tokens * table.bytes_per_copy
+    out: list[float] = []
+    for i, a in enumerate(attention_share):
+        bws = [
+            float(table.comm_bw[i, k])
+            for k, mask in enumerate(table.channel_masks)
+            if k != Channel.LOCAL and mask.size and mask[i].any()
+        ]
+        if not bws:
+            out.append(0.0)
+            continue
+        out.append(float(table.comm_alpha[i]) + (1.0 - a) * volume / min(bws))
+    return out
 
 
 def link_time_us(
@@ -146,6 +186,20 @@ def link_time_us(
     return worst
 
 
+def layer_exchange_us(
+    table: CostTable,
+    attention_share: Sequence[float],
+    li: int,
+    placement: LayerPlacement,
+    exchange: str | None = None,
+) -> float:
+    """Dispatch+combine plus expert phase of MoE layer ``li`` (each its slowest GPU; the
+    attention phase does not depend on the expert placement), us."""
+    zero = (0.0,) * table.num_gpus
+    how = exchange or table.exchange
+    return _moe_layer(table, attention_share, li, placement, how, zero).layer_us
+
+
 def _coverage_violation(table: CostTable, li: int, placement: LayerPlacement) -> str | None:
     """The violation line of MoE layer ``li`` when a loaded expert's shares do not sum
     to 1, else None."""
@@ -162,8 +216,59 @@ def _coverage_violation(table: CostTable, li: int, placement: LayerPlacement) ->
     )
 
 
+def _moe_layer(
+    table: CostTable,
+    attention_share: Sequence[float],
+    li: int,
+    placement: LayerPlacement,
+    exchange: str,
+    attention: tuple[float, ...],
+) -> PhaseTimes:
+    """Phase times of MoE layer ``li`` (``attention``: its attention phase per GPU)."""
+    served = served_fractions(table, li, placement)
+    if exchange == "allgather":
+        comm = gather_times_us(table, attention_share)
+        link = 0.0  # a ring crosses each fabric link once per step's bytes: in comm
+    else:
+        comm = comm_times_us(table, attention_share, served, placement.traffic)
+        link = link_time_us(table, attention_share, served)
+    exp = [
+        table.expert_us(i, served[i] * table.total_tokens * table.top_k, len(slots))
+        for i, slots in enumerate(placement.per_gpu)
+    ]
+    return PhaseTimes(attention, tuple(comm), tuple(exp), link)
+
+
+def _memory(
+    table: CostTable, tokens: Sequence[float], replicas: Sequence[int], violations: list[str]
+) -> list[dict[str, float]]:
+    """Per GPU memory breakdown, bytes; appends a line to ``violations`` per overflow."""
+    memory: list[dict[str, float]] = []
+    for i, c in enumerate(table.gpus):
+        mem = {
+            "weights": c.fixed_bytes,
+            "experts": replicas[i] * table.expert_bytes,
+            "kv_cache": table.kv_cache_bytes(i, tokens[i]),
+            "activations": tokens[i] * table.act_bytes_per_token,
+        }
+        mem["total"] = sum(mem.values())
+        mem["usable"] = c.usable_bytes
+        if mem["total"] > c.usable_bytes * (1 + 1e-9):
+            violations.append(
+                f"{table.gpu_ids[i]} ({table.models[i]}) needs {mem['total'] / GIB:.1f} GiB but "
+                f"has {c.usable_bytes / GIB:.1f} GiB usable (weights {mem['weights'] / GIB:.1f}, "
+                f"experts {mem['experts'] / GIB:.1f}, KV {mem['kv_cache'] / GIB:.1f}, "
+                f"activations {mem['activations'] / GIB:.1f})"
+            )
+        memory.append(mem)
+    return memory
+
+
 def evaluate(
-    table: CostTable, attention_share: Sequence[float], layers: Sequence[LayerPlacement]
+    table: CostTable,
+    attention_share: Sequence[float],
+    layers: Sequence[LayerPlacement],
+    exchange: str | None = None,
 ) -> Evaluation:
     """Score a placement with the cost model.
 
@@ -172,12 +277,17 @@ def evaluate(
         attention_share: per GPU the fraction of the step's tokens its attention serves;
             sums to 1.
         layers: expert placement per MoE layer (empty for dense models).
+        exchange: ``alltoall`` (dispatch+combine, :func:`comm_times_us`) or ``allgather``
+            (every GPU gets every token, :func:`gather_times_us`), as the EP group's
+            backend moves tokens (:attr:`policies.engines.Runtime.exchange`); None: the
+            table's ``exchange``.
 
     Returns:
         Predicted step time, throughput, per-layer phase times, memory, and violations of
         coverage (every expert's shares sum to 1) and memory capacity.
     """
     n = table.num_gpus
+    exchange = exchange or table.exchange
     tokens = [a * table.total_tokens for a in attention_share]
     violations: list[str] = []
     if abs(sum(attention_share) - 1.0) > 1e-6:
@@ -193,44 +303,17 @@ def evaluate(
         step += dense.layer_us * table.num_dense_layers
     moe: list[PhaseTimes] = []
     replicas = [0] * n
+    attention = tuple(table.attention_us(i, tokens[i], "moe") for i in range(n))
     for li, placement in enumerate(layers):
         uncovered = _coverage_violation(table, li, placement)
         if uncovered:
             violations.append(uncovered)
-        served = served_fractions(table, li, placement)
-        comm = comm_times_us(table, attention_share, served)
-        link = link_time_us(table, attention_share, served)
-        exp: list[float] = []
+        t = _moe_layer(table, attention_share, li, placement, exchange, attention)
         for i, slots in enumerate(placement.per_gpu):
-            pairs = served[i] * table.total_tokens * table.top_k
-            exp.append(table.expert_us(i, pairs, len(slots)))
             replicas[i] += len(slots)
-        t = PhaseTimes(
-            tuple(table.attention_us(i, tokens[i], "moe") for i in range(n)),
-            tuple(comm),
-            tuple(exp),
-            link,
-        )
         moe.append(t)
         step += t.layer_us
-    memory: list[dict[str, float]] = []
-    for i, c in enumerate(table.gpus):
-        mem = {
-            "weights": c.fixed_bytes,
-            "experts": replicas[i] * table.expert_bytes,
-            "kv_cache": table.kv_tokens(tokens[i]) * table.kv_bytes_per_token,
-            "activations": tokens[i] * table.act_bytes_per_token,
-        }
-        mem["total"] = sum(mem.values())
-        mem["usable"] = c.usable_bytes
-        if mem["total"] > c.usable_bytes * (1 + 1e-9):
-            violations.append(
-                f"{table.gpu_ids[i]} ({table.models[i]}) needs {mem['total'] / GIB:.1f} GiB but "
-                f"has {c.usable_bytes / GIB:.1f} GiB usable (weights {mem['weights'] / GIB:.1f}, "
-                f"experts {mem['experts'] / GIB:.1f}, KV {mem['kv_cache'] / GIB:.1f}, "
-                f"activations {mem['activations'] / GIB:.1f})"
-            )
-        memory.append(mem)
+    memory = _memory(table, tokens, replicas, violations)
     tps = table.total_tokens / (step * 1e-6) if step > 0 else 0.0
     return Evaluation(
         step_time_us=step,

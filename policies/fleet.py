@@ -24,6 +24,13 @@ from typing import Any, NewType
 
 from policies.catalog import GpuSpec, lookup
 from policies.errors import InputError
+from policies.limits import (
+    MAX_FLEET_GPUS,
+    MAX_FLEET_NODES,
+    MAX_GPUS_PER_NODE,
+    MAX_NICS_PER_NODE,
+    bounded_int,
+)
 
 GpuId = NewType("GpuId", str)
 
@@ -263,7 +270,7 @@ def _parse_gpu_group(doc: Mapping[str, Any], path: str) -> tuple[GpuSpec, int, l
     model = _req(doc, "model", path)
     if not isinstance(model, str) or not model:
         raise InputError("must be a non-empty string", field=f"{path}.model")
-    count = positive_int(doc.get("count", 1), f"{path}.count")
+    count = bounded_int(doc.get("count", 1), f"{path}.count", maximum=MAX_GPUS_PER_NODE)
     overrides = {k: v for k, v in doc.items() if k not in _GPU_KEYS}
     if "base" in doc:
         base = lookup(str(doc["base"]), field_path=f"{path}.base")
@@ -304,6 +311,11 @@ def parse_node(
         gpath = f"{path}.gpus[{i}]"
         group = _renamed(_mapping(g, gpath), LEGACY_GPU_KEYS, gpath, warnings)
         spec, count, uuids = _parse_gpu_group(group, gpath)
+        if len(gpus) + count > MAX_GPUS_PER_NODE:  # checked before the GPUs are made
+            raise InputError(
+                f"the node's GPU groups add up to more than {MAX_GPUS_PER_NODE:,} GPUs",
+                field=f"{gpath}.count",
+            )
         for j in range(count):
             idx = len(gpus)
             gpus.append(Gpu(GpuId(f"{name}/gpu{idx}"), name, idx, spec, uuids[j] if uuids else ""))
@@ -337,7 +349,7 @@ def parse_node(
             )
         nics.append(
             NicGroup(
-                positive_int(n.get("count", 1), f"{npath}.count"),
+                bounded_int(n.get("count", 1), f"{npath}.count", maximum=MAX_NICS_PER_NODE),
                 positive_number(
                     _req(n, "per_direction_gbits_per_s", npath),
                     f"{npath}.per_direction_gbits_per_s",
@@ -347,6 +359,31 @@ def parse_node(
             )
         )
     return Node(name, tuple(gpus), nvlink, tuple(nics), labels)
+
+
+def _check_fleet_size(raw_nodes: Sequence[Any]) -> None:
+    """Refuse a fleet over :data:`~policies.limits.MAX_FLEET_NODES` nodes or
+    :data:`~policies.limits.MAX_FLEET_GPUS` GPUs before any node is expanded into GPUs
+    (counts that are not integers are left to :func:`parse_node` to name)."""
+    if len(raw_nodes) > MAX_FLEET_NODES:
+        raise InputError(
+            f"has {len(raw_nodes):,} nodes, over the limit of {MAX_FLEET_NODES:,}. To fix: "
+            "plan a part of the fleet (node selectors) at a time",
+            field="spec.nodes",
+        )
+    total = 0
+    for node in raw_nodes:
+        groups = node.get("gpus") if isinstance(node, Mapping) else None
+        for g in groups if isinstance(groups, list) else ():
+            count = g.get("count", 1) if isinstance(g, Mapping) else 1
+            if isinstance(count, int) and count > 0:
+                total += count
+    if total > MAX_FLEET_GPUS:
+        raise InputError(
+            f"counts add up to {total:,} GPUs, over the limit of {MAX_FLEET_GPUS:,}. To fix: "
+            "plan a part of the fleet (node selectors) at a time",
+            field="spec.nodes",
+        )
 
 
 def parse_fleet(doc: Any) -> Fleet:
@@ -385,6 +422,7 @@ def parse_fleet(doc: Any) -> Fleet:
     raw_nodes = _list(_req(spec, "nodes", "spec"), "spec.nodes")
     if not raw_nodes:
         raise InputError("a fleet needs at least one node", field="spec.nodes")
+    _check_fleet_size(raw_nodes)
     nodes = tuple(parse_node(n, f"spec.nodes[{i}]", warnings) for i, n in enumerate(raw_nodes))
     seen: dict[str, int] = {}
     for i, n in enumerate(nodes):

@@ -18,6 +18,15 @@ from typing import Any
 from policies.catalog import GpuSpec, lookup
 from policies.errors import InputError
 from policies.fleet import Gpu, GpuId, NicGroup, Node, NvLinkDomain
+from policies.limits import (
+    MAX_GPUS_PER_NODE,
+    NIC_GBITS_RANGE,
+    check_figure,
+    check_node_name,
+    check_reported_gpu,
+    key_path,
+    measured_range,
+)
 
 #: AMD Infinity Fabric (xGMI) links are reported as :class:`NvLinkInfo` with this generation
 #: code, outside NVLink's 1-5: the MI300X's xGMI, 64 GB/s per direction per link (7 links,
@@ -298,6 +307,12 @@ def check_inventory(inv: NodeInventory) -> None:
 
     if not inv.node:
         raise InputError("node name is empty", field="inventory.node")
+    check_node_name(inv.node, "inventory.node")
+    if len(inv.gpus) > MAX_GPUS_PER_NODE:
+        raise InputError(
+            f"reports {len(inv.gpus):,} GPUs, over the limit of {MAX_GPUS_PER_NODE:,} per node",
+            field="inventory.gpus",
+        )
     seen_uuid: dict[str, int] = {}
     seen_idx: set[int] = set()
     for k, g in enumerate(inv.gpus):
@@ -319,21 +334,14 @@ def check_inventory(inv: NodeInventory) -> None:
                 raise InputError(f"must be a finite number >= 0, got {v}", field=f"{path}.{name}")
         if g.memory_bytes < 0 or g.sms < 0:
             raise InputError("memory_bytes and sms must be >= 0", field=path)
-        for key, v in g.measured.items():
-            if math.isnan(v) or math.isinf(v) or v <= 0:
-                raise InputError(
-                    f"must be a finite number > 0, got {v}", field=f"{path}.measured.{key}"
-                )
+        check_reported_gpu(
+            g.memory_bytes, g.hbm_bandwidth_gbytes_per_s, g.sms, g.power_limit_w, path
+        )
+        for key, v in g.measured.items():  # NaN, infinities and v <= 0 are out of range too
+            check_figure(v, *measured_range(key), key_path(f"{path}.measured", key), zero=False)
     for k, nic in enumerate(inv.nics):
-        if (
-            math.isnan(nic.rate_per_direction_gbits_per_s)
-            or math.isinf(nic.rate_per_direction_gbits_per_s)
-            or nic.rate_per_direction_gbits_per_s < 0
-        ):
-            raise InputError(
-                f"must be a finite number >= 0, got {nic.rate_per_direction_gbits_per_s}",
-                field=f"inventory.nics[{k}].rate_per_direction_gbits_per_s",
-            )
+        rate_path = f"inventory.nics[{k}].rate_per_direction_gbits_per_s"
+        check_figure(nic.rate_per_direction_gbits_per_s, *NIC_GBITS_RANGE, rate_path)
 
 
 # --------------------------------------------------------------------------- JSON codec
@@ -519,7 +527,7 @@ def inventory_from_dict(doc: Any, path: str = "inventory") -> NodeInventory:
         node=r.str_("node"),
         gpus=tuple(_gpu_from_dict(g, f"{path}.gpus[{k}]") for k, g in enumerate(r.list_("gpus"))),
         nics=tuple(nics),
-        labels={str(k): _str_value(v, f"{path}.labels.{k}") for k, v in labels.items()},
+        labels={str(k): _str_value(v, key_path(f"{path}.labels", k)) for k, v in labels.items()},
         agent_version=r.str_("agent_version", AGENT_VERSION),
         simulated=r.bool_("simulated", False),
         discovered_by=tuple(
@@ -548,7 +556,9 @@ def _gpu_from_dict(doc: Any, path: str) -> GpuInventory:
     measured: dict[str, float] = {}
     for key, v in g.mapping("measured").items():
         if isinstance(v, bool) or not isinstance(v, int | float):
-            raise InputError(f"must be a number, got {v!r}", field=f"{path}.measured.{key}")
+            raise InputError(
+                f"must be a number, got {v!r}", field=key_path(f"{path}.measured", key)
+            )
         measured[str(key)] = float(v)
     h = _Reader(g.mapping("health"), f"{path}.health", _HEALTH_KEYS)
     xids = h.list_("xid_errors")

@@ -13,6 +13,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from policies.errors import InputError
+from policies.limits import (
+    MAX_EXPERTS,
+    MAX_LAYER_EXPERTS,
+    MAX_LAYERS,
+    MAX_MODEL_DIMENSION,
+    bounded_int,
+)
 
 #: bytes per weight element; MXFP4 is 4-bit values plus one 8-bit scale per 32 values.
 DTYPE_BYTES: dict[str, float] = {"fp8": 1.0, "bf16": 2.0, "fp16": 2.0, "mxfp4": 4.25 / 8}
@@ -43,6 +50,9 @@ class ModelSpec:
         weight_dtype: dtype of attention and dense weights (``fp8`` | ``bf16``).
         expert_dtype: dtype of routed-expert weights (``fp8`` | ``bf16`` | ``mxfp4``).
         tie_embeddings: input and output embeddings share weights.
+        mtp_layers: multi-token-prediction layers after the decoder (DeepSeek-V3
+            ``num_nextn_predict_layers``); layer ``k`` has index ``num_layers + k`` and is an
+            MoE layer with the same experts. 0 when the model has none.
     """
 
     name: str
@@ -69,6 +79,7 @@ class ModelSpec:
     weight_dtype: str
     expert_dtype: str
     tie_embeddings: bool = False
+    mtp_layers: int = 0
 
     # ------------------------------------------------------------------ shape helpers
     @property
@@ -172,16 +183,30 @@ class ModelSpec:
 # ---------------------------------------------------------------------- HF configs
 
 
+#: Largest value of a config.json integer (:mod:`policies.limits`); other keys:
+#: :data:`~policies.limits.MAX_MODEL_DIMENSION`.
+_MAXIMA = {
+    **dict.fromkeys(
+        ("num_hidden_layers", "first_k_dense_replace", "moe_layer_freq", "decoder_sparse_step"),
+        MAX_LAYERS,
+    ),
+    "num_nextn_predict_layers": 16,
+    **dict.fromkeys(
+        ("n_routed_experts", "num_local_experts", "num_experts", "num_experts_per_tok"),
+        MAX_EXPERTS,
+    ),
+    **dict.fromkeys(("n_shared_experts", "n_group", "topk_group", "k"), MAX_EXPERTS),
+}
+
+
 def _int(cfg: Mapping[str, Any], key: str, default: int | None = None) -> int:
     v = cfg.get(key, default)
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        if v is None:
-            raise InputError(
-                f"config.json lacks {key!r}. To fix: give a complete Hugging Face config.json",
-                field=key,
-            )
-        raise InputError(f"must be a non-negative integer, got {v!r}", field=key)
-    return v
+    if v is None:
+        raise InputError(
+            f"config.json lacks {key!r}. To fix: give a complete Hugging Face config.json",
+            field=key,
+        )
+    return bounded_int(v, key, minimum=0, maximum=_MAXIMA.get(key, MAX_MODEL_DIMENSION))
 
 
 def _dtype(cfg: Mapping[str, Any], default: str) -> str:
@@ -233,7 +258,7 @@ def from_hf_config(cfg: Any, name: str | None = None) -> ModelSpec:
         "tie_embeddings": tie,
     }
     if family in ("deepseek_v3", "deepseek_v2"):
-        return _deepseek_spec(cfg, base)
+        return _checked_size(_deepseek_spec(cfg, base))
     common = _gqa_common(cfg, base)
     build = {
         "llama": _llama_spec,
@@ -241,7 +266,30 @@ def from_hf_config(cfg: Any, name: str | None = None) -> ModelSpec:
         "mixtral": _mixtral_spec,
         "gpt_oss": _gpt_oss_spec,
     }[family]
-    return build(cfg, common)
+    return _checked_size(build(cfg, common))
+
+
+def _checked_size(spec: ModelSpec) -> ModelSpec:
+    """``spec`` when its (MoE layer, expert) table is within
+    :data:`~policies.limits.MAX_LAYER_EXPERTS` and it routes to no more experts than it has.
+
+    Raises:
+        InputError: naming the limit.
+    """
+    cells = len(spec.moe_layers) * spec.num_experts
+    if cells > MAX_LAYER_EXPERTS:
+        raise InputError(
+            f"{len(spec.moe_layers):,} MoE layers x {spec.num_experts:,} experts = {cells:,} "
+            f"(layer, expert) pairs, over the limit of {MAX_LAYER_EXPERTS:,}. To fix: check "
+            "num_hidden_layers and the expert count",
+            field="num_hidden_layers",
+        )
+    if spec.moe_layers and not 0 < spec.top_k <= spec.num_experts:
+        raise InputError(
+            f"must be from 1 to the {spec.num_experts} routed experts, got {spec.top_k}",
+            field="num_experts_per_tok",
+        )
+    return spec
 
 
 def _deepseek_spec(cfg: Mapping[str, Any], base: Mapping[str, Any]) -> ModelSpec:
@@ -278,6 +326,7 @@ def _deepseek_spec(cfg: Mapping[str, Any], base: Mapping[str, Any]) -> ModelSpec
         topk_group=_int(cfg, "topk_group", 1) or 1,
         weight_dtype=dtype,
         expert_dtype=dtype,
+        mtp_layers=_int(cfg, "num_nextn_predict_layers", 0),
     )
 
 
@@ -290,8 +339,7 @@ def _gqa_common(cfg: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, An
     """
     nkv = _int(cfg, "num_key_value_heads", base["num_q_heads"])
     head_dim = cfg.get("head_dim") or base["hidden"] // base["num_q_heads"]
-    if not isinstance(head_dim, int):
-        raise InputError(f"must be an integer, got {head_dim!r}", field="head_dim")
+    bounded_int(head_dim, "head_dim", maximum=MAX_MODEL_DIMENSION)
     return {
         **base,
         "num_kv_heads": nkv,
@@ -325,7 +373,14 @@ def _llama_spec(cfg: Mapping[str, Any], common: Mapping[str, Any]) -> ModelSpec:
 def _qwen3_moe_spec(cfg: Mapping[str, Any], common: Mapping[str, Any]) -> ModelSpec:
     """Qwen3 MoE: a MoE layer every ``decoder_sparse_step`` layers except ``mlp_only_layers``."""
     step = _int(cfg, "decoder_sparse_step", 1) or 1
-    dense_only = set(cfg.get("mlp_only_layers") or [])
+    dense_raw = cfg.get("mlp_only_layers") or []
+    if not isinstance(dense_raw, list) or not all(
+        isinstance(i, int) and not isinstance(i, bool) for i in dense_raw
+    ):
+        raise InputError(
+            f"must be a list of layer indices, got {dense_raw!r:.80}", field="mlp_only_layers"
+        )
+    dense_only = set(dense_raw)
     n_layers = common["num_layers"]
     moe = tuple(i for i in range(n_layers) if i not in dense_only and (i + 1) % step == 0)
     dtype = _dtype(cfg, "bf16")
@@ -399,6 +454,7 @@ _PRESET_CONFIGS: dict[str, dict[str, Any]] = {
         "topk_group": 4,
         "vocab_size": 129280,
         "moe_layer_freq": 1,
+        "num_nextn_predict_layers": 1,
         "quantization_config": {"quant_method": "fp8"},
         "tie_word_embeddings": False,
     },

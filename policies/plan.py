@@ -41,7 +41,8 @@ class RuntimeHints:
     """Settings the node runtime applies for this GPU.
 
     Attributes:
-        ep_backend: ``deepep`` (Hopper and newer) or ``nccl``.
+        ep_backend: the EP group's one all-to-all backend (every GPU of a group the same;
+            :func:`policies.engines.resolve_runtime`).
         deepep_mode: ``normal`` (prefill) or ``low_latency`` (decode).
         deepep_num_sms: SMs given to communication kernels (even; DeepEP default 20).
         num_nvl_bytes: intra-node communication buffer, bytes.
@@ -77,6 +78,9 @@ class GpuPlan:
         hints: runtime settings.
         predicted_busy_us: the GPU's own work in one step, us.
         memory_bytes: ``weights, experts, kv_cache, activations, total, usable``.
+        attention_tp: size of its tensor-parallel attention group (1: data-parallel alone).
+        dp_group: index of its DP attention group (its GPUs share a node, a model and a
+            share); None in plans from before groups were recorded (every GPU its own).
     """
 
     gpu: str
@@ -89,6 +93,8 @@ class GpuPlan:
     hints: RuntimeHints
     predicted_busy_us: float
     memory_bytes: Mapping[str, float]
+    attention_tp: int = 1
+    dp_group: int | None = None
 
 
 @dataclass(frozen=True)
@@ -100,13 +106,18 @@ class PlanSummary:
         form: ``native`` | ``engine``.
         step_time_us: predicted time of one forward step.
         tokens_per_s: predicted throughput.
-        lower_bound_us: proven lower bound on the step time (ilp), else None.
-        gap: ``(step - bound) / step`` when a bound exists.
+        lower_bound_us: proven lower bound on the step time of every placement of the
+            request that ``bound_scope`` names (ilp), else None.
+        gap: ``(step - lower_bound_us) / step`` for a feasible plan with a bound, else None;
+            never negative, never clipped.
         solve_s: wall time of the solve.
         feasible: no constraint violated.
         imbalance: mean over MoE layers of (max - mean) / mean expert-phase time.
         expert_moves: replicas placed on a GPU that did not hold them in the previous plan.
         solver: solver and status, e.g. ``HiGHS optimal``.
+        conditional_bound_us: proven lower bound on the step time of every placement with
+            this plan's attention shares (ilp), else None (also in plans written before it).
+        bound_scope: the placements ``lower_bound_us`` covers, in words ("" before it).
     """
 
     policy: str
@@ -120,6 +131,31 @@ class PlanSummary:
     imbalance: float
     expert_moves: int | None
     solver: str
+    conditional_bound_us: float | None = None
+    bound_scope: str = ""
+
+
+@dataclass(frozen=True)
+class PlanEngine:
+    """The engine a plan was made for and the runtime its EP group gets.
+
+    Attributes:
+        name: ``native`` | ``sglang`` | ``vllm`` | ``trtllm``.
+        version: engine version the behaviour was modelled on.
+        a2a_backend: the one all-to-all backend of the EP group.
+        dispatch: replica choice: ``static`` | ``dynamic`` | ``even`` | ``planned``.
+        dp_balance: ``router`` (planned DP weights) or ``engine`` (equal shares).
+        gpus_per_node: ranks per node as the engine counts them.
+        why: how the backend was chosen.
+    """
+
+    name: str = "native"
+    version: str = ""
+    a2a_backend: str = "nccl"
+    dispatch: str = "planned"
+    dp_balance: str = "router"
+    gpus_per_node: int = 0
+    why: str = ""
 
 
 @dataclass(frozen=True)
@@ -141,6 +177,7 @@ class Plan:
         summary: headline figures.
         violations: constraint violations (empty when feasible).
         notes: solver remarks (decomposition, time limit hit...).
+        engine: the engine and runtime the plan's shares are predicted under.
     """
 
     id: str
@@ -157,6 +194,7 @@ class Plan:
     summary: PlanSummary
     violations: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default=())
+    engine: PlanEngine = field(default_factory=PlanEngine)
 
     @property
     def form(self) -> str:
@@ -199,15 +237,19 @@ def gpu_plan_to_dict(g: GpuPlan) -> dict[str, Any]:
         "hints": asdict(g.hints),
         "predicted_busy_us": g.predicted_busy_us,
         "memory_bytes": dict(g.memory_bytes),
+        "attention_tp": g.attention_tp,
+        "dp_group": g.dp_group,
     }
 
 
 def placement_digest(gpus: Sequence[GpuPlan], extra: Mapping[str, Any]) -> str:
-    """Stable 16-hex-digit id of a placement (attention shares and expert slots)."""
+    """Stable 16-hex-digit id of a placement (attention shares, TP sizes and expert slots)."""
     h = hashlib.sha256()
     h.update(json.dumps(extra, sort_keys=True, default=str).encode())
     for g in gpus:
         h.update(f"{g.gpu}|{g.attention_share:.9f}|{g.attention_heads}".encode())
+        if g.attention_tp != 1:  # ids of data-parallel plans stay what they were
+            h.update(f"|tp{g.attention_tp}".encode())
         for layer in g.experts:
             h.update(b"L")
             for s in layer:
@@ -229,7 +271,8 @@ def gpu_plan_from_dict(g: Any, path: str) -> GpuPlan:
     whole plans and for node assignments alike.
 
     ``predicted_busy_us`` and ``memory_bytes`` may be omitted (0 and empty: assignments
-    written before they were sent); every other field is required.
+    written before they were sent), and ``attention_tp`` and ``dp_group`` (1 and None: plans
+    from before tensor-parallel attention); every other field is required.
 
     Raises:
         InputError: ``field`` is ``path`` plus the missing or malformed key.
@@ -251,6 +294,11 @@ def gpu_plan_from_dict(g: Any, path: str) -> GpuPlan:
         raise InputError(
             f"must be an integer or null, got {heads!r}", field=f"{path}.attention_heads"
         )
+    tp, group = g.get("attention_tp", 1), g.get("dp_group")
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        raise InputError(f"must be an integer >= 1, got {tp!r}", field=f"{path}.attention_tp")
+    if group is not None and (isinstance(group, bool) or not isinstance(group, int)):
+        raise InputError(f"must be an integer or null, got {group!r}", field=f"{path}.dp_group")
     memory = g.get("memory_bytes", {})
     if not isinstance(memory, Mapping):
         raise InputError(f"must be an object, got {memory!r}", field=f"{path}.memory_bytes")
@@ -269,6 +317,8 @@ def gpu_plan_from_dict(g: Any, path: str) -> GpuPlan:
             hints=RuntimeHints(**hints),
             predicted_busy_us=float(g.get("predicted_busy_us", 0.0)),
             memory_bytes={str(k): float(v) for k, v in memory.items()},
+            attention_tp=tp,
+            dp_group=group,
         )
     except (TypeError, ValueError) as exc:
         raise InputError(f"malformed GPU plan: {exc}", field=path) from exc
@@ -305,9 +355,38 @@ def plan_from_dict(d: Any) -> Plan:
             summary=PlanSummary(**_f(d, "summary", "plan")),
             violations=tuple(d.get("violations", ())),
             notes=tuple(d.get("notes", ())),
+            engine=PlanEngine(**d.get("engine", {})),
         )
     except (TypeError, ValueError) as exc:
         raise InputError(f"malformed plan: {exc}", field="plan") from exc
+
+
+def dp_group_problems(plan: Plan, tolerance: float = 1e-6) -> list[str]:
+    """A DP attention group has ``attention_tp`` GPUs, all on one node, of one model, with one
+    share; a GPU outside any group (``dp_group`` None) is data-parallel alone; an engine
+    (not ``native``) runs one attention TP size for the whole plan."""
+    problems: list[str] = []
+    groups: dict[int, list[GpuPlan]] = {}
+    for g in plan.gpus:
+        if g.dp_group is None:
+            if g.attention_tp != 1:
+                problems.append(f"{g.gpu}: attention TP {g.attention_tp} but no DP group")
+            continue
+        groups.setdefault(g.dp_group, []).append(g)
+    for index, members in sorted(groups.items()):
+        first = members[0]
+        where = f"DP group {index} ({', '.join(g.gpu for g in members)})"
+        if len({(g.node, g.model, g.attention_tp) for g in members}) > 1:
+            problems.append(f"{where}: GPUs differ in node, model or attention TP size")
+        if len(members) != first.attention_tp:
+            problems.append(f"{where}: {len(members)} GPUs, attention TP {first.attention_tp}")
+        shares = [g.attention_share for g in members]
+        if max(shares) - min(shares) > tolerance:
+            problems.append(f"{where}: unequal attention shares {[round(x, 6) for x in shares]}")
+    sizes = sorted({g.attention_tp for g in plan.gpus})
+    if plan.engine.name != "native" and len(sizes) > 1:
+        problems.append(f"{plan.engine.name} runs one attention TP size per server, plan has {sizes}")
+    return problems
 
 
 def validate_plan(plan: Plan, *, tolerance: float = 1e-6) -> list[str]:
@@ -317,9 +396,14 @@ def validate_plan(plan: Plan, *, tolerance: float = 1e-6) -> list[str]:
     * every share is in (0, 1];
     * attention shares are >= 0 and sum to 1;
     * predicted memory fits each GPU;
-    * engine form: every GPU has ``slots_per_gpu`` slots and replicas share equally.
+    * engine form: every GPU has ``slots_per_gpu`` slots, and replicas share equally unless
+      the engine's replica choice is locality-based (SGLang ``static``/``dynamic``: a
+      replica serves the ranks that pick it, possibly none, so shares are in [0, 1]);
+    * DP attention groups (:func:`dp_group_problems`).
     """
-    problems: list[str] = []
+    problems: list[str] = dp_group_problems(plan, tolerance)
+    by_locality = plan.engine.dispatch in ("static", "dynamic")
+    low = -tolerance if by_locality else 0.0
     total_share = sum(g.attention_share for g in plan.gpus)
     if abs(total_share - 1.0) > tolerance:
         problems.append(f"attention shares sum to {total_share:.9f}, not 1")
@@ -343,9 +427,10 @@ def validate_plan(plan: Plan, *, tolerance: float = 1e-6) -> list[str]:
                 if s.expert in seen and plan.form == "native":
                     problems.append(f"layer {li} {g.gpu}: expert {s.expert} placed twice")
                 seen.add(s.expert)
-                if not 0 < s.share <= 1 + tolerance:
+                if not low < s.share <= 1 + tolerance:
+                    span = "[0, 1]" if by_locality else "(0, 1]"
                     problems.append(
-                        f"layer {li} {g.gpu}: expert {s.expert} share {s.share} not in (0, 1]"
+                        f"layer {li} {g.gpu}: expert {s.expert} share {s.share} not in {span}"
                     )
                 cover[s.expert] += s.share
                 count[s.expert] += 1
@@ -356,7 +441,7 @@ def validate_plan(plan: Plan, *, tolerance: float = 1e-6) -> list[str]:
         for e in range(plan.num_experts):
             if abs(cover[e] - 1.0) > 1e-4:
                 problems.append(f"layer {li}: expert {e} covered {cover[e]:.6f}, not 1")
-        if plan.form == "engine":
+        if plan.form == "engine" and not by_locality:
             for g in plan.gpus:
                 for s in g.experts[li]:
                     if count[s.expert] and abs(s.share - 1.0 / count[s.expert]) > 1e-6:

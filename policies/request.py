@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from policies.costmodel import CostSettings, CostTable
+from policies.engines import EngineSpec
 from policies.errors import InfeasibleError, InputError
 from policies.evaluation import Evaluation, LayerPlacement
 from policies.fleet import Fleet
@@ -73,6 +74,8 @@ class PlacementRequest:
         settings: cost-model settings (efficiencies, measured figures, headroom).
         allow_cross_vendor: let one expert-parallel group span GPU vendors (NVIDIA and AMD
             all-to-all in one group); off by default.
+        engine: the engine that will run the plan (:mod:`policies.engines`); its replica
+            choice and DP balancing are what the plan is scored and optimised under.
     """
 
     fleet: Fleet
@@ -85,6 +88,7 @@ class PlacementRequest:
     previous: Plan | None = None
     settings: CostSettings = field(default_factory=CostSettings)
     allow_cross_vendor: bool = False
+    engine: EngineSpec = field(default_factory=EngineSpec)
 
 
 @dataclass(frozen=True)
@@ -95,9 +99,13 @@ class RawPlacement:
         attention_share: per GPU, fraction of the step's tokens (sums to 1).
         layers: per MoE layer the placement (per GPU ``(expert, share)`` lists).
         attention_heads: native form: query heads per GPU, or None.
-        lower_bound_us: proven lower bound on the step time, or None.
+        lower_bound_us: proven lower bound on the step time of every placement of the
+            request (``bound_scope`` says which placements), or None.
         solver: solver name and status.
         notes: remarks for the plan.
+        conditional_bound_us: proven lower bound on the step time of every placement with
+            these attention shares, or None.
+        bound_scope: the placements ``lower_bound_us`` covers, in words.
     """
 
     attention_share: tuple[float, ...]
@@ -106,6 +114,8 @@ class RawPlacement:
     lower_bound_us: float | None = None
     solver: str = "heuristic"
     notes: tuple[str, ...] = ()
+    conditional_bound_us: float | None = None
+    bound_scope: str = ""
 
 
 @dataclass(frozen=True)

@@ -16,12 +16,17 @@ import time
 from dataclasses import replace
 from typing import cast
 
-from policies.costmodel import GIB, CostTable, build_cost_table
-from policies.evaluation import Evaluation, evaluate
+from policies import tensor_parallel
+from policies.costmodel import GIB, CostTable
+from policies.engines import Runtime, rank_shares
+from policies.errors import InputError
+from policies.evaluation import Evaluation, LayerPlacement, evaluate
+from policies.execution import executed, runtime_of
 from policies.plan import (
     ExpertSlot,
     GpuPlan,
     Plan,
+    PlanEngine,
     PlanSummary,
     RuntimeHints,
     placement_digest,
@@ -37,7 +42,7 @@ from policies.request import (
     check_request,
     count_moves,
 )
-from policies.solvers import eplb, greedy, ilp, uniform
+from policies.solvers import eplb, greedy, ilp, locality, portfolio, uniform
 from policies.topology import Channel
 
 PLACE: dict[PolicyName, PolicyFn] = {
@@ -61,34 +66,132 @@ def solve(req: PlacementRequest) -> PlacementResult:
         InputError: invalid request.
     """
     check_request(req)
-    table = build_cost_table(req.fleet, req.model, req.workload, req.settings)
-    too_big = fits_at_all(req, table)
-    if too_big is not None:
-        return _unplaced(req, table, too_big, 0.0)
     t0 = time.perf_counter()
-    answer = PLACE[cast(PolicyName, req.policy)](req, table)  # check_request checked the name
-    elapsed = time.perf_counter() - t0
+    # The attention TP sizes first (fits_at_all per candidate), the policy under them.
+    choice = tensor_parallel.choose(req, PLACE[cast(PolicyName, req.policy)], fits_at_all)
+    table, answer, elapsed = choice.table, choice.answer, choice.solve_s
     if isinstance(answer, Infeasible):
         return _unplaced(req, table, answer, elapsed)
-    return assemble_plan(req, table, answer, elapsed)
+    best = _later_stages(req, table, answer, assemble_plan(req, table, answer, elapsed), t0)
+    if best.plan.summary.solve_s != elapsed:  # a later stage won: report the whole time
+        best = _with_solve_s(best, time.perf_counter() - t0)
+    return best
+
+
+def rescore(req: PlacementRequest, plan: Plan) -> PlacementResult:
+    """``plan``'s placement as ``req``'s engine would execute it: its planned DP weights and
+    slots, with the engine's own DP balancing and replica choice (the question "what does
+    this plan really do on SGLang?").
+
+    Raises:
+        InputError: the plan does not fit the request's fleet and model, or the engine
+            cannot run it (see :func:`policies.execution.runtime_of`).
+    """
+    check_request(req)
+    if [g.gpu for g in plan.gpus] != [g.id for g in req.fleet.gpus]:
+        raise InputError(
+            f"plan {plan.id} is for other GPUs than the request's fleet {req.fleet.name}. "
+            "To fix: rescore it against the fleet it was solved for",
+            field="plan",
+        )
+    if len(plan.moe_layers) != req.model.num_moe_layers:
+        raise InputError(f"plan {plan.id} is for another model than {req.model.name}", field="plan")
+    table = tensor_parallel.tp_cost_table(
+        req.fleet, req.model, req.workload, req.settings, [g.attention_tp for g in plan.gpus]
+    )
+    table = replace(table, exchange=runtime_of(req).exchange)
+    n = len(plan.gpus)
+    weights = [g.dp_weight / n for g in plan.gpus]
+    layers = tuple(
+        LayerPlacement(tuple(tuple((s.expert, s.share) for s in g.experts[li]) for g in plan.gpus))
+        for li in range(len(plan.moe_layers))
+    )
+    raw = RawPlacement(tuple(weights), layers, solver=plan.summary.solver, notes=plan.notes)
+    return assemble_plan(req, table, raw, plan.summary.solve_s)
+
+
+def _better(a: PlacementResult, b: PlacementResult) -> bool:
+    """``a`` beats ``b``: feasible over infeasible, then the lower executed step time."""
+    fa, fb = a.evaluation.feasible, b.evaluation.feasible
+    if fa != fb:
+        return fa
+    return a.evaluation.step_time_us < b.evaluation.step_time_us - 1e-9
+
+
+def _with_solve_s(r: PlacementResult, solve_s: float) -> PlacementResult:
+    plan = replace(r.plan, summary=replace(r.plan.summary, solve_s=solve_s))
+    return replace(r, plan=plan)
+
+
+def _later_stages(
+    req: PlacementRequest,
+    table: CostTable,
+    raw: RawPlacement,
+    best: PlacementResult,
+    t0: float,
+) -> PlacementResult:
+    """Later stages of our policies, each scored as the engine executes it, the best kept:
+    for ``ilp``, layers mixed with the EPLB layout and the EPLB plan itself (the baseline it
+    must never lose to); for ``greedy`` and ``ilp`` under a nearest-replica engine, the best
+    so far with replicas moved by :func:`policies.solvers.locality.refine` - when at least
+    30% of the time limit is left (a note says when it was not)."""
+    if req.policy not in ("greedy", "ilp") or not raw.layers or req.previous is not None:
+        return best
+    runtime = runtime_of(req)
+    share = rank_shares(runtime, raw.attention_share)
+    best_raw = raw
+
+    def consider(cand: RawPlacement) -> None:
+        nonlocal best, best_raw
+        mine = assemble_plan(req, table, cand, time.perf_counter() - t0)
+        if _better(mine, best):
+            best, best_raw = mine, cand
+
+    if req.policy == "ilp" and req.form == "engine":
+        base = eplb.place(req, table)
+        even = runtime.dispatch != "planned"
+        mixed = portfolio.mix_layers(table, share, raw, base, even=even, exchange=runtime.exchange)
+        if mixed is not None:
+            consider(mixed)
+        kept = f"{raw.solver}; EPLB plan kept"
+        consider(
+            replace(
+                base,
+                notes=(*base.notes, "the EPLB plan realised better"),
+                solver=kept,
+                lower_bound_us=raw.lower_bound_us,
+                bound_scope=raw.bound_scope,
+            )
+        )
+    if runtime.dispatch in ("static", "dynamic"):
+        if time.perf_counter() - t0 > 0.7 * req.options.time_limit_s:
+            note = "time limit: the nearest-replica stage was skipped"
+            return replace(best, plan=replace(best.plan, notes=(*best.plan.notes, note)))
+        layers = locality.refine(table, runtime, share, best_raw.layers)
+        note = "replicas moved to where SGLang's nearest-replica rule balances them"
+        consider(replace(best_raw, layers=tuple(layers), notes=(*best_raw.notes, note)))
+    return best
 
 
 def fits_at_all(req: PlacementRequest, table: CostTable) -> Infeasible | None:
-    """Why the model cannot fit the fleet under any placement, with the numbers; None when
-    it might."""
+    """Why the model cannot fit the fleet under any placement at ``table``'s attention TP
+    sizes, with the numbers; None when it might (:func:`policies.tensor_parallel.choose`
+    asks it of every TP candidate and, when none fits, replies with the largest sizes')."""
     usable = sum(c.usable_bytes - c.fixed_bytes for c in table.gpus)
     experts = req.model.num_moe_layers * req.model.num_experts * table.expert_bytes
     kv = table.kv_tokens(table.total_tokens) * table.kv_bytes_per_token if table.decode else 0.0
     short = [
-        f"{gid} ({m}): the weights every GPU holds ({c.fixed_bytes / GIB:.1f} GiB) exceed its "
-        f"{c.usable_bytes / GIB:.1f} GiB usable"
-        for gid, m, c in zip(table.gpu_ids, table.models, table.gpus, strict=True)
+        f"{gid} ({m}): its part of the shared weights at attention TP {table.kv_split(i)[0]} "
+        f"({c.fixed_bytes / GIB:.1f} GiB) exceeds its {c.usable_bytes / GIB:.1f} GiB usable"
+        for i, (gid, m, c) in enumerate(zip(table.gpu_ids, table.models, table.gpus, strict=True))
         if c.fixed_bytes > c.usable_bytes
     ]
     if short:
         return Infeasible(
-            "the model does not fit: data-parallel attention needs the shared weights on every "
-            "GPU. To fix: drop these GPUs from the fleet or use GPUs with more memory",
+            "the model does not fit: every GPU holds its attention group's part of the shared "
+            "weights (all of them in data-parallel attention, 1/k in a tensor-parallel group of "
+            "k GPUs of one node and model, k up to 8), and on these GPUs even the smallest part "
+            "is too large. To fix: drop these GPUs from the fleet or use GPUs with more memory",
             tuple(short[:8]),
         )
     if experts + kv > usable:
@@ -122,7 +225,10 @@ def _unplaced(
 # ---------------------------------------------------------------------------- assembly
 
 
-def _hints(req: PlacementRequest, table: CostTable, i: int, tokens: float) -> RuntimeHints:
+def _hints(
+    req: PlacementRequest, table: CostTable, i: int, tokens: float, ep_backend: str
+) -> RuntimeHints:
+    """GPU i's runtime settings; ``ep_backend`` is its EP group's one all-to-all backend."""
     gpu = req.fleet.gpus[i]
     arch = gpu.spec.architecture
     decode = req.workload.decode
@@ -140,7 +246,7 @@ def _hints(req: PlacementRequest, table: CostTable, i: int, tokens: float) -> Ru
         work = max(1, per_rank * kv_heads)
         splits = max(1, min(32, gpu.spec.sms // work, req.workload.context_len // 256))
     return RuntimeHints(
-        ep_backend="deepep" if hopper_plus else "nccl",
+        ep_backend=ep_backend,
         deepep_mode="low_latency" if decode else "normal",
         deepep_num_sms=24 if not decode and hopper_plus else 20,
         num_nvl_bytes=nvl,
@@ -154,11 +260,17 @@ def _hints(req: PlacementRequest, table: CostTable, i: int, tokens: float) -> Ru
 def assemble_plan(
     req: PlacementRequest, table: CostTable, raw: RawPlacement, solve_s: float
 ) -> PlacementResult:
-    """Score a policy's raw answer with the cost model and build the plan."""
-    ev = evaluate(table, raw.attention_share, raw.layers)
+    """Score a policy's raw answer as the request's engine executes it and build the plan.
+
+    The plan's attention shares and replica shares are the executed ones
+    (:func:`policies.execution.executed`); its DP weights are the planned ones, which the
+    mixfleet router applies (equal when the engine balances)."""
+    runtime = runtime_of(req)
+    run = executed(req, runtime, raw, table)
+    ev = evaluate(table, run.attention_share, run.layers, runtime.exchange)
     n = table.num_gpus
-    gpus = _gpu_plans(req, table, raw, ev)
-    summary = _summary(req, table, raw, ev, solve_s)
+    gpus = _gpu_plans(req, table, run, ev, raw.attention_share)
+    summary = _summary(req, table, run, ev, solve_s)
     workload = {
         "phase": req.workload.phase,
         "tokens_per_gpu": req.workload.tokens_per_gpu,
@@ -170,7 +282,13 @@ def assemble_plan(
     if req.form == "engine" and req.model.is_moe:
         slots = (req.model.num_experts + req.redundant_experts) // n
     pid = placement_digest(
-        gpus, {"model": req.model.name, "form": req.form, "fleet": req.fleet.name}
+        gpus,
+        {
+            "model": req.model.name,
+            "form": req.form,
+            "fleet": req.fleet.name,
+            "engine": [runtime.engine.name, runtime.a2a_backend, runtime.dispatch],
+        },
     )
     plan = Plan(
         id=pid,
@@ -187,6 +305,7 @@ def assemble_plan(
         summary=summary,
         violations=ev.violations,
         notes=raw.notes,
+        engine=_plan_engine(runtime),
     )
     # Structural checks (equal slots, coverage, duplicates) join the cost model's memory and
     # coverage findings, so a plan no engine can load never reports itself feasible.
@@ -196,11 +315,34 @@ def assemble_plan(
     return PlacementResult(plan, ev, problems)
 
 
+def _plan_engine(runtime: Runtime) -> PlanEngine:
+    e = runtime.engine
+    return PlanEngine(
+        name=e.name,
+        version=e.resolved_version,
+        a2a_backend=runtime.a2a_backend,
+        dispatch=runtime.dispatch,
+        dp_balance=runtime.dp_balance,
+        gpus_per_node=runtime.gpus_per_node,
+        why=runtime.why,
+    )
+
+
 def _gpu_plans(
-    req: PlacementRequest, table: CostTable, raw: RawPlacement, ev: Evaluation
+    req: PlacementRequest,
+    table: CostTable,
+    raw: RawPlacement,
+    ev: Evaluation,
+    planned_share: tuple[float, ...],
 ) -> list[GpuPlan]:
-    """Per GPU, fleet order: its share, expert slots, runtime hints and predicted figures."""
+    """Per GPU, fleet order: its executed share and slots, the router's DP weight (from the
+    planned share), runtime hints and predicted figures."""
     n = table.num_gpus
+    runtime = runtime_of(req)
+    runtime_weights = not runtime.equal_dp
+    backend = runtime.a2a_backend
+    tp = table.attention_tp or (1,) * n
+    groups = tensor_parallel.dp_groups(req.fleet, tp)
     gpus: list[GpuPlan] = []
     for i, gpu in enumerate(req.fleet.gpus):
         experts = tuple(
@@ -214,11 +356,13 @@ def _gpu_plans(
                 model=gpu.spec.model,
                 attention_share=raw.attention_share[i],
                 attention_heads=raw.attention_heads[i] if raw.attention_heads else None,
-                dp_weight=raw.attention_share[i] * n,
+                dp_weight=planned_share[i] * n if runtime_weights else 1.0,
                 experts=experts,
-                hints=_hints(req, table, i, tokens),
+                hints=_hints(req, table, i, tokens, backend),
                 predicted_busy_us=ev.gpu_busy_us(i),
                 memory_bytes=dict(ev.memory_bytes[i]),
+                attention_tp=tp[i],
+                dp_group=groups[i],
             )
         )
     return gpus
@@ -234,9 +378,9 @@ def _summary(
         mean = sum(active) / len(active) if active else 0.0
         imb.append((max(active) - mean) / mean if mean > 0 else 0.0)
     bound = raw.lower_bound_us
-    gap = None
-    if bound is not None and ev.step_time_us > 0:
-        gap = max(0.0, (ev.step_time_us - bound) / ev.step_time_us)
+    gap = None  # against the proven bound, unclipped: a plan below its bound is a bug
+    if bound is not None and ev.step_time_us > 0 and ev.feasible:
+        gap = (ev.step_time_us - bound) / ev.step_time_us
     return PlanSummary(
         policy=req.policy,
         form=req.form,
@@ -249,4 +393,6 @@ def _summary(
         imbalance=sum(imb) / len(imb) if imb else 0.0,
         expert_moves=count_moves(req.previous, table.gpu_ids, raw.layers),
         solver=raw.solver,
+        conditional_bound_us=raw.conditional_bound_us,
+        bound_scope=raw.bound_scope,
     )

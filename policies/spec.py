@@ -25,6 +25,8 @@ A deployment document (YAML, ``examples/deployments/*.yaml``)::
                   migrationWeightUs: 2}
       allowCrossVendor: false       # optional; let the all-to-all span NVIDIA and AMD GPUs
       gpuHourPrices: {H100-SXM5-80GB: 2.5}   # optional; USD per GPU-hour, catalog names
+      engine: {name: sglang, version: "", # optional; native (default) | sglang | vllm | trtllm
+               options: {a2aBackend: auto, dispatch: auto, dpBalance: router}}
 
 The same document (as JSON) is what the store keeps; :mod:`apis.wire.deployment` carries it
 over PlanService.
@@ -42,11 +44,23 @@ from typing import Any
 
 from policies.cost import PriceTable, catalog_price_table, plan_cost
 from policies.costmodel import CostSettings, MeasuredFigures
+from policies.engines import EngineSpec, check_engine, engine_to_doc, parse_engine
 from policies.errors import InputError
 from policies.fleet import Fleet
+from policies.limits import (
+    MAX_ABS_INTEGER,
+    MAX_CONTEXT_TOKENS,
+    MAX_DURATION_S,
+    MAX_EXPERTS,
+    MAX_TOKENS_PER_GPU,
+    bounded_int,
+)
 from policies.models import ModelSpec, from_hf_config, preset
 from policies.plan import FORMS, Plan
 from policies.request import POLICIES, PlacementRequest, SolverOptions
+from policies.spec_types import DeploymentSpec as DeploymentSpec
+from policies.spec_types import RebalanceSpec as RebalanceSpec
+from policies.spec_types import WorkloadSpec as WorkloadSpec
 from policies.workload import (
     KV_DTYPES,
     PHASES,
@@ -60,104 +74,28 @@ KIND = "ModelDeployment"
 _NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 
 
-@dataclass(frozen=True)
-class WorkloadSpec:
-    """The workload to plan for.
-
-    Attributes:
-        phase: ``prefill`` or ``decode``.
-        tokens_per_gpu: tokens per step per GPU on average.
-        context_len: KV cache length per sequence, tokens.
-        kv_cache_dtype: ``bf16`` or ``fp8``.
-        load: ``uniform``, ``synthetic:zipf:S[:seed=N]`` or ``measured`` (load windows the
-            engines report; uniform until the first window arrives).
-        load_matrix: explicit ``[layers][experts]`` load; overrides ``load`` when set.
-    """
-
-    phase: str = "decode"
-    tokens_per_gpu: int = 64
-    context_len: int = 4096
-    kv_cache_dtype: str = "bf16"
-    load: str = "uniform"
-    load_matrix: tuple[tuple[float, ...], ...] | None = None
-
-
-@dataclass(frozen=True)
-class RebalanceSpec:
-    """When the controller re-plans because the measured expert load drifted.
-
-    Attributes:
-        enabled: re-plan on sustained imbalance.
-        imbalance_threshold: (max - mean) / mean expert-phase time of the committed plan
-            under the measured load above which a window counts as imbalanced.
-        sustain_s: the imbalance must hold over this many seconds of windows.
-        min_interval_s: at least this long between two rebalances, s.
-        migration_weight_us: ILP cost of moving one expert replica, us per move; 0 = the
-            solver's default.
-    """
-
-    enabled: bool = False
-    imbalance_threshold: float = 0.15
-    sustain_s: float = 60.0
-    min_interval_s: float = 300.0
-    migration_weight_us: float = 0.0
-
-
-@dataclass(frozen=True)
-class DeploymentSpec:
-    """A model deployment: the desired state the reconcile loop drives towards.
-
-    Attributes:
-        name: deployment name (DNS label).
-        model: model preset name; "" when ``model_config`` is given.
-        model_config: a Hugging Face ``config.json`` (used when ``model`` is "").
-        workload: the workload to plan for.
-        policy: placement policy (``ilp`` | ``greedy`` | ``eplb`` | ``uniform``).
-        form: ``engine`` or ``native``.
-        redundant_experts: extra expert slots per MoE layer; None = the smallest count the
-            form allows for the GPUs in the plan (engine form: ``E + r`` divisible by GPUs).
-            When the GPU count changes (a node is lost) the next valid count >= this is used.
-        node_selector: labels a node must carry (all of them) to be used.
-        solver_time_limit_s: solver wall-clock limit, s.
-        prepare_timeout_s: rollout prepare deadline, s.
-        rebalance: load-driven re-planning.
-        allow_cross_vendor: let one expert-parallel all-to-all group span GPU vendors
-            (NVIDIA and AMD); off, a MoE deployment over both is refused
-            (:mod:`policies.vendors`).
-        gpu_hour_prices: catalog GPU model -> USD per GPU-hour, replacing the built-in
-            assumed prices (:mod:`policies.cost`) in the status's cost per million tokens.
-    """
-
-    name: str
-    model: str = ""
-    model_config: Mapping[str, Any] | None = None
-    workload: WorkloadSpec = field(default_factory=WorkloadSpec)
-    policy: str = "ilp"
-    form: str = "engine"
-    redundant_experts: int | None = None
-    node_selector: Mapping[str, str] = field(default_factory=dict)
-    solver_time_limit_s: float = 60.0
-    prepare_timeout_s: float = 30.0
-    rebalance: RebalanceSpec = field(default_factory=RebalanceSpec)
-    allow_cross_vendor: bool = False
-    gpu_hour_prices: Mapping[str, float] = field(default_factory=dict)
-
-
 # ---------------------------------------------------------------------- validation
 
 
-def _number(v: Any, path: str, *, positive: bool = True, allow_zero: bool = False) -> float:
+def _number(
+    v: Any,
+    path: str,
+    *,
+    positive: bool = True,
+    allow_zero: bool = False,
+    maximum: float = math.inf,
+) -> float:
     if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
         raise InputError(f"must be a finite number, got {v!r}", field=path)
     if positive and (v < 0 or (v == 0 and not allow_zero)):
         raise InputError(f"must be {'>=' if allow_zero else '>'} 0, got {v!r}", field=path)
+    if v > maximum:
+        raise InputError(f"must be at most {maximum:g}, got {v!r}", field=path)
     return float(v)
 
 
-def _int(v: Any, path: str, *, minimum: int = 1) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise InputError(f"must be an integer >= {minimum}, got {v!r}", field=path)
-    return v
+def _int(v: Any, path: str, *, minimum: int = 1, maximum: int = MAX_ABS_INTEGER) -> int:
+    return bounded_int(v, path, minimum=minimum, maximum=maximum)
 
 
 def check_spec(spec: DeploymentSpec, *, path: str = "spec") -> ModelSpec:
@@ -178,8 +116,8 @@ def check_spec(spec: DeploymentSpec, *, path: str = "spec") -> ModelSpec:
         raise InputError(
             f"must be one of {PHASES}, got {w.phase!r}", field=f"{path}.workload.phase"
         )
-    _int(w.tokens_per_gpu, f"{path}.workload.tokensPerGpu")
-    _int(w.context_len, f"{path}.workload.contextLen")
+    _int(w.tokens_per_gpu, f"{path}.workload.tokensPerGpu", maximum=MAX_TOKENS_PER_GPU)
+    _int(w.context_len, f"{path}.workload.contextLen", maximum=MAX_CONTEXT_TOKENS)
     if w.kv_cache_dtype not in KV_DTYPES:
         raise InputError(
             f"must be one of {KV_DTYPES}, got {w.kv_cache_dtype!r}",
@@ -199,18 +137,20 @@ def check_spec(spec: DeploymentSpec, *, path: str = "spec") -> ModelSpec:
     if spec.form not in FORMS:
         raise InputError(f"must be one of {FORMS}, got {spec.form!r}", field=f"{path}.form")
     if spec.redundant_experts is not None:
-        _int(spec.redundant_experts, f"{path}.redundantExperts", minimum=0)
+        _int(spec.redundant_experts, f"{path}.redundantExperts", minimum=0, maximum=MAX_EXPERTS)
     for k, v in spec.node_selector.items():
         if not isinstance(k, str) or not isinstance(v, str) or not k:
             raise InputError(
                 f"labels must be non-empty strings, got {k!r}: {v!r}", field=f"{path}.nodeSelector"
             )
-    _number(spec.solver_time_limit_s, f"{path}.solverTimeLimitS")
-    _number(spec.prepare_timeout_s, f"{path}.prepareTimeoutS")
+    _number(spec.solver_time_limit_s, f"{path}.solverTimeLimitS", maximum=MAX_DURATION_S)
+    _number(spec.prepare_timeout_s, f"{path}.prepareTimeoutS", maximum=MAX_DURATION_S)
     r = spec.rebalance
     _number(r.imbalance_threshold, f"{path}.rebalance.imbalanceThreshold")
-    _number(r.sustain_s, f"{path}.rebalance.sustainS", allow_zero=True)
-    _number(r.min_interval_s, f"{path}.rebalance.minIntervalS", allow_zero=True)
+    _number(r.sustain_s, f"{path}.rebalance.sustainS", allow_zero=True, maximum=MAX_DURATION_S)
+    _number(
+        r.min_interval_s, f"{path}.rebalance.minIntervalS", allow_zero=True, maximum=MAX_DURATION_S
+    )
     _number(r.migration_weight_us, f"{path}.rebalance.migrationWeightUs", allow_zero=True)
     if not isinstance(spec.allow_cross_vendor, bool):
         raise InputError(
@@ -218,6 +158,9 @@ def check_spec(spec: DeploymentSpec, *, path: str = "spec") -> ModelSpec:
             field=f"{path}.allowCrossVendor",
         )
     price_table(spec, path=path)
+    if not isinstance(spec.engine, EngineSpec):
+        raise InputError(f"must be an engine spec, got {spec.engine!r}", field=f"{path}.engine")
+    check_engine(spec.engine, f"{path}.engine")
     return model
 
 
@@ -424,6 +367,7 @@ def to_request(
         previous=previous,
         settings=CostSettings(measured=figures),
         allow_cross_vendor=spec.allow_cross_vendor,
+        engine=spec.engine,
     )
 
 
@@ -453,7 +397,7 @@ def selects(spec: DeploymentSpec, labels: Mapping[str, str]) -> bool:
 _SPEC_FIELDS = (
     frozenset({"model", "modelConfig", "workload", "nodeSelector", "gpuHourPrices"})
     | {"allowCrossVendor", "policy", "form", "redundantExperts", "solverTimeLimitS"}
-    | {"prepareTimeoutS", "rebalance"}
+    | {"prepareTimeoutS", "rebalance", "engine"}
     | {"policyRef", "engineFormat"}  # Kubernetes operator fields: read there, ignored here
 )
 
@@ -485,25 +429,18 @@ def parse_deployment(doc: Any) -> DeploymentSpec:
                 f"unknown field {key!r}; known: {', '.join(sorted(_SPEC_FIELDS))}",
                 field=f"spec.{key}",
             )
-    w = spec.get("workload") or {}
-    rb = spec.get("rebalance") or {}
-    if not isinstance(w, Mapping):
-        raise InputError("must be a mapping", field="spec.workload")
-    if not isinstance(rb, Mapping):
-        raise InputError("must be a mapping", field="spec.rebalance")
+    w = _mapping(spec, "workload", "must be a mapping")
+    rb = _mapping(spec, "rebalance", "must be a mapping")
     cfg = spec.get("modelConfig")
     if cfg is not None and not isinstance(cfg, Mapping):
         raise InputError("must be a mapping (a config.json)", field="spec.modelConfig")
-    selector = spec.get("nodeSelector") or {}
-    if not isinstance(selector, Mapping):
-        raise InputError("must be a mapping of label: value", field="spec.nodeSelector")
-    prices = spec.get("gpuHourPrices") or {}
-    if not isinstance(prices, Mapping):
-        raise InputError(
-            "must be a mapping of catalog GPU model: USD per GPU-hour. To fix: write e.g. "
-            "gpuHourPrices: {H100-SXM5-80GB: 2.5}",
-            field="spec.gpuHourPrices",
-        )
+    selector = _mapping(spec, "nodeSelector", "must be a mapping of label: value")
+    prices = _mapping(
+        spec,
+        "gpuHourPrices",
+        "must be a mapping of catalog GPU model: USD per GPU-hour. To fix: write e.g. "
+        "gpuHourPrices: {H100-SXM5-80GB: 2.5}",
+    )
     cross = spec.get("allowCrossVendor")
     dr = RebalanceSpec()
     out = DeploymentSpec(
@@ -526,9 +463,23 @@ def parse_deployment(doc: Any) -> DeploymentSpec:
         ),
         allow_cross_vendor=False if cross is None else cross,
         gpu_hour_prices={str(k): v for k, v in prices.items()},
+        engine=parse_engine(_or_empty(spec.get("engine")), "spec.engine"),
     )
     check_spec(out)
     return out
+
+
+def _or_empty(value: Any) -> Any:
+    """``value``, or ``{}`` for an absent (null) block."""
+    return {} if value is None else value
+
+
+def _mapping(spec: Mapping[str, Any], key: str, message: str) -> Mapping[str, Any]:
+    """``spec[key]`` as a mapping (absent or null: empty)."""
+    value = spec.get(key) or {}
+    if not isinstance(value, Mapping):
+        raise InputError(message, field=f"spec.{key}")
+    return value
 
 
 def _workload_spec(w: Mapping[str, Any]) -> WorkloadSpec:
@@ -594,4 +545,6 @@ def spec_to_doc(spec: DeploymentSpec) -> dict[str, Any]:
         body["allowCrossVendor"] = True
     if spec.gpu_hour_prices:
         body["gpuHourPrices"] = dict(spec.gpu_hour_prices)
+    if spec.engine != EngineSpec():
+        body["engine"] = engine_to_doc(spec.engine)
     return {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": spec.name}, "spec": body}

@@ -145,6 +145,8 @@ def load_from_json(doc: Any, model: ModelSpec) -> list[list[float]]:
     if not isinstance(data, list) or not data or not isinstance(data[0], list):
         raise InputError("must be a 2-D or 3-D list of numbers", field="load")
     if data[0] and isinstance(data[0][0], list):  # [steps, layers, experts]
+        if not all(isinstance(st, list) and all(isinstance(r, list) for r in st) for st in data):
+            raise InputError("must be a [steps][layers][experts] list of numbers", field="load")
         steps = data
         n_layers = len(steps[0])
         summed = [[0.0] * len(steps[0][0]) for _ in range(n_layers)]
@@ -163,6 +165,8 @@ def load_from_json(doc: Any, model: ModelSpec) -> list[list[float]]:
                         )
                     summed[i][j] += float(v)
         return summed
+    if not all(isinstance(row, list) for row in data):
+        raise InputError("must be a [layers][experts] list of numbers", field="load")
     return [list(row) for row in data]
 
 

@@ -16,6 +16,11 @@ from grpc import aio
 
 from agents.backoff import BackoffSettings
 from policies.errors import InputError
+from policies.limits import MAX_REPLY_BYTES, MAX_REQUEST_BYTES
+
+#: The agents' default retry delays: jittered exponential from 0.5 s, capped at 4 s. With the
+#: channel's own reconnects every <= 2 s, an agent is back within ~6 s of its controller.
+RECONNECT_BACKOFF = BackoffSettings(initial_s=0.5, max_s=4.0, multiplier=2.0, jitter=0.5)
 
 #: Status codes that mean "try again later" (controller down, restarting, overloaded).
 TEMPORARY_CODES = frozenset(
@@ -78,7 +83,9 @@ class AgentSettings:
         ack_attempts: tries of one Ack before leaving it to the stream's replay.
         rediscover_interval_s: re-run discovery this often to refresh GPU health, seconds;
             0 = never (static and simulated nodes).
-        backoff: retry delays after failures.
+        backoff: retry delays after failures; capped at :data:`RECONNECT_BACKOFF` 's 4 s
+            by default, so a fleet whose controller restarted is back within seconds (the
+            controller gives it the time it was down on top of ``node_lost_after_s``).
     """
 
     controller: str
@@ -90,7 +97,7 @@ class AgentSettings:
     rpc_timeout_s: float = 10.0
     ack_attempts: int = 5
     rediscover_interval_s: float = 0.0
-    backoff: BackoffSettings = field(default_factory=BackoffSettings)
+    backoff: BackoffSettings = field(default_factory=lambda: RECONNECT_BACKOFF)
 
     def __post_init__(self) -> None:
         if self.tls is None and not self.insecure:
@@ -110,15 +117,18 @@ class AgentSettings:
 
 
 #: Channel options: keepalive so a dead controller is noticed within ~30 s even on an idle
-#: stream, and reconnect attempts that do not wait longer than our own backoff.
+#: stream, and reconnect attempts at least every 2 s, so a call after the controller is back
+#: finds a connection (calls on a channel in TRANSIENT_FAILURE fail at once).
 CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
     ("grpc.keepalive_time_ms", 20_000),
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
     ("grpc.initial_reconnect_backoff_ms", 200),
-    ("grpc.max_reconnect_backoff_ms", 5_000),
-    ("grpc.max_receive_message_length", 64 * 2**20),
+    ("grpc.max_reconnect_backoff_ms", 2_000),
+    # the controller's limits (policies.limits): larger requests are refused unread
+    ("grpc.max_receive_message_length", MAX_REPLY_BYTES),
+    ("grpc.max_send_message_length", MAX_REQUEST_BYTES),
 )
 
 

@@ -215,14 +215,18 @@ class Agent:
     async def _heartbeat_loop(self, stub: Stub) -> None:
         """Heartbeat every interval (with jitter) for the whole session, on a
         HeartbeatStream (one stream message per beat), or with unary Heartbeat calls when the
-        controller does not implement the stream. A failed beat is retried after a backoff;
-        a failing stream is reopened."""
+        controller does not implement the stream. A failed beat is retried after the backoff
+        alone (not the period on top: a restarted controller hears from its fleet within
+        the backoff's cap); a failing stream is reopened."""
         backoff = self._backoff()
         stream: Any = None
+        retry_in: float | None = None  # after a failure: the backoff alone, no period on top
         try:
             while True:
                 jitter = self.settings.heartbeat_jitter
-                await asyncio.sleep(self.interval_s * (1 - jitter + 2 * jitter * self._rand()))
+                period = self.interval_s * (1 - jitter + 2 * jitter * self._rand())
+                await asyncio.sleep(period if retry_in is None else retry_in)
+                retry_in = None
                 if stream is None and self._stream_heartbeats:
                     # called without a request iterator: the stream is written beat by beat
                     stream = cast(Any, stub).HeartbeatStream(metadata=self._metadata)
@@ -252,7 +256,7 @@ class Agent:
                         self._note_error("heartbeat_failed", exc)
                     else:
                         self.log.warning("heartbeat_failed", error=str(exc) or "timed out")
-                    await asyncio.sleep(backoff.next_delay())
+                    retry_in = backoff.next_delay()
                     continue
                 self.stats.record_latency(time.perf_counter() - t0)
                 self.stats.heartbeats += 1

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from policies.errors import InputError
-from policies.exports import export_plan
+from policies.exports import placement_document
 from policies.plan import GpuPlan, Plan, gpu_plan_from_dict, gpu_plan_to_dict
 
 _DEPLOYMENT_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
@@ -131,7 +131,7 @@ def assignment_from_plan(deployment: str, plan: Plan, node: str) -> NodeAssignme
     header = json.loads(json.dumps(header))  # the wire form: lists, not tuples
     location = b""
     if plan.form == "engine" and plan.moe_layers:
-        location = json.dumps(export_plan(plan, "sglang"), separators=(",", ":")).encode()
+        location = json.dumps(placement_document(plan, "sglang"), separators=(",", ":")).encode()
     return NodeAssignment(
         deployment=deployment,
         plan_id=plan.id,

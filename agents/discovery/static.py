@@ -8,36 +8,36 @@ The file is the same YAML/JSON document ``mixfleetctl`` plans with (see
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import structlog
-import yaml
 
 from agents.discovery.base import DiscoveryError
+from apis.documents import load_document, read_limited
 from policies.errors import InputError
 from policies.fleet import Fleet, parse_fleet
 from policies.inventory import NodeInventory, inventory_from_node
+from policies.limits import decode_utf8
 
 
 def load_fleet_file(path: str | Path) -> Fleet:
     """Read and parse a Fleet file (YAML or JSON).
 
     Raises:
-        DiscoveryError: the file cannot be read or is not YAML.
+        DiscoveryError: the file cannot be read, is not YAML or is over a limit of
+            :mod:`policies.limits`.
         InputError: the document is not a valid Fleet (the message names the field).
     """
     p = Path(path)
+    where = f"fleet file {str(p)!r}"
     try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise DiscoveryError(
-            f"cannot read fleet file {str(p)!r}: {exc.strerror or exc}. "
-            "To fix: pass an existing Fleet YAML, e.g. examples/fleets/mixed-24.yaml"
-        ) from exc
-    try:
-        doc: Any = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise DiscoveryError(f"fleet file {str(p)!r} is not valid YAML: {exc}") from exc
+        doc = load_document(decode_utf8(read_limited(p, "fleet", "fleet"), where), where, "yaml")
+    except InputError as exc:
+        if isinstance(exc.__cause__, FileNotFoundError):
+            raise DiscoveryError(
+                f"cannot read {where}: no such file. To fix: pass an existing Fleet YAML, "
+                "e.g. examples/fleets/mixed-24.yaml"
+            ) from exc
+        raise DiscoveryError(str(exc)) from exc
     fleet = parse_fleet(doc)
     for w in fleet.warnings:  # deprecated keys: still read, named with their replacement
         structlog.get_logger("mixfleet.agent").warning("fleet file", path=str(p), warning=w)

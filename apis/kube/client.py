@@ -28,6 +28,7 @@ from apis.kube.errors import (
     ConflictError,
     GoneError,
     InvalidError,
+    KubeConfigError,
     NotFoundError,
     NotLeaderError,
     UnavailableError,
@@ -307,12 +308,18 @@ class Kube:
         body: Json,
         *,
         subresource: str | None = None,
-        force: bool = True,
+        force: bool = False,
     ) -> Json:
         """Server-side apply ``body`` under this client's field manager.
 
         ``body`` is the full intent of this manager for the object (or its status): fields
-        it applied before and leaves out now are removed.
+        it applied before and leaves out now are removed, and it owns only the fields it
+        sends. Without ``force`` a field another manager owns with a different value is a
+        409 (:class:`ConflictError` listing the fields and their managers), as for
+        ``kubectl apply --server-side``: what a user edits (a ModelDeployment's or a
+        GPUNode's spec) is applied without it. ``force`` takes such fields over; writers use
+        it only for fields they alone are the authority for (their status, their own
+        ConfigMaps), as the Kubernetes documentation recommends for controllers.
         """
         self._guard(f"apply{'/' + subresource if subresource else ''}", res)
         meta = body.get("metadata", {})
@@ -383,18 +390,31 @@ class Kube:
 
 
 def api_client_from(kubeconfig: str | None = None, *, context: str | None = None) -> Any:
-    """An ``ApiClient``: from ``kubeconfig`` when given, else in-cluster, else ~/.kube/config."""
+    """An ``ApiClient``: from ``kubeconfig`` when given, else in-cluster (the pod's service
+    account), else ``$KUBECONFIG`` or ``~/.kube/config``.
+
+    Raises:
+        KubeConfigError: no usable configuration; says what was tried and how to fix it.
+    """
     from kubernetes import config as config_module
 
     k8s_config: Any = config_module  # its loaders are untyped
     cfg = k8s_client.Configuration()
-    if kubeconfig:
-        k8s_config.load_kube_config(
-            config_file=kubeconfig, context=context, client_configuration=cfg
-        )
-    else:
-        try:
-            k8s_config.load_incluster_config(client_configuration=cfg)
-        except k8s_config.ConfigException:
-            k8s_config.load_kube_config(context=context, client_configuration=cfg)
+    try:
+        if kubeconfig:
+            k8s_config.load_kube_config(
+                config_file=kubeconfig, context=context, client_configuration=cfg
+            )
+        else:
+            try:
+                k8s_config.load_incluster_config(client_configuration=cfg)
+            except k8s_config.ConfigException:
+                k8s_config.load_kube_config(context=context, client_configuration=cfg)
+    except Exception as exc:  # the loaders raise several unrelated types (config, I/O, YAML)
+        where = kubeconfig or "in-cluster service account, then $KUBECONFIG or ~/.kube/config"
+        raise KubeConfigError(
+            f"no usable Kubernetes configuration ({where}): {exc}. To fix: run in a pod "
+            "with a service account, or pass --kubeconfig / set KUBECONFIG to a kubeconfig "
+            "file with a current context"
+        ) from exc
     return k8s_client.ApiClient(cfg)

@@ -88,3 +88,7 @@ class UnavailableError(ApiError, TemporaryError):
 
 class NotLeaderError(TemporaryError):
     """This replica lost (or never had) the leader lease; it must not write."""
+
+
+class KubeConfigError(OperatorError):
+    """No usable Kubernetes client configuration (no kubeconfig, no service account)."""

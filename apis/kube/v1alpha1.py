@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 
 from apis.kube.schema import Json, Meta, Rule, k8s, openapi_schema
 from policies.catalog import CATALOG
+from policies.engines import A2A_BACKENDS, DISPATCH_OPTIONS, DP_BALANCES, ENGINES
 from policies.exports import EXPORT_FORMATS
 from policies.inventory import NodeInventory
 from policies.plan import FORMS
@@ -479,6 +480,87 @@ class WorkloadSpec:
     )
 
 
+#: Every all-to-all backend some engine has, ``auto`` first (which fits which engine is
+#: :data:`ENGINE_BACKEND_RULE`'s).
+A2A_BACKEND_CHOICES = ("auto", *dict.fromkeys(b for bs in A2A_BACKENDS.values() for b in bs))
+ENGINE_BACKEND_RULE = Rule(
+    rule="self.options.a2aBackend == 'auto' || "
+    + " || ".join(
+        f"(self.name == '{e}' && self.options.a2aBackend in [{', '.join(repr(b) for b in bs)}])"
+        for e, bs in A2A_BACKENDS.items()
+    ),
+    message="options.a2aBackend must be auto or one of the engine's backends: "
+    + "; ".join(f"{e}: {', '.join(bs)}" for e, bs in A2A_BACKENDS.items()),
+)
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """The engine settings that change how a plan executes (:mod:`policies.engines`)."""
+
+    a2a_backend: str = field(
+        default="auto",
+        metadata=k8s(
+            "All-to-all backend of the expert-parallel group (SGLang --moe-a2a-backend, vLLM "
+            "--all2all-backend); auto picks the first that every GPU of the group supports.",
+            json_name="a2aBackend",
+            enum=A2A_BACKEND_CHOICES,
+        ),
+    )
+    dispatch: str = field(
+        default="auto",
+        metadata=k8s(
+            "Replica choice (SGLang --ep-dispatch-algorithm): auto, static or dynamic; vLLM "
+            "and TensorRT-LLM accept only auto (their rule is fixed).",
+            enum=DISPATCH_OPTIONS,
+        ),
+    )
+    dp_balance: str = field(
+        default="router",
+        metadata=k8s(
+            "Who sets each DP attention rank's token share: router (the mixfleet router pins "
+            "each request's rank to apply the planned weights) or engine (the engine's own "
+            "balancer: equal shares, and the plan is solved for that).",
+            json_name="dpBalance",
+            enum=DP_BALANCES,
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """The engine that will run the plan; the plan is scored and solved under its replica
+    choice and DP balancing."""
+
+    name: str = field(
+        default="native",
+        metadata=k8s(
+            "native (idealised: no engine executes these shares), sglang, vllm or trtllm.",
+            enum=ENGINES,
+        ),
+    )
+    version: str = field(
+        default="",
+        metadata=k8s(
+            "Engine version; empty = the version mixfleet's engine model is pinned to.",
+            pattern=r"^[0-9A-Za-z][0-9A-Za-z.+_-]*$|^$",
+            max_length=64,
+        ),
+    )
+    options: EngineOptions = field(
+        default_factory=EngineOptions, metadata=k8s("Behaviour-changing engine settings.")
+    )
+
+    K8S_RULES: ClassVar[tuple[Rule, ...]] = (
+        ENGINE_BACKEND_RULE,
+        Rule(
+            "self.options.dispatch == 'auto' || self.name == 'sglang'",
+            "options.dispatch static or dynamic is SGLang's; vLLM and TensorRT-LLM fix their "
+            "replica choice and native uses the planned shares. To fix: set dispatch: auto",
+        ),
+    )
+
+
 @dataclass(frozen=True)
 class PolicyRef:
     """A reference to a cluster-scoped PlacementPolicy."""
@@ -526,6 +608,13 @@ class ModelDeploymentSpec:
             "Plan form: engine (equal slots per GPU, what engines load today) or native "
             "(any slots per GPU, unequal token shares).",
             enum=FORMS,
+        ),
+    )
+    engine: EngineSpec | None = field(
+        default=None,
+        metadata=k8s(
+            "The engine that will run the plan (name, version, options); unset = native "
+            "(idealised: planned shares that no engine executes)."
         ),
     )
     engine_format: str = field(
@@ -610,6 +699,12 @@ class ModelDeploymentSpec:
             "self.form == 'engine' || self.engineFormat == 'none'",
             "engineFormat needs form: engine (engines assume equal expert slots per GPU); "
             "set engineFormat: none for a native plan",
+        ),
+        Rule(
+            "!has(self.engine) || self.engine.name == 'native' || self.engineFormat == 'none' "
+            "|| self.engineFormat == self.engine.name",
+            "engineFormat must be the engine's own file (or none): the plan is predicted "
+            "under spec.engine. To fix: set engineFormat to spec.engine.name",
         ),
     )
 

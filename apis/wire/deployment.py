@@ -9,6 +9,8 @@ from typing import Any
 
 from mixfleet.v1 import plan_pb2
 
+from apis.documents import load_json_field
+from policies.engines import EngineOptions, EngineSpec, parse_engine
 from policies.errors import InputError
 from policies.spec import (
     DeploymentSpec,
@@ -54,17 +56,51 @@ def spec_to_proto(spec: DeploymentSpec) -> plan_pb2.DeploymentSpec:
         ),
         allow_cross_vendor=spec.allow_cross_vendor,
         gpu_hour_prices=dict(spec.gpu_hour_prices),
+        engine=engine_to_proto(spec.engine),
     )
     if spec.redundant_experts is not None:
         msg.redundant_experts = spec.redundant_experts
     return msg
 
 
-def _json_field(raw: bytes, path: str) -> Any:
-    try:
-        return json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise InputError(f"not valid UTF-8 JSON: {exc}", field=path) from exc
+def engine_to_proto(engine: EngineSpec) -> plan_pb2.EngineSpec:
+    """``mixfleet.v1.EngineSpec`` of an engine (every field written)."""
+    o = engine.options
+    return plan_pb2.EngineSpec(
+        name=engine.name,
+        version=engine.version,
+        options=plan_pb2.EngineOptions(
+            a2a_backend=o.a2a_backend, dispatch=o.dispatch, dp_balance=o.dp_balance
+        ),
+    )
+
+
+def engine_from_proto(msg: plan_pb2.EngineSpec, path: str = "spec.engine") -> EngineSpec:
+    """The engine of a message through the one engine parser
+    (:func:`policies.engines.parse_engine`); empty strings mean the defaults.
+
+    Raises:
+        InputError: naming the field (``spec.engine.options.dispatch``...).
+    """
+    d, o = EngineSpec(), EngineOptions()
+    return parse_engine(
+        {
+            "name": msg.name or d.name,
+            "version": msg.version,
+            "options": {
+                "a2aBackend": msg.options.a2a_backend or o.a2a_backend,
+                "dispatch": msg.options.dispatch or o.dispatch,
+                "dpBalance": msg.options.dp_balance or o.dp_balance,
+            },
+        },
+        path,
+    )
+
+
+def _json_field(raw: bytes, path: str, kind: str) -> Any:
+    """A JSON document of a bytes field, within the limits of its ``kind``
+    (:mod:`policies.limits`: size, UTF-8, nesting)."""
+    return load_json_field(raw, kind, path)
 
 
 def spec_from_proto(msg: plan_pb2.DeploymentSpec) -> DeploymentSpec:
@@ -79,7 +115,7 @@ def spec_from_proto(msg: plan_pb2.DeploymentSpec) -> DeploymentSpec:
     w = msg.workload
     r = msg.rebalance
     cfg = (
-        _json_field(msg.model_config_json, "spec.model_config_json")
+        _json_field(msg.model_config_json, "spec.model_config_json", "model config")
         if msg.model_config_json
         else None
     )
@@ -87,7 +123,7 @@ def spec_from_proto(msg: plan_pb2.DeploymentSpec) -> DeploymentSpec:
         raise InputError("must be a JSON object", field="spec.model_config_json")
     matrix = None
     if w.load_json:
-        loaded = _json_field(w.load_json, "spec.workload.load_json")
+        loaded = _json_field(w.load_json, "spec.workload.load_json", "load")
         model_hint = resolve_model(replace(d, model=msg.model, model_config=cfg))
         try:
             matrix = load_matrix(load_from_json(loaded, model_hint), "spec.workload.load_json")
@@ -120,6 +156,7 @@ def spec_from_proto(msg: plan_pb2.DeploymentSpec) -> DeploymentSpec:
         ),
         allow_cross_vendor=msg.allow_cross_vendor,
         gpu_hour_prices=dict(msg.gpu_hour_prices),
+        engine=engine_from_proto(msg.engine),
     )
     check_spec(spec, path="spec")
     return spec

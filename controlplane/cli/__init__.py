@@ -31,6 +31,7 @@ from controlplane.cli import (
     nodes,
     plan,
     plans,
+    store,
     watch,
 )
 from controlplane.cli.output import Groups
@@ -55,6 +56,7 @@ COMMAND_MODULES: tuple[Register, ...] = (
     nodes.register,
     deploy.register,
     plans.register,
+    store.register,
     watch.register,
 )
 

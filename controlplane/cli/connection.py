@@ -28,6 +28,7 @@ from mixfleet.v1 import plan_pb2_grpc
 
 from controlplane.cli.output import Groups, Handler, add_leaf
 from policies.errors import InputError, MixfleetError
+from policies.limits import MAX_REPLY_BYTES, MAX_REQUEST_BYTES
 
 DEFAULT_CONTROLLER = "127.0.0.1:7070"
 
@@ -111,7 +112,11 @@ def channel(args: argparse.Namespace) -> grpc.Channel:
     """A (blocking) channel to the controller from the connection options."""
     address = _opt(args, "controller", "MIXFLEET_CONTROLLER") or DEFAULT_CONTROLLER
     ca = _opt(args, "tls_ca")
-    options = [("grpc.max_receive_message_length", 64 << 20)]
+    # the controller's limits (policies.limits): a larger request is refused before it is sent
+    options = [
+        ("grpc.max_receive_message_length", MAX_REPLY_BYTES),
+        ("grpc.max_send_message_length", MAX_REQUEST_BYTES),
+    ]
     if ca is None:
         return grpc.insecure_channel(address, options=options)
     cert, key = _opt(args, "tls_cert"), _opt(args, "tls_key")

@@ -1,7 +1,9 @@
 """``mixfleetctl controller run``: serve AgentService, PlanService and EngineService.
 
 Runs the controller (:mod:`controlplane.server`) on ``--listen`` with the state store of
-``--store`` until SIGINT/SIGTERM; prints ``listening on HOST:PORT`` once it serves.
+``--store`` until SIGINT/SIGTERM; prints ``listening on HOST:PORT`` once it serves. Health
+probes (``--health-listen``) and leader election on a Lease (``--leader-elect``, Kubernetes
+store) are :mod:`controlplane.cli.ha`'s; exit status 1 when the lease is lost.
 """
 
 from __future__ import annotations
@@ -9,8 +11,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
+import sys
 from pathlib import Path
 
+from controlplane.cli.ha import HighAvailability, add_ha_arguments
 from controlplane.cli.output import Groups, add_group, add_leaf
 from policies.errors import InputError
 
@@ -25,8 +29,15 @@ def cmd_controller_run(args: argparse.Namespace) -> int:
 async def _run_controller(args: argparse.Namespace) -> int:
     import structlog
 
+    from controlplane.server.auth import DEV_MODE_WARNING
     from controlplane.server.controller import Controller, ControllerSettings
-    from controlplane.server.services import ServerOptions, TlsFiles, create_server, mark_serving
+    from controlplane.server.services import (
+        ServerOptions,
+        TlsFiles,
+        check_options,
+        create_server,
+        mark_serving,
+    )
     from controlplane.store import open_store
 
     tls = None
@@ -38,15 +49,25 @@ async def _run_controller(args: argparse.Namespace) -> int:
     settings = ControllerSettings(
         heartbeat_interval_s=args.heartbeat_interval,
         node_lost_after_s=args.node_lost_after,
+        contingency_max_nodes=args.contingency_max_nodes,
     )
-    store = open_store(args.store)
-    controller = Controller(store, settings=settings)
     options = ServerOptions(
         tls=tls,
         token_file=Path(args.token_file) if args.token_file else None,
         insecure=args.insecure,
         max_receive_message_bytes=args.max_message_mib << 20,
     )
+    # TLS files and the token file are checked before the store is opened: a refused start
+    # creates no file.
+    if check_options(args.listen, options).dev_mode:
+        print(f"warning: {DEV_MODE_WARNING}", file=sys.stderr, flush=True)
+    store = open_store(args.store, new=args.store_new)
+    ha = await HighAvailability.start(args, store)  # probes; with --leader-elect: lead first
+    if ha.stopped:  # SIGINT/SIGTERM while waiting as a standby
+        await ha.close()
+        store.close()
+        return 0
+    controller = Controller(store, settings=settings)
     server, port = create_server(args.listen, controller, options)
     if args.metrics_port is not None:
         controller.metrics.serve(args.metrics_port)
@@ -63,16 +84,20 @@ async def _run_controller(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
     )
     print(f"listening on {host}:{port}", flush=True)
+    await ha.serving()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    status = await ha.until(stop)
+    if status:
+        log.error("lost the leader lease; exiting so that the restart waits as a standby")
     log.info("controller stopping")
     await server.stop(grace=2.0)
     await controller.stop()
+    await ha.close()  # after the last write: releases the lease
     store.close()
-    return 0
+    return status
 
 
 def register(groups: Groups) -> None:
@@ -95,7 +120,14 @@ def register(groups: Groups) -> None:
         "--store",
         metavar="URL",
         default="sqlite:mixfleet-state.db",
-        help="state store, sqlite:PATH (default %(default)s)",
+        help="state store, sqlite:PATH or kubernetes:NAMESPACE (default %(default)s)",
+    )
+    p.add_argument(
+        "--store-new",
+        action="store_true",
+        help="the sqlite store is new here: create the file when it is missing or empty, and "
+        "accept a file other than the one last used at this path (without it such a store "
+        "is refused: a fresh store would make every running deployment look deleted)",
     )
     p.add_argument("--tls-cert", metavar="PEM", help="server certificate")
     p.add_argument("--tls-key", metavar="PEM", help="server private key")
@@ -122,11 +154,20 @@ def register(groups: Groups) -> None:
         help="heartbeat silence before a node is lost, s (default %(default)s)",
     )
     p.add_argument(
+        "--contingency-max-nodes",
+        type=int,
+        default=32,
+        metavar="N",
+        help="keep a plan per single-node loss, solved in the background, for deployments on 2 "
+        "to N nodes, so a node loss commits at once (0 = off; default %(default)s)",
+    )
+    p.add_argument(
         "--max-message-mib",
         type=int,
         default=16,
         metavar="MIB",
         help="largest request accepted, MiB (default %(default)s)",
     )
+    add_ha_arguments(p)
     p.add_argument("--log-format", choices=("json", "console"), default="json")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))

@@ -8,31 +8,31 @@ one (exit 1 when it does not exist).
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import yaml
 from mixfleet.v1 import plan_pb2, plan_pb2_grpc
 
+from apis.documents import load_yaml, read_limited
 from apis.wire.deployment import spec_to_proto
 from controlplane.cli.connection import add_client, call, ms, to_json
 from controlplane.cli.output import Groups, add_group, print_json, table
 from controlplane.wire.plans import DEPLOYMENT_PHASE_NAMES
 from policies.errors import InputError
+from policies.limits import MAX_DOCUMENTS_PER_FILE, decode_utf8
 from policies.spec import parse_deployment
 
 
 def _read_docs(path: str) -> Iterator[Any]:
+    """The deployment documents of a YAML file (``-`` = stdin), within the limits of
+    :mod:`policies.limits` (size, UTF-8, nesting, no aliases, at most
+    :data:`~policies.limits.MAX_DOCUMENTS_PER_FILE` documents)."""
+    where = "deployments on stdin" if path == "-" else f"deployment file {path!r}"
     try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text()
-    except OSError as exc:
-        raise InputError(f"cannot read {path}: {exc}", field="-f") from exc
-    try:
-        yield from (d for d in yaml.safe_load_all(text) if d is not None)
-    except yaml.YAMLError as exc:
-        raise InputError(f"{path} is not valid YAML: {exc}", field="-f") from exc
+        text = decode_utf8(read_limited(path, "deployment", "deployment"), where)
+        yield from load_yaml(text, where, max_documents=MAX_DOCUMENTS_PER_FILE)
+    except InputError as exc:
+        raise InputError(str(exc), field="-f") from exc
 
 
 def cmd_deploy_apply(args: argparse.Namespace) -> int:
@@ -95,6 +95,7 @@ def cmd_deploy_get(args: argparse.Namespace) -> int:
                 st.message[:60],
             ]
         )
+    conditions = [(d.spec.name, c) for d in ds for c in d.status.conditions]
     print(
         table(
             [
@@ -113,6 +114,8 @@ def cmd_deploy_get(args: argparse.Namespace) -> int:
             rows,
         )
     )
+    for name, condition in conditions:  # e.g. a store row quarantined
+        print(f"condition: {name}: {condition}")
     return 0
 
 

@@ -2,8 +2,9 @@
 
 The planning core (:mod:`policies`) parses documents that are already loaded; this module
 does the disk I/O around it. Every failure - a missing or unreadable file, a YAML or JSON
-syntax error (with its line), a document of the wrong shape - becomes a
-:class:`policies.errors.InputError` whose message names the file and says what to do.
+syntax error (with its line), a file over a limit of :mod:`policies.limits`, a document of
+the wrong shape - becomes a :class:`policies.errors.InputError` whose message names the file
+and says what to do.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ from typing import Any
 
 import yaml
 
+from apis.documents import load_document, read_limited
 from policies.errors import InputError
 from policies.fleet import Fleet, parse_fleet
+from policies.limits import decode_utf8
 from policies.models import ModelSpec, from_hf_config
 from policies.plan import Plan, plan_from_dict
 from policies.workload import load_from_json, make_workload
@@ -25,81 +28,29 @@ from policies.workload import load_from_json, make_workload
 YAML_SUFFIXES = (".yaml", ".yml")
 
 
-def _read_text(path: Path, what: str) -> str:
-    """The file's text; OS and encoding errors become :class:`InputError`."""
-    try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError as exc:
-        raise InputError(
-            f"{what} file {str(path)!r} does not exist. To fix: check the path "
-            f"(relative paths start at {str(Path.cwd())!r})"
-        ) from exc
-    except IsADirectoryError as exc:
-        raise InputError(f"{what} path {str(path)!r} is a directory, not a file") from exc
-    except PermissionError as exc:
-        raise InputError(
-            f"cannot read {what} file {str(path)!r}: permission denied. To fix: make it "
-            "readable (chmod) or copy it somewhere you can read"
-        ) from exc
-    except UnicodeDecodeError as exc:
-        raise InputError(
-            f"{what} file {str(path)!r} is not UTF-8 text (byte {exc.start}). To fix: give "
-            "the YAML or JSON file itself"
-        ) from exc
-    except OSError as exc:
-        raise InputError(f"cannot read {what} file {str(path)!r}: {exc.strerror or exc}") from exc
-
-
-def _reject_constant(name: str) -> float:
-    raise ValueError(f"{name} is not a number JSON allows")
-
-
-def _parse_json(text: str, path: Path, what: str) -> Any:
-    try:
-        return json.loads(text, parse_constant=_reject_constant)
-    except json.JSONDecodeError as exc:
-        raise InputError(
-            f"{what} file {str(path)!r} is not valid JSON: {exc.msg} at line {exc.lineno}, "
-            f"column {exc.colno}. To fix: correct the syntax there"
-        ) from exc
-    except ValueError as exc:  # NaN / Infinity
-        raise InputError(
-            f"{what} file {str(path)!r}: {exc}. To fix: write finite numbers only"
-        ) from exc
-
-
-def _parse_yaml(text: str, path: Path, what: str) -> Any:
-    try:
-        return yaml.safe_load(text)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = exc.problem or exc.context or "syntax error"
-        raise InputError(
-            f"{what} file {str(path)!r} is not valid YAML: {problem}{where}. To fix: correct "
-            "the syntax there (indentation, a missing ':' or an unclosed bracket)"
-        ) from exc
-    except yaml.YAMLError as exc:
-        raise InputError(f"{what} file {str(path)!r} is not valid YAML: {exc}") from exc
-
-
 def read_document(path: str | Path, what: str) -> Any:
-    """Load a JSON (``.json``) or YAML (anything else; YAML also reads JSON) document.
+    """Load a JSON (``.json``) or YAML (anything else; YAML also reads JSON) document within
+    the limits of :mod:`policies.limits` (size of its kind, UTF-8, nesting, no YAML aliases,
+    one document; see :mod:`apis.documents`).
 
     Args:
         path: file path.
-        what: what the file is, for messages (``fleet``, ``plan``...).
+        what: what the file is, a key of :data:`policies.limits.MAX_DOCUMENT_BYTES`
+            (``fleet``, ``plan``...).
 
     Raises:
-        InputError: unreadable file, syntax error (with line and column) or empty file.
+        InputError: unreadable file, over a limit, syntax error (with line and column) or
+            empty file.
     """
     p = Path(path)
-    text = _read_text(p, what)
+    where = f"{what} file {str(p)!r}"
+    text = decode_utf8(read_limited(p, what, what), where)
     if not text.strip():
-        raise InputError(f"{what} file {str(p)!r} is empty")
-    if p.suffix.lower() == ".json":
-        return _parse_json(text, p, what)
-    return _parse_yaml(text, p, what)
+        raise InputError(f"{where} is empty")
+    doc = load_document(text, where, "json" if p.suffix.lower() == ".json" else "yaml")
+    if doc is None:
+        raise InputError(f"{where} holds no document (only comments or '---')")
+    return doc
 
 
 def _in_file(path: str | Path, what: str, exc: InputError) -> InputError:

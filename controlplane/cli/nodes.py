@@ -1,7 +1,10 @@
-"""``mixfleetctl nodes list|show``: the nodes registered with the controller.
+"""``mixfleetctl nodes list|show|delete``: the nodes registered with the controller.
 
 ``list``: one row per node (health, healthy GPUs, GPU models, labels, last heartbeat);
-``show NODE``: one node's inventory (GPUs, NVLinks, NICs). ``-o json`` for scripts.
+``show NODE``: one node's inventory (GPUs, NVLinks, NICs) and the deployments its agent runs
+that the controller has no record of; ``delete NODE``: forget a node whose agent is gone
+(refused while it serves a plan or still heartbeats, unless ``--force``). ``-o json`` for
+scripts.
 """
 
 from __future__ import annotations
@@ -54,6 +57,11 @@ def cmd_nodes_show(args: argparse.Namespace) -> int:
     print(f"labels:    {dict(inv.labels) or '-'}")
     print(f"seen:      {age(n.last_heartbeat_unix_s)} ago")
     print(f"applied:   {dict(n.applied) or '-'}")
+    if n.unknown_deployments:
+        print(
+            f"unknown:   {', '.join(n.unknown_deployments)} (no record in the controller's "
+            "store; left running)"
+        )
     rows = []
     for g in inv.gpus:
         nv = sum(1 for link in g.nvlinks if link.active)
@@ -89,9 +97,27 @@ def cmd_nodes_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_nodes_delete(args: argparse.Namespace) -> int:
+    request = plan_pb2.DeleteNodeRequest(name=args.name, force=args.force)
+    reply = call(args, lambda s, md: s.DeleteNode(request, metadata=md))
+    if args.output == "json":
+        print_json(to_json(reply))
+        return 0
+    moved = f"; re-planning {', '.join(reply.deployments)}" if reply.deployments else ""
+    print(f"node {args.name} deleted{moved}")
+    return 0
+
+
 def register(groups: Groups) -> None:
     """Add the ``nodes`` group."""
     nodes = add_group(groups, "nodes", "nodes registered with the controller", required=False)
     add_client(nodes, "list", cmd_nodes_list, "list nodes, their health and GPUs")
     p = add_client(nodes, "show", cmd_nodes_show, "show one node's inventory")
     p.add_argument("name", metavar="NODE")
+    p = add_client(nodes, "delete", cmd_nodes_delete, "forget a node whose agent is gone")
+    p.add_argument("name", metavar="NODE")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="also while it serves a plan (its deployments re-plan) or still heartbeats",
+    )

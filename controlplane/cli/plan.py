@@ -4,6 +4,7 @@
 * ``plan show``     - a saved plan, with the validator's findings;
 * ``plan compare``  - several policies side by side on the same inputs;
 * ``plan export``   - an engine's expert-placement file (SGLang, vLLM, TensorRT-LLM);
+* ``plan launch``   - the per-node command lines that start the plan's engine;
 * ``plan render``   - GPU x layer heatmaps of a plan (PNG);
 * ``plan cost``     - ``plan compare`` with USD per hour and per million tokens;
 * ``plan min-cost`` - the cheapest subset of whole nodes that reaches a throughput target.
@@ -15,12 +16,13 @@ constraints or no subset reaches the throughput.
 from __future__ import annotations
 
 import argparse
+import hashlib
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from controlplane.cli import files
+from controlplane.cli import files, launch
 from controlplane.cli.output import (
     Groups,
     add_group,
@@ -48,13 +50,38 @@ from controlplane.cli.problem import (
 )
 from controlplane.cli.reports import cost_document, cost_table, min_cost_document, min_cost_table
 from policies.cost import LAYOUTS, min_cost
-from policies.errors import InfeasibleError
+from policies.errors import InfeasibleError, InputError
+from policies.export_manifest import export_manifest
 from policies.exports import EXPORT_FORMATS, export_plan, export_sidecar
-from policies.models import preset
-from policies.plan import Plan, validate_plan
+from policies.models import ModelSpec, preset
+from policies.plan import Plan, PlanEngine, PlanSummary, validate_plan
 from policies.request import POLICIES
 
 # ------------------------------------------------------------------------- output
+
+
+def _bound_lines(s: PlanSummary) -> list[str]:
+    """What the bound covers, and the bound given the plan's attention shares."""
+    out = []
+    if s.bound_scope:
+        out.append(f"bound: {s.bound_scope}")
+    if s.conditional_bound_us is not None:
+        out.append(
+            f"bound with these attention shares: {s.conditional_bound_us / 1e3:.2f} ms "
+            f"(gap {(s.step_time_us - s.conditional_bound_us) / s.step_time_us * 100:.2f}%)"
+        )
+    return out
+
+
+def engine_line(e: PlanEngine) -> str:
+    """``engine: sglang 0.5.23, a2a backend deepep (why), dispatch static, dp balance router``;
+    a native plan says it is idealised."""
+    if e.name == "native":
+        return "engine: native (idealised: no engine executes these shares)"
+    return (
+        f"engine: {e.name} {e.version}, a2a backend {e.why or e.a2a_backend}, dispatch "
+        f"{e.dispatch}, dp balance {e.dp_balance}"
+    )
 
 
 def plan_table(plan: Plan) -> str:
@@ -75,6 +102,8 @@ def plan_table(plan: Plan) -> str:
         f"imbalance {s.imbalance:.3f}  moves {fmt_opt(s.expert_moves, 'd')}  "
         f"feasible {'yes' if s.feasible else 'NO'}",
         f"solver: {s.solver}",
+        *_bound_lines(s),
+        engine_line(plan.engine),
         "",
     ]
     rows = []
@@ -243,24 +272,69 @@ def cmd_plan_compare(args: argparse.Namespace) -> int:
 
 _EXPORT_USE = {
     "sglang": "SGLang: --init-expert-location {path} --ep-num-redundant-experts {r}",
-    "vllm": "vLLM: no flag loads a placement; load this EPLB state from your launcher",
+    "vllm": "vLLM: no flag loads a placement; a launcher moves the weights and installs this "
+    "EPLB state (see the manifest's load.launcher_steps)",
     "trtllm": "TensorRT-LLM: moe_config: {{load_balancer: {path}}} in the LLM API options",
 }
 
 
+def _export_model(args: argparse.Namespace, plan: Plan) -> ModelSpec:
+    """The plan's model: ``--model-config``, else the preset the plan names.
+
+    Raises:
+        InputError: the plan's model is not a preset and no config was given.
+    """
+    if args.model_config:
+        return files.read_model_config(args.model_config)
+    try:
+        return preset(plan.model)
+    except InputError as exc:
+        raise InputError(
+            f"plan {plan.id} is for model {plan.model!r}, which is not a preset; the export "
+            "needs the model to check the engine can place it (and its MTP layers). To fix: "
+            "pass --model-config PATH (the model's config.json)",
+            field="model-config",
+        ) from exc
+
+
+def _manifest_path(args: argparse.Namespace) -> Path | None:
+    """``--manifest``, else ``<out stem>.manifest.json`` beside ``--out``, else None."""
+    if args.manifest:
+        return Path(args.manifest)
+    if args.out:
+        out = Path(args.out)
+        return out.with_name(f"{out.stem}.manifest.json")
+    return None
+
+
 def cmd_plan_export(args: argparse.Namespace) -> int:
-    """``plan export FILE --format F``: an engine's placement file (plus a sidecar)."""
+    """``plan export FILE --format F``: an engine's placement file, the manifest beside it
+    (engine, version, world size, R, rank -> GPU order) and optionally a sidecar."""
     plan = files.read_plan(args.file)
-    doc = export_plan(plan, args.format)
+    model = _export_model(args, plan)
+    doc = export_plan(plan, args.format, model)
     text = files.dump_document(doc, "yaml" if args.format == "trtllm" else "json")
+    file = ""
     if args.out:
         path = files.write_text(args.out, text, f"{args.format} export")
+        file = str(path)
         notes(args)(f"wrote {args.format} placement of plan {plan.id} to {path}")
         notes(args)(_EXPORT_USE[args.format].format(path=path, r=plan.num_redundant))
         if args.format == "sglang" and path.suffix != ".json":
             notes(args)("note: SGLang reads a file only when its name ends in .json")
     else:
         emit(text)
+    manifest = _manifest_path(args)
+    if manifest is not None:
+        digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+        man = export_manifest(plan, args.format, model, file=file, file_sha256=digest)
+        written = files.write_document(manifest, man, "manifest")
+        notes(args)(f"wrote the manifest (engine, R, rank -> GPU order) to {written}")
+    else:
+        notes(args)(
+            "no manifest written: pass --manifest FILE (or --out); it records the rank -> GPU "
+            "order the file assumes"
+        )
     if args.sidecar:
         path = files.write_document(args.sidecar, export_sidecar(plan), "sidecar")
         notes(args)(f"wrote DP-attention weights and runtime hints to {path}")
@@ -357,6 +431,7 @@ def register(groups: Groups) -> None:
     p.add_argument("--save-plans", metavar="DIR", help="save each plan as DIR/<policy>.json")
 
     _register_export_render(plan)
+    launch.register(plan)
     _register_cost(plan)
 
 
@@ -366,6 +441,17 @@ def _register_export_render(plan: Groups) -> None:
     p.add_argument("file", metavar="FILE", help="engine-form plan (JSON or YAML)")
     p.add_argument("--format", choices=EXPORT_FORMATS, required=True)
     p.add_argument("--out", metavar="FILE", help="output file (default: stdout)")
+    p.add_argument(
+        "--manifest",
+        metavar="FILE",
+        help="where to write the manifest (engine, version, world size, R, rank -> GPU order); "
+        "default: <out stem>.manifest.json beside --out",
+    )
+    p.add_argument(
+        "--model-config",
+        metavar="PATH",
+        help="the plan's model config.json when the plan's model is not a preset",
+    )
     p.add_argument(
         "--sidecar",
         metavar="FILE",

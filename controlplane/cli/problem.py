@@ -16,12 +16,20 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from controlplane.cli import files
 from controlplane.cli.output import OUTPUTS, Note, gpu_groups, ticker
 from policies.cost import PriceTable, price_table_from_dict
 from policies.deployment import Deployment
+from policies.engines import (
+    A2A_BACKENDS,
+    DISPATCH_OPTIONS,
+    DP_BALANCES,
+    ENGINES,
+    EngineSpec,
+    parse_engine,
+)
 from policies.errors import InfeasibleError, InputError
 from policies.fleet import Fleet
 from policies.models import ModelSpec, preset
@@ -53,6 +61,7 @@ class Problem:
         previous: plan to stay close to, or None.
         allow_cross_vendor: let one expert-parallel group span GPU vendors (NVIDIA and
             AMD); off, a MoE model on a mixed-vendor fleet is refused with how to split it.
+        engine: the engine that will run the plan (``--engine`` and its options).
     """
 
     fleet: Fleet
@@ -63,6 +72,7 @@ class Problem:
     options: SolverOptions
     previous: Plan | None = None
     allow_cross_vendor: bool = False
+    engine: EngineSpec = field(default_factory=EngineSpec)
 
     def request(self, policy: str) -> PlacementRequest:
         """The placement request for one policy."""
@@ -76,6 +86,7 @@ class Problem:
             options=self.options,
             previous=self.previous,
             allow_cross_vendor=self.allow_cross_vendor,
+            engine=self.engine,
         )
 
 
@@ -139,6 +150,70 @@ def problem_from_args(args: argparse.Namespace) -> Problem:
         options,
         previous,
         allow_cross_vendor=bool(getattr(args, "allow_cross_vendor", False)),
+        engine=engine_from_args(args),
+    )
+
+
+#: Engine flag -> the field of the engine document it sets (for error messages).
+_ENGINE_FLAGS = {
+    "engine.name": "--engine",
+    "engine.version": "--engine",
+    "engine.options.a2aBackend": "--a2a-backend",
+    "engine.options.dispatch": "--dispatch",
+    "engine.options.dpBalance": "--dp-balance",
+}
+
+
+def engine_from_args(args: argparse.Namespace) -> EngineSpec:
+    """``--engine`` and its options through the one engine parser
+    (:func:`policies.engines.parse_engine`, as the deployment document is read).
+
+    Raises:
+        InputError: an option the engine does not have, naming the flag.
+    """
+    doc = {
+        "name": args.engine,
+        "options": {
+            "a2aBackend": args.a2a_backend,
+            "dispatch": args.dispatch,
+            "dpBalance": args.dp_balance,
+        },
+    }
+    try:
+        return parse_engine(doc)
+    except InputError as exc:
+        flag = _ENGINE_FLAGS.get(exc.field, "--engine")
+        raise InputError(str(exc).removeprefix(f"{exc.field}: "), field=flag) from exc
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """``--engine`` and the options that change how it executes a plan."""
+    p.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="native",
+        help="engine that will run the plan; the plan is solved for its replica choice and DP "
+        "balancing (default: native, idealised shares no engine executes)",
+    )
+    backends = dict.fromkeys(b for bs in A2A_BACKENDS.values() for b in bs)
+    p.add_argument(
+        "--a2a-backend",
+        choices=("auto", *backends),
+        default="auto",
+        help="all-to-all backend of the EP group (default: auto, the first every GPU supports)",
+    )
+    p.add_argument(
+        "--dispatch",
+        choices=DISPATCH_OPTIONS,
+        default="auto",
+        help="replica choice; static or dynamic: SGLang's --ep-dispatch-algorithm",
+    )
+    p.add_argument(
+        "--dp-balance",
+        choices=DP_BALANCES,
+        default="router",
+        help="who sets the DP attention shares: router (the mixfleet router, planned weights; "
+        "default) or engine (the engine's balancer, equal shares)",
     )
 
 
@@ -205,6 +280,7 @@ def add_problem_args(p: argparse.ArgumentParser) -> None:
         help="let one expert-parallel group span NVIDIA and AMD GPUs (only for runtimes that "
         "bridge vendors; default: a MoE model on a mixed-vendor fleet is refused)",
     )
+    add_engine_args(p)
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
 
 
@@ -262,6 +338,7 @@ def add_deployment_args(p: argparse.ArgumentParser, *, policy: str, redundant: i
     p.add_argument(
         "--workers", type=int, default=_DEFAULTS.workers, metavar="N", help="0 = one per CPU"
     )
+    add_engine_args(p)
     p.add_argument("-o", "--output", choices=OUTPUTS, default="table", help="default: table")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
 
@@ -294,6 +371,7 @@ def deployment_from_args(args: argparse.Namespace) -> Deployment:
             solver=args.solver,
             workers=args.workers,
         ),
+        engine=engine_from_args(args),
     )
 
 
@@ -315,8 +393,9 @@ def _describe(problem: Problem, policy: str) -> str:
     if m.is_moe:
         what += f", {m.num_experts + problem.redundant_experts} slots"
     what += ")"
+    engine = "" if problem.engine.name == "native" else f" for {problem.engine.label}"
     line = (
-        f"solving {policy} ({problem.form} form): {what} on {fleet.name} "
+        f"solving {policy} ({problem.form} form{engine}): {what} on {fleet.name} "
         f"({gpu_groups([g.spec.model for g in fleet.gpus])})"
     )
     if policy == "ilp":

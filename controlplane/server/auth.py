@@ -3,7 +3,9 @@
 Callers are identified, in this order:
 
 1. a bearer token (``authorization: Bearer <token>`` metadata) from the token file; an
-   unknown token is refused (UNAUTHENTICATED) even when a certificate is also presented;
+   unknown token is refused (UNAUTHENTICATED) even when a certificate is also presented.
+   With a node certificate (below) the token's identity stays bound to that certificate's
+   node: a node credential acts only for its own node whatever the token says;
 2. the common name of a client certificate verified against the controller's CA (mutual
    TLS): ``mixfleet-agent`` = an agent for any node, ``node:<name>`` = the agent of node
    ``<name>`` only, ``mixfleet-admin`` = admin, ``mixfleet-engine`` = engine, anything else
@@ -18,8 +20,10 @@ DiffPlans, Solve, Advise*, EstimateCost, MinCost); ``admin`` -> PlanService and
 EngineService. Health checks and reflection are open.
 
 Token file: one token a line, ``<token> <role> [<name>]``; ``#`` starts a comment. Tokens
-must be at least 16 characters. ``mixfleetctl certs init`` writes one with an admin, a
-viewer and an engine token.
+must be at least 16 characters; an agent token named ``node:<name>`` acts for that node
+only. An empty, unreadable or non-UTF-8 file is refused at start. Tokens are compared in
+constant time. ``mixfleetctl certs init`` writes one (mode 0600) with an admin, a viewer and
+an engine token.
 """
 
 from __future__ import annotations
@@ -27,12 +31,14 @@ from __future__ import annotations
 import contextvars
 import hmac
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
+from apis.documents import read_limited
 from controlplane.errors import PermissionDeniedError, UnauthenticatedError
 from policies.errors import InputError
+from policies.limits import decode_utf8
 
 Role = Literal["admin", "viewer", "engine", "agent", "client", "dev"]
 ROLES: tuple[str, ...] = ("admin", "viewer", "engine", "agent")
@@ -40,6 +46,12 @@ AGENT_CN = "mixfleet-agent"
 ADMIN_CN = "mixfleet-admin"
 ENGINE_CN = "mixfleet-engine"
 NODE_CN_PREFIX = "node:"
+MIN_TOKEN_CHARS = 16
+#: Logged and printed when the controller starts in development mode.
+DEV_MODE_WARNING = (
+    "development mode: every caller is admin (plaintext on loopback, no token file). "
+    "To fix: for anything but a trial on this machine, give --tls-* and --token-file"
+)
 _OPEN_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 #: PlanService methods a viewer may call: reads and dry runs (Solve, the strategy advice).
 _READ_PREFIXES = ("Get", "List", "Watch", "Diff", "Solve", "Advise", "EstimateCost", "MinCost")
@@ -66,39 +78,74 @@ class Identity:
         return self.node is None or self.node == node
 
 
+def _bound(identity: Identity, cert: Identity | None) -> Identity:
+    """A token's identity, kept to the node of a node certificate presented with it: a node
+    credential acts only for its own node whatever the token says.
+
+    Raises:
+        PermissionDeniedError: the token and the certificate are bound to different nodes.
+    """
+    if cert is None or cert.node is None:
+        return identity
+    if identity.node is not None and identity.node != cert.node:
+        raise PermissionDeniedError(
+            f"token {identity.name} is bound to node {identity.node!r} but the certificate "
+            f"{cert.name} to {cert.node!r}. To fix: use the token of the certificate's node",
+            field="authorization",
+        )
+    return replace(identity, node=cert.node)
+
+
 current_identity: contextvars.ContextVar[Identity | None] = contextvars.ContextVar(
     "mixfleet_identity", default=None
 )
 
 
 def load_tokens(path: str | Path) -> dict[str, Identity]:
-    """Read a token file.
+    """Read a token file (module docstring). A token named ``node:<name>`` with role
+    ``agent`` acts for node ``<name>`` only, like a node certificate.
 
     Raises:
-        InputError: unreadable file, unknown role, short or duplicate token (line named).
+        InputError: unreadable, over 1 MiB, not UTF-8 (byte offset named), holding no token,
+            or a line with an unknown role, a short or duplicate token (line named).
     """
+    where = f"token file {str(path)!r}"
     try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise InputError(f"cannot read {path}: {exc}", field="token_file") from exc
+        text = decode_utf8(read_limited(path, "token file", "token"), where)
+    except InputError as exc:
+        raise InputError(str(exc), field="token_file") from exc
     out: dict[str, Identity] = {}
     for lineno, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
         parts = line.split()
-        where = f"token_file:{lineno}"
+        where_line = f"token_file:{lineno}"
         if len(parts) < 2 or parts[1] not in ROLES:
             raise InputError(
-                f"expected '<token> <role> [<name>]' with role one of {ROLES}", field=where
+                f"expected '<token> <role> [<name>]' with role one of {ROLES}", field=where_line
             )
         token, role = parts[0], parts[1]
-        if len(token) < 16:
-            raise InputError("token shorter than 16 characters", field=where)
+        if len(token) < MIN_TOKEN_CHARS:
+            raise InputError(f"token shorter than {MIN_TOKEN_CHARS} characters", field=where_line)
         if token in out:
-            raise InputError("duplicate token", field=where)
+            raise InputError("duplicate token", field=where_line)
         name = parts[2] if len(parts) > 2 else f"{role}-{lineno}"
-        out[token] = Identity(name, role, via="token")  # type: ignore[arg-type]
+        node = (
+            name[len(NODE_CN_PREFIX) :]
+            if role == "agent" and name.startswith(NODE_CN_PREFIX)
+            else None
+        )
+        if node == "":
+            raise InputError("'node:' names no node", field=where_line)
+        out[token] = Identity(name, role, node=node, via="token")  # type: ignore[arg-type]
+    if not out:
+        raise InputError(
+            f"{where} holds no token. To fix: write one '<token> <role> [<name>]' line per "
+            "caller (mixfleetctl certs init writes a file with an admin, a viewer and an "
+            "engine token), or leave --token-file out",
+            field="token_file",
+        )
     return out
 
 
@@ -142,9 +189,10 @@ class Authenticator:
         bearer = None
         for key, value in metadata:
             if key.lower() == "authorization":
-                text = value.decode() if isinstance(value, bytes) else value
+                text = value.decode(errors="replace") if isinstance(value, bytes) else value
                 if text.lower().startswith("bearer "):
                     bearer = text[7:].strip()
+        cert = self._certificate(peer_cns)
         if bearer is not None:
             identity = self._token(bearer)
             if identity is None:
@@ -152,7 +200,20 @@ class Authenticator:
                     "unknown bearer token. To fix: use a token from the controller's token file",
                     field="authorization",
                 )
-            return identity
+            return _bound(identity, cert)
+        if cert is not None:
+            return cert
+        if self.dev_mode:
+            return Identity("anonymous", "dev", via="insecure")
+        raise UnauthenticatedError(
+            "no credentials. To fix: send 'authorization: Bearer <token>' (mixfleetctl "
+            "--token-file) or a client certificate signed by the controller's CA",
+            field="authorization",
+        )
+
+    @staticmethod
+    def _certificate(peer_cns: Sequence[str]) -> Identity | None:
+        """The identity a verified client certificate names (its first common name)."""
         for cn in peer_cns:
             if cn == AGENT_CN:
                 return Identity(cn, "agent", via="certificate")
@@ -163,21 +224,19 @@ class Authenticator:
             if cn == ENGINE_CN:
                 return Identity(cn, "engine", via="certificate")
             return Identity(cn, "client", via="certificate")
-        if self.dev_mode:
-            return Identity("anonymous", "dev", via="insecure")
-        raise UnauthenticatedError(
-            "no credentials. To fix: send 'authorization: Bearer <token>' (mixfleetctl "
-            "--token-file) or a client certificate signed by the controller's CA",
-            field="authorization",
-        )
+        return None
 
     def _token(self, token: str) -> Identity | None:
+        """The identity of a bearer token. Every known token is compared, in constant time
+        (:func:`hmac.compare_digest`), so the time taken says nothing about which matched."""
         if not self.tokens:
             return None
+        given = token.encode()
+        found = None
         for known, identity in self.tokens.items():
-            if hmac.compare_digest(known.encode(), token.encode()):
-                return identity
-        return None
+            if hmac.compare_digest(known.encode(), given):
+                found = identity
+        return found
 
     def authorize(self, identity: Identity, method: str) -> None:
         """Raises PermissionDeniedError when ``identity`` may not call ``method``."""

@@ -1,6 +1,7 @@
 """A development certificate authority for mutual TLS (``mixfleetctl certs init DIR``).
 
-Writes into DIR (private keys mode 0600):
+Writes into DIR (private keys and the token file mode 0600, reset to 0600 by ``--force`` over
+existing files; certificates 0644):
 
 * ``ca.pem`` / ``ca-key.pem`` - the CA (give ``ca.pem`` to every party);
 * ``server.pem`` / ``server-key.pem`` - the controller (SANs: localhost, 127.0.0.1, ::1 and
@@ -29,8 +30,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from apis.documents import read_limited
 from controlplane.server.auth import ADMIN_CN, AGENT_CN, ENGINE_CN
 from policies.errors import InputError
+from policies.limits import decode_utf8
 
 VALID_DAYS = 365
 
@@ -56,8 +59,15 @@ def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
         serialization.PrivateFormat.PKCS8,
         serialization.NoEncryption(),
     )
+    _write_private(path, data)
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` with mode 0600, also when the file exists (``--force``
+    over a file of mode 0644: ``os.open``'s mode applies only to a new file)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as f:
+        os.fchmod(f.fileno(), 0o600)
         f.write(data)
 
 
@@ -167,9 +177,7 @@ def init_dev_pki(out: str | Path, *, sans: Sequence[str] = (), force: bool = Fal
         f"{secrets.token_urlsafe(24)} viewer dashboard",
         f"{secrets.token_urlsafe(24)} engine engines",
     ]
-    fd = os.open(d / "tokens", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    _write_private(d / "tokens", ("\n".join(lines) + "\n").encode())
     return d
 
 
@@ -179,7 +187,12 @@ def token_for(path: str | Path, role: str) -> str:
     Raises:
         InputError: no token of that role.
     """
-    for raw in Path(path).read_text().splitlines():
+    where = f"token file {str(path)!r}"
+    try:
+        text = decode_utf8(read_limited(path, "token file", "token"), where)
+    except InputError as exc:
+        raise InputError(str(exc), field="token_file") from exc
+    for raw in text.splitlines():
         parts = raw.split("#", 1)[0].split()
         if len(parts) >= 2 and parts[1] == role:
             return parts[0]

@@ -35,6 +35,9 @@ FAST = ControllerSettings(
     retry_after_error_s=0.5,
     solver_processes=0,
     min_tick_interval_s=0.0,
+    contingency_processes=0,
+    contingency_max_nodes=0,  # tests that want contingency plans turn them on
+    alive_record_s=0.2,
 )
 
 

@@ -86,6 +86,11 @@ class Metrics:
             "Time the controller's event loop could not run (not counted as node silence).",
             registry=r,
         )
+        self.store_quarantined_rows = Gauge(
+            "mixfleet_store_quarantined_rows",
+            "Store rows that do not decode and are skipped (mixfleetctl store check).",
+            registry=r,
+        )
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
         """Serve ``/metrics`` over HTTP on ``port`` (a daemon thread)."""

@@ -15,18 +15,27 @@ Per deployment, in order (the first rule that applies wins):
 5. The committed plan was made for other inputs (new or changed spec, node joined, node
    lost, GPU health changed) -> solve, unless the same inputs already failed permanently
    (bad spec, infeasible: fix the spec) or a retry is not due yet (after an abort or a
-   temporary failure).
+   temporary failure). When a contingency plan was solved in advance for exactly these
+   inputs (one node of the committed plan's fleet lost) it is proposed at once instead
+   (``Solve(contingency=True)``): node loss to committed plan is then a rollout, not a
+   solve.
 6. Rebalancing is on and the measured imbalance has exceeded the plan's own predicted
    imbalance by more than the threshold for ``sustain_s`` -> solve migration-aware from the
    committed plan with the measured load (at most once per ``min_interval_s``).
-7. Otherwise the deployment is ready.
+7. Otherwise the deployment is ready; when contingencies are on and none were planned for
+   the committed version yet, plan them: one solve per usable node, for the fleet without
+   it (:class:`PlanContingencies`, run in the background at low priority).
 
 In Kubernetes mode (``ReconcileSettings.solves`` False) the operator owns every plan
 decision and rules 3-7 become :func:`_external`: roll out the operator's newest proposed
 plan once its nodes are usable, never solve.
 
-"Inputs" are the spec generation and the set of usable GPUs (alive, not draining, healthy,
-on nodes matching the node selector); :func:`inputs_key` fingerprints them.
+"Inputs" are the spec generation and the set of usable GPUs (alive, not draining, not
+cordoned, healthy, on nodes matching the node selector); :func:`inputs_key` fingerprints them.
+
+A call may pass any subset of the deployments (the controller passes the ones whose
+observation changed and the ones waiting on a clock): each deployment's decision depends on
+its own observation, the nodes and the time only.
 """
 
 from __future__ import annotations
@@ -51,12 +60,15 @@ class ReconcileSettings:
             Kubernetes mode, where the operator alone solves and writes PartitionPlans:
             the decision then never asks for a Solve and rolls out the operator's newest
             proposed plan (:func:`_external`).
+        contingency_max_nodes: plan contingencies (rule 7) for deployments whose fleet has
+            2 to this many usable nodes; 0 = never.
     """
 
     node_lost_after_s: float = 15.0
     retry_after_abort_s: float = 30.0
     retry_after_error_s: float = 30.0
     solves: bool = True
+    contingency_max_nodes: int = 0
 
 
 @dataclass(frozen=True)
@@ -68,6 +80,7 @@ class NodeObs:
         state: ``ready`` | ``draining`` | ``degraded`` (from the agent).
         healthy_gpus: GPU ids (``node/gpuN``) whose health is good.
         marked_lost: the controller currently treats the node as lost.
+        cordoned: an administrator cordoned it (``GPUNode.spec.cordon``): no rollout onto it.
     """
 
     name: str
@@ -76,6 +89,7 @@ class NodeObs:
     state: str = "ready"
     healthy_gpus: tuple[str, ...] = ()
     marked_lost: bool = False
+    cordoned: bool = False
 
 
 @dataclass(frozen=True)
@@ -135,6 +149,12 @@ class DeploymentObs:
         last_rebalance_s: when the last rebalance solve started.
         older_proposed: proposed versions below ``pending`` (a newer plan replaced them
             before their rollout started).
+        rollout_hold: why the plans' decision maker (the Kubernetes operator) holds every
+            rollout of this deployment now (it cannot plan the current inputs); empty: none.
+        contingency_keys: inputs keys for which a contingency plan of the committed version
+            is solved and ready.
+        contingencies_for: the committed version contingencies were planned for (None: not
+            planned).
     """
 
     spec: DeploymentSpec
@@ -147,6 +167,9 @@ class DeploymentObs:
     imbalance_samples: tuple[tuple[float, float], ...] = ()
     last_rebalance_s: float | None = None
     older_proposed: tuple[int, ...] = ()
+    rollout_hold: str = ""
+    contingency_keys: frozenset[str] = frozenset()
+    contingencies_for: int | None = None
 
     @property
     def name(self) -> str:
@@ -175,7 +198,8 @@ class SetNodeLost:
 @dataclass(frozen=True)
 class Solve:
     """Solve the deployment on ``gpus``; ``previous_version`` makes the ILP migration-aware;
-    ``rebalance`` plans for the measured load."""
+    ``rebalance`` plans for the measured load; ``contingency``: propose the contingency plan
+    solved in advance for ``inputs_key`` (solve as usual when it is gone)."""
 
     deployment: str
     reason: str
@@ -183,6 +207,26 @@ class Solve:
     nodes: tuple[str, ...]
     previous_version: int | None
     rebalance: bool = False
+    contingency: bool = False
+
+
+@dataclass(frozen=True)
+class Contingency:
+    """One single-node loss to plan for: the fleet without ``lost_node``."""
+
+    lost_node: str
+    inputs_key: str
+    nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class PlanContingencies:
+    """Solve, in the background, a plan for each single-node loss of the committed
+    ``version``'s fleet (migration-aware from it)."""
+
+    deployment: str
+    version: int
+    cases: tuple[Contingency, ...]
 
 
 @dataclass(frozen=True)
@@ -214,7 +258,7 @@ class SetStatus:
     message: str
 
 
-Action = SetNodeLost | Solve | StartRollout | Commit | Abort | SetStatus
+Action = SetNodeLost | Solve | StartRollout | Commit | Abort | SetStatus | PlanContingencies
 
 
 # ---------------------------------------------------------------------------- decision
@@ -233,6 +277,7 @@ def usable_gpus(
         for n in sorted(nodes, key=lambda n: n.name)
         if alive(n, now_s, settings)
         and n.state != "draining"
+        and not n.cordoned
         and n.healthy_gpus
         and selects(spec, n.labels)
     ]
@@ -260,6 +305,8 @@ def explain(
     c = d.committed
     if c is None:
         return "deployment created"
+    if not c.inputs_key:
+        return f"committed plan v{c.version} cannot be read from the store"
     if not c.inputs_key.startswith(f"g{d.generation}:"):
         return f"deployment spec changed (generation {d.generation})"
     by_name = {n.name: n for n in nodes}
@@ -320,12 +367,32 @@ def reconcile(
         elif not n.marked_lost and not up:
             silent = now - n.last_seen_s
             actions.append(SetNodeLost(n.name, True, f"no heartbeat for {silent:.0f} s"))
+    usable = _UsableMemo(observed, settings)
     for d in observed.deployments:
-        actions.extend(_deployment(d, observed, settings))
+        actions.extend(_deployment(d, observed, settings, usable))
     return actions
 
 
-def _deployment(d: DeploymentObs, o: Observed, s: ReconcileSettings) -> list[Action]:
+class _UsableMemo:
+    """:func:`usable_gpus` once per distinct node selector of one decision (deployments
+    share selectors; the nodes and the time are the same for all of them)."""
+
+    def __init__(self, o: Observed, s: ReconcileSettings) -> None:
+        self.o, self.s = o, s
+        self._by_selector: dict[tuple[tuple[str, str], ...], tuple[tuple[str, ...], ...]] = {}
+
+    def __call__(self, spec: DeploymentSpec) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        key = tuple(sorted(spec.node_selector.items()))
+        hit = self._by_selector.get(key)
+        if hit is None:
+            hit = usable_gpus(spec, self.o.nodes, self.o.now_s, self.s)
+            self._by_selector[key] = hit
+        return hit[0], hit[1]
+
+
+def _deployment(
+    d: DeploymentObs, o: Observed, s: ReconcileSettings, usable: _UsableMemo
+) -> list[Action]:
     now = o.now_s
     name = d.name
     status = SetStatus(name, "ready", "")
@@ -334,8 +401,8 @@ def _deployment(d: DeploymentObs, o: Observed, s: ReconcileSettings) -> list[Act
     if d.rollout is not None:
         return _rollout(name, d.rollout, o, s)
     if not s.solves:
-        return _external(d, o, s)
-    nodes, gpus = usable_gpus(d.spec, o.nodes, now, s)
+        return _external(d, o, s, usable)
+    nodes, gpus = usable(d.spec)
     key = inputs_key(d.generation, gpus)
     p = d.pending
     if p is not None and p.state == "proposed":
@@ -366,6 +433,12 @@ def _deployment(d: DeploymentObs, o: Observed, s: ReconcileSettings) -> list[Act
             return [SetStatus(name, phase, f"v{p.version} aborted; retrying")]
         reason = explain(d, gpus, o.nodes, now, s)
         previous = c.version if c is not None else None
+        if c is not None and key in d.contingency_keys:
+            advance = f"{reason} (plan solved in advance)"
+            return [
+                Solve(name, advance, key, nodes, previous, contingency=True),
+                SetStatus(name, "planning", advance),
+            ]
         return [Solve(name, reason, key, nodes, previous), SetStatus(name, "planning", reason)]
     rb = d.spec.rebalance
     if rb.enabled and (d.last_rebalance_s is None or now - d.last_rebalance_s >= rb.min_interval_s):
@@ -379,6 +452,20 @@ def _deployment(d: DeploymentObs, o: Observed, s: ReconcileSettings) -> list[Act
                 Solve(name, reason, key, nodes, c.version, rebalance=True),
                 SetStatus(name, "planning", reason),
             ]
+    if (
+        s.contingency_max_nodes
+        and d.contingencies_for != c.version
+        and 2 <= len(nodes) <= s.contingency_max_nodes
+    ):
+        cases = tuple(
+            Contingency(
+                lost,
+                inputs_key(d.generation, [g for g in gpus if _node_of(g) != lost]),
+                tuple(n for n in nodes if n != lost),
+            )
+            for lost in nodes
+        )
+        return [PlanContingencies(name, c.version, cases), status]
     return [status]
 
 
@@ -412,10 +499,14 @@ def _rollout(name: str, r: RolloutObs, o: Observed, s: ReconcileSettings) -> lis
     ]
 
 
-def _external(d: DeploymentObs, o: Observed, s: ReconcileSettings) -> list[Action]:
+def _external(
+    d: DeploymentObs, o: Observed, s: ReconcileSettings, usable_of: _UsableMemo
+) -> list[Action]:
     """Rules 3-7 when another component (the Kubernetes operator) decides the plans: the
     controller only rolls them out. The newest proposed version is rolled out when every
-    node it targets is usable; older proposed versions are aborted as replaced; nothing is
+    node it targets is usable (alive, not draining, not cordoned) and the operator holds no
+    rollout (``rollout_hold``: it reports the current inputs cannot be planned); older
+    proposed versions are aborted as replaced; nothing is
     ever solved here - a lost node or a changed spec waits for the operator's next plan."""
     name = d.name
     aborts: list[Action] = [
@@ -423,11 +514,15 @@ def _external(d: DeploymentObs, o: Observed, s: ReconcileSettings) -> list[Actio
         for v in d.older_proposed
         if d.pending is not None
     ]
-    nodes, gpus = usable_gpus(d.spec, o.nodes, o.now_s, s)
+    nodes, gpus = usable_of(d.spec)
     usable = set(gpus)
     p = d.pending
     if p is not None and p.state == "proposed":
         missing = sorted(set(p.nodes) - set(nodes))
+        if d.rollout_hold:
+            phase = "degraded" if d.committed is not None else "pending"
+            why = f"v{p.version} held: the operator reports {d.rollout_hold}"
+            return [*aborts, SetStatus(name, phase, why[:1024])]
         if not missing:
             return [
                 *aborts,

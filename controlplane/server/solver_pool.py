@@ -11,18 +11,87 @@ processes from inside the worker, as it does from the command line.
 
 ``processes=0`` keeps the old behaviour (a thread of this process): quicker to start, for
 tests and tiny fleets.
+
+Workers die with their controller, also when it is killed with SIGKILL (no cleanup code of
+the controller runs then). Each worker, as it starts (:func:`_guard_worker`):
+
+* becomes the leader of its own process group, so everything a solve starts (the ILP's layer
+  processes, a CBC subprocess) is in that group;
+* forks a tiny reaper that waits on two pipes: the controller's end of the worker's start-up
+  pipe (``multiprocessing``'s parent sentinel: readable once the controller is gone) and its
+  own parent, the worker. When either goes away it kills the whole group with SIGKILL. This
+  is the portable fallback, and the only guard for the worker's own children; it is a
+  process rather than a thread in the worker so the worker stays single-threaded (the ILP
+  forks its layer processes only from a single-threaded process);
+* on Linux, asks the kernel for SIGKILL when its parent dies (``prctl(PR_SET_PDEATHSIG)``):
+  the worker stops at once, mid-solve, and its reaper then clears the group. The kernel
+  signals on the death of the parent *thread* that spawned the worker, so a pool is only
+  used from one long-lived thread (the controller's event loop).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import multiprocessing
+import os
+import select
+import signal
+import sys
+import threading
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
+from controlplane.errors import PreconditionError
 from policies.request import PlacementRequest, PlacementResult
 from policies.solve import solve
+
+#: ``PR_SET_PDEATHSIG`` of ``<linux/prctl.h>``.
+_PR_SET_PDEATHSIG = 1
+#: How often the reaper checks that its worker is alive, s.
+_REAPER_POLL_S = 0.2
+
+
+def _guard_worker(parent_pid: int, parent_death_signal: bool, nice: int) -> None:
+    """Initializer of every solver worker (see the module docstring).
+
+    Args:
+        parent_pid: the controller's pid.
+        parent_death_signal: ask the kernel for SIGKILL when the controller dies (the pool
+            was started from the controller's main thread).
+        nice: scheduling niceness to add (background solves yield the CPU).
+    """
+    if nice:
+        with contextlib.suppress(OSError):
+            os.nice(nice)
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)
+    parent = multiprocessing.parent_process()
+    sentinel = getattr(parent, "sentinel", None) if parent is not None else None
+    _start_reaper(sentinel if isinstance(sentinel, int) else None)
+    if parent_death_signal and sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:  # the controller died before the guard was in place
+        os._exit(1)
+
+
+def _start_reaper(controller_sentinel: int | None) -> None:
+    """Fork the worker's reaper: it kills the worker's process group (the worker, whatever
+    the worker started, and itself) once the controller or the worker is gone."""
+    worker = os.getpid()
+    if os.fork() != 0:
+        return
+    try:  # the reaper: only system calls from here on
+        watched = [controller_sentinel] if controller_sentinel is not None else []
+        while os.getppid() == worker:
+            ready, _, _ = select.select(watched, [], [], _REAPER_POLL_S)
+            if ready:
+                break
+        os.killpg(worker, signal.SIGKILL)
+    finally:
+        os._exit(0)
 
 
 def _warm() -> int:
@@ -36,23 +105,37 @@ def _warm() -> int:
 class SolverPool:
     """Solves :class:`PlacementRequest` s away from the caller's event loop.
 
+    Use a pool from one thread (the event loop's): its workers are started from there.
+
     Args:
         processes: worker processes (solves that can run at once); 0 = a thread of this
             process instead.
+        nice: niceness the workers add to their own (background solves: 10).
     """
 
-    def __init__(self, processes: int = 1) -> None:
+    def __init__(self, processes: int = 1, *, nice: int = 0) -> None:
         if processes < 0:
             raise ValueError(f"processes must be >= 0, got {processes}")
         self.processes = processes
+        self.nice = nice
         self._pool: ProcessPoolExecutor | None = None
 
     def _executor(self) -> ProcessPoolExecutor:
         if self._pool is None:
+            main = threading.current_thread() is threading.main_thread()
             self._pool = ProcessPoolExecutor(
-                max_workers=self.processes, mp_context=multiprocessing.get_context("spawn")
+                max_workers=self.processes,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_guard_worker,
+                initargs=(os.getpid(), main, self.nice),
             )
         return self._pool
+
+    def worker_pids(self) -> list[int]:
+        """Process ids of the running workers (none before the first solve or warm-up)."""
+        pool = self._pool
+        procs: dict[Any, Any] = dict(getattr(pool, "_processes", None) or {}) if pool else {}
+        return [int(pid) for pid in procs]
 
     def warm_up(self) -> None:
         """Start the workers now (in the background) so the first solve does not wait for
@@ -62,27 +145,40 @@ class SolverPool:
             for _ in range(self.processes):
                 pool.submit(_warm)
 
-    async def solve(self, request: PlacementRequest) -> PlacementResult:
+    async def solve(
+        self, request: PlacementRequest, *, timeout_s: float | None = None
+    ) -> PlacementResult:
         """``policies.solve.solve(request)`` in a worker; the caller's loop keeps running.
 
         A cancelled call stops waiting; a solve already running in a worker finishes there
         and its result is dropped.
 
+        Args:
+            timeout_s: stop the solve after this long, s (the workers are killed and
+                replaced; with ``processes=0`` the thread runs on, its result dropped).
+
         Raises:
             Whatever :func:`policies.solve.solve` raises (InputError ...), re-raised here;
-            InfeasibleError when the policy found no placement (``require_placed``); ``concurrent.futures.process.BrokenProcessPool`` when a worker
-            died (the pool is replaced for the next call).
+            InfeasibleError when the policy found no placement (``require_placed``);
+            PreconditionError when it ran over ``timeout_s``;
+            ``concurrent.futures.process.BrokenProcessPool`` when a worker died (the pool is
+            replaced for the next call).
         """
         if self.processes == 0:
-            return (await asyncio.to_thread(solve, request)).require_placed()
+            work: Any = asyncio.to_thread(solve, request)
+            return (await _bounded(work, timeout_s, self._stop_nothing)).require_placed()
         loop = asyncio.get_running_loop()
         pool = self._executor()
         try:
-            return (await loop.run_in_executor(pool, solve, request)).require_placed()
+            work = loop.run_in_executor(pool, solve, request)
+            return (await _bounded(work, timeout_s, self.close)).require_placed()
         except Exception as exc:
             if type(exc).__name__ == "BrokenProcessPool":
                 self._discard(pool)
             raise
+
+    def _stop_nothing(self) -> None:
+        """A thread cannot be stopped: its result is dropped when it ends."""
 
     def _discard(self, pool: ProcessPoolExecutor) -> None:
         if self._pool is pool:
@@ -103,3 +199,24 @@ class SolverPool:
         for p in processes.values():
             with contextlib.suppress(Exception):
                 p.join(timeout=5.0)
+
+
+async def _bounded(work: Any, timeout_s: float | None, stop: Any) -> PlacementResult:
+    """Await ``work`` for at most ``timeout_s`` (None: no limit); on time out call ``stop()``.
+
+    Raises:
+        PreconditionError: it ran over ``timeout_s``.
+    """
+    if timeout_s is None:
+        result: PlacementResult = await work
+        return result
+    try:
+        result = await asyncio.wait_for(work, timeout_s)
+    except TimeoutError:
+        stop()
+        raise PreconditionError(
+            f"the solve ran over {timeout_s:.0f} s and was stopped. To fix: a smaller fleet or "
+            "model, or a lower solverTimeLimitS",
+            field="spec.solver_time_limit_s",
+        ) from None
+    return result

@@ -156,6 +156,7 @@ def deployment_for(
         redundant_experts=spec.redundant_experts or 0,
         options=SolverOptions(time_limit_s=spec.solver_time_limit_s),
         allow_cross_vendor=spec.allow_cross_vendor,
+        engine=spec.engine,
     )
 
 

@@ -7,9 +7,12 @@ from controlplane.store.base import (
     ACK_STATES,
     PLAN_STATES,
     AckState,
+    AliveRecord,
     LoadWindow,
     NodeState,
     PlanState,
+    QuarantinedRow,
+    RowHealth,
     Store,
     StoredAck,
     StoredDeployment,
@@ -21,9 +24,12 @@ __all__ = [
     "ACK_STATES",
     "PLAN_STATES",
     "AckState",
+    "AliveRecord",
     "LoadWindow",
     "NodeState",
     "PlanState",
+    "QuarantinedRow",
+    "RowHealth",
     "Store",
     "StoreError",
     "StoredAck",
@@ -34,19 +40,23 @@ __all__ = [
 ]
 
 
-def open_store(url: str) -> Store:
+def open_store(url: str, *, new: bool | None = None) -> Store:
     """Open a store from a URL: ``sqlite:PATH`` (``sqlite:///abs/path`` also accepted) or
     ``kubernetes:NAMESPACE`` (the cluster's API as the store).
 
+    Args:
+        new: for ``sqlite:``, whether the store is new here (see
+            :class:`controlplane.store.sqlite.SqliteStore`); ignored by other backends.
+
     Raises:
-        StoreError: unknown scheme or the backend cannot open.
+        StoreError: unknown scheme, the backend cannot open, or the file is refused.
     """
     scheme, _, rest = url.partition(":")
     if scheme == "sqlite" and rest:
         from controlplane.store.sqlite import SqliteStore
 
         path = rest[2:] if rest.startswith("//") else rest
-        return SqliteStore(path)
+        return SqliteStore(path, new=new)
     if scheme == "kubernetes":
         from controlplane.store.kubernetes import KubernetesStore
 

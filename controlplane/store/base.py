@@ -25,6 +25,10 @@ Guarantees every backend gives:
    committed, the previous one superseded and moves the pointer.
 4. Idempotent acks: :meth:`Store.record_ack` of an ack already stored changes nothing and
    returns False.
+5. Tombstones: a deleted deployment stays readable (``include_deleted=True``, ``deleted``
+   set) so the controller can tell "deleted here" (agents remove it) from "never known here"
+   (agents keep it; the controller reports it). A name the store never held is never
+   removed from an agent.
 
 Backends: :class:`controlplane.store.sqlite.SqliteStore` (``sqlite:PATH``); a Kubernetes
 backend (custom resources) is planned. :func:`controlplane.store.open_store` picks one from a
@@ -36,7 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from policies.inventory import NodeInventory
 from policies.plan import Plan
@@ -92,6 +96,8 @@ class StoredDeployment:
         committed_version: the committed pointer; None before the first commit.
         status: what the controller last wrote (free-form JSON object, see
             :class:`controlplane.server.controller.Controller`).
+        rollout_hold: why no plan of it may start rolling out now, as the plan's decision
+            maker reports it (Kubernetes: the operator's ``Solved=False``); empty: none.
     """
 
     spec: DeploymentSpec
@@ -101,6 +107,7 @@ class StoredDeployment:
     deleted: bool = False
     committed_version: int | None = None
     status: Mapping[str, Any] = field(default_factory=dict)
+    rollout_hold: str = ""
 
     @property
     def name(self) -> str:
@@ -169,6 +176,46 @@ class LoadWindow:
     counts: tuple[tuple[float, ...], ...]
 
 
+@dataclass(frozen=True)
+class QuarantinedRow:
+    """A stored row that does not decode (a damaged file, a hand edit): readers skip it,
+    the rest of the store loads.
+
+    Attributes:
+        table: ``nodes`` | ``deployments`` | ``plans`` | ...; a part of a row is named
+            ``TABLE.COLUMN`` (``deployments.status_json``: the deployment loads without it).
+        key: the row's key (``mx``, ``mx/3`` for version 3 of ``mx``, a node name).
+        error: why it does not decode.
+    """
+
+    table: str
+    key: str
+    error: str
+
+
+@runtime_checkable
+class RowHealth(Protocol):
+    """A store that quarantines rows it cannot decode instead of failing (SQLite)."""
+
+    def quarantined(self) -> list[QuarantinedRow]:
+        """Rows found damaged since the store was opened, in the order found."""
+        ...
+
+
+@runtime_checkable
+class AliveRecord(Protocol):
+    """A store that remembers when its writer was last alive, so a restarted controller
+    knows how long it was down (SQLite)."""
+
+    def record_alive(self, now_s: float) -> None:
+        """Remember that the writer was alive at ``now_s`` (Unix s)."""
+        ...
+
+    def last_alive_s(self) -> float | None:
+        """When the writer last recorded itself alive (Unix s); None when never."""
+        ...
+
+
 class Store(Protocol):
     """The controller's persistent state. See the module docstring for the guarantees.
 
@@ -215,8 +262,13 @@ class Store(Protocol):
         """All nodes, by name."""
         ...
 
+    def cordoned_nodes(self) -> frozenset[str]:
+        """Nodes an administrator cordoned: no rollout starts onto them (Kubernetes:
+        ``GPUNode.spec.cordon``; SQLite: none)."""
+        ...
+
     def delete_node(self, name: str) -> bool:
-        """Forget a node; True when it existed."""
+        """Forget a node; True when it existed (``mixfleetctl nodes delete``)."""
         ...
 
     # ----------------------------------------------------------------- deployments

@@ -169,6 +169,7 @@ def deployment_to_proto(d: StoredDeployment, *, latest_version: int = 0) -> plan
         cost_per_million_tokens_usd=float(st.get("cost_per_million_tokens_usd") or 0.0)
         if d.committed_version
         else 0.0,
+        conditions=[str(c) for c in st.get("conditions", ()) or ()],
     )
     return plan_pb2.Deployment(
         spec=spec_to_proto(d.spec),
@@ -189,6 +190,7 @@ def node_to_proto(v: NodeView) -> plan_pb2.NodeRecord:
         healthy_gpus=len(n.inventory.healthy_gpus()),
         applied=dict(n.applied),
         message=n.message,
+        unknown_deployments=list(v.unknown_deployments),
     )
 
 

@@ -12,8 +12,9 @@ from policies.evaluation import LayerPlacement
 
 
 def slots_per_gpu(num_experts: int, redundant: int, num_gpus: int) -> int:
-    """Engine-form slots on every GPU (the request check guarantees divisibility)."""
-    return (num_experts + redundant) // num_gpus
+    """Engine-form slots on every GPU (the request check guarantees divisibility); 0 for a
+    dense model."""
+    return (num_experts + redundant) // num_gpus if num_experts else 0
 
 
 def engine_layer(phy2log: Sequence[int], num_gpus: int) -> LayerPlacement:
@@ -32,7 +33,7 @@ def free_expert_bytes(table: CostTable, i: int, attention_share: float) -> float
     """Memory GPU i has left for routed experts (all MoE layers) at an attention share."""
     c = table.gpus[i]
     tokens = attention_share * table.total_tokens
-    kv = table.kv_tokens(tokens) * table.kv_bytes_per_token
+    kv = table.kv_cache_bytes(i, tokens)
     return c.usable_bytes - c.fixed_bytes - kv - tokens * table.act_bytes_per_token
 
 
@@ -65,10 +66,11 @@ def max_share_for_memory(table: CostTable, i: int, reserve_bytes: float) -> floa
     room = c.usable_bytes - c.fixed_bytes - reserve_bytes
     if room <= 0:
         return 0.0
-    per_token = table.act_bytes_per_token + (
+    k, shards = table.kv_split(i)  # a TP group keeps k x its KV, split ``shards`` ways
+    per_token = table.act_bytes_per_token + k / shards * (
         table.context_len * table.kv_bytes_per_token if table.decode else table.kv_bytes_per_token
     )
-    if not table.decode and table.context_len * table.kv_bytes_per_token > room:
+    if not table.decode and table.context_len * table.kv_bytes_per_token / shards > room:
         return 0.0
     return min(1.0, room / per_token / table.total_tokens)
 

@@ -29,6 +29,8 @@ from policies.solvers.common import (
 def greedy_attention(req: PlacementRequest, table: CostTable) -> list[float]:
     """Speed-proportional attention shares with room kept for the GPU's expert slots."""
     n = table.num_gpus
+    if req.engine.equal_dp:  # the engine's balancer gives every rank the same share
+        return [1.0 / n] * n
     share = attention_speed_shares(table)
     if table.num_moe_layers and req.form == "engine":
         s = slots_per_gpu(table.num_experts, req.redundant_experts, n)

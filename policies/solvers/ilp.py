@@ -23,10 +23,28 @@ This module drives them (:func:`place`): stage 1, the greedy warm start, one sta
 problem per layer, stage 3, then the safety nets (greedy per layer and whole plan, and the
 previous plan when re-planning).
 
-The plan's lower bound is the stage-1 LP optimum for the attention phases plus, per layer,
-HiGHS's proven bound of the stage-2 MILP; it bounds the step time for the stage-1
-attention shares (stage 2 relaxes GPUs of a class to their average, so it bounds the
-GPU-level problem). Warm start: the greedy plan's class counts.
+Bounds (:mod:`policies.solvers.ilp_bound`; the plan's ``lower_bound_us`` and
+``conditional_bound_us``): the stage-2 MILPs' own bounds hold only for their class-level
+model at the stage-1 shares, so the plan reports two bounds of a separate relaxation instead:
+
+- ``lower_bound_us``, global: no placement of the request has a shorter step - any attention
+  shares that fit memory (equal ones when the engine balances DP ranks), any replicas, any
+  split of an expert's tokens over its replicas, so whatever the engine's replica choice;
+  ``bound_scope`` says it in words. The gap is measured against it and is never clipped.
+- ``conditional_bound_us``: no placement with the plan's attention shares has a shorter step.
+
+When the relaxation's own attention shares have a conditional bound more than 2% below the
+stage-1 LP's, the plan takes them (:meth:`~policies.solvers.ilp_budget.Bounds.better_shares`).
+
+Budgets and determinism (:mod:`policies.solvers.ilp_budget`): ``time_limit_s`` is the whole
+call's wall clock. The stage-2 work is planned from the request alone: as many layers as the
+budget pays for get a MILP (the others take the first layer's answer mapped by load rank),
+each stopping on a node limit that follows from its size, with one thread and a fixed seed,
+so neither the machine's load nor the worker count changes the plan; the global bound's
+branch and bound is limited by a box count the same way. Wall-clock limits remain as safety nets: a layer solve the clock stops,
+or a layer not started by ``LAYER_FRACTION`` of the limit (it keeps the greedy warm start),
+is reported in the plan's notes, since its answer depends on the machine's speed. Warm
+start: the greedy plan's class counts.
 """
 
 from __future__ import annotations
@@ -38,14 +56,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from policies.costmodel import CostTable
-from policies.evaluation import (
-    Evaluation,
-    LayerPlacement,
-    comm_times_us,
-    evaluate,
-    link_time_us,
-    served_fractions,
-)
+from policies.evaluation import Evaluation, LayerPlacement, evaluate, layer_exchange_us
 from policies.request import (
     Infeasible,
     PlacementRequest,
@@ -56,7 +67,20 @@ from policies.request import (
 from policies.solvers import greedy
 from policies.solvers.common import replicate_capped, slots_per_gpu
 from policies.solvers.ilp_assign import assign_class, rebalance_native
-from policies.solvers.ilp_attention import choose_attention, class_frac, class_of, heads_rounding
+from policies.solvers.ilp_attention import (
+    choose_attention,
+    class_frac,
+    class_of,
+    heads_rounding,
+)
+from policies.solvers.ilp_budget import (
+    FIRST_WEIGHT,
+    Bounds,
+    WorkBudget,
+    limit_notes,
+    slot_reservations,
+    work_budget,
+)
 from policies.solvers.ilp_layers import ClassCost, LayerProblem, LayerSolution, solve_layers
 from policies.topology import Channel
 
@@ -158,66 +182,74 @@ def _prev_counts(
 
 
 def place(req: PlacementRequest, table: CostTable) -> RawPlacement | Infeasible:
-    """Solve the three stages (see module docstring)."""
-    started = time.perf_counter()
-    n = table.num_gpus
+    """Solve the three stages (see module docstring) and prove the bounds."""
+    started = time.monotonic()
     groups = class_of(table, req)
     attention = choose_attention(req, table, groups)
     if isinstance(attention, Infeasible):
         return attention
-    share, reserve, attn_us = attention
+    share, reserve, _ = attention
+    notes = [f"{len(groups)} classes of identical GPUs; attention by LP, experts per layer by MILP"]
+    budget = work_budget(req, table, started)
+    bounds = Bounds(req, table, budget)
+    picked = bounds.better_shares(share)
+    if picked is not None:
+        share, reserve = picked, slot_reservations(table, picked)
+        notes.append(
+            "attention shares from the global bound's relaxation: their conditional bound "
+            "beat the stage-1 LP's shares' by more than 2%"
+        )
     heads: list[int] | None = None
     if req.form == "native":
         share, heads = heads_rounding(req, share)
-    notes = [f"{len(groups)} classes of identical GPUs; attention by LP, experts per layer by MILP"]
     if table.num_moe_layers == 0:
-        evaluate(table, share, ())
-        return RawPlacement(
+        raw = RawPlacement(
             tuple(share),
             (),
             tuple(heads) if heads else None,
-            attn_us,
+            None,
             "HiGHS optimal (LP)",
             tuple(notes),
         )
-    engine = req.form == "engine"
-    S = slots_per_gpu(table.num_experts, req.redundant_experts, n)
-    # Warm start and upper bound: the greedy plan with these attention shares.
-    caps = [S] * n if engine else [max(1, math.floor(r + 1e-6)) for r in reserve]
-    budget = min(table.num_experts + req.redundant_experts, sum(caps))
-    warm_layers = []
-
-    for li in range(table.num_moe_layers):
-        weight = [table.pairs(li, e) for e in range(table.num_experts)]
-        phy = replicate_capped(weight, budget, table.num_gpus)
-        warm_layers.append(greedy.pack_layer(table, li, phy, caps))
-    warm_eval = evaluate(table, share, warm_layers)
-    classes = _class_costs(table, groups, share, caps)
+        return bounds.attach(raw)
+    warm = _warm_start(req, table, share, reserve)
+    S, warm_layers = warm.slots, warm.layers
+    classes = _class_costs(table, groups, share, warm.caps)
     workers = req.options.workers or (os.cpu_count() or 1)
-    # The time limit is a wall-clock budget for the whole solve: what is left after stage 1
-    # and the warm start is shared by the layers, ``workers`` at a time.
-    left = max(0.0, req.options.time_limit_s - (time.perf_counter() - started))
-    rest_waves = math.ceil((table.num_moe_layers - 1) / workers)
-    first_weight = 4.0 if rest_waves >= 8 else 1.0  # the first layer runs alone, longer
-    waves = first_weight + rest_waves
-    # keep some of each wave for building the model and realising its answer
-    per_layer_limit = max(0.05, 0.85 * left / max(waves, 1))
-    warm = _WarmStart(caps, budget, S, warm_layers, warm_eval)
-    problems = _layer_problems(req, table, groups, share, classes, warm, per_layer_limit)
-    solutions = solve_layers(problems, workers, first_weight)
+    problems = _layer_problems(req, table, groups, share, classes, warm, budget)
+    solutions = solve_layers(problems, workers, FIRST_WEIGHT, budget.milp_s)
     if isinstance(solutions, Infeasible):
         return solutions
-    layers = [_realise(req, table, classes, sol, S) for sol in solutions]
-    bound = attn_us
+    layers = [
+        _realise(req, table, classes, sol, S) if sol.replicas else warm_layers[sol.layer]
+        for sol in solutions
+    ]
+    notes += limit_notes(solutions)
     statuses: dict[str, int] = {}
     for sol in solutions:
         statuses[sol.status] = statuses.get(sol.status, 0) + 1
-        bound += sol.bound_us
     status = ", ".join(f"{k} x{v}" for k, v in sorted(statuses.items()))
-    solver_name = solutions[0].solver if solutions else "HiGHS"
-    return _safety_nets(
-        req, table, share, heads, layers, warm_layers, notes, bound, solver_name, status
-    )
+    solver_name = next((sol.solver for sol in solutions if sol.replicas), "HiGHS")
+    kept = _safety_nets(req, table, share, heads, layers, warm_layers, notes, solver_name, status)
+    if isinstance(kept, Infeasible):
+        return kept
+    return bounds.attach(kept)
+
+
+def _warm_start(
+    req: PlacementRequest, table: CostTable, share: Sequence[float], reserve: Sequence[float]
+) -> _WarmStart:
+    """The warm start and upper bound: the greedy plan with these attention shares."""
+    n = table.num_gpus
+    S = slots_per_gpu(table.num_experts, req.redundant_experts, n)
+    caps = [S] * n if req.form == "engine" else [max(1, math.floor(r + 1e-6)) for r in reserve]
+    slot_budget = min(table.num_experts + req.redundant_experts, sum(caps))
+    layers = []
+    for li in range(table.num_moe_layers):
+        weight = [table.pairs(li, e) for e in range(table.num_experts)]
+        phy = replicate_capped(weight, slot_budget, table.num_gpus)
+        layers.append(greedy.pack_layer(table, li, phy, caps))
+    return _WarmStart(caps, slot_budget, S, layers, evaluate(table, share, layers))
 
 
 class _WarmStart:
@@ -264,7 +296,7 @@ def _layer_problems(
     share: Sequence[float],
     classes: tuple[ClassCost, ...],
     warm: _WarmStart,
-    per_layer_limit_s: float,
+    budget: WorkBudget,
 ) -> list[LayerProblem]:
     """One stage-2 problem per MoE layer, warm-started from the previous plan when it still
     fits, else from the greedy plan."""
@@ -273,13 +305,16 @@ def _layer_problems(
     seg_share: dict[int, float] = {}
     for i, seg in enumerate(table.segment):
         seg_share[seg] = seg_share.get(seg, 0.0) + share[i]
-    volume = table.total_tokens * table.top_k * table.bytes_per_copy
+    # An all-gather backend moves every token to every GPU whatever the placement: no
+    # dispatch volume to optimise (its fixed time is in the cost model, not the MILP).
+    gather = table.exchange == "allgather"
+    volume = 0.0 if gather else table.total_tokens * table.top_k * table.bytes_per_copy
     prev_counts = [_prev_counts(req, table, classes, li) for li in range(table.num_moe_layers)]
     prev_k, prev_fits = _previous_start(req, table, classes, prev_counts, warm.caps, engine)
     problems = []
     for li in range(table.num_moe_layers):
         lt = warm.evaluation.moe_layers[li]
-        ub = max(lt.expert_us) + max(lt.comm_us) - min(c.alpha for c in classes)
+        ub = max(lt.expert_us) + max(max(lt.comm_us), lt.link_us) - min(c.alpha for c in classes)
         pair_cap = tuple(
             max(0.0, min((ub - c.overhead) / c.flop, (ub - c.overhead - c.read) / c.act))
             for c in classes
@@ -303,7 +338,7 @@ def _layer_problems(
                 frac=frac,
                 class_segment=tuple(table.segment[c.members[0]] for c in classes),
                 segment_share=tuple(seg_share.items()),
-                segment_links=table.segment_links,
+                segment_links=() if gather else table.segment_links,
                 volume_bytes=volume,
                 budget=warm.budget,
                 slots=warm.slots,
@@ -312,7 +347,9 @@ def _layer_problems(
                 warm=start,
                 warm_k=start_k,
                 migration_weight_us=migration_weight_us(req),
-                time_limit_s=per_layer_limit_s,
+                work_s=budget.layer_work_s,
+                wall_s=budget.layer_wall_s,
+                deadline=budget.deadline,
                 mip_gap=req.options.mip_gap,
                 solver=req.options.solver,
             )
@@ -401,7 +438,6 @@ def _safety_nets(
     layers: list[LayerPlacement],
     warm_layers: Sequence[LayerPlacement],
     notes: list[str],
-    bound: float,
     solver_name: str,
     status: str,
 ) -> RawPlacement | Infeasible:
@@ -419,7 +455,6 @@ def _safety_nets(
     if fallback:
         notes.append(f"{fallback} layer(s) kept the greedy warm start, which realised better")
     if req.previous is not None:
-        notes.append("re-planning: objective includes expert moves, so the bound is not reported")
         kept = _keep_previous(req, table, share, heads, layers, notes)
         if kept is not None:
             return kept
@@ -434,16 +469,13 @@ def _safety_nets(
             return replace_raw(
                 fallback_raw,
                 solver=f"{solver_name} ({status}); greedy plan kept",
-                notes=(
-                    *notes,
-                    "the greedy plan realised better than the MILP's; no bound reported",
-                ),
+                notes=(*notes, "the greedy plan realised better than the MILP's"),
             )
     return RawPlacement(
         tuple(share),
         tuple(layers),
         tuple(heads) if heads else None,
-        None if req.previous is not None else bound,
+        None,
         f"{solver_name} ({status})",
         tuple(notes),
     )
@@ -490,13 +522,7 @@ def _layer_cost(
     req: PlacementRequest, table: CostTable, share: Sequence[float], li: int, layer: LayerPlacement
 ) -> float:
     """Comm + expert phase time of one layer, plus the move penalty when re-planning, us."""
-    served = served_fractions(table, li, layer)
-    comm = comm_times_us(table, share, served)
-    exp = [
-        table.expert_us(i, served[i] * table.total_tokens * table.top_k, len(slots))
-        for i, slots in enumerate(layer.per_gpu)
-    ]
-    cost = max(max(comm), link_time_us(table, share, served)) + max(exp)
+    cost = layer_exchange_us(table, share, li, layer)
     if req.previous is not None:
         empty = LayerPlacement(tuple(() for _ in table.gpu_ids))
         moves = count_moves(req.previous, table.gpu_ids, [empty] * li + [layer]) or 0

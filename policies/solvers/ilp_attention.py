@@ -109,7 +109,9 @@ def attention_lp(
         None if served is None else [sum(served[i] for i in cls) / len(cls) for cls in classes]
     )
     prob = pulp.LpProblem("attention", pulp.LpMinimize)
-    a = [pulp.LpVariable(f"a{c}", 0, 1) for c in range(C)]
+    # With the engine's own DP balancing every rank gets 1/n of the tokens: fixed shares.
+    fixed = 1.0 / n if req.engine.equal_dp else None
+    a = [pulp.LpVariable(f"a{c}", fixed or 0, fixed or 1) for c in range(C)]
     tau = {k: pulp.LpVariable(f"tauA_{k}", 0) for k in kinds}
     tau_s = pulp.LpVariable("tauS", 0)
     engine = req.form == "engine"
@@ -136,14 +138,7 @@ def attention_lp(
         warm=False,
     )
     if outcome.status != "optimal":
-        return Infeasible(
-            "no attention split fits GPU memory",
-            (
-                "KV cache, shared weights and expert slots exceed the fleet's memory. To fix: "
-                "lower --tokens or --context, use --kv-cache-dtype fp8, fewer "
-                "--redundant-experts, or add GPUs",
-            ),
-        )
+        return _no_split(req, n, fixed is not None)
     share = [0.0] * n
     slots = [0.0] * n
     for ci, cls in enumerate(classes):
@@ -154,6 +149,28 @@ def attention_lp(
     share = [x / total for x in share]
     attn_us = sum(weights[k] * float(tau[k].varValue or 0.0) for k in kinds)
     return share, slots, attn_us
+
+
+def _no_split(req: PlacementRequest, n: int, equal: bool) -> Infeasible:
+    """Why stage 1 found no attention split (``equal``: the engine fixes every share)."""
+    if equal:
+        return Infeasible(
+            f"with {req.engine.name}'s own DP balancing every rank takes 1/{n} of the tokens, "
+            "and that does not fit every GPU's memory",
+            (
+                "the smallest GPU's KV cache, shared weights and expert slots overflow at an "
+                "equal share. To fix: route with the mixfleet router (engine option dpBalance "
+                "router), lower --tokens or --context, or use --kv-cache-dtype fp8",
+            ),
+        )
+    return Infeasible(
+        "no attention split fits GPU memory",
+        (
+            "KV cache, shared weights and expert slots exceed the fleet's memory. To fix: "
+            "lower --tokens or --context, use --kv-cache-dtype fp8, fewer "
+            "--redundant-experts, or add GPUs",
+        ),
+    )
 
 
 class _ClassRows:
@@ -219,8 +236,11 @@ class _ClassRows:
             self._comm(ci)
 
     def _comm(self, ci: int) -> None:
-        """(1f): send and receive time per channel of class ``ci``."""
+        """(1f): send and receive time per channel of class ``ci`` (none with an all-gather
+        backend: every GPU receives every token whatever the shares)."""
         assert self.served_c is not None
+        if self.table.exchange == "allgather":
+            return
         table, a, served_c, size, frac = self.table, self.a, self.served_c, self.size, self.frac
         C = len(self.classes)
         V = table.total_tokens * table.top_k * table.bytes_per_copy

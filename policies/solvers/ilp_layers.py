@@ -51,11 +51,12 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 
-import pulp
-
 from policies.request import Infeasible
-from policies.solvers.milp import solve_milp
+from policies.solvers.milp import Limits, Model
 from policies.topology import Channel
+
+Terms = list[tuple[int, float]]
+"""A linear expression: ``(column, coefficient)`` pairs of a :class:`~policies.solvers.milp.Model`."""
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,12 @@ class ClassCost:
 
 @dataclass(frozen=True)
 class LayerProblem:
-    """Stage-2 input for one MoE layer; plain data so it pickles cheaply to a worker."""
+    """Stage-2 input for one MoE layer; plain data so it pickles cheaply to a worker.
+
+    ``work_s`` is the solve's planned work in reference seconds, turned into a node limit
+    from the model's size (the same answer on any machine); ``wall_s`` is the wall-clock
+    safety net of this layer and ``deadline`` (``time.monotonic()`` seconds) the whole
+    solve's: a layer not started by then is skipped."""
 
     layer: int
     engine: bool
@@ -94,14 +100,21 @@ class LayerProblem:
     warm: tuple[tuple[int, ...], ...]
     warm_k: tuple[int, ...]
     migration_weight_us: float
-    time_limit_s: float
+    work_s: float
+    wall_s: float
+    deadline: float
     mip_gap: float
     solver: str
 
 
 @dataclass(frozen=True)
 class LayerSolution:
-    """Stage-2 output: replicas and pair shares per class and expert."""
+    """Stage-2 output: replicas and pair shares per class and expert.
+
+    ``status`` is ``optimal``, ``work_limit``, ``wall_clock`` (the safety net stopped it: the
+    answer depends on the machine's speed) or ``skipped`` (the whole solve's deadline had
+    passed: no answer, ``replicas`` empty); ``bound_us`` is HiGHS's bound of this layer's
+    model (:mod:`policies.solvers.ilp_bound` says what is proven for the plan)."""
 
     layer: int
     replicas: tuple[tuple[int, ...], ...]  # [class][expert]
@@ -110,99 +123,102 @@ class LayerSolution:
     objective_us: float
     status: str
     solver: str
+    nodes: int = -1
+    nonzeros: int = 0
 
 
 @dataclass
 class _Model:
-    """The stage-2 MILP of one layer while it is being built."""
+    """The stage-2 MILP of one layer while it is being built (column indices of ``m``)."""
 
-    prob: pulp.LpProblem
-    tau_e: pulp.LpVariable
-    tau_c: pulp.LpVariable
-    k: list[pulp.LpVariable]
-    h: list[pulp.LpVariable]
-    rep: list[list[pulp.LpAffineExpression]]  # replicas[c][e]
-    pairs_on: list[list[pulp.LpAffineExpression]]  # pairs[c][e]
-    served: list[pulp.LpAffineExpression]  # served fraction per class
-    warm_vars: list[tuple[pulp.LpVariable, float]] = field(default_factory=list)
+    m: Model
+    tau_e: int
+    tau_c: int
+    k: list[int]
+    h: list[int]
+    rep: list[list[Terms]]  # replicas[c][e]
+    pairs_on: list[list[Terms]]  # pairs[c][e]
+    served: list[Terms]  # served fraction per class
+    warm_vars: list[tuple[int, float]] = field(default_factory=list)
+
+
+def _value(values: Sequence[float], terms: Terms) -> float:
+    return sum(coef * values[col] for col, coef in terms)
 
 
 def solve_layer(p: LayerProblem) -> LayerSolution | Infeasible:
-    """Stage 2 for one layer (runs in a worker process); ``p.time_limit_s`` covers building
-    the model too. An :class:`Infeasible` when the solver finds no placement."""
-    started = time.perf_counter()
+    """Stage 2 for one layer (runs in a worker process). An :class:`Infeasible` when the
+    solver finds no placement."""
+    if time.monotonic() >= p.deadline:
+        return LayerSolution(p.layer, (), (), -math.inf, math.inf, "skipped", "none")
     E = len(p.pairs)
     C = len(p.classes)
+    m = Model(f"layer{p.layer}")
     md = _Model(
-        prob=pulp.LpProblem(f"layer{p.layer}", pulp.LpMinimize),
-        tau_e=pulp.LpVariable("tauE", 0),
-        tau_c=pulp.LpVariable("tauC", 0),
-        k=[
-            pulp.LpVariable(f"k{c}", 0, cls.cap if not p.engine else p.slots, cat="Integer")
-            for c, cls in enumerate(p.classes)
-        ],
+        m=m,
+        tau_e=m.var(0.0),
+        tau_c=m.var(0.0),
+        k=[m.var(0, cls.cap if not p.engine else p.slots, integer=True) for cls in p.classes],
         # h_c: pairs of the heaviest single replica in class c (2j): the GPU holding it
         # receives and computes at least that much, which the class average alone would hide.
-        h=[pulp.LpVariable(f"h{c}", 0) for c in range(C)],
-        rep=[[pulp.LpAffineExpression() for _ in range(E)] for _ in range(C)],
-        pairs_on=[[pulp.LpAffineExpression() for _ in range(E)] for _ in range(C)],
-        served=[pulp.LpAffineExpression() for _ in range(C)],
+        h=[m.var(0.0) for _ in range(C)],
+        rep=[[[] for _ in range(E)] for _ in range(C)],
+        pairs_on=[[[] for _ in range(E)] for _ in range(C)],
+        served=[[] for _ in range(C)],
     )
     lightest = _engine_replicas(p, md) if p.engine else _native_replicas(p, md)
     moves = _class_rows(p, md, lightest)
-    prob, tau_c = md.prob, md.tau_c
     # (2k) links between fabric segments carry every pair that crosses them, shared
     share_of = dict(p.segment_share)
     for sa, sb, bw, alpha in p.segment_links:
-        served_a = pulp.lpSum(md.served[c] for c in range(C) if p.class_segment[c] == sa)
-        served_b = pulp.lpSum(md.served[c] for c in range(C) if p.class_segment[c] == sb)
-        cross = share_of.get(sa, 0.0) * served_b + share_of.get(sb, 0.0) * served_a
-        prob += tau_c >= alpha + p.volume_bytes / (2 * bw) * cross
-    prob += md.tau_e + tau_c + p.migration_weight_us * pulp.lpSum(moves)
-    for c in range(len(p.classes)):  # warm k_c: most replicas on one GPU of c
+        cross: Terms = [(md.tau_c, 1.0)]
+        for c in range(C):
+            w = share_of.get(sa, 0.0) * (p.class_segment[c] == sb) + share_of.get(sb, 0.0) * (
+                p.class_segment[c] == sa
+            )
+            if w:
+                cross += [(col, -p.volume_bytes / (2 * bw) * w * x) for col, x in md.served[c]]
+        m.ge(cross, alpha)
+    m.minimise([(md.tau_e, 1.0), (md.tau_c, 1.0)] + [(mv, p.migration_weight_us) for mv in moves])
+    for c in range(C):  # warm k_c: most replicas on one GPU of c
         md.warm_vars.append((md.k[c], float(p.warm_k[c])))
     # A warm start outside a variable's bounds is not a feasible point (the greedy layout
     # can hold more replicas of an expert than the formulation allows): solve cold then.
-    if all(_within_bounds(var, value) for var, value in md.warm_vars):
-        for var, value in md.warm_vars:
-            var.setInitialValue(value)
-    # HiGHS needs a moment for presolve and the root LP; below that it proves nothing.
-    limit = max(0.25, p.time_limit_s - (time.perf_counter() - started))
-    out = solve_milp(prob, solver=p.solver, time_limit_s=limit, mip_gap=p.mip_gap, warm=True)
-    if not math.isfinite(out.objective):
+    if all(m.within_bounds(col, value) for col, value in md.warm_vars):
+        for col, value in md.warm_vars:
+            m.set_start(col, value)
+    wall = max(0.05, min(p.wall_s, p.deadline - time.monotonic()))
+    nodes = round(p.work_s / (SECONDS_PER_NODE_PER_NONZERO * max(1, len(m.index))))
+    limits = Limits(max_nodes=max(10, min(1_000_000, nodes)), mip_gap=p.mip_gap, wall_s=wall)
+    out = m.solve(solver=p.solver, limits=limits)
+    if not out.values:
         return Infeasible(f"MoE layer {p.layer}: {out.solver} found no placement ({out.status})")
-    return _read_solution(p, md, out.objective, out.bound, out.status, out.solver)
-
-
-def _read_solution(
-    p: LayerProblem, md: _Model, objective: float, bound: float, status: str, solver: str
-) -> LayerSolution:
-    """The solved model's replicas and pair shares, with a bound (the LP relaxation's when
-    the solver stopped before proving one)."""
-    E = len(p.pairs)
-    C = len(p.classes)
-    rep, pairs_on = md.rep, md.pairs_on
-    replicas = tuple(tuple(round(pulp.value(rep[c][e]) or 0.0) for e in range(E)) for c in range(C))
+    replicas = tuple(
+        tuple(round(_value(out.values, md.rep[c][e])) for e in range(E)) for c in range(C)
+    )
     share = []
     for c in range(C):
         row = []
         for e in range(E):
             pe = p.pairs[e]
-            val = float(pulp.value(pairs_on[c][e]) or 0.0)
+            val = _value(out.values, md.pairs_on[c][e])
             row.append(
                 val / pe
                 if pe > 0
                 else (1.0 if replicas[c][e] and c == _first(replicas, e) else 0.0)
             )
         share.append(tuple(row))
-    if not math.isfinite(bound):
-        # Stopped before the root LP: the LP relaxation is still a valid (weaker) bound.
-        # Solving it overwrites the variables, so the answer was read out above.
-        relaxed = solve_milp(
-            md.prob, solver=p.solver, time_limit_s=5.0, mip_gap=0, warm=False, relax=True
-        )
-        bound = relaxed.bound if relaxed.status == "optimal" else -math.inf
-    return LayerSolution(p.layer, replicas, tuple(share), bound, objective, status, solver)
+    return LayerSolution(
+        p.layer,
+        replicas,
+        tuple(share),
+        out.bound,
+        out.objective,
+        out.status,
+        out.solver,
+        out.nodes,
+        len(m.index),
+    )
 
 
 def _native_replicas(p: LayerProblem, md: _Model) -> float:
@@ -212,26 +228,26 @@ def _native_replicas(p: LayerProblem, md: _Model) -> float:
     C = len(p.classes)
     total_pairs = sum(p.pairs) or 1.0
     w = [x / total_pairs for x in p.pairs]
-    prob, h, rep = md.prob, md.h, md.rep
+    m, h, rep = md.m, md.h, md.rep
     for e in range(E):
         ts = []
         for c, cls in enumerate(p.classes):
             ub = min(len(cls.members), cls.cap)
             u = min(1.0, p.pair_cap[c] / p.pairs[e]) if p.pairs[e] > 0 else 1.0
-            y = pulp.LpVariable(f"y{e}_{c}", 0, ub, cat="Integer")
-            t = pulp.LpVariable(f"t{e}_{c}", 0, 1)
-            prob += t <= u * y  # (2b)
-            if p.pairs[e] > 0:
-                prob += h[c] >= p.pairs[e] * t - p.pairs[e] * (y - 1)  # (2j), binds when y = 1
-            ts.append(t)
-            rep[c][e] += y
-            md.pairs_on[c][e] += p.pairs[e] * t
-            md.served[c] += w[e] * t
+            y = m.var(0, ub, integer=True)
+            t = m.var(0.0, 1.0)
+            m.le([(t, 1.0), (y, -u)], 0.0)  # (2b)
+            if p.pairs[e] > 0:  # (2j), binds when y = 1
+                m.ge([(h[c], 1.0), (t, -p.pairs[e]), (y, p.pairs[e])], p.pairs[e])
+            ts.append((t, 1.0))
+            rep[c][e].append((y, 1.0))
+            md.pairs_on[c][e].append((t, p.pairs[e]))
+            md.served[c].append((t, w[e]))
             md.warm_vars.append((y, float(p.warm[c][e])))
-        prob += pulp.lpSum(ts) == 1  # (2a)
-    prob += pulp.lpSum(rep[c][e] for c in range(C) for e in range(E)) <= p.budget  # (2c)
+        m.eq(ts, 1.0)  # (2a)
+    m.le([t for c in range(C) for e in range(E) for t in rep[c][e]], p.budget)  # (2c)
     for c, cls in enumerate(p.classes):
-        prob += pulp.lpSum(rep[c]) <= len(cls.members) * cls.cap  # (2c)
+        m.le([t for e in range(E) for t in rep[c][e]], len(cls.members) * cls.cap)  # (2c)
     return 0.0
 
 
@@ -269,88 +285,95 @@ def _engine_replicas(p: LayerProblem, md: _Model) -> float:
     C = len(p.classes)
     total_pairs = sum(p.pairs) or 1.0
     w = [x / total_pairs for x in p.pairs]
-    prob, h, rep = md.prob, md.h, md.rep
+    m, h, rep = md.m, md.h, md.rep
     warm_count = [sum(p.warm[c][e] for c in range(C)) for e in range(E)]
     all_options = _replica_options(p)
     r_max = [1] * E
     for e in range(E):
         options = all_options[e]
         r_max[e] = max(options)
-        zs = []
+        zs: Terms = []
         for r in options:
-            z = pulp.LpVariable(f"z{e}_{r}", 0, 1, cat="Binary")
-            zs.append(z)
+            z = m.var(0, 1, integer=True)
+            zs.append((z, 1.0))
             md.warm_vars.append((z, 1.0 if warm_count[e] == r else 0.0))
-            ys = []
+            ys: Terms = []
             for c, cls in enumerate(p.classes):
                 fits = p.pairs[e] / r <= p.pair_cap[c] + 1e-9
                 ub = min(len(cls.members), r) if fits else 0
                 if ub == 0:
                     continue
-                y = pulp.LpVariable(f"y{e}_{c}_{r}", 0, ub, cat="Integer")
-                prob += y <= ub * z
+                y = m.var(0, ub, integer=True)
+                m.le([(y, 1.0), (z, -float(ub))], 0.0)
                 if ub == 1:
-                    prob += h[c] >= (p.pairs[e] / r) * y  # (2j)
-                ys.append(y)
-                rep[c][e] += y
-                md.pairs_on[c][e] += (p.pairs[e] / r) * y
-                md.served[c] += (w[e] / r) * y
+                    m.ge([(h[c], 1.0), (y, -p.pairs[e] / r)], 0.0)  # (2j)
+                ys.append((y, 1.0))
+                rep[c][e].append((y, 1.0))
+                md.pairs_on[c][e].append((y, p.pairs[e] / r))
+                md.served[c].append((y, w[e] / r))
                 md.warm_vars.append((y, float(p.warm[c][e]) if warm_count[e] == r else 0.0))
-            prob += pulp.lpSum(ys) == r * z
-        prob += pulp.lpSum(zs) == 1
-    for c, cls in enumerate(p.classes):
-        prob += pulp.lpSum(rep[c]) == p.slots * len(cls.members)  # equal slots
+            m.eq([*ys, (z, -float(r))], 0.0)
+        m.eq(zs, 1.0)
+    for c, cls in enumerate(p.classes):  # equal slots
+        m.eq([t for e in range(E) for t in rep[c][e]], p.slots * len(cls.members))
     return min(p.pairs[e] / max(r_max[e], 1) for e in range(E))
 
 
-def _class_rows(p: LayerProblem, md: _Model, lightest: float) -> list[pulp.LpVariable]:
+def _class_rows(p: LayerProblem, md: _Model, lightest: float) -> list[int]:
     """Per class: (2d)-(2h), the heaviest-replica rows of (2j) and the move variables of
     (2i). Returns the move variables."""
     E = len(p.pairs)
-    prob, tau_e, tau_c, k, h, rep, served = (
-        md.prob,
-        md.tau_e,
-        md.tau_c,
-        md.k,
-        md.h,
-        md.rep,
-        md.served,
-    )
+    m, tau_e, tau_c, k, h = md.m, md.tau_e, md.tau_c, md.k, md.h
     moves = []
     for c, cls in enumerate(p.classes):
         n_c = len(cls.members)
-        P_c = pulp.lpSum(md.pairs_on[c])
-        prob += n_c * k[c] >= pulp.lpSum(rep[c])  # (2d)
-        prob += tau_e >= cls.flop / n_c * P_c + cls.overhead  # (2e)
-        prob += tau_e >= cls.read * k[c] + cls.act / n_c * P_c + cls.overhead  # (2f)
+        P_c = [t for e in range(E) for t in md.pairs_on[c][e]]
+        reps = [t for e in range(E) for t in md.rep[c][e]]
+        m.ge([(k[c], float(n_c)), *((col, -x) for col, x in reps)], 0.0)  # (2d)
+        m.ge([(tau_e, 1.0), *((col, -cls.flop / n_c * x) for col, x in P_c)], cls.overhead)  # (2e)
+        m.ge(  # (2f)
+            [(tau_e, 1.0), (k[c], -cls.read), *((col, -cls.act / n_c * x) for col, x in P_c)],
+            cls.overhead,
+        )
         # (2j) the GPU holding the heaviest lone replica; in engine form it also holds S - 1
         # other replicas of at least the lightest possible load.
         rest = (p.slots - 1) * lightest if p.engine else 0.0
-        prob += tau_e >= cls.flop * (h[c] + rest) + cls.overhead
-        prob += tau_c >= cls.alpha + cls.recv_us_per_pair * (h[c] + rest)
-        # (2g), (2h): per channel, receive and send volumes of one GPU of class c
-        for ch in range(1, len(Channel) - 1):
-            src = 0.0
-            dst = pulp.LpAffineExpression()
-            for c2, cls2 in enumerate(p.classes):
-                f = p.frac[c][c2][ch]
-                if f <= 0:
-                    continue
-                src += cls2.share_each * len(cls2.members) * f
-                dst += served[c2] * f
-            bw = cls.bw[ch]
-            if bw <= 0:
-                continue
-            if src > 0:
-                prob += tau_c >= cls.alpha + p.volume_bytes / bw * src / n_c * served[c]
-            if cls.share_each > 0 and dst.keys():
-                prob += tau_c >= cls.alpha + p.volume_bytes / bw * cls.share_each * dst
+        m.ge([(tau_e, 1.0), (h[c], -cls.flop)], cls.overhead + cls.flop * rest)
+        m.ge(
+            [(tau_c, 1.0), (h[c], -cls.recv_us_per_pair)],
+            cls.alpha + cls.recv_us_per_pair * rest,
+        )
+        _channel_rows(p, md, c)
         if p.prev is not None:
             for e in range(E):
-                mv = pulp.LpVariable(f"mv{e}_{c}", 0)
-                prob += mv >= rep[c][e] - p.prev[c][e]  # (2i)
+                mv = m.var(0.0)
+                m.ge([(mv, 1.0), *((col, -x) for col, x in md.rep[c][e])], -p.prev[c][e])  # (2i)
                 moves.append(mv)
     return moves
+
+
+def _channel_rows(p: LayerProblem, md: _Model, c: int) -> None:
+    """(2g), (2h): per channel, receive and send volumes of one GPU of class ``c``."""
+    cls = p.classes[c]
+    n_c = len(cls.members)
+    for ch in range(1, len(Channel) - 1):
+        src = 0.0
+        dst: Terms = []
+        for c2, cls2 in enumerate(p.classes):
+            f = p.frac[c][c2][ch]
+            if f <= 0:
+                continue
+            src += cls2.share_each * len(cls2.members) * f
+            dst += [(col, f * x) for col, x in md.served[c2]]
+        bw = cls.bw[ch]
+        if bw <= 0:
+            continue
+        if src > 0:
+            coef = p.volume_bytes / bw * src / n_c
+            md.m.ge([(md.tau_c, 1.0), *((col, -coef * x) for col, x in md.served[c])], cls.alpha)
+        if cls.share_each > 0 and dst:
+            coef = p.volume_bytes / bw * cls.share_each
+            md.m.ge([(md.tau_c, 1.0), *((col, -coef * x) for col, x in dst)], cls.alpha)
 
 
 def _first(replicas: Sequence[Sequence[int]], e: int) -> int:
@@ -382,39 +405,137 @@ def _rank_mapped(
     return replace(p, warm=tuple(tuple(r) for r in warm), warm_k=warm_k)
 
 
+def _mapped_solution(
+    reference: LayerSolution, ref_pairs: Sequence[float], p: LayerProblem
+) -> LayerSolution:
+    """The reference layer's answer for layer ``p`` without a solve of its own: the expert
+    of load rank k gets the replicas and class shares of the reference's expert of rank k."""
+    ref_order = sorted(range(len(ref_pairs)), key=lambda e: -ref_pairs[e])
+    order = sorted(range(len(p.pairs)), key=lambda e: -p.pairs[e])
+    C = len(p.classes)
+    replicas = [[0] * len(p.pairs) for _ in range(C)]
+    share = [[0.0] * len(p.pairs) for _ in range(C)]
+    for rank, e in enumerate(order):
+        e_ref = ref_order[rank]
+        for c in range(C):
+            replicas[c][e] = reference.replicas[c][e_ref]
+            share[c][e] = reference.share[c][e_ref]
+    return LayerSolution(
+        p.layer,
+        tuple(tuple(r) for r in replicas),
+        tuple(tuple(r) for r in share),
+        -math.inf,
+        math.inf,
+        "mapped",
+        reference.solver,
+    )
+
+
+def _keeps_previous(p: LayerProblem) -> bool:
+    """The previous plan's counts still fit this layer (they are its warm start) and cover
+    every expert."""
+    if p.prev is None or p.warm != p.prev:
+        return False
+    return all(any(row[e] for row in p.prev) for e in range(len(p.pairs)))
+
+
+def _previous_solution(p: LayerProblem) -> LayerSolution:
+    """Layer ``p`` as the previous plan placed it (its replicas per class, each replica an
+    equal share of its expert): what re-planning keeps for a layer it does not solve."""
+    assert p.prev is not None
+    C, E = len(p.classes), len(p.pairs)
+    totals = [sum(p.prev[c][e] for c in range(C)) for e in range(E)]
+    share = [[p.prev[c][e] / totals[e] if totals[e] else 0.0 for e in range(E)] for c in range(C)]
+    return LayerSolution(
+        p.layer,
+        tuple(tuple(r) for r in p.prev),
+        tuple(tuple(r) for r in share),
+        -math.inf,
+        math.inf,
+        "previous",
+        "none",
+    )
+
+
+SECONDS_PER_NODE_PER_NONZERO = 0.7e-6
+"""Planned branch-and-bound time per node and constraint-matrix nonzero, seconds (a
+reference rate, measured on a 2-core x86 machine with HiGHS 1.16)."""
+
+SECONDS_PER_NONZERO_COLD = 100e-6
+"""Planned solve time of the first (cold) layer per constraint-matrix nonzero, seconds: a
+reference rate (a 2-core x86 machine, HiGHS 1.16: 45-165 us measured), not a clock."""
+
+SECONDS_PER_NONZERO_WARM = 10e-6
+"""Planned solve time of a layer warm-started from the first, per nonzero (5-12 us measured
+on the same machine)."""
+
+
 def solve_layers(
-    problems: Sequence[LayerProblem], workers: int, first_weight: float = 1.0
+    problems: Sequence[LayerProblem],
+    workers: int,
+    first_weight: float = 1.0,
+    budget_s: float = math.inf,
 ) -> list[LayerSolution] | Infeasible:
-    """Solve one layer (with ``first_weight`` times the per-layer time, since every other
+    """Solve one layer (with ``first_weight`` times the per-layer work, since every other
     layer starts from its answer), warm-start the others from it by load rank, and solve
-    them in parallel. The first layer's :class:`Infeasible`, if any layer has one."""
+    them, ``workers`` processes at a time.
+
+    ``budget_s`` is the planned work in reference seconds: from the first layer's size and
+    the rates above, as many further layers as fit are solved, spread evenly; the others take
+    the first layer's answer mapped by load rank (status ``mapped``). Each layer's answer
+    depends on its problem and this plan alone - never on the worker count, the clock or
+    the order the workers finish in. The first :class:`Infeasible`, if any layer has one."""
     if not problems:
         return []
-    first = solve_layer(replace(problems[0], time_limit_s=problems[0].time_limit_s * first_weight))
+    p0 = problems[0]
+    first = solve_layer(
+        replace(
+            p0,
+            work_s=p0.work_s * first_weight,
+            wall_s=p0.wall_s * first_weight,
+        )
+    )
     if isinstance(first, Infeasible):
         return first
     rest = list(problems[1:])
-    if math.isfinite(first.objective_us) and problems[0].prev is None:
-        rest = [_rank_mapped(first, problems[0].pairs, p) for p in rest]
-    others: list[LayerSolution | Infeasible]
-    if workers > 1 and len(rest) > 1:
+    if first.replicas and p0.prev is None:
+        rest = [_rank_mapped(first, p0.pairs, p) for p in rest]
+    chosen = _planned(len(rest), first, budget_s)
+    # A layer without a MILP of its own keeps the previous plan's counts when re-planning
+    # (no moves for it), else takes the first layer's answer by load rank.
+    mapped = {
+        k: _previous_solution(rest[k])
+        if _keeps_previous(rest[k])
+        else _mapped_solution(first, p0.pairs, rest[k])
+        for k in range(len(rest))
+        if k not in chosen and (first.replicas or _keeps_previous(rest[k]))
+    }
+    todo = [p for k, p in enumerate(rest) if k not in mapped]
+    solved_rest: list[LayerSolution | Infeasible]
+    if workers > 1 and len(todo) > 1:
         # fork is cheap and safe while this process runs no other thread; a threaded host
         # (the gRPC controller) gets spawn, which needs its main module import-guarded.
         method = "fork" if threading.active_count() == 1 and os.name == "posix" else "spawn"
         ctx = multiprocessing.get_context(method)
-        with ProcessPoolExecutor(max_workers=min(workers, len(rest)), mp_context=ctx) as pool:
-            others = list(pool.map(solve_layer, rest, chunksize=1))
+        with ProcessPoolExecutor(max_workers=min(workers, len(todo)), mp_context=ctx) as pool:
+            solved_rest = list(pool.map(solve_layer, todo, chunksize=1))
     else:
-        others = [solve_layer(p) for p in rest]
-    solved = [first]
-    for sol in others:
+        solved_rest = [solve_layer(p) for p in todo]
+    by_layer = {sol.layer: sol for sol in mapped.values()}
+    for sol in solved_rest:
         if isinstance(sol, Infeasible):
             return sol
-        solved.append(sol)
-    return solved
+        by_layer[sol.layer] = sol
+    return [first, *(by_layer[p.layer] for p in rest)]
 
 
-def _within_bounds(var: pulp.LpVariable, value: float) -> bool:
-    """Whether ``value`` lies within ``var``'s bounds (None is unbounded)."""
-    lo, hi = var.lowBound, var.upBound
-    return (lo is None or value >= lo) and (hi is None or value <= hi)
+def _planned(count: int, first: LayerSolution, budget_s: float) -> set[int]:
+    """Indices of the further layers the budget pays a solve for, spread evenly."""
+    if not math.isfinite(budget_s) or not first.replicas:
+        return set(range(count))
+    cold = SECONDS_PER_NONZERO_COLD * first.nonzeros
+    warm = max(1e-9, SECONDS_PER_NONZERO_WARM * first.nonzeros)
+    fits = max(0, math.floor((budget_s - cold) / warm))
+    if fits >= count:
+        return set(range(count))
+    return {k for k in range(count) if (k * fits) // count != ((k + 1) * fits) // count}

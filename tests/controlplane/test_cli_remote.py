@@ -165,6 +165,7 @@ def test_controller_run_serves_and_logs_json(tmp_path: Path) -> None:
             "--insecure",
             "--store",
             f"sqlite:{tmp_path}/state.db",
+            "--store-new",
             "--metrics-port",
             str(metrics_port),
         ],

@@ -89,10 +89,10 @@ def test_permission_denied(tmp_path: Path) -> None:
 
 
 def test_permission_denied_message(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def deny(self: Path, encoding: str | None = None) -> str:
+    def deny(self: Path, *args: object, **kwargs: object) -> object:
         raise PermissionError(13, "Permission denied", str(self))
 
-    monkeypatch.setattr(Path, "read_text", deny)
+    monkeypatch.setattr(Path, "open", deny)
     with pytest.raises(
         InputError, match=r"cannot read fleet file .*f\.yaml.*permission denied.*chmod"
     ):

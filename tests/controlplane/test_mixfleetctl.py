@@ -3,6 +3,7 @@ subprocess): outputs, exit statuses, and every input error path."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import subprocess
@@ -198,7 +199,7 @@ def test_compare_json_speedups(run_cli: RunCli, fleet_file: Path) -> None:
 # ----------------------------------------------------------------- export, render
 
 
-@pytest.mark.parametrize("fmt", ["sglang", "vllm", "trtllm"])
+@pytest.mark.parametrize("fmt", ["vllm", "trtllm"])
 def test_export_writes_the_engine_file(
     run_cli: RunCli, solved: dict[str, Path], tmp_path: Path, fmt: str
 ) -> None:
@@ -211,22 +212,37 @@ def test_export_writes_the_engine_file(
     plan = read_plan(solved["engine"])
     text = out_file.read_text()
     doc = yaml.safe_load(text) if fmt == "trtllm" else json.loads(text)
-    if fmt == "sglang":
-        assert len(doc["physical_to_logical_map"]) == 32
-        assert "SGLang reads a file only when its name ends in .json" in err
-    elif fmt == "vllm":
-        assert len(doc["logical_to_physical_map"][0][0]) == plan.num_redundant + 1
+    if fmt == "vllm":
+        assert len(doc["physical_to_logical_map"][0]) == 8 + plan.num_redundant
+        assert len(doc["logical_replica_count"][0]) == 8
     else:
         assert doc["num_slots"] == 12 and doc["layer_updates_per_iter"] == 0
         assert sorted(doc["initial_global_assignments"]) == list(range(32))  # int keys
     side = json.loads(sidecar.read_text())
     assert len(side["dp_attention_weights"]) == 4
+    manifest = json.loads((tmp_path / f"{fmt}.manifest.json").read_text())
+    assert manifest["file_sha256"] == hashlib.sha256(text.encode()).hexdigest()
+    assert [r["gpu"] for r in manifest["ranks"]] == [g.gpu for g in plan.gpus]
+    assert manifest["num_redundant"] == plan.num_redundant and manifest["world_size"] == 4
+
+
+def test_export_refuses_mixtral_for_sglang(
+    run_cli: RunCli, solved: dict[str, Path], tmp_path: Path
+) -> None:
+    out_file = tmp_path / "loc.json"
+    code, _, err = run_cli(
+        "plan", "export", solved["engine"], "--format", "sglang", "--out", out_file
+    )
+    assert code == 2
+    assert "get_model_config_for_expert_location" in err and "To fix" in err
+    assert not out_file.exists()
 
 
 def test_export_to_stdout(run_cli: RunCli, solved: dict[str, Path]) -> None:
-    code, out, _ = run_cli("plan", "export", solved["engine"], "--format", "sglang")
+    code, out, err = run_cli("plan", "export", solved["engine"], "--format", "trtllm")
     assert code == 0
-    assert len(json.loads(out)["physical_to_logical_map"][0]) == 12
+    assert yaml.safe_load(out)["num_slots"] == 12
+    assert "no manifest written" in err
 
 
 def test_render_writes_a_png(run_cli: RunCli, solved: dict[str, Path], tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import grpc
+import pytest
 from agent_fakes import FakeAgent, small_inventories, wait_until
 from mixfleet.v1 import engine_pb2, engine_pb2_grpc, plan_pb2, plan_pb2_grpc
 
@@ -76,7 +77,9 @@ def test_deploy_commits_on_every_agent_and_engines_get_the_routing(tmp_path: Pat
     async def main() -> None:
         async with world(tmp_path) as w:
             await w.apply()
-            routing_stream = w.engine.WatchRouting(engine_pb2.GetRoutingRequest(deployment="mx"))
+            routing_stream = w.engine.WatchRouting(
+                engine_pb2.GetRoutingRequest(deployment="mx", format=engine_pb2.ROUTING_FORMAT_VLLM)
+            )
             await wait_until(
                 lambda: all(a.applied.get("mx", (0,))[0] == 1 for a in w.agents),
                 what="v1 applied everywhere",
@@ -106,13 +109,19 @@ def test_deploy_commits_on_every_agent_and_engines_get_the_routing(tmp_path: Pat
                 "n2": "committed",
             }
             assert json.loads(record.plan_json)["version"] == 1
-            routing = await w.engine.GetRouting(engine_pb2.GetRoutingRequest(deployment="mx"))
+            routing = await w.engine.GetRouting(
+                engine_pb2.GetRoutingRequest(deployment="mx", format=engine_pb2.ROUTING_FORMAT_VLLM)
+            )
             assert routing.version == 1 and routing.world_size == 6
             assert routing.slots_per_rank == 2  # (8 experts + 4 redundant) / 6 GPUs
             assert len(routing.layers) == 32 and len(routing.dp_weights) == 6
             doc = json.loads(routing.engine_json)
             assert len(doc["physical_to_logical_map"]) == 32
             assert len(doc["physical_to_logical_map"][0]) == 12
+            with pytest.raises(grpc.aio.AioRpcError) as refused:  # SGLang cannot load Mixtral's
+                await w.engine.GetRouting(engine_pb2.GetRoutingRequest(deployment="mx"))
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "cannot load an expert placement" in str(refused.value.details())
             first = await anext(aiter(routing_stream))
             assert first.version == 1
             routing_stream.cancel()
@@ -155,7 +164,9 @@ def test_failed_prepare_aborts_and_keeps_the_committed_plan(tmp_path: Path) -> N
             )
             for a in w.agents:
                 assert a.applied["mx"][0] == 1 and "mx" not in a.staged
-            routing = await w.engine.GetRouting(engine_pb2.GetRoutingRequest(deployment="mx"))
+            routing = await w.engine.GetRouting(
+                engine_pb2.GetRoutingRequest(deployment="mx", format=engine_pb2.ROUTING_FORMAT_VLLM)
+            )
             assert routing.version == 1
             w.agents[1].fail_prepare = ""  # fixed: the retry (a new, higher version) commits
             await wait_until(lambda: (w.committed() or 0) > 2, what="retry committed")

@@ -277,6 +277,26 @@ def test_plan_service_errors(tmp_path: Path) -> None:
                 plans.ApplyDeployment(plan_pb2.ApplyDeploymentRequest(spec=bad)),
                 "solverTimeLimitS",
             )
+            bad = spec_to_proto(DeploymentSpec(name="mx", model="mixtral-8x7b"))
+            bad.engine.name = "vllm"
+            bad.engine.options.dispatch = "static"
+            for call in (
+                plans.ApplyDeployment(plan_pb2.ApplyDeploymentRequest(spec=bad)),
+                plans.Solve(plan_pb2.SolveRequest(spec=bad)),
+            ):
+                await expect(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    call,
+                    "spec.engine.options.dispatch",
+                    "vLLM always hashes tokens evenly",
+                )
+            bad.engine.name = "tgi"
+            await expect(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                plans.Solve(plan_pb2.SolveRequest(spec=bad)),
+                "spec.engine.name",
+                "choose one of native, sglang, vllm, trtllm",
+            )
             good = plan_pb2.ApplyDeploymentRequest(
                 spec=spec_to_proto(DeploymentSpec(name="mx", model="mixtral-8x7b"))
             )

@@ -97,12 +97,13 @@ def test_writes_survive_a_kill_minus_9(tmp_path: Path) -> None:
 
 def test_unclosed_store_is_readable_by_a_second_open(tmp_path: Path, plan: Plan) -> None:
     path = tmp_path / "u.db"
-    first = SqliteStore(path)  # never closed: simulates a crashed controller
+    first = SqliteStore(path)  # never closed: the writer is still running
     first.put_deployment(SPEC, now_s=1.0)
     first.add_plan("mx", plan, reason="r", inputs_key="k", now_s=2.0)
-    second = SqliteStore(path)
+    second = SqliteStore(path, read_only=True)  # what `mixfleetctl store check` opens
     assert [p.version for p in second.list_plans("mx")] == [1]
     second.close()
+    first.close()
 
 
 def test_versions_only_grow_across_delete_and_recreate(tmp_path: Path, plan: Plan) -> None:

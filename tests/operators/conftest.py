@@ -15,6 +15,7 @@ from k8s_cluster import (
     Cluster,
     cleanup_real,
     install_crds,
+    token_kubeconfig,
 )
 from kubernetes import client as k8s_client
 from support.fakeapi import FakeApiServer, crd_manifests
@@ -53,9 +54,16 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
         return
     fake = FakeApiServer(crd_manifests(str(CRD_DIR)))
     url = fake.start()
+    # Through a token kubeconfig and the client's own loader, as against a real cluster:
+    # the loader re-sets the configuration (host included) before every request.
+    fake_kubeconfig = request.getfixturevalue("tmp_path") / "fake-kubeconfig"
+    fake_kubeconfig.write_text(token_kubeconfig(url))
 
     def configure_fake(cfg: k8s_client.Configuration) -> None:
-        cfg.host = url
+        from kubernetes import config as k8s_config
+
+        loader: Any = k8s_config
+        loader.load_kube_config(config_file=str(fake_kubeconfig), client_configuration=cfg)
 
     c = Cluster("fake", fake, "team-a", "", run, configure_fake)
     try:

@@ -72,9 +72,11 @@ def node_view(
 
 
 def md_spec(**spec: Any) -> ModelDeploymentSpec:
-    """A ModelDeployment spec from wire fields (defaults: mixtral-8x7b decode, small batch)."""
+    """A ModelDeployment spec from wire fields (defaults: mixtral-8x7b decode, small batch,
+    exported for vLLM: SGLang cannot load a Mixtral placement)."""
     doc: dict[str, Any] = {
         "model": "mixtral-8x7b",
+        "engineFormat": "vllm",
         "workload": {"phase": "decode", "tokensPerGpu": 16, "contextLen": 2048},
     }
     doc.update(spec)
@@ -149,9 +151,10 @@ def with_status(d: DeploymentView, status_wire: dict[str, Any]) -> DeploymentVie
 
 
 def md_object(name: str, namespace: str, **spec: Any) -> dict[str, Any]:
-    """A ModelDeployment object for the API."""
+    """A ModelDeployment object for the API (Mixtral, so exported for vLLM)."""
     doc: dict[str, Any] = {
         "model": "mixtral-8x7b",
+        "engineFormat": "vllm",
         "workload": {"phase": "decode", "tokensPerGpu": 16, "contextLen": 2048},
     }
     doc.update(spec)

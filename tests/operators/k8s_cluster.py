@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import urllib3
 import yaml
 from kubernetes import client as k8s_client
 from support.fakeapi import FakeApiServer, crd_manifests
@@ -89,10 +90,19 @@ class Cluster:
         spec: GPUNodeSpec | None = None,
         labels: dict[str, str] | None = None,
     ) -> str:
-        """Create a GPUNode and write its status as the controller would; returns its name."""
+        """Register a GPUNode as the controller does (a non-forced server-side apply of its
+        labels, then its status), with ``spec`` applied by an administrator (field manager
+        ``admin``, not forced either); returns its name."""
         name = self.name(base)
-        obj = gpunode_object(name, spec=spec, labels={RUN_LABEL: self.run, **(labels or {})})
-        kube.create(GPUNODES, obj)
+        obj = gpunode_object(name, labels={RUN_LABEL: self.run, **(labels or {})})
+        del obj["spec"]
+        kube.apply(GPUNODES, obj)
+        if spec is not None:
+            admin = Kube(kube.api_client, field_manager="admin")
+            admin.apply(
+                GPUNODES,
+                {"metadata": {"name": name}, "spec": gpunode_object(name, spec=spec)["spec"]},
+            )
         self.heartbeat(kube, name, inv, heartbeat)
         return name
 
@@ -102,8 +112,11 @@ class Cluster:
         import dataclasses
 
         status = gpunode_status(dataclasses.replace(inv, node=name), at or datetime.now(UTC))
-        kube.apply(
-            GPUNODES, {"metadata": {"name": name}, "status": to_wire(status)}, subresource="status"
+        kube.apply(  # forced, as the controller does: it alone writes GPUNode status
+            GPUNODES,
+            {"metadata": {"name": name}, "status": to_wire(status)},
+            subresource="status",
+            force=True,
         )
 
     def close(self) -> None:
@@ -125,20 +138,25 @@ def wait_for(
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what or fn}: last {last!r}")
 
 
+CRDS = Resource(
+    "apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", False
+)
+
+
 def install_crds(kube: Kube) -> None:
-    """Server-side apply the chart's CRDs and wait until they are Established."""
-    crd_res = Resource(
-        "apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", False
-    )
+    """Server-side apply the chart's CRDs (forced, as ``helm`` and ``kubectl apply
+    --server-side --force-conflicts`` upgrade them) and wait until they are Established."""
+    crd_res = CRDS
     for doc in crd_manifests(str(CRD_DIR)):
         name = doc["metadata"]["name"]
-        kube.apply(crd_res, doc)
+        kube.apply(crd_res, doc, force=True)
 
         def established(n: str = name) -> bool:
             status = (kube.get(crd_res, n) or {}).get("status") or {}
+            # Right after the create the server stores "conditions": null.
             return any(
                 c.get("type") == "Established" and c.get("status") == "True"
-                for c in status.get("conditions", [])
+                for c in status.get("conditions") or []
             )
 
         wait_for(established, timeout_s=60, what=f"CRD {name} established")
@@ -160,6 +178,41 @@ def cleanup_real(kube: Kube, c: Cluster) -> None:
             if o["metadata"]["name"].startswith(c.prefix):
                 kube.delete(res, o["metadata"]["name"])
     kube.delete(ns_res, c.namespace)
+
+
+@contextlib.contextmanager
+def api_outage(kube: Kube) -> Iterator[None]:
+    """The API server stops answering ``kube``: every request of its client fails as a
+    refused connection does (urllib3's ``MaxRetryError`` from ``NewConnectionError``), at
+    the transport, whatever the kubeconfig. (Pointing ``configuration.host`` elsewhere is no
+    outage: with a token kubeconfig the client's loader sets the host again before every
+    request.)"""
+    pool = kube.api_client.rest_client.pool_manager
+
+    def refused(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        raise urllib3.exceptions.MaxRetryError(
+            pool, url, urllib3.exceptions.NewConnectionError(pool, "Connection refused")
+        )
+
+    pool.request = refused
+    try:
+        yield
+    finally:
+        del pool.request  # the class's method again
+
+
+def token_kubeconfig(server: str, token: str = "mixfleet-test-token") -> str:
+    """A kubeconfig (YAML) that reaches ``server`` with a bearer token."""
+    return yaml.safe_dump(
+        {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "fake", "cluster": {"server": server}}],
+            "users": [{"name": "u", "user": {"token": token}}],
+            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u"}}],
+            "current-context": "fake",
+        }
+    )
 
 
 def load_yaml(path: Path) -> list[Json]:

@@ -1,10 +1,13 @@
 """The Helm chart, rendered by Helm's own engine (helm-python-sdk), for several value sets;
 every object validated for Kubernetes 1.29-1.35 with kubernetes-validate (strict), custom
-resources against the mixfleet CRDs, and the chart linted."""
+resources against the mixfleet CRDs, the chart linted, and every container's command line
+parsed by the program's own argument parser. (RBAC against the code: test_rbac.py.)"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import argparse
+import re
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,10 +52,17 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "operator": {"watchNamespaces": ["team-a", "team-b"]},
         "auth": {"tokenSecret": "mixfleet-tokens"},
     },
-    "single-replica": {
+    "no-leader-election": {
         "controller": {"replicas": 1, "leaderElection": {"enabled": False}},
         "operator": {"leaderElection": {"enabled": False}},
     },
+    # The store namespace is not among the watched ones: the controller keeps its access.
+    "store-namespace-not-watched": {
+        "controller": {"storeNamespace": "models"},
+        "operator": {"watchNamespaces": ["team-a"]},
+    },
+    "operator-disabled": {"operator": {"enabled": False}},
+    "operator-without-election": {"operator": {"leaderElection": {"enabled": False}}},
 }
 
 
@@ -114,10 +124,88 @@ def test_helm_lint_is_clean(values: dict[str, Any]) -> None:
         assert report["errors"] == [] and report["messages"] == [], report
 
 
-def test_defaults_controller_two_replicas_with_grpc_probes_and_pdb() -> None:
+#: The program each container command runs -> its own argument parser and the words of the
+#: command line that select the subcommand.
+def _parsers() -> dict[tuple[str, ...], tuple[Callable[[], argparse.ArgumentParser], list[str]]]:
+    import agents.cli
+    import controlplane.cli
+    import operators.cli
+
+    return {
+        ("mixfleetctl", "controller", "run"): (
+            controlplane.cli.build_parser,
+            ["controller", "run"],
+        ),
+        ("python", "-m", "operators", "run"): (operators.cli.build_parser, ["run"]),
+        ("mixfleet-agent", "run"): (agents.cli.build_parser, ["run"]),
+    }
+
+
+def parsed_commands(docs: list[dict[str, Any]]) -> dict[str, argparse.Namespace]:
+    """Every container of the rendered workloads, its command line parsed by the program's
+    own parser (``kind/name/container`` -> arguments). Fails on an unknown program, an
+    option the program does not have, or a ``$(VAR)`` the container does not define (the
+    kubelet would pass it on literally)."""
+    parsers = _parsers()
+    out: dict[str, argparse.Namespace] = {}
+    for doc in objects(docs, "Deployment") + objects(docs, "DaemonSet"):
+        for c in doc["spec"]["template"]["spec"]["containers"]:
+            where = f"{doc['kind']}/{doc['metadata']['name']}/{c['name']}"
+            command, args = tuple(c["command"]), list(c.get("args") or [])
+            assert command in parsers, f"{where} runs {command}, which no test knows"
+            env = {e["name"] for e in c.get("env") or []}
+            for arg in args:
+                for var in re.findall(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", arg):
+                    assert var in env, f"{where}: {arg} names $({var}), not in its env"
+            build, words = parsers[command]
+            try:
+                out[where] = build().parse_args([*words, *args])
+            except SystemExit as exc:  # argparse's own error exit
+                raise AssertionError(f"{where}: {command} rejects {args}") from exc
+            except Exception as exc:
+                raise AssertionError(f"{where}: {command} rejects {args}: {exc}") from exc
+    return out
+
+
+def test_every_container_command_line_parses_with_the_programs_own_parser(
+    rendered: tuple[str, list[dict[str, Any]]],
+) -> None:
+    name, docs = rendered
+    values = VALUE_SETS[name]
+    parsed = parsed_commands(docs)
+    ctl = parsed["Deployment/mixfleet-controller/controller"]
+    c_values = values.get("controller", {})
+    c_elect = c_values.get("leaderElection", {}).get("enabled", True)
+    assert ctl.store == f"kubernetes:{c_values.get('storeNamespace') or NAMESPACE}"
+    assert ctl.health_listen == "0.0.0.0:8081" and ctl.listen == "0.0.0.0:7443"
+    assert ctl.leader_elect is c_elect
+    if c_elect:
+        assert (ctl.lease_name, ctl.lease_duration_s, ctl.renew_deadline_s) == (
+            "mixfleet-controller",
+            15.0,
+            10.0,
+        )
+    o_values = values.get("operator", {})
+    op = parsed.get("Deployment/mixfleet-controller/operator")
+    assert (op is None) == (o_values.get("enabled", True) is False)
+    if op is not None:
+        assert op.namespace == o_values.get("watchNamespaces", [])
+        assert op.no_leader_election is not o_values.get("leaderElection", {}).get("enabled", True)
+        assert op.health_listen == "0.0.0.0:8082"
+    agent = parsed.get("DaemonSet/mixfleet-agent/agent")
+    assert (agent is None) == (values.get("agent", {}).get("enabled", True) is False)
+
+
+def test_a_container_option_the_program_lacks_is_caught() -> None:
+    docs = render({"controller": {"extraArgs": ["--no-such-flag"]}})
+    with pytest.raises(AssertionError, match="rejects"):
+        parsed_commands(docs)
+
+
+def test_defaults_one_controller_recreated_fenced_by_a_lease_with_grpc_probes() -> None:
     docs = render({})
     (dep,) = objects(docs, "Deployment")
-    assert dep["spec"]["replicas"] == 2
+    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"] == {"type": "Recreate"}
     containers = {c["name"]: c for c in dep["spec"]["template"]["spec"]["containers"]}
     assert set(containers) == {"controller", "operator"}
     for c in containers.values():
@@ -125,11 +213,19 @@ def test_defaults_controller_two_replicas_with_grpc_probes_and_pdb() -> None:
             assert "grpc" in c[probe], (c["name"], probe)
         assert c["securityContext"]["readOnlyRootFilesystem"] is True
     assert containers["operator"]["livenessProbe"]["grpc"]["service"] == "liveness"
+    ctl = containers["controller"]
+    # Waiting for the Lease is alive, not ready: startup and liveness ask "liveness".
+    assert [ctl[p]["grpc"].get("service", "") for p in ("startupProbe", "livenessProbe")] == [
+        "liveness",
+        "liveness",
+    ]
+    assert ctl["readinessProbe"]["grpc"].get("service", "") == ""
     op_args = containers["operator"]["args"]
     assert "--lease-name=mixfleet-operator" in op_args and "--identity=$(POD_NAME)" in op_args
-    assert "--leader-elect" in containers["controller"]["args"]
-    (pdb,) = objects(docs, "PodDisruptionBudget")
-    assert pdb["spec"]["minAvailable"] == 1
+    assert "--leader-elect" in ctl["args"]
+    # One replica: a PodDisruptionBudget would block every node drain.
+    assert not objects(docs, "PodDisruptionBudget")
+    (pdb,) = objects(render({"controller": {"pdb": {"enabled": True}}}), "PodDisruptionBudget")
     assert pdb["spec"]["selector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
     (svc,) = objects(docs, "Service")
     assert {p["name"] for p in svc["spec"]["ports"]} == {"grpc", "metrics", "op-metrics"}
@@ -203,7 +299,9 @@ def test_namespaced_operator_gets_roles_instead_of_cluster_wide_configmaps() -> 
         res for _, r in _rules(docs, "ClusterRole") for res in r["resources"]
     }
     by_ns = {ns for ns, r in _rules(docs, "Role") if "modeldeployments" in r["resources"]}
-    assert by_ns == {"team-a", "team-b"}
+    # The watched namespaces for the operator, and the controller's store namespace (not
+    # watched here: without its Role the controller could not list its ModelDeployments).
+    assert by_ns == {"team-a", "team-b", NAMESPACE}
     (dep,) = objects(docs, "Deployment")
     op = next(c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "operator")
     assert {"--namespace=team-a", "--namespace=team-b"} <= set(op["args"])
@@ -248,26 +346,17 @@ def test_optional_parts_follow_their_switches() -> None:
     ]
 
 
-def test_two_replicas_without_leader_election_are_refused() -> None:
-    with (
-        helm.Chart.load(str(CHART)) as chart,
-        pytest.raises(helm.HelmRenderError, match="leader election"),
-    ):
-        chart.render(
-            {"operator": {"leaderElection": {"enabled": False}}}, name=RELEASE, namespace=NAMESPACE
-        )
-
-
 @pytest.mark.parametrize(
     "values",
     [
         {"tls": {"mode": "plaintext"}},
         {"controller": {"replicas": 0}},
+        {"controller": {"replicas": 2}},
         {"operator": {"watchNamespaces": ["Not_A_Namespace"]}},
         {"agent": {"planDir": "relative/path"}},
         {"unknownKey": 1},
     ],
-    ids=["tls-mode", "replicas", "namespace-name", "plan-dir", "unknown-key"],
+    ids=["tls-mode", "replicas", "two-replicas", "namespace-name", "plan-dir", "unknown-key"],
 )
 def test_values_schema_rejects_bad_values(values: dict[str, Any]) -> None:
     with helm.Chart.load(str(CHART)) as chart, pytest.raises(helm.HelmValuesError):

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from api_calls import component_calls, request_need
 from k8s_builders import md_object, policy_object
 from k8s_cluster import RUN_LABEL, Cluster, wait_for
 from test_operator_e2e import start_operator
@@ -163,3 +164,22 @@ def test_one_plan_per_generation_made_by_the_operator_rolled_out_by_the_controll
                 await sim.stop()
 
     asyncio.run(go())
+    _check_requests_were_declared(cluster)
+
+
+def _check_requests_were_declared(cluster: Cluster) -> None:
+    """Every request each component made is one its source declares (test_rbac.py checks
+    that the chart grants exactly those)."""
+    if cluster.fake is None:
+        return
+    for component, agent in (
+        ("controller", "mixfleet-controller"),
+        ("operator", "mixfleet-operator"),
+    ):
+        declared = set(component_calls(component).needs)
+        made = {
+            request_need(r.method, r.path, dict(r.query))
+            for r in cluster.fake.requests
+            if r.user_agent.startswith(agent)
+        }
+        assert made and made - {None} <= declared, (component, made - declared)

@@ -189,6 +189,24 @@ def test_controller_deployment_documents_are_valid_model_deployments(path: Path)
         ({"solverTimeLimitS": 0}, "spec.solverTimeLimitS", "greater than 0"),
         ({"policyRef": {"name": "Bad_Name"}}, "spec.policyRef.name", "does not match"),
         ({"engineFormat": "tensorrt"}, "spec.engineFormat", "unsupported value"),
+        ({"engine": {"name": "tgi"}}, "spec.engine.name", "unsupported value"),
+        ({"engine": {"name": "vllm"}}, "spec", "engineFormat must be the engine's own file"),
+        (
+            {"engine": {"name": "sglang", "options": {"a2aBackend": "nccl"}}},
+            "spec.engine",
+            "sglang: deepep, mori, none",
+        ),
+        (
+            {"engine": {"name": "sglang", "options": {"dpBalance": "even"}}},
+            "spec.engine.options.dpBalance",
+            "unsupported value",
+        ),
+        (
+            {"engine": {"name": "trtllm", "options": {"dispatch": "static"}}},
+            "spec.engine",
+            "dispatch static or dynamic is SGLang's",
+        ),
+        ({"engine": {"name": "sglang", "version": "0.5 rc"}}, "spec.engine.version", "match"),
     ],
 )
 def test_bad_deployments_are_rejected_with_the_field(

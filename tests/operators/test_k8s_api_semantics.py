@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 from k8s_builders import inventory, md_object, policy_object
-from k8s_cluster import Cluster, wait_for
-from support.fakeapi import FakeApiServer
+from k8s_cluster import CRD_DIR, CRDS, Cluster, install_crds, wait_for
+from kubernetes import client as k8s_client
+from support.fakeapi import FakeApiServer, crd_manifests
 
 from apis.kube.client import (
     CONFIGMAPS,
@@ -24,9 +25,11 @@ from apis.kube.client import (
     PARTITION_PLANS,
     PLACEMENT_POLICIES,
     Json,
+    Kube,
     WatchEvent,
 )
 from apis.kube.errors import ConflictError, GoneError, InvalidError, NotFoundError
+from apis.kube.v1alpha1 import API_VERSION
 
 VALID_PLAN_SPEC: Json = {
     "deployment": "mx",
@@ -69,6 +72,7 @@ def test_create_sets_generation_defaults_and_drops_status_and_unknown_fields(
 ) -> None:
     k = cluster.kube()
     body = md_object("mx", cluster.namespace, unknownField=1)
+    body["spec"].pop("engineFormat")
     body["status"] = {"gpus": 9}
     out = k.create(MODEL_DEPLOYMENTS, body)
     meta = out["metadata"]
@@ -372,3 +376,31 @@ def test_get_of_a_missing_object_is_none_and_unknown_paths_404(cluster: Cluster)
     assert k.get(MODEL_DEPLOYMENTS, "nope", cluster.namespace) is None
     with pytest.raises(NotFoundError):
         k.merge_patch(MODEL_DEPLOYMENTS, "nope", {"spec": {}}, cluster.namespace)
+
+
+def test_crds_install_on_a_fresh_server_which_answers_conditions_null_first() -> None:
+    """The real server stores a new CRD with ``"conditions": null`` and accepts its names a
+    moment later; install_crds waits through that, and the resources are served after."""
+    fake = FakeApiServer([])
+    url = fake.start()
+    try:
+        cfg = k8s_client.Configuration()
+        cfg.host = url
+        admin = Kube(k8s_client.ApiClient(cfg), field_manager="mixfleet-e2e-setup")
+        with pytest.raises(NotFoundError):
+            admin.list(GPUNODES)
+        first = admin.apply(CRDS, crd_manifests(str(CRD_DIR))[0], force=True)
+        assert first["status"]["conditions"] is None
+        install_crds(admin)
+        for doc in crd_manifests(str(CRD_DIR)):
+            status = (admin.get(CRDS, doc["metadata"]["name"]) or {})["status"]
+            assert {c["type"]: c["status"] for c in status["conditions"]} == {
+                "NamesAccepted": "True",
+                "Established": "True",
+            }
+        admin.create(
+            GPUNODES, {"apiVersion": API_VERSION, "kind": "GPUNode", "metadata": {"name": "n"}}
+        )
+        assert [o["metadata"]["name"] for o in admin.list(GPUNODES)[0]] == ["n"]
+    finally:
+        fake.stop()

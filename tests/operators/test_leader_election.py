@@ -7,10 +7,11 @@ import threading
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from k8s_cluster import Cluster, wait_for
+from k8s_cluster import Cluster, api_outage, wait_for
 
 from apis.kube.client import LEASES
-from operators.leader import LeaderElector, LeaderSettings, LeaseRecord, decide
+from apis.kube.leader import LeaderElector, LeaderSettings, LeaseRecord, decide
+from policies.errors import InputError
 
 T = datetime(2026, 3, 1, tzinfo=UTC)
 S = LeaderSettings(lease_duration_s=15.0, renew_deadline_s=10.0, retry_period_s=2.0)
@@ -43,7 +44,7 @@ def test_the_holder_renews_and_keeps_its_acquire_time() -> None:
 
 
 def test_renew_deadline_must_be_shorter_than_the_lease() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(InputError, match="--renew-deadline-s"):
         LeaderElector(None, LeaderSettings(lease_duration_s=5, renew_deadline_s=5))  # type: ignore[arg-type]
 
 
@@ -97,12 +98,13 @@ def test_a_leader_that_cannot_renew_steps_down_before_the_lease_expires(cluster:
     a = _elector(cluster, "a", clock, events)
     assert a.try_once()
     # The API server stops answering for a; its local deadline (3 s) passes first.
-    a.kube.api_client.configuration.host = "http://127.0.0.1:9"
-    clock[0] = 2.0
-    assert a.try_once()  # unknown outcome: still within the renew deadline
-    clock[0] = 3.5
-    assert not a.try_once() and not a.is_leader()
+    with api_outage(a.kube):
+        clock[0] = 2.0
+        assert a.try_once()  # unknown outcome: still within the renew deadline
+        clock[0] = 3.5
+        assert not a.try_once() and not a.is_leader()
     assert events == ["a+", "a-"]
+    assert a.try_once() and events == ["a+", "a-", "a+"]  # answering again: it leads again
 
 
 def test_released_lease_is_taken_at_once_an_abandoned_one_after_it_expires(

@@ -27,11 +27,11 @@ from apis.kube.client import (
     Json,
     Kube,
 )
+from apis.kube.leader import LeaderSettings
 from apis.kube.names import FINALIZER
 from apis.kube.plancodec import decode_plan
 from apis.kube.schema import from_wire
 from apis.kube.v1alpha1 import PartitionPlanSpec
-from operators.leader import LeaderSettings
 from operators.observe import ReconcileSettings
 from operators.operator import Operator, OperatorSettings
 
@@ -143,7 +143,7 @@ def test_deployment_from_apply_to_rolled_out(cluster: Cluster, world: Kube) -> N
         )
         cm = k.get(CONFIGMAPS, "mx-placement", cluster.namespace)
         assert cm is not None
-        table = json.loads(cm["data"]["expert-location.json"])["physical_to_logical_map"]
+        table = json.loads(cm["data"]["eplb-state.json"])["physical_to_logical_map"]
         assert len(table) == 32 and {len(r) for r in table} == {8}
         assert condition(k, cluster, "mx", "RolledOut")["reason"] == "RolloutPending"
 

@@ -136,7 +136,7 @@ def test_solved_plan_is_written_with_owner_labels_configmap_and_status() -> None
 
     (cm,) = only(actions, ApplyConfigMap)
     assert isinstance(cm, ApplyConfigMap)
-    loc = json.loads(cm.body["data"]["expert-location.json"])
+    loc = json.loads(cm.body["data"]["eplb-state.json"])
     table = loc["physical_to_logical_map"]
     assert len(table) == 32 and all(len(row) == 8 for row in table)  # [layers][E + R]
     assert all(sorted(row) == list(range(8)) for row in table)  # every expert placed once
@@ -467,3 +467,16 @@ def test_deletion_removes_configmap_and_plans_then_the_finalizer() -> None:
 def test_deletion_without_our_finalizer_does_nothing() -> None:
     d = deployment(finalizers=("other.io/keep",), deleting=True)
     assert reconcile(observed(d), SETTINGS) == ()
+
+
+def test_a_model_the_engine_cannot_place_is_a_condition_not_a_configmap() -> None:
+    """SGLang 0.5.23 has no expert-location support for Mixtral: the operator publishes no
+    expert map it would fail to run, and says why on the deployment."""
+    obs = observed(deployment(md_spec(engineFormat="sglang")))
+    actions = tick(obs)
+    assert not only(actions, ApplyConfigMap)
+    st = status_of(actions)
+    conditions = st["conditions"]
+    assert isinstance(conditions, list)
+    failed = [c for c in conditions if c.get("reason") == "ExportFailed"]
+    assert failed and "cannot load an expert placement for mixtral" in failed[0]["message"]

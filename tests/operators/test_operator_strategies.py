@@ -458,7 +458,9 @@ def test_operator_reports_an_impossible_slo_and_the_api_refuses_unknown_prices(
     assert obj is not None
     spec = dict(obj["spec"])
     spec["interactive"] = {**spec["interactive"], "requestsPerS": 5000}
-    k.apply(PLACEMENT_POLICIES, policy_object(name, **spec))
+    # Forced (kubectl apply --server-side --force-conflicts): the policy was created by
+    # another operation, a create, whose manager owns these fields.
+    k.apply(PLACEMENT_POLICIES, policy_object(name, **spec), force=True)
     op = start_operator(cluster)
     try:
         k.create(
@@ -480,6 +482,7 @@ def test_operator_reports_an_impossible_slo_and_the_api_refuses_unknown_prices(
             k.apply(
                 PLACEMENT_POLICIES,
                 policy_object(name, **{**spec, "gpuHourPrices": {"H100-80GB": 2.0}}),
+                force=True,
             )
         assert "gpuHourPrices" in str(exc.value) and "H100-SXM5-80GB" in str(exc.value)
         assert op.healthy()

@@ -47,7 +47,7 @@ def test_bad_options(kwargs: dict[str, object], needle: str) -> None:
 
 def test_model_that_cannot_fit_names_the_gpus() -> None:
     m = preset("deepseek-v3")
-    f = fleet([("l", "V100-SXM2-16GB", 2, None)])
+    f = fleet([("l", "V100-SXM2-16GB", 1, None)])  # one GPU: no TP group splits the weights
     w = workload(m, tokens=8, context=512)
     result = solve(request(f, m, w, redundant=0))
     assert not result.placed and not result.plan.summary.feasible

@@ -8,12 +8,15 @@ import dataclasses
 import re
 from pathlib import Path
 
+import pytest
 import yaml
 from mixfleet.v1 import plan_pb2
 
 from apis.kube import v1alpha1
 from apis.wire.deployment import spec_from_proto, spec_to_proto
 from policies.costmodel import MeasuredFigures
+from policies.engines import EngineOptions, EngineSpec
+from policies.errors import InputError
 from policies.fleet import parse_fleet
 from policies.models import preset
 from policies.spec import (
@@ -53,6 +56,8 @@ def test_the_crd_declares_exactly_the_spec_fields() -> None:
     assert _names(v1alpha1.ModelDeploymentSpec) - OPERATOR_ONLY == _names(DeploymentSpec) - {"name"}
     assert _names(v1alpha1.WorkloadSpec) == _names(WorkloadSpec)
     assert _names(v1alpha1.RebalanceSpec) == _names(RebalanceSpec)
+    assert _names(v1alpha1.EngineSpec) == _names(EngineSpec)
+    assert _names(v1alpha1.EngineOptions) == _names(EngineOptions)
 
 
 def test_the_proto_carries_exactly_the_spec_fields() -> None:
@@ -62,6 +67,8 @@ def test_the_proto_carries_exactly_the_spec_fields() -> None:
     assert _proto_names(plan_pb2.DeploymentSpec) == wire(DeploymentSpec)
     assert _proto_names(plan_pb2.WorkloadSpec) == wire(WorkloadSpec)
     assert _proto_names(plan_pb2.RebalanceSpec) == wire(RebalanceSpec)
+    assert _proto_names(plan_pb2.EngineSpec) == wire(EngineSpec)
+    assert _proto_names(plan_pb2.EngineOptions) == wire(EngineOptions)
 
 
 def _full_spec() -> DeploymentSpec:
@@ -86,6 +93,7 @@ def _full_spec() -> DeploymentSpec:
         rebalance=RebalanceSpec(True, 0.2, 30.0, 100.0, 3.0),
         allow_cross_vendor=True,
         gpu_hour_prices={"H100-SXM5-80GB": 2.5},
+        engine=EngineSpec("sglang", "0.5.23", EngineOptions("none", "dynamic", "engine")),
     )
     default = DeploymentSpec(name="full")
     for f in dataclasses.fields(DeploymentSpec):
@@ -95,6 +103,9 @@ def _full_spec() -> DeploymentSpec:
         assert getattr(spec.workload, f.name) != getattr(WorkloadSpec(), f.name), f.name
     for f in dataclasses.fields(RebalanceSpec):
         assert getattr(spec.rebalance, f.name) != getattr(RebalanceSpec(), f.name), f.name
+    for cls, value in ((EngineSpec, spec.engine), (EngineOptions, spec.engine.options)):
+        for f in dataclasses.fields(cls):
+            assert getattr(value, f.name) != getattr(cls(), f.name), f.name
     return spec
 
 
@@ -163,8 +174,46 @@ def test_to_request_reads_the_policy_measurements_and_reserved_nodes() -> None:
     assert (8 + req.redundant_experts) % len(req.fleet.gpus) == 0
     assert set(req.settings.measured) == {f"{names[0]}/gpu0"}
     assert req.policy == "greedy" and req.form == "engine"
+    assert req.engine == EngineSpec()
+    vllm = dataclasses.replace(spec, engine=EngineSpec("vllm", options=EngineOptions("naive")))
+    assert to_request(vllm, SolverPolicy(), fleet).engine == vllm.engine
 
 
 def test_field_names_of_the_document_are_camel_case() -> None:
     for key in spec_to_doc(_full_spec())["spec"]:
         assert re.fullmatch(r"[a-z][A-Za-z]*", key), key
+
+
+def _with_engine(engine: object) -> dict[str, object]:
+    return {"metadata": {"name": "mx"}, "spec": {"model": "mixtral-8x7b", "engine": engine}}
+
+
+@pytest.mark.parametrize(
+    ("engine", "field", "needle"),
+    [
+        ({"name": "tgi"}, "spec.engine.name", "choose one of native, sglang, vllm, trtllm"),
+        ({"name": "vllm", "flavour": "x"}, "spec.engine", "unknown keys ['flavour']"),
+        ({"name": "vllm", "options": {"eplb": True}}, "spec.engine.options", "unknown keys"),
+        ({"name": "vllm", "options": {"dispatch": "static"}}, "spec.engine.options.dispatch", ""),
+        (
+            {"name": "sglang", "options": {"a2aBackend": "nccl"}},
+            "spec.engine.options.a2aBackend",
+            "",
+        ),
+        ({"name": "trtllm", "options": {"dpBalance": "even"}}, "spec.engine.options.dpBalance", ""),
+        (["sglang"], "spec.engine", "must be a mapping or an engine name"),
+    ],
+)
+def test_the_document_refuses_a_bad_engine_naming_the_field(
+    engine: object, field: str, needle: str
+) -> None:
+    with pytest.raises(InputError) as e:
+        parse_deployment(_with_engine(engine))
+    assert e.value.field == field
+    assert needle in str(e.value)
+
+
+def test_an_engine_name_alone_and_an_absent_engine_parse() -> None:
+    assert parse_deployment(_with_engine("trtllm")).engine == EngineSpec("trtllm")
+    assert parse_deployment(_with_engine(None)).engine == EngineSpec()
+    assert "engine" not in spec_to_doc(DeploymentSpec(name="mx", model="mixtral-8x7b"))["spec"]

@@ -12,7 +12,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from policies.inventory import GpuHealth, GpuInventory, NicInventory, NodeInventory, NvLinkInfo
-from policies.plan import ExpertSlot, GpuPlan, Plan, PlanSummary, RuntimeHints
+from policies.plan import ExpertSlot, GpuPlan, Plan, PlanEngine, PlanSummary, RuntimeHints
 
 _EMPTY: tuple[Any, ...] = (None, 0, 0.0, "", (), False)
 
@@ -128,6 +128,8 @@ gpu_plan = st.builds(
     hints=hints,
     predicted_busy_us=numbers,
     memory_bytes=st.dictionaries(keys, numbers, min_size=1, max_size=3),
+    attention_tp=st.integers(2, 8),
+    dp_group=small_ints,
 )
 summary = st.builds(
     PlanSummary,
@@ -142,6 +144,18 @@ summary = st.builds(
     imbalance=numbers,
     expert_moves=small_ints,
     solver=names,
+    conditional_bound_us=numbers,
+    bound_scope=names,
+)
+plan_engine = st.builds(
+    PlanEngine,
+    name=st.sampled_from(["sglang", "vllm", "trtllm"]),
+    version=names,
+    a2a_backend=st.sampled_from(["deepep", "none"]),
+    dispatch=st.sampled_from(["static", "dynamic", "even"]),
+    dp_balance=st.just("engine"),
+    gpus_per_node=small_ints,
+    why=names,
 )
 plan = st.builds(
     Plan,
@@ -157,6 +171,7 @@ plan = st.builds(
     slots_per_gpu=small_ints,
     gpus=st.lists(gpu_plan, min_size=1, max_size=2).map(tuple),
     summary=summary,
+    engine=plan_engine,
     violations=st.lists(names, min_size=1, max_size=2).map(tuple),
     notes=st.lists(names, min_size=1, max_size=2).map(tuple),
 )

@@ -92,3 +92,44 @@ kind: Issuer
 group: cert-manager.io
 {{- end -}}
 {{- end -}}
+
+{{/*
+RBAC rules of each component, from the API calls in its code (tests/operators/test_rbac.py
+reads them from the source and checks that the rendered roles grant exactly these).
+Namespaced rules of the operator: ModelDeployments (finalizer patch, status), the
+PartitionPlans it creates and prunes, its engine ConfigMaps and the version counter.
+*/}}
+{{- define "mixfleet.operatorNamespacedRules" -}}
+- apiGroups: [mixfleet.io]
+  resources: [modeldeployments]
+  verbs: [get, list, watch, patch]
+- apiGroups: [mixfleet.io]
+  resources: [modeldeployments/status]
+  verbs: [patch]
+- apiGroups: [mixfleet.io]
+  resources: [partitionplans]
+  verbs: [list, watch, create, delete]
+- apiGroups: [""]
+  resources: [configmaps]
+  verbs: [get, list, watch, create, patch, delete]
+{{- end -}}
+
+{{/*
+Namespaced rules of the controller in its store namespace: ModelDeployments it is asked to
+apply or delete, PartitionPlans it rolls out (their status: state and acks), the committed
+pointer, its id and load-window ConfigMaps. PartitionPlans are immutable: no update.
+*/}}
+{{- define "mixfleet.controllerNamespacedRules" -}}
+- apiGroups: [mixfleet.io]
+  resources: [modeldeployments]
+  verbs: [get, list, create, patch, delete]
+- apiGroups: [mixfleet.io]
+  resources: [modeldeployments/status, partitionplans/status]
+  verbs: [patch]
+- apiGroups: [mixfleet.io]
+  resources: [partitionplans]
+  verbs: [get, list]
+- apiGroups: [""]
+  resources: [configmaps]
+  verbs: [get, list, create, patch]
+{{- end -}}

@@ -35,6 +35,16 @@ class ControllerSettings:
         min_tick_interval_s: shortest time between two reconcile ticks, s. Acks, heartbeats
             and registrations wake the loop; ticks woken within this interval are merged,
             so a burst of N acks costs a few ticks, not N.
+        alive_record_s: the controller records in the store that it is alive at most this
+            often, s; after a restart it knows from that record how long it was down.
+        restart_grace_max_s: after a restart every known node gets the time the controller
+            was down (at most this, s) on top of ``node_lost_after_s`` to reconnect before it
+            can be declared lost: agents back off while the controller is away.
+        contingency_processes: worker processes that solve contingency plans in the
+            background (niced); 0 = a thread of the controller process.
+        contingency_max_nodes: keep a contingency plan per single-node loss for deployments
+            on 2 to this many usable nodes, so a node loss commits a plan solved in advance;
+            0 = off.
     """
 
     heartbeat_interval_s: float = 5.0
@@ -47,6 +57,10 @@ class ControllerSettings:
     max_imbalance_samples: int = 256
     solver_processes: int = 1
     min_tick_interval_s: float = 0.1
+    alive_record_s: float = 2.0
+    restart_grace_max_s: float = 30.0
+    contingency_processes: int = 1
+    contingency_max_nodes: int = 32
 
     def reconcile_settings(self, *, solves: bool = True) -> rc.ReconcileSettings:
         """The decision's timing; ``solves`` False where another component (the Kubernetes
@@ -56,6 +70,7 @@ class ControllerSettings:
             retry_after_abort_s=self.retry_after_abort_s,
             retry_after_error_s=self.retry_after_error_s,
             solves=solves,
+            contingency_max_nodes=self.contingency_max_nodes if solves else 0,
         )
 
 
@@ -70,6 +85,8 @@ class Context:
         metrics: Prometheus metrics.
         log: the controller's structlog logger.
         wake: asks the reconcile loop for a tick soon.
+        changed: marks what the decision observes of a deployment as changed (the next
+            tick decides it again) and wakes the loop.
     """
 
     store: Store
@@ -78,6 +95,7 @@ class Context:
     metrics: Metrics
     log: Any
     wake: Callable[[], None]
+    changed: Callable[[str], None] = lambda _name: None
 
 
 @dataclass(frozen=True)
@@ -106,8 +124,10 @@ class RegisterResult:
 
 @dataclass(frozen=True)
 class NodeView:
-    """A node for PlanService: stored record plus live health (``last_seen_s``: Unix s)."""
+    """A node for PlanService: stored record plus live health (``last_seen_s``: Unix s);
+    ``unknown_deployments``: what its agent runs that the store has no record of."""
 
     stored: StoredNode
     health: NodeHealth
     last_seen_s: float
+    unknown_deployments: tuple[str, ...] = ()

@@ -40,6 +40,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import replace
 
 import structlog
 
@@ -52,17 +53,25 @@ from controlplane.server.controller.common import (
     NodeView,
     RegisterResult,
 )
+from controlplane.server.controller.contingency import Contingencies
 from controlplane.server.controller.loads import Loads
 from controlplane.server.controller.nodes import NodeRegistry
 from controlplane.server.controller.rollout import Rollouts
 from controlplane.server.controller.solves import Solves
+from controlplane.server.controller.views import (
+    DeploymentViews,
+    quarantine_conditions,
+    status_key,
+)
 from controlplane.server.controller.watchers import Watchers
 from controlplane.server.metrics import Metrics
 from controlplane.server.solver_pool import SolverPool
 from controlplane.store import (
     AckState,
+    AliveRecord,
     LoadWindow,
     NodeState,
+    RowHealth,
     Store,
     StoredDeployment,
     StoredPlan,
@@ -98,18 +107,24 @@ class Controller:
         self.metrics = metrics or Metrics()
         self.log = structlog.get_logger("mixfleet.controller")
         self.started_s = clock()
-        ctx = Context(store, self.settings, clock, self.metrics, self.log, self.wake)
+        ctx = Context(store, self.settings, clock, self.metrics, self.log, self.wake, self.changed)
         self.nodes = NodeRegistry(ctx)
         self.watchers = Watchers(ctx)
         self.rollouts = Rollouts(ctx, self.nodes, self.watchers, on_commit=self._on_commit)
         self.loads = Loads(ctx, self.nodes, self.rollouts)
-        self.solves = Solves(ctx, self.nodes, self.rollouts, self.loads, self.watchers)
-        self._status: dict[str, tuple[str, str]] = {}
+        self.contingencies = Contingencies(ctx, self.nodes, self.rollouts, self.loads)
+        self.solves = Solves(
+            ctx, self.nodes, self.rollouts, self.loads, self.watchers, self.contingencies
+        )
+        self.views = DeploymentViews(ctx, self._observe_deployment)
+        self._status: dict[str, tuple[str, str, tuple[str, ...]]] = {}
         self._wake = asyncio.Event()
         self._stopping = False
         self._loop_task: asyncio.Task[None] | None = None
         now = clock()
-        self.nodes.recover(now)
+        last_alive = store.last_alive_s() if isinstance(store, AliveRecord) else None
+        self._alive_recorded_s = 0.0
+        self.nodes.recover(now, None if last_alive is None else now - last_alive)
         self.rollouts.recover(now)
 
     @property
@@ -120,9 +135,13 @@ class Controller:
     # ================================================================= lifecycle
 
     async def start(self) -> None:
-        """Start the reconcile loop."""
+        """Observe every deployment once (in a thread: it reads every committed plan), then
+        start the reconcile loop."""
         if self._loop_task is None:
             self.solver.warm_up()
+            settings = self.settings.reconcile_settings()
+            nodes = self._observe_nodes()
+            await asyncio.to_thread(self.views.warm, nodes, self.clock(), settings)
             self._loop_task = asyncio.create_task(self.run(), name="mixfleet-reconcile")
 
     async def stop(self) -> None:
@@ -130,20 +149,26 @@ class Controller:
         self._stopping = True
         self._wake.set()
         self.watchers.stop()
-        tasks = [
-            t for t in (self._loop_task, *self.solves.tasks(), *self.loads.background_tasks()) if t
-        ]
+        background = (*self.solves.tasks(), *self.loads.background_tasks())
+        tasks = [t for t in (self._loop_task, *background, *self.contingencies.tasks()) if t]
         for t in tasks:
             t.cancel()
         for t in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         self.solver.close()
+        self.contingencies.close()
         with contextlib.suppress(Exception):
             self.rollouts.flush_acks()
 
     def wake(self) -> None:
         """Run a reconcile tick soon."""
+        self._wake.set()
+
+    def changed(self, deployment: str) -> None:
+        """What the decision observes of ``deployment`` changed: decide it at the next tick
+        (soon)."""
+        self.views.mark(deployment)
         self._wake.set()
 
     async def run(self) -> None:
@@ -168,11 +193,15 @@ class Controller:
                 await asyncio.sleep(pause)
 
     def tick(self) -> list[rc.Action]:
-        """One observe -> reconcile -> act round; returns the actions taken."""
+        """One observe -> reconcile -> act round over the deployments that changed or wait
+        on a clock (:class:`~.views.DeploymentViews`); returns the actions taken."""
         self.rollouts.flush_acks()
-        observed = self.observe()
-        solves = self.store.plan_author == "controller"
-        actions = rc.reconcile(observed, self.settings.reconcile_settings(solves=solves))
+        now = self.clock()
+        self._record_alive(now)
+        nodes = self._observe_nodes()
+        settings = self.settings.reconcile_settings(solves=self.store.plan_author == "controller")
+        due = self.views.due(nodes, now, settings)
+        actions = rc.reconcile(rc.Observed(now, nodes, due), settings)
         for action in actions:
             try:
                 self._act(action)
@@ -182,26 +211,46 @@ class Controller:
                     action=type(action).__name__,
                     deployment=getattr(action, "deployment", None),
                 )
+        self.views.decided(due)
         return actions
+
+    def _record_alive(self, now_s: float) -> None:
+        """Tell the store the controller is alive (rate-limited), so a restart knows how
+        long it was down."""
+        if now_s - self._alive_recorded_s < self.settings.alive_record_s:
+            return
+        self._alive_recorded_s = now_s
+        if isinstance(self.store, AliveRecord):
+            self.store.record_alive(now_s)
+        if isinstance(self.store, RowHealth):
+            self.metrics.store_quarantined_rows.set(len(self.store.quarantined()))
 
     # ================================================================= observe
 
     def observe(self) -> rc.Observed:
-        """What the decision sees: every node and every deployment, now."""
-        now = self.clock()
+        """What the decision sees: every node, and every deployment as last observed."""
+        return rc.Observed(self.clock(), self._observe_nodes(), self.views.all())
+
+    def _observe_nodes(self) -> tuple[rc.NodeObs, ...]:
         nodes = self.nodes.observe()
-        deployments = [self._observe_deployment(d) for d in self.store.list_deployments()]
-        return rc.Observed(now, nodes, tuple(deployments))
+        cordoned = self.store.cordoned_nodes()  # an administrator's, not the agents'
+        return tuple(replace(n, cordoned=True) if n.name in cordoned else n for n in nodes)
 
     def _observe_deployment(self, d: StoredDeployment) -> rc.DeploymentObs:
         committed = None
         pending = None
         older: list[int] = []
-        for p in self.store.list_plans(d.name, limit=5):
+        plans = self.store.list_plans(d.name, limit=5)
+        if d.committed_version is not None and all(p.state != "committed" for p in plans):
+            row = self.store.get_plan(d.name, d.committed_version, with_plan=False)
+            plans += [row] if row is not None else []  # committed before 5 newer versions
+        for p in plans:
             if p.state == "committed" and committed is None:
-                c = self.rollouts.committed_state(d.name)
-                gpus = tuple(g.gpu for g in c.plan.gpus) if c is not None else ()
-                committed = _plan_obs(p, gpus)
+                c = self.rollouts.committed_state(d.name, d)
+                if c is None:  # its document does not decode (quarantined): plan again
+                    committed = replace(_plan_obs(p), inputs_key="")
+                else:
+                    committed = _plan_obs(p, tuple(g.gpu for g in c.plan.gpus))
             elif p.state in ("proposed", "aborted") and pending is None and committed is None:
                 pending = _plan_obs(p)
             elif p.state == "proposed" and pending is not None:
@@ -217,6 +266,9 @@ class Controller:
             imbalance_samples=self.loads.samples(d.name),
             last_rebalance_s=self.loads.last_rebalance_s(d.name),
             older_proposed=tuple(older),
+            rollout_hold=d.rollout_hold,
+            contingency_keys=self.contingencies.keys(d.name),
+            contingencies_for=self.contingencies.planned_for(d.name),
         )
 
     # ================================================================= act
@@ -232,23 +284,36 @@ class Controller:
             self.rollouts.commit(action.deployment, action.version)
         elif isinstance(action, rc.Abort):
             self.rollouts.abort(action.deployment, action.version, action.reason)
+        elif isinstance(action, rc.PlanContingencies):
+            self.contingencies.start(action)
         elif isinstance(action, rc.SetStatus):
             self._set_status(action)
+            return
+        if not isinstance(action, rc.SetNodeLost):
+            self.views.mark(action.deployment)
 
     def _set_status(self, a: rc.SetStatus) -> None:
-        if self._status.get(a.deployment) == (a.phase, a.message):
+        conditions = quarantine_conditions(self.store, a.deployment)
+        key = (a.phase, a.message, conditions)
+        if self._status.get(a.deployment) == key:
             return
-        self._status[a.deployment] = (a.phase, a.message)
+        known = self.views.record(a.deployment)
+        if a.deployment not in self._status and known is not None and status_key(known) == key:
+            self._status[a.deployment] = key  # stored before a restart: nothing to write
+            return
+        self._status[a.deployment] = key
         d = self.store.get_deployment(a.deployment)
         if d is None:
             return
         status = dict(d.status)
-        status.update(phase=a.phase, message=a.message)
+        status.update(phase=a.phase, message=a.message, conditions=list(conditions))
         self.store.set_deployment_status(a.deployment, status)
 
     def _on_commit(self, deployment: str) -> None:
-        """A new plan of ``deployment`` was committed: imbalance samples start over."""
+        """A new plan of ``deployment`` was committed: imbalance samples and contingency
+        plans start over."""
         self.loads.forget_samples(deployment)
+        self.contingencies.forget(deployment)
 
     # ================================================================= AgentService
 
@@ -277,9 +342,14 @@ class Controller:
         Raises:
             InputError: a health report names a GPU index the node does not have.
         """
-        return self.nodes.heartbeat(
+        before = self.nodes.get(node)
+        ok = self.nodes.heartbeat(
             node, session_id, state=state, message=message, health=health, applied=applied
         )
+        after = self.nodes.get(node)
+        if ok and after is not None and (before is None or before.applied != after.applied):
+            self.nodes.report_unknown(node, self.rollouts.unknown_of(after.applied))
+        return ok
 
     def watch_assignments(self, node: str, session_id: str) -> AsyncIterator[AssignmentEvent]:
         """The node's stream: committed parts, an in-flight PREPARE, then new events.
@@ -294,8 +364,11 @@ class Controller:
 
         def snapshot() -> list[AssignmentEvent]:
             stored = self.nodes.get(node)
-            applied = set(stored.applied) if stored is not None else set()
-            return self.rollouts.snapshot(node, applied)
+            applied = dict(stored.applied) if stored is not None else {}
+            cached = self.views.warmed and not self.views.external
+            events, unknown = self.rollouts.snapshot(node, applied, cached=cached)
+            self.nodes.report_unknown(node, unknown)
+            return events
 
         return self.watchers.assignments(node, session_id, opened, snapshot)
 
@@ -319,7 +392,10 @@ class Controller:
         if state == "failed" and not reason:
             raise InputError("a FAILED ack needs a reason", field="reason")
         self.nodes.check_ack(node, session_id)
-        return self.rollouts.ack(node, deployment, plan_id, version, state, reason)
+        duplicate = self.rollouts.ack(node, deployment, plan_id, version, state, reason)
+        if not duplicate:
+            self.views.mark(deployment)
+        return duplicate
 
     # ================================================================= PlanService
 
@@ -337,14 +413,21 @@ class Controller:
         return await self.solves.dry_run(spec, fleet, self.observe)
 
     def apply_deployment(
-        self, spec: DeploymentSpec, *, create_only: bool = False, update_only: bool = False
+        self,
+        spec: DeploymentSpec,
+        *,
+        create_only: bool = False,
+        update_only: bool = False,
+        checked: bool = False,
     ) -> StoredDeployment:
-        """Create / update a deployment (the spec was validated by the caller).
+        """Create / update a deployment (the spec was validated by the caller; ``checked``:
+        :func:`~policies.spec.check_spec` too, off the event loop).
 
         Raises:
             AlreadyExistsError, NotFoundError: see :meth:`Store.put_deployment`.
         """
-        check_spec(spec)
+        if not checked:
+            check_spec(spec)
         before = self.store.get_deployment(spec.name)
         d = self.store.put_deployment(
             spec, now_s=self.clock(), create_only=create_only, update_only=update_only
@@ -353,7 +436,7 @@ class Controller:
             self.solves.forget_failure(spec.name)
             self._status.pop(spec.name, None)
             self.log.info("deployment applied", deployment=spec.name, generation=d.generation)
-            self.wake()
+            self.changed(spec.name)
         return d
 
     def delete_deployment(self, name: str) -> bool:
@@ -366,10 +449,42 @@ class Controller:
         self.rollouts.deleted(name, r, c)
         self.loads.forget_samples(name)
         self.solves.forget_failure(name)
+        self.contingencies.forget(name)
         self._status.pop(name, None)
         self.log.info("deployment deleted", deployment=name)
-        self.wake()
+        self.changed(name)
         return True
+
+    def delete_node(self, name: str, *, force: bool = False) -> list[str]:
+        """Forget a node (``mixfleetctl nodes delete``); returns the deployments that had a
+        part on it (they plan again without it).
+
+        Raises:
+            NotFoundError: no such node. PreconditionError: it serves a committed plan or
+            a rollout, or still heartbeats, and ``force`` is not set.
+        """
+        if name not in self.nodes:
+            raise NotFoundError(f"no node {name!r}", field="name")
+        serving = self.rollouts.serving(name)
+        silent = self.nodes.silent_s(name)
+        alive = silent < self.settings.node_lost_after_s
+        if (serving or alive) and not force:
+            why = (
+                f"it serves {', '.join(serving[:5])}"
+                if serving
+                else f"it heartbeated {max(silent, 0.0):.0f} s ago (its agent would register "
+                "it again)"
+            )
+            raise PreconditionError(
+                f"node {name} is in use: {why}. To fix: stop its agent (or drain it) and wait "
+                "for its deployments to move, or pass --force",
+                field="name",
+            )
+        self.nodes.delete(name)
+        self.watchers.end_stream(name)
+        for d in serving:
+            self.changed(d)
+        return serving
 
     def get_deployment(self, name: str) -> StoredDeployment:
         """The deployment called ``name``.

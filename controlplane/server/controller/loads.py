@@ -118,7 +118,7 @@ class Loads:
             deployment, deque(maxlen=self.ctx.settings.max_imbalance_samples)
         )
         samples.append((at_s, excess))
-        self.ctx.wake()
+        self.ctx.changed(deployment)
 
 
 def _check_window(window: LoadWindow, model: ModelSpec) -> None:

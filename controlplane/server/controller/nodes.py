@@ -44,17 +44,33 @@ class NodeRegistry:
         self._last_persisted: dict[str, float] = {}
         #: Nodes the reconcile loop marked lost (and plans around).
         self.lost: set[str] = set()
-        self._names: list[str] = []  # sorted names of self._nodes (nodes are never removed)
+        self._names: list[str] = []  # sorted names of self._nodes
         self._obs: dict[str, tuple[StoredNode, float, bool, rc.NodeObs]] = {}
+        # Liveness floor after a restart (Unix s): no node counts as silent from before it.
+        self._grace_floor_s = 0.0
+        #: node -> deployments its agent runs that the store has no record of.
+        self._unknown: dict[str, tuple[str, ...]] = {}
 
-    def recover(self, now_s: float) -> None:
-        """Load every stored node after a (re)start; each counts as heard from at ``now_s``
-        (Unix s) until it misses heartbeats again."""
+    def recover(self, now_s: float, down_s: float | None = None) -> None:
+        """Load every stored node after a (re)start. Each counts as heard from at ``now_s``
+        (Unix s) plus a grace of ``down_s`` - how long the controller was down, at most
+        ``restart_grace_max_s``; unknown (None) = that maximum - because agents back off
+        while the controller is away and need about that long to be back."""
+        cap = self.ctx.settings.restart_grace_max_s
+        grace = cap if down_s is None else min(max(down_s, 0.0), cap)
         for n in self.ctx.store.list_nodes():
             self._nodes[n.name] = n
             self._sessions[n.name] = n.session_id
             self._last_seen[n.name] = max(now_s, n.last_heartbeat_s)
             self._last_persisted[n.name] = n.last_heartbeat_s
+        if self._nodes:  # no grace on a store without nodes (the first start)
+            self._grace_floor_s = now_s + grace
+            self.ctx.log.info(
+                "restart grace",
+                nodes=len(self._nodes),
+                down_s=None if down_s is None else round(down_s, 1),
+                grace_s=round(grace + self.ctx.settings.node_lost_after_s, 1),
+            )
 
     def get(self, name: str) -> StoredNode | None:
         """The node's current record, or None when it never registered."""
@@ -88,7 +104,8 @@ class NodeRegistry:
         """When ``name`` was last heard from for liveness (Unix s): the last heartbeat, moved
         later by the time this controller has been stalled since (see :meth:`credit_stall`)."""
         seen = self._last_seen.get(name, fallback_s)
-        return seen + (self._stalled_s - self._stalled_at_seen.get(name, self._stalled_s))
+        seen += self._stalled_s - self._stalled_at_seen.get(name, self._stalled_s)
+        return max(seen, self._grace_floor_s)
 
     def heard_from(self, name: str, now_s: float) -> None:
         """Record a sign of life from ``name`` at ``now_s`` (Unix s)."""
@@ -175,8 +192,49 @@ class NodeRegistry:
                 health = "degraded"
             else:
                 health = "ready"
-            out.append(NodeView(n, health, seen))
+            out.append(NodeView(n, health, seen, self._unknown.get(n.name, ())))
         return out
+
+    def report_unknown(self, node: str, names: Sequence[str]) -> None:
+        """Record what the node's agent runs that the store has no record of (left running,
+        never removed); logged when it changes."""
+        before = self._unknown.get(node, ())
+        now = tuple(sorted(names))
+        if now == before:
+            return
+        if now:
+            self._unknown[node] = now
+            self.ctx.log.warning(
+                "agent runs deployments this store has no record of; left running",
+                node=node,
+                deployments=list(now),
+                hint="a replaced or restored store is the usual cause. To fix: restore the "
+                "store, or apply those deployments again, or remove them on the node",
+            )
+        else:
+            self._unknown.pop(node, None)
+
+    def delete(self, name: str) -> bool:
+        """Forget a node: the store's record, its session and liveness (the caller checked
+        that it may go). True when it existed."""
+        existed = self.ctx.store.delete_node(name)
+        known = self._nodes.pop(name, None) is not None
+        for table in (self._sessions, self._last_seen, self._stalled_at_seen):
+            table.pop(name, None)
+        self._last_persisted.pop(name, None)
+        self._obs.pop(name, None)
+        self._unknown.pop(name, None)
+        self.lost.discard(name)
+        self._names = sorted(self._nodes)
+        if existed or known:
+            self.ctx.log.info("node deleted", node=name)
+            self.ctx.wake()
+        return existed or known
+
+    def silent_s(self, name: str) -> float:
+        """Seconds since the node was last heard from (liveness clock, s)."""
+        n = self._nodes.get(name)
+        return self.ctx.clock() - self.seen(name, n.last_heartbeat_s if n else 0.0)
 
     # ----------------------------------------------------------------- AgentService
 
@@ -251,6 +309,8 @@ class NodeRegistry:
         new_applied = dict(applied) if applied is not None else None
         if new_applied == dict(stored.applied):
             new_applied = None
+        if new_applied is not None and node in self._unknown:
+            self.report_unknown(node, [d for d in self._unknown[node] if d in new_applied])
         persist = now - self._last_persisted.get(node, 0.0) >= self.ctx.settings.heartbeat_persist_s
         if (
             inventory is not None
@@ -327,14 +387,21 @@ class NodeRegistry:
             )
 
     def check_ack(self, node: str, session_id: str) -> None:
-        """Check that ``node`` may ack with ``session_id`` (empty: any session).
+        """Check that ``node`` may ack with ``session_id``: the live session of the node's
+        registered agent (an empty or stale session is refused).
 
         Raises:
-            NotFoundError: unregistered node. PreconditionError: stale session.
+            NotFoundError: unregistered node. PreconditionError: stale or empty session.
         """
         if node not in self._nodes:
             raise NotFoundError(f"node {node!r} is not registered", field="node")
-        if session_id and self._sessions.get(node) != session_id:
+        if not session_id:
+            raise PreconditionError(
+                "missing: an ack carries the session_id of the node agent's Register. To fix: "
+                "register, then ack with the session_id it returned",
+                field="session_id",
+            )
+        if self._sessions.get(node) != session_id:
             raise PreconditionError(
                 "stale session. To fix: call Register again", field="session_id"
             )

@@ -23,7 +23,7 @@ giving agents a fresh prepare deadline to reconnect.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 from controlplane.errors import NotFoundError, PreconditionError
@@ -31,7 +31,7 @@ from controlplane.server import reconcile as rc
 from controlplane.server.controller.common import AssignmentEvent, Context
 from controlplane.server.controller.nodes import NodeRegistry
 from controlplane.server.controller.watchers import Watchers
-from controlplane.store import AckState, StoredAck
+from controlplane.store import AckState, StoredAck, StoredDeployment
 from policies.assignment import NodePart, split_plan
 from policies.plan import Plan
 from policies.spec import usd_per_million_tokens
@@ -55,11 +55,24 @@ class _Rollout:
 
 @dataclass
 class Committed:
-    """The committed version of a deployment, its plan and its node parts."""
+    """The committed version of a deployment, its plan and its node parts (split from the
+    plan on first use: the decision only needs the plan's GPUs)."""
 
     version: int
     plan: Plan
-    parts: dict[str, NodePart]
+    _parts: dict[str, NodePart] | None = None
+    _split: Callable[[], dict[str, NodePart]] | None = None
+
+    @property
+    def parts(self) -> dict[str, NodePart]:
+        """Node name -> its part of the plan."""
+        if self._parts is None:
+            self._parts = self._split() if self._split is not None else {}
+        return self._parts
+
+    def nodes(self) -> frozenset[str]:
+        """Nodes holding a part (without splitting the plan)."""
+        return frozenset(g.node for g in self.plan.gpus)
 
 
 class Rollouts:
@@ -258,10 +271,13 @@ class Rollouts:
         )
         self.watchers.emit_version(deployment, version)
 
-    def committed_state(self, deployment: str) -> Committed | None:
-        """The committed plan and its parts (cached; loaded from the store once)."""
+    def committed_state(
+        self, deployment: str, record: StoredDeployment | None = None
+    ) -> Committed | None:
+        """The committed plan and its parts (cached; loaded from the store once). ``record``:
+        the deployment's current record when the caller has it (saves a store read)."""
         store = self.ctx.store
-        d = store.get_deployment(deployment)
+        d = record if record is not None else store.get_deployment(deployment)
         if d is None or d.committed_version is None:
             self._committed.pop(deployment, None)
             return None
@@ -271,9 +287,17 @@ class Rollouts:
         plan = store.committed_plan(deployment)
         if plan is None or plan.plan is None:
             return None
-        c = Committed(plan.version, plan.plan, self.split(plan.plan, deployment))
+        doc = plan.plan
+        c = Committed(plan.version, doc, _split=lambda: self.split(doc, deployment))
         self._committed[deployment] = c
         return c
+
+    def serving(self, node: str) -> list[str]:
+        """The deployments whose committed plan (as loaded) or rollout in flight gives
+        ``node`` a part, by name."""
+        out = [name for name, c in self._committed.items() if node in c.nodes()]
+        out += [name for name, r in self._rollouts.items() if node in r.parts]
+        return sorted(set(out))
 
     def committed_cached(self, deployment: str) -> Committed | None:
         """The cached committed state, without reading the store."""
@@ -296,29 +320,83 @@ class Rollouts:
         self._committed.pop(name, None)
         self._proposed.pop(name, None)
 
-    def snapshot(self, node: str, applied: Collection[str]) -> list[AssignmentEvent]:
+    def snapshot(
+        self, node: str, applied: Mapping[str, int], *, cached: bool = False
+    ) -> tuple[list[AssignmentEvent], list[str]]:
         """What a node gets when its stream opens: its committed parts, any PREPARE in
-        flight, and REMOVE for deployments it runs (``applied``) that no longer use it."""
+        flight, and REMOVE for deployments it runs (``applied``: name -> version) that the
+        store knows no longer use it - deleted ones (a tombstone) and live ones whose
+        committed plan leaves it out. Never REMOVE for a name the store has no record of
+        (a replaced store, a damaged row): those are returned as unknown, to report.
+
+        Args:
+            cached: take the committed plans from memory instead of reading every
+                deployment (the controller is the store's only writer and has loaded them).
+
+        Returns:
+            ``(events, unknown deployment names)``.
+        """
         store = self.ctx.store
         events: list[AssignmentEvent] = []
         with_work: set[str] = set()
-        for d in store.list_deployments():
-            c = self.committed_state(d.name)
-            if c is not None and node in c.parts:
-                with_work.add(d.name)
+        if cached:
+            committed = dict(self._committed)
+        else:
+            states = ((d.name, self.committed_state(d.name, d)) for d in store.list_deployments())
+            committed = {name: c for name, c in states if c is not None}
+        for name in sorted(committed.keys() | self._rollouts.keys()):
+            c = committed.get(name)
+            if c is not None and node in c.nodes():
+                with_work.add(name)
                 events.append(
                     AssignmentEvent(
-                        d.name, c.plan.id, c.version, "commit", len(c.plan.gpus), c.parts[node]
+                        name, c.plan.id, c.version, "commit", len(c.plan.gpus), c.parts[node]
                     )
                 )
-            r = self._rollouts.get(d.name)
+            r = self._rollouts.get(name)
             if r is not None and node in r.parts:
-                events.append(self._prepare_event(d.name, r, r.parts[node]))
+                events.append(self._prepare_event(name, r, r.parts[node]))
+        unknown: list[str] = []
         for name in sorted(set(applied) - with_work):
-            gone = store.get_deployment(name, include_deleted=True)
-            version = (gone.committed_version or 0) if gone is not None else 0
-            events.append(AssignmentEvent(name, "", version, "remove"))
-        return events
+            record = store.get_deployment(name, include_deleted=True)
+            if record is None:
+                unknown.append(name)
+                continue
+            c = None if record.deleted else self.committed_state(name)
+            if c is not None and node in c.nodes():  # not in memory yet: send it
+                part = c.parts[node]
+                events.append(
+                    AssignmentEvent(name, c.plan.id, c.version, "commit", len(c.plan.gpus), part)
+                )
+            elif self._known_here(record, c, applied[name]):
+                events.append(AssignmentEvent(name, "", record.committed_version or 0, "remove"))
+            else:
+                unknown.append(name)
+        return events, unknown
+
+    def unknown_of(self, applied: Mapping[str, int]) -> list[str]:
+        """The deployments of ``applied`` (name -> version an agent runs) this store has no
+        record of: never held here, or at a version it never allocated."""
+        out = []
+        for name, version in sorted(applied.items()):
+            if self._committed.get(name) is not None and self._committed[name].version == version:
+                continue  # what it was sent
+            d = self.ctx.store.get_deployment(name, include_deleted=True)
+            latest = self.ctx.store.list_plans(name, limit=1) if d is not None else []
+            if d is None or not latest or version > latest[0].version:
+                out.append(name)
+        return out
+
+    def _known_here(self, d: StoredDeployment, c: Committed | None, applied_version: int) -> bool:
+        """Whether the store holds the record that makes removing ``d`` from a node right: a
+        tombstone, or a live deployment whose committed plan ``c`` (readable) leaves the node
+        out, and a version the node runs that this store allocated."""
+        if d.deleted:
+            return True
+        latest = self.ctx.store.list_plans(d.name, limit=1)
+        if not latest or applied_version > latest[0].version:
+            return False  # a version from another store
+        return d.committed_version is None or c is not None
 
     # ----------------------------------------------------------------- acks
 

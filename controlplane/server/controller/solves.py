@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from controlplane.errors import PreconditionError
 from controlplane.server import reconcile as rc
 from controlplane.server.controller.common import Context
+from controlplane.server.controller.contingency import Contingencies
 from controlplane.server.controller.loads import Loads
 from controlplane.server.controller.nodes import NodeRegistry
 from controlplane.server.controller.rollout import Rollouts
@@ -39,6 +40,7 @@ class Solves:
             migration-aware solve starts from.
         loads: measured load; records when rebalancing solves start.
         watchers: told about each proposed plan.
+        contingencies: plans solved in advance for single-node losses.
     """
 
     def __init__(
@@ -48,12 +50,14 @@ class Solves:
         rollouts: Rollouts,
         loads: Loads,
         watchers: Watchers,
+        contingencies: Contingencies | None = None,
     ) -> None:
         self.ctx = ctx
         self.nodes = nodes
         self.rollouts = rollouts
         self.loads = loads
         self.watchers = watchers
+        self.contingencies = contingencies
         self.solver = SolverPool(ctx.settings.solver_processes)
         self._solving: dict[str, asyncio.Task[None]] = {}
         self._failures: dict[str, rc.FailureObs] = {}
@@ -106,11 +110,24 @@ class Solves:
         log = self.ctx.log.bind(deployment=a.deployment, reason=a.reason)
         if a.rebalance:
             self.loads.rebalanced(a.deployment, self.ctx.clock())
-        log.info("solve started", gpus=len(fleet.gpus), migration_aware=previous is not None)
-        task = asyncio.create_task(
-            self._solve(d, fleet, previous, measured, a), name=f"solve-{a.deployment}"
-        )
-        self._solving[a.deployment] = task
+        ready = None
+        if a.contingency and self.contingencies is not None:
+            ready = self.contingencies.take(a.deployment, a.inputs_key)
+        if ready is not None:
+            log.info("contingency plan proposed", gpus=len(ready.gpus))
+            work = self._adopt(d, ready, a)
+        else:
+            log.info("solve started", gpus=len(fleet.gpus), migration_aware=previous is not None)
+            work = self._solve(d, fleet, previous, measured, a)
+        self._solving[a.deployment] = asyncio.create_task(work, name=f"solve-{a.deployment}")
+
+    async def _adopt(self, d: StoredDeployment, plan: Plan, a: rc.Solve) -> None:
+        """Propose a plan solved in advance (a contingency) as if it had just been solved."""
+        try:
+            await self._propose(d, plan, a, 0.0)
+        finally:
+            self._solving.pop(d.name, None)
+            self.ctx.changed(d.name)
 
     async def _solve(
         self,
@@ -135,37 +152,40 @@ class Solves:
                 self.ctx.metrics.solve_failures.labels(name, "infeasible").inc()
                 log.warning("solve infeasible", reasons=list(result.infeasible[:5]))
                 return
-            current = self.ctx.store.get_deployment(name)
-            if current is None or current.generation != d.generation:
-                log.info("solve discarded: the deployment changed meanwhile")
-                return
-            self._failures.pop(name, None)
-            # Storing serialises the whole plan and splitting builds every node's part: both
-            # grow with the fleet (about a second at 2,000 GPUs), so they run in a thread.
-            stored, parts = await asyncio.to_thread(
-                self._persist,
-                name,
-                result.plan,
-                a,
-                self.nodes.uuids(result.plan),
-                self.ctx.clock(),
-            )
-            assert stored.plan is not None
-            self.rollouts.propose(name, stored.version, stored.plan, parts)
-            s = result.plan.summary
-            log.info(
-                "plan proposed",
-                version=stored.version,
-                plan_id=stored.plan_id,
-                step_time_us=round(s.step_time_us, 1),
-                imbalance=round(s.imbalance, 4),
-                expert_moves=s.expert_moves,
-                solve_s=round(elapsed, 3),
-            )
-            self.watchers.emit(stored)
+            await self._propose(d, result.plan, a, elapsed)
         finally:
             self._solving.pop(name, None)
-            self.ctx.wake()
+            self.ctx.changed(name)
+
+    async def _propose(self, d: StoredDeployment, plan: Plan, a: rc.Solve, elapsed: float) -> None:
+        """Store a solved plan as the deployment's next version and hand it to the rollout
+        (dropped when the spec changed meanwhile)."""
+        name = d.name
+        log = self.ctx.log.bind(deployment=name)
+        current = self.ctx.store.get_deployment(name)
+        if current is None or current.generation != d.generation:
+            log.info("solve discarded: the deployment changed meanwhile")
+            return
+        self._failures.pop(name, None)
+        # Storing serialises the whole plan and splitting builds every node's part: both
+        # grow with the fleet (about a second at 2,000 GPUs), so they run in a thread.
+        stored, parts = await asyncio.to_thread(
+            self._persist, name, plan, a, self.nodes.uuids(plan), self.ctx.clock()
+        )
+        assert stored.plan is not None
+        self.rollouts.propose(name, stored.version, stored.plan, parts)
+        s = plan.summary
+        log.info(
+            "plan proposed",
+            version=stored.version,
+            plan_id=stored.plan_id,
+            step_time_us=round(s.step_time_us, 1),
+            imbalance=round(s.imbalance, 4),
+            expert_moves=s.expert_moves,
+            solve_s=round(elapsed, 3),
+            solved_in_advance=a.contingency and elapsed == 0.0,
+        )
+        self.watchers.emit(stored)
 
     async def _run_solver(
         self,
@@ -179,7 +199,10 @@ class Solves:
         name = d.name
         log = self.ctx.log.bind(deployment=name)
         try:
-            request = build_request(d.spec, fleet, previous=previous, measured=measured)
+            # Expanding the fleet and parsing the model grow with the input: off the loop.
+            request = await asyncio.to_thread(
+                build_request, d.spec, fleet, previous=previous, measured=measured
+            )
             return await self.solver.solve(request)
         except (InputError, InfeasibleError) as exc:
             self._failures[name] = rc.FailureObs(a.inputs_key, self.ctx.clock(), str(exc), True)
@@ -214,10 +237,10 @@ class Solves:
         on the usable nodes of ``observe()``.
 
         Raises:
-            InputError: bad spec. PreconditionError: no usable node matches.
-            InfeasibleError: the model cannot fit.
+            InputError: bad spec. PreconditionError: no usable node matches, or the solve
+            ran over twice its time limit and 30 s. InfeasibleError: the model cannot fit.
         """
-        check_spec(spec)
+        await asyncio.to_thread(check_spec, spec)
         if fleet is None:
             obs = observe()
             nodes, _ = rc.usable_gpus(
@@ -231,5 +254,8 @@ class Solves:
                 field="spec.node_selector",
             )
         measured = self.loads.measured(spec, self.ctx.clock() - 3600.0)
-        request = build_request(spec, fleet, measured=measured)
-        return await self.solver.solve(request)
+        request = await asyncio.to_thread(build_request, spec, fleet, measured=measured)
+        # A dry run is a viewer's question: it runs in the background pool (niced; never
+        # in the way of a re-plan) and is stopped after twice its time limit and 30 s.
+        pool = self.contingencies.pool if self.contingencies is not None else self.solver
+        return await pool.solve(request, timeout_s=2 * spec.solver_time_limit_s + 30.0)

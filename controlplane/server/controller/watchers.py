@@ -146,14 +146,15 @@ class Watchers:
         q: asyncio.Queue[StoredPlan] = asyncio.Queue()
         self._routing_watchers.setdefault(deployment, set()).add(q)
         try:
-            current = store.committed_plan(deployment)
+            # Plan documents grow with the fleet: read them off the loop.
+            current = await asyncio.to_thread(store.committed_plan, deployment)
             if current is not None:
                 yield current
             while True:
                 item = await q.get()
                 if item is _STOP:
                     return
-                full = store.get_plan(deployment, item.version)
+                full = await asyncio.to_thread(store.get_plan, deployment, item.version)
                 if full is not None:
                     yield full
         finally:

@@ -14,6 +14,7 @@ from controlplane.server.controller import Controller
 from controlplane.server.services.guard import Ctx, check_node, log, status_for
 from controlplane.wire.plans import ACK_FROM_PROTO, NODE_STATE_FROM_PROTO, assignment_to_proto
 from policies.errors import InputError, MixfleetError
+from policies.limits import MAX_VERSION, bounded_int
 
 
 class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
@@ -49,6 +50,8 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
 
     def _heartbeat(self, request: agent_pb2.HeartbeatRequest) -> agent_pb2.HeartbeatResponse:
         check_node(request.node)
+        for name, version in request.applied.items():
+            bounded_int(version, f"applied[{name!r}]", minimum=0, maximum=MAX_VERSION)
         health: dict[int, Any] = {}
         for k, h in enumerate(request.gpu_health):
             if h.index in health:
@@ -94,8 +97,8 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             raise InputError("must be PREPARED, COMMITTED or FAILED", field="state")
         if not request.deployment:
             raise InputError("missing", field="deployment")
-        if request.version == 0:
-            raise InputError("must be > 0", field="version")
+        if not 0 < request.version <= MAX_VERSION:
+            raise InputError(f"must be from 1 to {MAX_VERSION}", field="version")
         duplicate = self.c.ack(
             request.node,
             request.session_id,

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 from mixfleet.v1 import engine_pb2, engine_pb2_grpc
@@ -13,6 +14,7 @@ from controlplane.server.services.guard import Ctx
 from controlplane.store import LoadWindow
 from controlplane.wire.plans import routing_to_proto
 from policies.errors import InputError
+from policies.limits import MAX_VERSION, bounded_int
 
 
 class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
@@ -22,13 +24,15 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
     async def GetRouting(
         self, request: engine_pb2.GetRoutingRequest, context: Ctx
     ) -> engine_pb2.Routing:
-        return routing_to_proto(self.c.routing_plan(request.deployment), request.format)
+        # Reading a plan back and exporting it grow with the fleet: off the loop.
+        plan = await asyncio.to_thread(self.c.routing_plan, request.deployment)
+        return await asyncio.to_thread(routing_to_proto, plan, request.format)
 
     async def WatchRouting(
         self, request: engine_pb2.GetRoutingRequest, context: Ctx
     ) -> AsyncIterator[engine_pb2.Routing]:
         async for p in self.c.watch_routing(request.deployment):
-            yield routing_to_proto(p, request.format)
+            yield await asyncio.to_thread(routing_to_proto, p, request.format)
 
     async def ReportExpertLoad(
         self, request_iterator: AsyncIterator[engine_pb2.ExpertLoadWindow], context: Ctx
@@ -38,6 +42,7 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
             path = f"windows[{accepted}]"
             if w.num_layers <= 0 or w.num_experts <= 0:
                 raise InputError("must be > 0", field=f"{path}.num_layers/num_experts")
+            bounded_int(w.plan_version, f"{path}.plan_version", minimum=0, maximum=MAX_VERSION)
             if len(w.counts) != w.num_layers * w.num_experts:
                 raise InputError(
                     f"has {len(w.counts)} values, num_layers x num_experts is "

@@ -5,11 +5,11 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 
 from mixfleet.v1 import plan_pb2, plan_pb2_grpc
 
+from apis.documents import load_json_field
 from apis.wire.deployment import spec_from_proto
 from controlplane.errors import NotFoundError
 from controlplane.server.controller import Controller
@@ -37,7 +37,9 @@ from controlplane.wire.strategies import (
 )
 from policies.assignment import diff_plans
 from policies.errors import InfeasibleError, InputError
-from policies.fleet import parse_fleet
+from policies.fleet import Fleet, parse_fleet
+from policies.limits import MAX_VERSION, bounded_int
+from policies.spec import DeploymentSpec, check_spec
 
 
 class PlanServicer(plan_pb2_grpc.PlanServiceServicer):
@@ -54,9 +56,9 @@ class PlanServicer(plan_pb2_grpc.PlanServiceServicer):
     ) -> plan_pb2.Deployment:
         if not request.HasField("spec"):
             raise InputError("missing", field="spec")
-        spec = spec_from_proto(request.spec)
+        spec = await asyncio.to_thread(_checked_spec, request.spec)  # off the loop
         return self._deployment(
-            self.c.apply_deployment(spec, create_only=create, update_only=update)
+            self.c.apply_deployment(spec, create_only=create, update_only=update, checked=True)
         )
 
     async def CreateDeployment(
@@ -96,29 +98,21 @@ class PlanServicer(plan_pb2_grpc.PlanServiceServicer):
     async def Solve(self, request: plan_pb2.SolveRequest, context: Ctx) -> plan_pb2.SolveResponse:
         if not request.HasField("spec"):
             raise InputError("missing", field="spec")
-        spec = spec_from_proto(request.spec)
-        fleet = None
-        if request.fleet_json:
-            try:
-                doc = json.loads(request.fleet_json.decode("utf-8"))
-            except (UnicodeDecodeError, ValueError) as exc:
-                raise InputError(f"not valid UTF-8 JSON: {exc}", field="fleet_json") from exc
-            try:
-                fleet = parse_fleet(doc)
-            except InputError as exc:
-                raise InputError(str(exc), field=f"fleet_json.{exc.field}") from exc
+        # Parsing a model config and expanding a fleet grow with the input: off the loop.
+        spec, fleet = await asyncio.to_thread(_solve_inputs, request)
         try:
             result = await self.c.dry_run(spec, fleet)
         except InfeasibleError as exc:
             return plan_pb2.SolveResponse(infeasible=[str(exc).split("\n")[0], *exc.reasons])
-        return plan_pb2.SolveResponse(
-            plan=unstored_plan_to_proto(result.plan, with_doc=request.include_plan),
-            infeasible=list(result.infeasible),
+        plan = await asyncio.to_thread(  # the plan document grows with the fleet
+            unstored_plan_to_proto, result.plan, with_doc=request.include_plan
         )
+        return plan_pb2.SolveResponse(plan=plan, infeasible=list(result.infeasible))
 
     async def GetPlan(self, request: plan_pb2.GetPlanRequest, context: Ctx) -> plan_pb2.PlanRecord:
         if not request.deployment:
             raise InputError("missing", field="deployment")
+        bounded_int(request.version, "version", minimum=0, maximum=MAX_VERSION)
         # Reading a plan document back and encoding it grows with the fleet (about a second
         # at 2,000 GPUs): a thread keeps heartbeats and rollouts moving meanwhile.
         p = await asyncio.to_thread(self.c.get_plan, request.deployment, request.version)
@@ -144,6 +138,8 @@ class PlanServicer(plan_pb2_grpc.PlanServiceServicer):
     ) -> plan_pb2.PlanDiff:
         if not request.deployment:
             raise InputError("missing", field="deployment")
+        bounded_int(request.from_version, "from_version", minimum=0, maximum=MAX_VERSION)
+        bounded_int(request.to_version, "to_version", minimum=0, maximum=MAX_VERSION)
         b = self.c.get_plan(request.deployment, request.to_version)
         if request.from_version:
             a = self.c.get_plan(request.deployment, request.from_version)
@@ -173,6 +169,14 @@ class PlanServicer(plan_pb2_grpc.PlanServiceServicer):
             return node_to_proto(v)
         raise NotFoundError(f"no node {request.name!r}", field="name")
 
+    async def DeleteNode(
+        self, request: plan_pb2.DeleteNodeRequest, context: Ctx
+    ) -> plan_pb2.DeleteNodeResponse:
+        if not request.name:
+            raise InputError("missing", field="name")
+        served = self.c.delete_node(request.name, force=request.force)
+        return plan_pb2.DeleteNodeResponse(deleted=True, deployments=served)
+
     # Deployment strategies: parse and validate (strategy_wire), answer on the live fleet
     # in a worker thread (strategy_service), reply.
 
@@ -201,3 +205,31 @@ class PlanServicer(plan_pb2_grpc.PlanServiceServicer):
     ) -> plan_pb2.MinCostResponse:
         answer = await self.strategies.min_cost(min_cost_question(request))
         return min_cost_to_proto(answer, with_docs=request.include_plans)
+
+
+def _solve_inputs(request: plan_pb2.SolveRequest) -> tuple[DeploymentSpec, Fleet | None]:
+    """The spec and the optional fleet of a Solve request (run in a thread).
+
+    Raises:
+        InputError: naming the field.
+    """
+    spec = spec_from_proto(request.spec)
+    check_spec(spec)
+    if not request.fleet_json:
+        return spec, None
+    doc = load_json_field(request.fleet_json, "fleet", "fleet_json")
+    try:
+        return spec, parse_fleet(doc)
+    except InputError as exc:
+        raise InputError(str(exc), field=f"fleet_json.{exc.field}") from exc
+
+
+def _checked_spec(message: plan_pb2.DeploymentSpec) -> DeploymentSpec:
+    """The request's spec, parsed and checked (run in a thread).
+
+    Raises:
+        InputError: naming the field.
+    """
+    spec = spec_from_proto(message)
+    check_spec(spec)
+    return spec

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+import structlog
 from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
@@ -23,13 +24,14 @@ from mixfleet.v1 import (
     plan_pb2_grpc,
 )
 
-from controlplane.server.auth import Authenticator, load_tokens
+from controlplane.server.auth import DEV_MODE_WARNING, Authenticator, load_tokens
 from controlplane.server.controller import Controller
 from controlplane.server.services.agent import AgentServicer
 from controlplane.server.services.engine import EngineServicer
 from controlplane.server.services.guard import Guard
 from controlplane.server.services.plan import PlanServicer
 from policies.errors import InputError
+from policies.limits import MAX_REPLY_BYTES, MAX_REQUEST_BYTES
 
 MIB = 1 << 20
 SERVICE_NAMES = (
@@ -62,8 +64,10 @@ class ServerOptions:
         tls: mutual TLS files; None = plaintext (needs ``insecure`` and a loopback address).
         token_file: bearer tokens (see :mod:`controlplane.server.auth`); None = no tokens.
         insecure: allow plaintext; only on a loopback address.
-        max_receive_message_bytes: largest request message accepted, bytes.
-        max_send_message_bytes: largest response message sent, bytes.
+        max_receive_message_bytes: largest request message accepted, bytes (a larger one
+            is refused with RESOURCE_EXHAUSTED before it is decoded).
+        max_send_message_bytes: largest response message sent, bytes (clients accept as
+            much: :data:`policies.limits.MAX_REPLY_BYTES`).
         max_pending_rpcs: calls gRPC may hold that the server has not picked up yet (its
             ``grpc.server.max_pending_requests``; the hard limit is twice this). gRPC's
             default of 1,000 is too small for a fleet: every agent keeps a WatchAssignments
@@ -76,8 +80,8 @@ class ServerOptions:
     tls: TlsFiles | None = None
     token_file: Path | None = None
     insecure: bool = False
-    max_receive_message_bytes: int = 16 * MIB
-    max_send_message_bytes: int = 64 * MIB
+    max_receive_message_bytes: int = MAX_REQUEST_BYTES
+    max_send_message_bytes: int = MAX_REPLY_BYTES
     max_pending_rpcs: int = 32_768
 
 
@@ -95,19 +99,17 @@ def is_loopback(address: str) -> bool:
         return False
 
 
-def create_server(
-    address: str, controller: Controller, options: ServerOptions | None = None
-) -> tuple[grpc.aio.Server, int]:
-    """Build (not start) the server on ``address`` (``HOST:PORT``; port 0 = any free port).
+def check_options(address: str, opts: ServerOptions) -> Authenticator:
+    """Check what :func:`create_server` needs before anything is opened or created (a
+    refused start leaves no file behind), and load the token file.
 
     Returns:
-        ``(server, port)``; ``await server.start()`` to serve.
+        the authenticator of the token file (development mode without TLS and tokens).
 
     Raises:
-        InputError: plaintext without ``insecure`` or off loopback, unreadable TLS or token
-            files, or the address cannot be bound.
+        InputError: plaintext without ``insecure`` or off loopback; a TLS file, or an empty,
+            unreadable or non-UTF-8 token file (the reason named).
     """
-    opts = options or ServerOptions()
     if opts.tls is None:
         if not opts.insecure:
             raise InputError(
@@ -121,8 +123,31 @@ def create_server(
                 "127.0.0.1 or configure TLS",
                 field="listen",
             )
+    else:
+        tls = opts.tls
+        for flag, path in (("--tls-cert", tls.cert), ("--tls-key", tls.key), ("--tls-ca", tls.ca)):
+            if not path.is_file():
+                raise InputError(f"cannot read TLS file {str(path)!r}: no such file", field=flag)
     tokens = load_tokens(opts.token_file) if opts.token_file is not None else None
-    auth = Authenticator(tokens, dev_mode=opts.tls is None and opts.insecure)
+    return Authenticator(tokens, dev_mode=opts.tls is None and opts.insecure)
+
+
+def create_server(
+    address: str, controller: Controller, options: ServerOptions | None = None
+) -> tuple[grpc.aio.Server, int]:
+    """Build (not start) the server on ``address`` (``HOST:PORT``; port 0 = any free port).
+
+    Returns:
+        ``(server, port)``; ``await server.start()`` to serve.
+
+    Raises:
+        InputError: plaintext without ``insecure`` or off loopback, unreadable TLS or token
+            files, or the address cannot be bound.
+    """
+    opts = options or ServerOptions()
+    auth = check_options(address, opts)
+    if auth.dev_mode:
+        structlog.get_logger("mixfleet.server").warning(DEV_MODE_WARNING, address=address)
     server = grpc.aio.server(
         interceptors=[Guard(auth, controller)],
         options=[

@@ -89,14 +89,25 @@ class KubeBase:
     """API access of the Kubernetes store's parts.
 
     Args:
-        kube: API access (any field manager; the store uses its own per kind of write).
+        kube: API access (any field manager; the store uses its own per kind of write) and
+            its write guard (leadership), which every write of the store keeps.
         namespace: namespace of the ModelDeployments, PartitionPlans and ConfigMaps.
         conflict_retries: attempts of a read-modify-write that meets 409 Conflict.
+        cordon_refresh_s: the cordoned GPUNodes are listed again at most this often, s.
     """
 
-    def __init__(self, kube: Kube, namespace: str, *, conflict_retries: int = 8) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        namespace: str,
+        *,
+        conflict_retries: int = 8,
+        cordon_refresh_s: float = 2.0,
+    ) -> None:
         self.namespace = namespace
         self.conflict_retries = conflict_retries
+        self.cordon_refresh_s = cordon_refresh_s
+        self._cordoned: tuple[float, frozenset[str]] | None = None
         self._kube = Kube(
             kube.api_client, field_manager=FIELD_MANAGER, write_guard=kube.write_guard
         )

@@ -5,11 +5,12 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any
 
 from apis.kube.client import MODEL_DEPLOYMENTS, Json
+from apis.kube.errors import ConflictError
 from apis.kube.errors import NotFoundError as ApiNotFound
-from apis.kube.v1alpha1 import API_VERSION
+from apis.kube.v1alpha1 import API_VERSION, MODEL_DEPLOYMENT
 from controlplane.errors import AlreadyExistsError, NotFoundError, PreconditionError, StoreError
 from controlplane.store.base import StoredDeployment, StoredPlan
 from controlplane.store.kubernetes.common import (
@@ -55,6 +56,7 @@ class DeploymentsMixin(PlansMixin):
             deleted=bool(meta.get("deletionTimestamp")),
             committed_version=status.get("committedVersion"),
             status=dict(status.get("controller") or {}),
+            rollout_hold=rollout_hold(status),
         )
 
     def put_deployment(
@@ -83,7 +85,7 @@ class DeploymentsMixin(PlansMixin):
                     f"deployment {spec.name!r} is being deleted. To fix: wait until it is gone",
                     field="spec.name",
                 )
-            if obj is not None and self._deployment_doc(obj)["spec"] == _normalized(doc["spec"]):
+            if obj is not None and _same_spec(self._deployment_doc(obj), spec):
                 return obj  # unchanged: no write, no generation bump
             old_annotations = ((obj or {}).get("metadata") or {}).get("annotations") or {}
             body = {
@@ -95,9 +97,18 @@ class DeploymentsMixin(PlansMixin):
                         ANNOTATION_UPDATED: to_time(now_s),
                     },
                 },
-                "spec": doc["spec"],
+                "spec": unclaimed_defaults_removed(doc["spec"], (obj or {}).get("spec"), SPEC),
             }
-            out: Json = self._kube.apply(MODEL_DEPLOYMENTS, body)
+            try:
+                out: Json = self._kube.apply(MODEL_DEPLOYMENTS, body)
+            except ConflictError as exc:
+                raise PreconditionError(
+                    f"deployment {spec.name!r}: fields of its spec are managed by another "
+                    f"writer ({exc}). To fix: change them where they were set (kubectl apply "
+                    "of the ModelDeployment), or have that writer stop applying them; "
+                    "mixfleet does not take them over",
+                    field="spec",
+                ) from exc
             return out
 
         return self._stored_deployment(self._call(f"put deployment {spec.name}", run))
@@ -148,6 +159,7 @@ class DeploymentsMixin(PlansMixin):
                 MODEL_DEPLOYMENTS,
                 {"metadata": {"name": name, "namespace": self.namespace}, "status": {}},
                 subresource="status",
+                force=True,
             ),
         )
         uid = obj["metadata"].get("uid")
@@ -166,7 +178,7 @@ class DeploymentsMixin(PlansMixin):
 
         def run() -> None:
             with contextlib.suppress(ApiNotFound):  # deleted meanwhile
-                self._kube.apply(MODEL_DEPLOYMENTS, body, subresource="status")
+                self._kube.apply(MODEL_DEPLOYMENTS, body, subresource="status", force=True)
 
         self._call(f"status of {name}", run)
 
@@ -177,15 +189,47 @@ class DeploymentsMixin(PlansMixin):
         return self.get_plan(deployment, d.committed_version)
 
 
-def _normalized(spec: Json) -> Json:
-    """``spec`` as the API server would store it (with the CRD's defaults), for comparison
-    with the stored spec."""
-    from apis.kube.schema import apply_defaults
-    from apis.kube.v1alpha1 import MODEL_DEPLOYMENT
+SPEC = MODEL_DEPLOYMENT.schema()["properties"]["spec"]
 
-    schema = MODEL_DEPLOYMENT.schema()["properties"]["spec"]
-    out = apply_defaults(json.loads(json.dumps(spec)), schema)
-    out = {k: v for k, v in out.items() if k not in OPERATOR_ONLY_KEYS}
-    if not out.get("nodeSelector"):
-        out.pop("nodeSelector", None)
-    return cast(Json, out)
+
+def _same_spec(doc: Json, spec: DeploymentSpec) -> bool:
+    """Whether the stored document reads as ``spec`` (a stored spec that no longer parses
+    differs)."""
+    try:
+        return parse_deployment(doc) == spec
+    except InputError:
+        return False
+
+
+def unclaimed_defaults_removed(want: Json, live: Json | None, schema: Json) -> Json:
+    """``want`` (a document the controller applies) less the fields it need not own: those
+    at the CRD's default whose live value is the default as well (or absent), and objects
+    left empty by that. Owning them would make a user's later server-side apply of the same
+    field conflict with mixfleet. A field whose live value differs is kept, so that applying
+    the default back is a real change (and a conflict when another writer set it)."""
+    props = schema.get("properties") or {}
+    required = set(schema.get("required") or ())
+    out: Json = {}
+    for key, value in want.items():
+        sub = props.get(key) or {}
+        lv = live.get(key) if isinstance(live, dict) else None
+        if isinstance(value, dict) and sub.get("properties"):
+            inner = unclaimed_defaults_removed(value, lv if isinstance(lv, dict) else None, sub)
+            if inner or key in required or (value == {} and lv not in (None, {})):
+                out[key] = inner
+        elif "default" in sub and value == sub["default"] and lv in (None, value):
+            continue
+        else:
+            out[key] = value
+    return out
+
+
+def rollout_hold(status: Json) -> str:
+    """Why no plan of the deployment may start rolling out: the operator (the one decision
+    maker) reports ``Solved=False`` - the current spec and fleet cannot be planned (a
+    missing PlacementPolicy, no eligible GPUNode, an infeasible spec...), so a proposed
+    plan made for earlier inputs is not what it stands behind. Empty: no hold."""
+    for c in status.get("conditions") or []:
+        if isinstance(c, dict) and c.get("type") == "Solved" and c.get("status") == "False":
+            return f"{c.get('reason') or 'NotSolved'}: {c.get('message') or ''}".strip()
+    return ""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from collections.abc import Mapping, Sequence
@@ -11,7 +12,7 @@ from apis.kube.client import MODEL_DEPLOYMENTS, PARTITION_PLANS, Json
 from apis.kube.plancodec import decode_plan
 from apis.kube.schema import from_wire
 from apis.kube.v1alpha1 import PartitionPlanSpec
-from controlplane.errors import NotFoundError, PreconditionError
+from controlplane.errors import NotFoundError, PreconditionError, StoreError
 from controlplane.store.base import PlanState, StoredPlan
 from controlplane.store.kubernetes.common import (
     ALLOWED_MOVES,
@@ -26,6 +27,7 @@ from controlplane.store.kubernetes.common import (
     plan_name,
     to_time,
 )
+from policies.errors import InputError
 from policies.plan import Plan
 
 
@@ -109,6 +111,7 @@ class PlansMixin(KubeBase):
                 PARTITION_PLANS,
                 {"metadata": {"name": name, "namespace": self.namespace}, "status": status},
                 subresource="status",
+                force=True,  # the controller alone writes the rollout state
             ),
         )
 
@@ -159,13 +162,14 @@ class PlansMixin(KubeBase):
                     "status": {"committedVersion": version},
                 },
                 subresource="status",
+                force=True,  # the committed pointer is the controller's alone
             ),
         )
         # 2. The new plan, 3. every other committed one.
         self._set_state(deployment, version, "committed", None, now_s, None)
         for p in self._plan_objects(deployment):
-            v = int(p["spec"]["version"])
-            if v != version and self._state_of(p) == "committed":
+            v = (p.get("spec") or {}).get("version")
+            if isinstance(v, int) and v != version and self._state_of(p) == "committed":
                 self._set_state(deployment, v, "superseded", None, now_s, None)
 
     def _stored_plan(self, obj: Json, *, with_plan: bool) -> StoredPlan:
@@ -196,11 +200,24 @@ class PlansMixin(KubeBase):
             plan=plan if with_plan else None,
         )
 
+    def _readable(self, obj: Json, *, with_plan: bool) -> StoredPlan:
+        """:meth:`_stored_plan`, a PartitionPlan that does not parse a :class:`StoreError`
+        naming it."""
+        try:
+            return self._stored_plan(obj, with_plan=with_plan)
+        except InputError as exc:
+            name = (obj.get("metadata") or {}).get("name")
+            raise StoreError(
+                f"PartitionPlan {name} does not parse: {exc}. To fix: delete it (the operator "
+                "writes plans above its version)",
+                field="plan",
+            ) from exc
+
     def get_plan(
         self, deployment: str, version: int, *, with_plan: bool = True
     ) -> StoredPlan | None:
         obj = self._get_plan_obj(deployment, version)
-        return self._stored_plan(obj, with_plan=with_plan) if obj is not None else None
+        return self._readable(obj, with_plan=with_plan) if obj is not None else None
 
     def list_plans(
         self,
@@ -209,7 +226,12 @@ class PlansMixin(KubeBase):
         states: Sequence[PlanState] | None = None,
         limit: int = 50,
     ) -> list[StoredPlan]:
-        out = [self._stored_plan(o, with_plan=False) for o in self._plan_objects(deployment)]
+        out = []
+        for o in self._plan_objects(deployment):
+            # One plan that does not parse must not hide the others (or stop every
+            # reconcile tick); the operator reports it in its deployment's conditions.
+            with contextlib.suppress(StoreError):
+                out.append(self._readable(o, with_plan=False))
         if states:
             out = [p for p in out if p.state in states]
         out.sort(key=lambda p: (p.deployment, -p.version))

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 import uuid
-from typing import cast
+from collections.abc import Callable
+from typing import Any, cast
 
 from apis.kube.client import CONFIGMAPS, Kube, api_client_from
-from apis.kube.errors import ConflictError
+from apis.kube.errors import ConflictError, KubeConfigError
 from controlplane.errors import StoreError
 from controlplane.store.base import PlanAuthor
 from controlplane.store.kubernetes.acks_loads import AcksLoadsMixin
@@ -42,15 +43,22 @@ class KubernetesStore(NodesMixin, DeploymentsMixin, AcksLoadsMixin):
         namespace = rest.strip("/") or os.environ.get("POD_NAMESPACE", "default")
         try:
             api = api_client_from(kubeconfig)
-        except Exception as exc:  # the loaders raise several unrelated types
-            raise StoreError(
-                f"cannot reach Kubernetes: {exc}. To fix: run in a pod with a service account "
-                "or set KUBECONFIG",
-                field="store",
-            ) from exc
+        except KubeConfigError as exc:
+            raise StoreError(f"store kubernetes:{namespace}: {exc}", field="store") from exc
         return cls(Kube(api, field_manager=FIELD_MANAGER), namespace)
 
     # ---------------------------------------------------------------- plumbing
+
+    @property
+    def api_client(self) -> Any:
+        """The configured ``kubernetes.client.ApiClient`` (for a leader elector)."""
+        return self._kube.api_client
+
+    def guard_writes(self, guard: Callable[[], bool]) -> None:
+        """Refuse every later write unless ``guard()`` holds (a leader elector's
+        ``is_leader``): a replica that lost its lease cannot write even mid-tick."""
+        self._kube.write_guard = guard
+        self._pointer.write_guard = guard
 
     def close(self) -> None:
         if not self._closed:

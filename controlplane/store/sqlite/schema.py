@@ -1,10 +1,14 @@
-"""The SQLite store's schema: its migrations, applied in order on open (see
-:meth:`controlplane.store.sqlite.SqliteStore._migrate`), and how a migration script splits into
-statements."""
+"""The SQLite store's schema: its migrations, applied in order on open (:func:`migrate`),
+and how a migration script splits into statements."""
 
 from __future__ import annotations
 
 import sqlite3
+import time
+import uuid
+from pathlib import Path
+
+from controlplane.errors import StoreError
 
 #: (version, description, SQL). Append only; never edit an applied migration.
 MIGRATIONS: tuple[tuple[int, str, str], ...] = (
@@ -97,3 +101,52 @@ def split_sql(script: str) -> list[str]:
     if buf.strip():
         out.append(buf.strip())
     return out
+
+
+def migrate(db: sqlite3.Connection, path: Path, *, fresh: bool) -> None:
+    """Apply the missing migrations in order, each in its own transaction; a ``fresh`` (new,
+    empty) file also gets its identity (``meta.controller_id``).
+
+    Raises:
+        StoreError: the file is a SQLite database but not a mixfleet store, has a schema newer
+            than this controller, has no identity, or a migration fails.
+    """
+    try:
+        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if not fresh and "schema_migrations" not in tables:
+            raise StoreError(
+                f"{path} is a SQLite database but not a mixfleet store (no schema_migrations "
+                "table). To fix: check --store; a new store needs a new file",
+                field="store",
+            )
+        db.execute(
+            "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY,"
+            " description TEXT NOT NULL, applied_at REAL NOT NULL)"
+        )
+        applied = {r[0] for r in db.execute("SELECT version FROM schema_migrations")}
+        newest = max(applied, default=0)
+        if newest > SCHEMA_VERSION:
+            raise StoreError(
+                f"{path} has schema version {newest}, this controller knows up to "
+                f"{SCHEMA_VERSION}. To fix: run a newer mixfleet controller on this store",
+                field="store",
+            )
+        for version, description, sql in MIGRATIONS:
+            if version in applied:
+                continue
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                for statement in split_sql(sql):
+                    db.execute(statement)
+                db.execute(
+                    "INSERT INTO schema_migrations VALUES (?, ?, ?)",
+                    (version, description, time.time()),
+                )
+                if version == 1 and fresh:
+                    db.execute("INSERT INTO meta VALUES ('controller_id', ?)", (uuid.uuid4().hex,))
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+    except sqlite3.Error as exc:
+        raise StoreError(f"cannot migrate {path}: {exc}", field="store") from exc

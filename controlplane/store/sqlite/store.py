@@ -6,8 +6,13 @@
 * Foreign keys are on: plans belong to deployments, acks to plans, the committed pointer to
   a plan.
 * Every write is one ``BEGIN IMMEDIATE`` transaction; a trigger makes inserting a version
-  that is not above every version of the deployment fail, so versions only grow even if
-  two controllers shared the file by mistake.
+  that is not above every version of the deployment fail, so versions only grow.
+* One writer: opening for writing takes ``PATH.lock`` (:mod:`.guard`); a second controller
+  is refused with the holder's pid, host and start time. A missing, empty or replaced file is
+  refused unless the caller says the store is new.
+* A row that does not decode is quarantined (:class:`.rows.Quarantine`): logged, skipped,
+  listed by :meth:`SqliteStore.quarantined`; the rest loads.
+* Files are created 0600 (owner only).
 """
 
 from __future__ import annotations
@@ -15,35 +20,38 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-import time
-import uuid
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from controlplane.errors import AlreadyExistsError, NotFoundError, PreconditionError, StoreError
 from controlplane.store.base import (
-    AckState,
-    LoadWindow,
     NodeState,
     PlanAuthor,
     PlanState,
-    StoredAck,
+    QuarantinedRow,
     StoredDeployment,
     StoredNode,
     StoredPlan,
 )
+from controlplane.store.sqlite.connection import AckAndLoadRows, connect
+from controlplane.store.sqlite.guard import (
+    WriterLock,
+    check_file,
+    check_identity,
+    create_private,
+)
 from controlplane.store.sqlite.rows import (
     PLAN_COLUMNS,
+    Quarantine,
     deployment_from_row,
     inventory_json,
     node_from_row,
     plan_from_row,
     plan_nodes,
 )
-from controlplane.store.sqlite.schema import MIGRATIONS, SCHEMA_VERSION, split_sql
+from controlplane.store.sqlite.schema import migrate
 from policies.inventory import NodeInventory
 from policies.plan import Plan
 from policies.spec import DeploymentSpec, spec_to_doc
@@ -54,104 +62,67 @@ _ALLOWED_MOVES: dict[str, set[str]] = {
 }
 
 
-class SqliteStore:
+class SqliteStore(AckAndLoadRows):
     """:class:`controlplane.store.base.Store` on one SQLite file.
 
+    Opening for writing takes the store's writer lock (:mod:`.guard`): a second writer is
+    refused with the holder's pid, host and start time. A missing, empty, foreign or
+    replaced file is refused unless ``new`` says the store is new.
+
     Args:
-        path: database file (created with its directory when missing).
+        path: database file.
         busy_timeout_s: how long a write waits for another writer's lock, s.
         synchronous: SQLite ``synchronous`` mode: ``FULL`` (default; a returned write
             survives a power loss) or ``NORMAL`` (survives a process crash or kill -9, may
             lose the last writes on power loss; about 8x faster writes).
+        new: True = the store is new here: create the file (0600, with its directory) when
+            missing or empty, and accept a store other than the one last used at this path;
+            False = the file must hold the store last used here; None = create when missing
+            or empty (tests and the in-process harness).
+        read_only: read without the writer lock (``mixfleetctl store check`` beside a
+            running controller); writes fail.
+
+    Raises:
+        StoreError: the file is refused (the message says why and what to do), or another
+            controller holds the store.
     """
 
     plan_author: PlanAuthor = "controller"
 
     def __init__(
-        self, path: str | Path, *, busy_timeout_s: float = 10.0, synchronous: str = "FULL"
+        self,
+        path: str | Path,
+        *,
+        busy_timeout_s: float = 10.0,
+        synchronous: str = "FULL",
+        new: bool | None = None,
+        read_only: bool = False,
     ) -> None:
         if synchronous not in ("FULL", "NORMAL"):
             raise StoreError(f"synchronous must be FULL or NORMAL, got {synchronous!r}")
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
+        self._closed = True
+        self._writer: WriterLock | None = None
+        self._quarantine = Quarantine(str(self.path))
+        create = check_file(self.path, new=False if read_only else new)
+        if not read_only:
+            self._writer = WriterLock(self.path)
+            if create:
+                create_private(self.path)
+            self._writer.acquire()
         try:
-            self._db = sqlite3.connect(
-                str(self.path),
-                isolation_level=None,
-                check_same_thread=False,
-                timeout=busy_timeout_s,
-            )
-            self._db.row_factory = sqlite3.Row
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute(f"PRAGMA synchronous={synchronous}")
-            self._db.execute("PRAGMA foreign_keys=ON")
-        except sqlite3.Error as exc:
-            raise StoreError(
-                f"cannot open {self.path}: {exc}. To fix: check the path and its permissions",
-                field="store",
-            ) from exc
-        self._closed = False
-        self._migrate()
-
-    # ----------------------------------------------------------------- plumbing
-    @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction (BEGIN IMMEDIATE ... COMMIT, ROLLBACK on error)."""
-        with self._lock:
-            if self._closed:
-                raise StoreError("the store is closed", field="store")
-            try:
-                self._db.execute("BEGIN IMMEDIATE")
-            except sqlite3.Error as exc:
-                raise StoreError(f"cannot start a transaction: {exc}", field="store") from exc
-            try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            try:
-                self._db.execute("COMMIT")
-            except sqlite3.Error as exc:
-                self._db.execute("ROLLBACK")
-                raise StoreError(f"commit failed: {exc}", field="store") from exc
-
-    def _query(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
-        with self._lock:
-            if self._closed:
-                raise StoreError("the store is closed", field="store")
-            try:
-                return list(self._db.execute(sql, tuple(args)))
-            except sqlite3.Error as exc:
-                raise StoreError(f"query failed: {exc}", field="store") from exc
-
-    def _migrate(self) -> None:
-        with self._lock:
-            self._db.execute(
-                "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY,"
-                " description TEXT NOT NULL, applied_at REAL NOT NULL)"
-            )
-        applied = {r["version"] for r in self._query("SELECT version FROM schema_migrations")}
-        newest = max(applied, default=0)
-        if newest > SCHEMA_VERSION:
-            raise StoreError(
-                f"{self.path} has schema version {newest}, this controller knows up to "
-                f"{SCHEMA_VERSION}. To fix: run a newer mixfleet controller on this store",
-                field="store",
-            )
-        for version, description, sql in MIGRATIONS:
-            if version in applied:
-                continue
-            with self._tx() as db:
-                for statement in split_sql(sql):
-                    db.execute(statement)
-                db.execute(
-                    "INSERT INTO schema_migrations VALUES (?, ?, ?)",
-                    (version, description, time.time()),
-                )
-        with self._tx() as db:
-            if not db.execute("SELECT 1 FROM meta WHERE key = 'controller_id'").fetchone():
-                db.execute("INSERT INTO meta VALUES ('controller_id', ?)", (uuid.uuid4().hex,))
+            self._db = connect(self.path, busy_timeout_s, synchronous, read_only=read_only)
+            self._closed = False
+            if not read_only:
+                migrate(self._db, self.path, fresh=create)
+            store_id = self.controller_id()
+            if self._writer is not None:
+                check_identity(self.path, store_id, self._writer.previous, new=new)
+                self._writer.record(store_id)
+        except BaseException:
+            self.close()
+            raise
 
     def schema_version(self) -> int:
         rows = self._query("SELECT MAX(version) AS v FROM schema_migrations")
@@ -162,12 +133,33 @@ class SqliteStore:
             if not self._closed:
                 self._closed = True
                 self._db.close()
+            if self._writer is not None:
+                self._writer.release()
 
     def controller_id(self) -> str:
-        return str(self._query("SELECT value FROM meta WHERE key = 'controller_id'")[0]["value"])
+        rows = self._query("SELECT value FROM meta WHERE key = 'controller_id'")
+        if not rows:
+            raise StoreError(f"{self.path} has no store identity", field="store")
+        return str(rows[0]["value"])
+
+    def quarantined(self) -> list[QuarantinedRow]:
+        """Rows found damaged since the store was opened (:class:`.rows.Quarantine`)."""
+        return self._quarantine.rows()
+
+    def record_alive(self, now_s: float) -> None:
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('alive_at', ?)", (repr(now_s),))
+
+    def last_alive_s(self) -> float | None:
+        rows = self._query("SELECT value FROM meta WHERE key = 'alive_at'")
+        try:
+            return float(rows[0]["value"]) if rows else None
+        except ValueError:
+            return None
 
     # ----------------------------------------------------------------- nodes
     def upsert_node(self, node: StoredNode) -> None:
+        self._quarantine.discard("nodes", node.name)
         with self._tx() as db:
             db.execute(
                 "INSERT OR REPLACE INTO nodes VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -217,10 +209,18 @@ class SqliteStore:
 
     def get_node(self, name: str) -> StoredNode | None:
         rows = self._query("SELECT * FROM nodes WHERE name = ?", (name,))
-        return node_from_row(rows[0]) if rows else None
+        return self._quarantine.decode("nodes", name, node_from_row, rows[0]) if rows else None
 
     def list_nodes(self) -> list[StoredNode]:
-        return [node_from_row(r) for r in self._query("SELECT * FROM nodes ORDER BY name")]
+        out = []
+        for r in self._query("SELECT * FROM nodes ORDER BY name"):
+            n = self._quarantine.decode("nodes", str(r["name"]), node_from_row, r)
+            if n is not None:
+                out.append(n)
+        return out
+
+    def cordoned_nodes(self) -> frozenset[str]:
+        return frozenset()  # standalone: no administrator cordon (agents report draining)
 
     def delete_node(self, name: str) -> bool:
         with self._tx() as db:
@@ -267,7 +267,8 @@ class SqliteStore:
                     (doc, now_s, spec.name),
                 )
             out = db.execute("SELECT * FROM deployments WHERE name = ?", (spec.name,)).fetchone()
-        return deployment_from_row(out)
+        self._quarantine.discard("deployments", spec.name)
+        return deployment_from_row(out, self._quarantine)
 
     def get_deployment(
         self, name: str, *, include_deleted: bool = False
@@ -275,14 +276,20 @@ class SqliteStore:
         rows = self._query("SELECT * FROM deployments WHERE name = ?", (name,))
         if not rows or (rows[0]["deleted_at"] is not None and not include_deleted):
             return None
-        return deployment_from_row(rows[0])
+        return self._deployment(rows[0])
 
     def list_deployments(self, *, include_deleted: bool = False) -> list[StoredDeployment]:
         where = "" if include_deleted else " WHERE deleted_at IS NULL"
-        return [
-            deployment_from_row(r)
-            for r in self._query(f"SELECT * FROM deployments{where} ORDER BY name")
-        ]
+        out = []
+        for r in self._query(f"SELECT * FROM deployments{where} ORDER BY name"):
+            d = self._deployment(r)
+            if d is not None:
+                out.append(d)
+        return out
+
+    def _deployment(self, r: sqlite3.Row) -> StoredDeployment | None:
+        q = self._quarantine
+        return q.decode("deployments", str(r["name"]), deployment_from_row, r, q)
 
     def delete_deployment(self, name: str, *, now_s: float) -> bool:
         with self._tx() as db:
@@ -310,6 +317,7 @@ class SqliteStore:
         return True
 
     def set_deployment_status(self, name: str, status: Mapping[str, Any]) -> None:
+        self._quarantine.discard("deployments.status_json", name)
         with self._tx() as db:
             db.execute(
                 "UPDATE deployments SET status_json = ? WHERE name = ?",
@@ -445,7 +453,11 @@ class SqliteStore:
         rows = self._query(
             f"SELECT {cols} FROM plans WHERE deployment = ? AND version = ?", (deployment, version)
         )
-        return plan_from_row(rows[0], with_plan=with_plan) if rows else None
+        return self._plan(rows[0], with_plan=with_plan) if rows else None
+
+    def _plan(self, r: sqlite3.Row, *, with_plan: bool) -> StoredPlan | None:
+        key = f"{r['deployment']}/{r['version']}"
+        return self._quarantine.decode("plans", key, plan_from_row, r, with_plan=with_plan)
 
     def committed_plan(self, deployment: str) -> StoredPlan | None:
         rows = self._query(
@@ -453,7 +465,7 @@ class SqliteStore:
             " AND d.committed_version = p.version WHERE d.name = ? AND d.deleted_at IS NULL",
             (deployment,),
         )
-        return plan_from_row(rows[0], with_plan=True) if rows else None
+        return self._plan(rows[0], with_plan=True) if rows else None
 
     def list_plans(
         self,
@@ -476,108 +488,5 @@ class SqliteStore:
             f"SELECT {cols} FROM plans{clause} ORDER BY deployment, version DESC LIMIT ?",
             (*args, limit),
         )
-        return [plan_from_row(r, with_plan=False) for r in rows]
-
-    # ----------------------------------------------------------------- acks
-    def record_ack(
-        self,
-        deployment: str,
-        version: int,
-        node: str,
-        state: AckState,
-        *,
-        reason: str = "",
-        now_s: float,
-    ) -> bool:
-        with self._tx() as db:
-            if not db.execute(
-                "SELECT 1 FROM plans WHERE deployment = ? AND version = ?", (deployment, version)
-            ).fetchone():
-                raise NotFoundError(
-                    f"deployment {deployment!r} has no plan version {version}", field="version"
-                )
-            cur = db.execute(
-                "INSERT OR IGNORE INTO acks VALUES (?, ?, ?, ?, ?, ?)",
-                (deployment, version, node, state, reason, now_s),
-            )
-            return cur.rowcount > 0
-
-    def record_acks(self, acks: Sequence[StoredAck]) -> int:
-        stored = 0
-        with self._tx() as db:
-            known: dict[tuple[str, int], bool] = {}
-            for a in acks:
-                key = (a.deployment, a.version)
-                if key not in known:
-                    known[key] = bool(
-                        db.execute(
-                            "SELECT 1 FROM plans WHERE deployment = ? AND version = ?", key
-                        ).fetchone()
-                    )
-                if known[key]:
-                    cur = db.execute(
-                        "INSERT OR IGNORE INTO acks VALUES (?, ?, ?, ?, ?, ?)",
-                        (a.deployment, a.version, a.node, a.state, a.reason, a.at_s),
-                    )
-                    stored += cur.rowcount
-        return stored
-
-    def acks(self, deployment: str, version: int) -> list[StoredAck]:
-        rows = self._query(
-            "SELECT * FROM acks WHERE deployment = ? AND version = ? ORDER BY at, node",
-            (deployment, version),
-        )
-        return [
-            StoredAck(
-                r["deployment"],
-                r["version"],
-                r["node"],
-                cast(AckState, r["state"]),
-                r["reason"],
-                r["at"],
-            )
-            for r in rows
-        ]
-
-    # ----------------------------------------------------------------- load
-    def add_load_window(self, window: LoadWindow, *, now_s: float) -> None:
-        with self._tx() as db:
-            if not db.execute(
-                "SELECT 1 FROM deployments WHERE name = ? AND deleted_at IS NULL",
-                (window.deployment,),
-            ).fetchone():
-                raise NotFoundError(f"no deployment {window.deployment!r}", field="deployment")
-            db.execute(
-                "INSERT INTO load_windows (deployment, engine_id, start_s, end_s, plan_version,"
-                " counts_json, received_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (
-                    window.deployment,
-                    window.engine_id,
-                    window.start_s,
-                    window.end_s,
-                    window.plan_version,
-                    json.dumps([list(r) for r in window.counts]),
-                    now_s,
-                ),
-            )
-
-    def load_windows(self, deployment: str, *, since_s: float = 0.0) -> list[LoadWindow]:
-        rows = self._query(
-            "SELECT * FROM load_windows WHERE deployment = ? AND end_s > ? ORDER BY end_s, id",
-            (deployment, since_s),
-        )
-        return [
-            LoadWindow(
-                r["deployment"],
-                r["engine_id"],
-                r["start_s"],
-                r["end_s"],
-                r["plan_version"],
-                tuple(tuple(float(x) for x in row) for row in json.loads(r["counts_json"])),
-            )
-            for r in rows
-        ]
-
-    def prune_load_windows(self, *, before_s: float) -> int:
-        with self._tx() as db:
-            return db.execute("DELETE FROM load_windows WHERE end_s < ?", (before_s,)).rowcount
+        plans = [self._plan(r, with_plan=False) for r in rows]
+        return [p for p in plans if p is not None]

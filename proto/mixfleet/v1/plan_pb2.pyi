@@ -211,6 +211,66 @@ class RebalanceSpec(_message.Message):
 Global___RebalanceSpec: _TypeAlias = RebalanceSpec  # noqa: Y015
 
 @_typing.final
+class EngineOptions(_message.Message):
+    """The engine that will run the plan (policies.engines.EngineSpec): the plan is scored and
+    solved under its replica choice and DP balancing. Unset: native (idealised shares).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    A2A_BACKEND_FIELD_NUMBER: _builtins.int
+    DISPATCH_FIELD_NUMBER: _builtins.int
+    DP_BALANCE_FIELD_NUMBER: _builtins.int
+    a2a_backend: _builtins.str
+    """all-to-all backend of the EP group; "" = "auto" (first every GPU supports)"""
+    dispatch: _builtins.str
+    """replica choice: "" = "auto" | "static" | "dynamic" (SGLang only)"""
+    dp_balance: _builtins.str
+    """"" = "router" (planned DP weights, router pins ranks) | "engine" (equal)"""
+    def __init__(
+        self,
+        *,
+        a2a_backend: _builtins.str = ...,
+        dispatch: _builtins.str = ...,
+        dp_balance: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["a2a_backend", b"a2a_backend", "dispatch", b"dispatch", "dp_balance", b"dp_balance"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EngineOptions: _TypeAlias = EngineOptions  # noqa: Y015
+
+@_typing.final
+class EngineSpec(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    OPTIONS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """"" = "native" | "sglang" | "vllm" | "trtllm" """
+    version: _builtins.str
+    """"" = the version mixfleet's engine model is pinned to"""
+    @_builtins.property
+    def options(self) -> Global___EngineOptions: ...
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        version: _builtins.str = ...,
+        options: Global___EngineOptions | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["options", b"options"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "options", b"options", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EngineSpec: _TypeAlias = EngineSpec  # noqa: Y015
+
+@_typing.final
 class DeploymentSpec(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -267,6 +327,7 @@ class DeploymentSpec(_message.Message):
     PREPARE_TIMEOUT_S_FIELD_NUMBER: _builtins.int
     ALLOW_CROSS_VENDOR_FIELD_NUMBER: _builtins.int
     GPU_HOUR_PRICES_FIELD_NUMBER: _builtins.int
+    ENGINE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """[a-z0-9][a-z0-9-]*, at most 63 characters"""
     model: _builtins.str
@@ -297,6 +358,10 @@ class DeploymentSpec(_message.Message):
     def gpu_hour_prices(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
         """catalog GPU model -> USD per GPU-hour (over the assumed defaults)"""
 
+    @_builtins.property
+    def engine(self) -> Global___EngineSpec:
+        """unset = native; INVALID_ARGUMENT naming spec.engine.* when bad"""
+
     def __init__(
         self,
         *,
@@ -313,10 +378,11 @@ class DeploymentSpec(_message.Message):
         prepare_timeout_s: _builtins.float = ...,
         allow_cross_vendor: _builtins.bool = ...,
         gpu_hour_prices: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        engine: Global___EngineSpec | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_redundant_experts", b"_redundant_experts", "rebalance", b"rebalance", "redundant_experts", b"redundant_experts", "workload", b"workload"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_redundant_experts", b"_redundant_experts", "engine", b"engine", "rebalance", b"rebalance", "redundant_experts", b"redundant_experts", "workload", b"workload"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_redundant_experts", b"_redundant_experts", "allow_cross_vendor", b"allow_cross_vendor", "form", b"form", "gpu_hour_prices", b"gpu_hour_prices", "model", b"model", "model_config_json", b"model_config_json", "name", b"name", "node_selector", b"node_selector", "policy", b"policy", "prepare_timeout_s", b"prepare_timeout_s", "rebalance", b"rebalance", "redundant_experts", b"redundant_experts", "solver_time_limit_s", b"solver_time_limit_s", "workload", b"workload"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_redundant_experts", b"_redundant_experts", "allow_cross_vendor", b"allow_cross_vendor", "engine", b"engine", "form", b"form", "gpu_hour_prices", b"gpu_hour_prices", "model", b"model", "model_config_json", b"model_config_json", "name", b"name", "node_selector", b"node_selector", "policy", b"policy", "prepare_timeout_s", b"prepare_timeout_s", "rebalance", b"rebalance", "redundant_experts", b"redundant_experts", "solver_time_limit_s", b"solver_time_limit_s", "workload", b"workload"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__redundant_experts: _TypeAlias = _typing.Literal["redundant_experts"]  # noqa: Y015
     _WhichOneofArgType__redundant_experts: _TypeAlias = _typing.Literal["_redundant_experts", b"_redundant_experts"]  # noqa: Y015
@@ -338,6 +404,7 @@ class DeploymentStatus(_message.Message):
     IMBALANCE_FIELD_NUMBER: _builtins.int
     OBSERVED_IMBALANCE_FIELD_NUMBER: _builtins.int
     COST_PER_MILLION_TOKENS_USD_FIELD_NUMBER: _builtins.int
+    CONDITIONS_FIELD_NUMBER: _builtins.int
     phase: Global___DeploymentPhase.ValueType
     message: _builtins.str
     """why (infeasibility reasons, last abort reason ...)"""
@@ -358,6 +425,10 @@ class DeploymentStatus(_message.Message):
     def nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """nodes of the committed plan"""
 
+    @_builtins.property
+    def conditions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Conditions beside the phase, e.g. "StoreRowQuarantined: plan v3 does not decode"."""
+
     def __init__(
         self,
         *,
@@ -371,10 +442,11 @@ class DeploymentStatus(_message.Message):
         imbalance: _builtins.float = ...,
         observed_imbalance: _builtins.float = ...,
         cost_per_million_tokens_usd: _builtins.float = ...,
+        conditions: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["committed_plan_id", b"committed_plan_id", "committed_version", b"committed_version", "cost_per_million_tokens_usd", b"cost_per_million_tokens_usd", "imbalance", b"imbalance", "latest_version", b"latest_version", "message", b"message", "nodes", b"nodes", "observed_imbalance", b"observed_imbalance", "phase", b"phase", "step_time_us", b"step_time_us"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["committed_plan_id", b"committed_plan_id", "committed_version", b"committed_version", "conditions", b"conditions", "cost_per_million_tokens_usd", b"cost_per_million_tokens_usd", "imbalance", b"imbalance", "latest_version", b"latest_version", "message", b"message", "nodes", b"nodes", "observed_imbalance", b"observed_imbalance", "phase", b"phase", "step_time_us", b"step_time_us"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -987,6 +1059,7 @@ class NodeRecord(_message.Message):
     HEALTHY_GPUS_FIELD_NUMBER: _builtins.int
     APPLIED_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
+    UNKNOWN_DEPLOYMENTS_FIELD_NUMBER: _builtins.int
     health: Global___NodeHealth.ValueType
     registered_unix_s: _builtins.float
     last_heartbeat_unix_s: _builtins.float
@@ -998,6 +1071,12 @@ class NodeRecord(_message.Message):
     def applied(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """deployment -> version the agent says it applied"""
 
+    @_builtins.property
+    def unknown_deployments(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Deployments the agent runs that this controller's store has no record of: left running
+        (never removed), reported here. A replaced or restored store is the usual cause.
+        """
+
     def __init__(
         self,
         *,
@@ -1008,10 +1087,11 @@ class NodeRecord(_message.Message):
         healthy_gpus: _builtins.int = ...,
         applied: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
         message: _builtins.str = ...,
+        unknown_deployments: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["inventory", b"inventory"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied", b"applied", "health", b"health", "healthy_gpus", b"healthy_gpus", "inventory", b"inventory", "last_heartbeat_unix_s", b"last_heartbeat_unix_s", "message", b"message", "registered_unix_s", b"registered_unix_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied", b"applied", "health", b"health", "healthy_gpus", b"healthy_gpus", "inventory", b"inventory", "last_heartbeat_unix_s", b"last_heartbeat_unix_s", "message", b"message", "registered_unix_s", b"registered_unix_s", "unknown_deployments", b"unknown_deployments"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1070,6 +1150,54 @@ class GetNodeRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetNodeRequest: _TypeAlias = GetNodeRequest  # noqa: Y015
+
+@_typing.final
+class DeleteNodeRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    FORCE_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    force: _builtins.bool
+    """also while it serves a plan or still heartbeats"""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        force: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["force", b"force", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteNodeRequest: _TypeAlias = DeleteNodeRequest  # noqa: Y015
+
+@_typing.final
+class DeleteNodeResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DELETED_FIELD_NUMBER: _builtins.int
+    DEPLOYMENTS_FIELD_NUMBER: _builtins.int
+    deleted: _builtins.bool
+    @_builtins.property
+    def deployments(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """deployments that served on it (force): they re-plan"""
+
+    def __init__(
+        self,
+        *,
+        deleted: _builtins.bool = ...,
+        deployments: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deleted", b"deleted", "deployments", b"deployments"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteNodeResponse: _TypeAlias = DeleteNodeResponse  # noqa: Y015
 
 @_typing.final
 class InteractiveTierSpec(_message.Message):

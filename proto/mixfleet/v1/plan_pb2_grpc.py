@@ -99,6 +99,11 @@ class PlanServiceStub:
                 request_serializer=mixfleet_dot_v1_dot_plan__pb2.GetNodeRequest.SerializeToString,
                 response_deserializer=mixfleet_dot_v1_dot_plan__pb2.NodeRecord.FromString,
                 _registered_method=True)
+        self.DeleteNode = channel.unary_unary(
+                '/mixfleet.v1.PlanService/DeleteNode',
+                request_serializer=mixfleet_dot_v1_dot_plan__pb2.DeleteNodeRequest.SerializeToString,
+                response_deserializer=mixfleet_dot_v1_dot_plan__pb2.DeleteNodeResponse.FromString,
+                _registered_method=True)
         self.AdviseTiers = channel.unary_unary(
                 '/mixfleet.v1.PlanService/AdviseTiers',
                 request_serializer=mixfleet_dot_v1_dot_plan__pb2.AdviseTiersRequest.SerializeToString,
@@ -223,6 +228,15 @@ class PlanServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeleteNode(self, request, context):
+        """Forget a node (junk left by an agent that is gone). FAILED_PRECONDITION while it holds a
+        part of a committed plan or a rollout, or still heartbeats, unless force; NOT_FOUND when
+        unknown. A node whose agent still runs registers again.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def AdviseTiers(self, request, context):
         """Deployment strategies (docs/strategies.md): dry runs of the planning core on the
         controller's healthy registered nodes that match spec.node_selector. Nothing is stored
@@ -339,6 +353,11 @@ def add_PlanServiceServicer_to_server(servicer, server):
                     servicer.GetNode,
                     request_deserializer=mixfleet_dot_v1_dot_plan__pb2.GetNodeRequest.FromString,
                     response_serializer=mixfleet_dot_v1_dot_plan__pb2.NodeRecord.SerializeToString,
+            ),
+            'DeleteNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteNode,
+                    request_deserializer=mixfleet_dot_v1_dot_plan__pb2.DeleteNodeRequest.FromString,
+                    response_serializer=mixfleet_dot_v1_dot_plan__pb2.DeleteNodeResponse.SerializeToString,
             ),
             'AdviseTiers': grpc.unary_unary_rpc_method_handler(
                     servicer.AdviseTiers,
@@ -717,6 +736,33 @@ class PlanService:
             '/mixfleet.v1.PlanService/GetNode',
             mixfleet_dot_v1_dot_plan__pb2.GetNodeRequest.SerializeToString,
             mixfleet_dot_v1_dot_plan__pb2.NodeRecord.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mixfleet.v1.PlanService/DeleteNode',
+            mixfleet_dot_v1_dot_plan__pb2.DeleteNodeRequest.SerializeToString,
+            mixfleet_dot_v1_dot_plan__pb2.DeleteNodeResponse.FromString,
             options,
             channel_credentials,
             insecure,

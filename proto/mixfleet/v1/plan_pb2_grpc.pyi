@@ -78,6 +78,11 @@ class PlanServiceStub:
     """Nodes as the controller sees them (inventory, liveness, health)."""
     GetNode: _grpc.UnaryUnaryMultiCallable[_plan_pb2.GetNodeRequest, _plan_pb2.NodeRecord]
     """NOT_FOUND when unknown"""
+    DeleteNode: _grpc.UnaryUnaryMultiCallable[_plan_pb2.DeleteNodeRequest, _plan_pb2.DeleteNodeResponse]
+    """Forget a node (junk left by an agent that is gone). FAILED_PRECONDITION while it holds a
+    part of a committed plan or a rollout, or still heartbeats, unless force; NOT_FOUND when
+    unknown. A node whose agent still runs registers again.
+    """
     AdviseTiers: _grpc.UnaryUnaryMultiCallable[_plan_pb2.AdviseTiersRequest, _plan_pb2.AdviseTiersResponse]
     """Deployment strategies (docs/strategies.md): dry runs of the planning core on the
     controller's healthy registered nodes that match spec.node_selector. Nothing is stored
@@ -142,6 +147,11 @@ class PlanServiceAsyncStub(PlanServiceStub):
     """Nodes as the controller sees them (inventory, liveness, health)."""
     GetNode: _aio.UnaryUnaryMultiCallable[_plan_pb2.GetNodeRequest, _plan_pb2.NodeRecord]  # type: ignore[assignment]
     """NOT_FOUND when unknown"""
+    DeleteNode: _aio.UnaryUnaryMultiCallable[_plan_pb2.DeleteNodeRequest, _plan_pb2.DeleteNodeResponse]  # type: ignore[assignment]
+    """Forget a node (junk left by an agent that is gone). FAILED_PRECONDITION while it holds a
+    part of a committed plan or a rollout, or still heartbeats, unless force; NOT_FOUND when
+    unknown. A node whose agent still runs registers again.
+    """
     AdviseTiers: _aio.UnaryUnaryMultiCallable[_plan_pb2.AdviseTiersRequest, _plan_pb2.AdviseTiersResponse]  # type: ignore[assignment]
     """Deployment strategies (docs/strategies.md): dry runs of the planning core on the
     controller's healthy registered nodes that match spec.node_selector. Nothing is stored
@@ -281,6 +291,17 @@ class PlanServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_plan_pb2.NodeRecord, _abc.Awaitable[_plan_pb2.NodeRecord]]:
         """NOT_FOUND when unknown"""
+
+    @_abc_1.abstractmethod
+    def DeleteNode(
+        self,
+        request: _plan_pb2.DeleteNodeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_plan_pb2.DeleteNodeResponse, _abc.Awaitable[_plan_pb2.DeleteNodeResponse]]:
+        """Forget a node (junk left by an agent that is gone). FAILED_PRECONDITION while it holds a
+        part of a committed plan or a rollout, or still heartbeats, unless force; NOT_FOUND when
+        unknown. A node whose agent still runs registers again.
+        """
 
     @_abc_1.abstractmethod
     def AdviseTiers(

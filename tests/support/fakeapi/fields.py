@@ -218,8 +218,18 @@ def fields_v1(paths: set[Path]) -> Json:
 
 
 def dotted(p: Path) -> str:
-    """A field path as kube-apiserver writes it in a conflict: ``.spec.nodes[...]``."""
+    """A field path as kube-apiserver writes it in a conflict (structured-merge-diff's path
+    string): ``.status.nodes[node="a"].state``, ``.spec.list[=value]``, ``.spec.items[0]``."""
     out = ""
     for e in p:
-        out += f".{e[2:]}" if e.startswith("f:") else f"[{e[2:]}]"
+        kind, rest = e[:2], e[2:]
+        if kind == "f:":
+            out += f".{rest}"
+        elif kind == "k:":
+            keys = json.loads(rest)
+            out += "[" + ",".join(f"{k}={json.dumps(v)}" for k, v in sorted(keys.items())) + "]"
+        elif kind == "v:":
+            out += f"[={rest}]"
+        else:
+            out += f"[{rest}]"
     return out

@@ -15,6 +15,7 @@ import yaml
 from support.fakeapi.errors import ApiStatusError, status_doc
 from support.fakeapi.records import RequestRecord
 from support.fakeapi.resources import ResourceType
+from support.fakeapi.routing import discovery
 
 if TYPE_CHECKING:
     from support.fakeapi.server import FakeApiServer
@@ -60,6 +61,16 @@ class ApiHandler(BaseHTTPRequestHandler):
             except yaml.YAMLError as exc:
                 raise ApiStatusError(400, "BadRequest", f"cannot decode body: {exc}") from exc
 
+    def _discovery(self, path: str) -> bool:
+        """Answer a discovery GET (:func:`support.fakeapi.routing.discovery`); False when
+        ``path`` is not one."""
+        found = discovery(self.api.types, path) if self.command == "GET" else None
+        if found is None:
+            return False
+        self._record(200)
+        self._send(200, found)
+        return True
+
     def _handle(self) -> None:
         u = urlparse(self.path)
         query = {k: v[0] for k, v in parse_qs(u.query).items()}
@@ -71,6 +82,8 @@ class ApiHandler(BaseHTTPRequestHandler):
                 raise ApiStatusError(
                     fault.code, fault.reason, f"injected fault for {self.command} {u.path}"
                 )
+            if self._discovery(u.path):
+                return
             rt, ns, name, sub = self.api.route(u.path)
             manager = (
                 query.get("fieldManager") or self.headers.get("User-Agent", "unknown").split("/")[0]

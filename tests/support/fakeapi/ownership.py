@@ -112,6 +112,19 @@ def applied_configuration(rt: ResourceType, body: Json, sub: str) -> Json:
     return applied
 
 
+def manager_text(manager: Manager, api_version: str, time: str | None) -> str:
+    """A manager as kube-apiserver names it in a conflict (``printManager`` of its field
+    manager): ``"admin"``, ``"x" with subresource "status"``, and for an ``Update``
+    (create, PUT, PATCH) ``... using mixfleet.io/v1alpha1 at 2026-03-01T10:00:00Z``."""
+    name, operation, sub = manager
+    out = f'"{name}"'
+    if sub:
+        out += f' with subresource "{sub}"'
+    if operation == "Update":
+        out += f" using {api_version}" + (f" at {time}" if time else "")
+    return out
+
+
 def claim_fields(
     rt: ResourceType,
     applied: Json,
@@ -120,40 +133,44 @@ def claim_fields(
     managers: Managers,
     mine: Manager,
     force: bool,
+    times: Mapping[Manager, str] | None = None,
 ) -> None:
     """Check the applied leaves against the live values: a leaf another manager owns with
     a different value is a conflict; with ``force`` it is taken from that manager instead
-    (``managers`` is changed in place).
+    (``managers`` is changed in place). ``times``: when each manager last wrote.
 
     Raises:
-        ApiStatusError: 409 Conflict listing the conflicting fields (without ``force``).
+        ApiStatusError: 409 Conflict as kube-apiserver words it (its ``conflict.go``): one
+            cause per field (``FieldManagerConflict``, ``conflict with MANAGER``), and the
+            message ``Apply failed with 1 conflict: conflict with MANAGER: PATH`` or
+            ``Apply failed with N conflicts: conflicts with MANAGER:\n- PATH...`` by manager.
     """
-    conflicts: list[Cause] = []
+    conflicts: list[tuple[str, Path]] = []
     for p in sorted(leaves(applied_fields)):
         av = value_at(applied, p)
         lv = value_at(live, p)
         if lv is MISSING or lv == av:
             continue
-        for k, paths in managers.items():
+        for k, paths in sorted(managers.items()):
             if k != mine and p in paths:
                 if force:
                     paths.discard(p)
                 else:
-                    conflicts.append(
-                        Cause(
-                            dotted(p),
-                            f'conflict with "{k[0]}" using {rt.api_version}',
-                            "FieldManagerConflict",
-                        )
-                    )
+                    conflicts.append((manager_text(k, rt.api_version, (times or {}).get(k)), p))
     if conflicts:
-        raise ApiStatusError(
-            409,
-            "Conflict",
-            f"Apply failed with {len(conflicts)} conflict(s): "
-            + "; ".join(f"{c.message}: {c.field}" for c in conflicts[:5]),
-            conflicts,
-        )
+        causes = [
+            Cause(dotted(p), f"conflict with {who}", "FieldManagerConflict") for who, p in conflicts
+        ]
+        if len(conflicts) == 1:
+            who, p = conflicts[0]
+            message = f"Apply failed with 1 conflict: conflict with {who}: {dotted(p)}"
+        else:
+            lines: list[str] = []
+            for who in sorted({w for w, _ in conflicts}):
+                lines.append(f"conflicts with {who}:")
+                lines += [f"- {dotted(p)}" for w, p in conflicts if w == who]
+            message = f"Apply failed with {len(conflicts)} conflicts: " + "\n".join(lines)
+        raise ApiStatusError(409, "Conflict", message, causes)
 
 
 def merge_configuration(rt: ResourceType, live: Json, applied: Json) -> Json:

@@ -1,5 +1,5 @@
-"""The resources the fake API server serves: built-in ConfigMaps and Leases, and custom
-resources read from their CustomResourceDefinition manifests."""
+"""The resources the fake API server serves: built-in ConfigMaps and Leases,
+CustomResourceDefinitions, and custom resources read from their manifests."""
 
 from __future__ import annotations
 
@@ -81,6 +81,25 @@ BUILTINS = (
             },
         },
     ),
+)
+
+
+#: CustomResourceDefinitions themselves: a CRD written to the server is served once it is
+#: established (:mod:`support.fakeapi.server`).
+CRD_TYPE = ResourceType(
+    "apiextensions.k8s.io",
+    "v1",
+    "customresourcedefinitions",
+    "CustomResourceDefinition",
+    False,
+    {
+        "type": "object",
+        "properties": {
+            "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+            "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+        },
+    },
+    status_subresource=True,
 )
 
 

@@ -7,17 +7,15 @@ from __future__ import annotations
 import copy
 import re
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import ThreadingHTTPServer
 from typing import Any
-from urllib.parse import unquote
 
 from support.fakeapi.admission import admit_object
-from support.fakeapi.errors import ApiStatusError, Json, status_event
+from support.fakeapi.errors import ApiStatusError, Json
 from support.fakeapi.fields import Path, fields_v1, object_fields
 from support.fakeapi.handler import ApiHandler
 from support.fakeapi.ownership import (
@@ -30,8 +28,10 @@ from support.fakeapi.ownership import (
 )
 from support.fakeapi.patches import json_merge_patch, json_patch
 from support.fakeapi.records import Fault, RequestRecord
-from support.fakeapi.resources import BUILTINS, ResourceType, resource_from_crd
+from support.fakeapi.resources import BUILTINS, CRD_TYPE, ResourceType, resource_from_crd
+from support.fakeapi.routing import route
 from support.fakeapi.selectors import field_match, parse_selector
+from support.fakeapi.watch import watch_events
 from support.structural import Cause
 
 
@@ -49,10 +49,11 @@ class _Event:
 
 @dataclass
 class _Stored:
-    """A stored object and the fields each of its managers owns."""
+    """A stored object, the fields each of its managers owns and when each last wrote."""
 
     obj: Json
     managers: dict[tuple[str, str, str], set[Path]] = field(default_factory=dict)
+    times: dict[tuple[str, str, str], str] = field(default_factory=dict)
 
 
 class FakeApiServer:
@@ -72,12 +73,13 @@ class FakeApiServer:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.types: dict[tuple[str, str, str], ResourceType] = {}
-        for rt in (*BUILTINS, *(resource_from_crd(c) for c in crds)):
+        for rt in (*BUILTINS, CRD_TYPE, *(resource_from_crd(c) for c in crds)):
             self.types[(rt.group, rt.version, rt.plural)] = rt
         self.history_limit = history_limit
         self.clock = clock
         self._lock = threading.Condition(threading.RLock())
         self._objects: dict[tuple[str, str, str], _Stored] = {}
+        self._pending_crds: set[str] = set()
         self._rv = 1
         self._events: list[_Event] = []
         self._compacted_rv = 0
@@ -159,6 +161,17 @@ class FakeApiServer:
                     return self._render(st)
         return None
 
+    def put_raw(self, plural: str, obj: Json) -> None:
+        """Store ``obj`` as it is, without admission: what an older version of a CRD let
+        in, for tests of readers that meet an object that no longer parses."""
+        rt = next(t for t in self.types.values() if t.plural == plural)
+        meta = obj["metadata"]
+        with self._lock:
+            key = self._okey(rt, str(meta.get("namespace") or ""), str(meta["name"]))
+            new = copy.deepcopy(obj)
+            new["metadata"].update(uid=str(uuid.uuid4()), creationTimestamp=self._now())
+            self._commit(rt, key, new, None)
+
     # -------------------------------------------------------------------- internals
 
     def _type_key(self, rt: ResourceType) -> str:
@@ -180,7 +193,8 @@ class FakeApiServer:
                 "manager": manager,
                 "operation": operation,
                 "apiVersion": obj.get("apiVersion", ""),
-                "time": obj["metadata"].get("creationTimestamp"),
+                "time": st.times.get((manager, operation, sub))
+                or obj["metadata"].get("creationTimestamp"),
                 "fieldsType": "FieldsV1",
                 "fieldsV1": fields_v1(paths),
             }
@@ -229,8 +243,47 @@ class FakeApiServer:
             st.obj = new
         if meta.get("deletionTimestamp") and not meta.get("finalizers"):
             return self._remove(rt, key)
+        if rt is CRD_TYPE and old is None:
+            self._serve_crd(new)
         self._emit(rt, "ADDED" if old is None else "MODIFIED", self._render(st), old)
         return new
+
+    def _serve_crd(self, crd: Json) -> None:
+        """A new CRD: its resource is served from now on, and its status is what
+        kube-apiserver stores first - ``conditions: null``, no accepted names yet - until a
+        read has seen it (:meth:`_establish`; the real establishing controller takes a
+        moment after the create returns)."""
+        crd["status"] = {
+            "conditions": None,
+            "acceptedNames": {"kind": "", "plural": ""},
+            "storedVersions": [v["name"] for v in crd["spec"]["versions"] if v.get("storage")],
+        }
+        self._pending_crds.add(str(crd["metadata"]["name"]))
+        rt = resource_from_crd(crd)
+        self.types[(rt.group, rt.version, rt.plural)] = rt
+
+    def _establish(self, name: str) -> None:
+        """Mark a CRD read once since its creation NamesAccepted and Established."""
+        if name not in self._pending_crds:
+            return
+        self._pending_crds.discard(name)
+        key = self._okey(CRD_TYPE, "", name)
+        st = self._objects.get(key)
+        if st is None:
+            return
+        old = copy.deepcopy(st.obj)
+        new = copy.deepcopy(st.obj)
+        now = self._now()
+        names = new["spec"]["names"]
+        new["status"]["acceptedNames"] = {"kind": names["kind"], "plural": names["plural"]}
+        new["status"]["conditions"] = [
+            {"type": t, "status": "True", "reason": r, "message": m, "lastTransitionTime": now}
+            for t, r, m in (
+                ("NamesAccepted", "NoConflicts", "no conflicts found"),
+                ("Established", "InitialNamesAccepted", "the initial names have been accepted"),
+            )
+        ]
+        self._commit(CRD_TYPE, key, new, old)
 
     def _remove(self, rt: ResourceType, key: tuple[str, str, str]) -> Json:
         st = self._objects.pop(key)
@@ -297,7 +350,10 @@ class FakeApiServer:
             st = self._objects.get(self._okey(rt, ns, name))
             if st is None:
                 raise ApiStatusError(404, "NotFound", f'{rt.resource_name} "{name}" not found')
-            return self._render(st)
+            out = self._render(st)
+            if rt is CRD_TYPE:
+                self._establish(name)
+            return out
 
     def create(self, rt: ResourceType, ns: str, body: Json, manager: str) -> tuple[Json, list[str]]:
         with self._lock:
@@ -322,6 +378,7 @@ class FakeApiServer:
             managers = update_managers(rt, {}, None, new, manager, "main")
             out = self._commit(rt, key, new, None)
             self._objects[key].managers = managers
+            self._objects[key].times[(manager, "Update", "")] = self._now()
             return self._render(self._objects[key]) if key in self._objects else out, warnings
 
     def update(
@@ -378,6 +435,8 @@ class FakeApiServer:
         new, warnings = admit_object(rt, body, copy.deepcopy(old), scope)
         managers = update_managers(rt, st.managers, old, new, manager, scope)
         st.managers = managers
+        sub = "status" if scope == "status" and rt.status_subresource else ""
+        st.times[(manager, "Update", sub)] = self._now()
         out = self._commit(rt, key, new, copy.deepcopy(old))
         return (self._render(st) if key in self._objects else out), warnings
 
@@ -434,7 +493,9 @@ class FakeApiServer:
             if rt.namespaced:
                 live["metadata"]["namespace"] = ns
             managers = {k: set(v) for k, v in (st.managers.items() if st else [])}
-            claim_fields(rt, applied, applied_fields, live, managers, mine, force)
+            claim_fields(
+                rt, applied, applied_fields, live, managers, mine, force, st.times if st else {}
+            )
             merged = merge_configuration(rt, live, applied)
             drop_unapplied(merged, managers, mine, applied_fields)
             managers[mine] = applied_fields
@@ -445,6 +506,7 @@ class FakeApiServer:
                 new["metadata"].update(uid=str(uuid.uuid4()), creationTimestamp=self._now())
                 self._commit(rt, key, new, None)
                 self._objects[key].managers = owned
+                self._objects[key].times[mine] = self._now()
                 return self._render(self._objects[key]), warnings
             if rv and rv != st.obj["metadata"].get("resourceVersion"):
                 raise ApiStatusError(
@@ -455,6 +517,7 @@ class FakeApiServer:
             old = copy.deepcopy(st.obj)
             new, warnings = admit_object(rt, merged, old, scope)
             st.managers = owned
+            st.times[mine] = self._now()
             out = self._commit(rt, key, new, old)
             return (self._render(st) if key in self._objects else out), warnings
 
@@ -465,122 +528,16 @@ class FakeApiServer:
     def watch_events(
         self, rt: ResourceType, ns: str, query: Mapping[str, str], alive: Callable[[], bool]
     ) -> Iterator[Json]:
-        """Watch events as dictionaries (``{"type", "object"}``), until timeout or stop."""
-        sel = parse_selector(query.get("labelSelector", ""))
-        timeout_s = float(query.get("timeoutSeconds") or 1800)
-        bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
-        rv_param = query.get("resourceVersion", "")
-        deadline = time.monotonic() + timeout_s
-        tk = self._type_key(rt)
-
-        def matches(o: Json | None) -> bool:
-            if o is None:
-                return False
-            return (not ns or o["metadata"].get("namespace", "") == ns) and sel(
-                o["metadata"].get("labels") or {}
-            )
-
-        with self._lock:
-            if rv_param in ("", "0"):
-                last = self._rv
-                initial = [
-                    self._render(st)
-                    for (t, _, _), st in sorted(self._objects.items())
-                    if t == tk and matches(st.obj)
-                ]
-            else:
-                try:
-                    last = int(rv_param)
-                except ValueError:
-                    yield status_event(400, "BadRequest", f"invalid resourceVersion {rv_param!r}")
-                    return
-                initial = []
-                if last < self._compacted_rv:
-                    yield status_event(
-                        410, "Expired", f"too old resource version: {last} ({self._compacted_rv})"
-                    )
-                    return
-        for obj in initial:
-            yield {"type": "ADDED", "object": obj}
-        while alive():
-            with self._lock:
-                pending = [e for e in self._events if e.rv > last]
-                if not pending:
-                    left = deadline - time.monotonic()
-                    if left <= 0 or self._closing:
-                        break
-                    self._lock.wait(min(left, 0.5))
-                    continue
-                if last < self._compacted_rv:
-                    yield status_event(410, "Expired", "too old resource version")
-                    return
-            for e in pending:
-                last = e.rv
-                if e.rt is not rt and self._type_key(e.rt) != tk:
-                    continue
-                new_ok = e.type != "DELETED" and matches(e.obj)
-                old_ok = (
-                    matches(e.old)
-                    if e.type == "MODIFIED"
-                    else (e.type == "DELETED" and matches(e.obj))
-                )
-                if e.type == "DELETED":
-                    if old_ok:
-                        yield {"type": "DELETED", "object": e.obj}
-                elif new_ok and (e.type == "ADDED" or old_ok):
-                    yield {"type": e.type, "object": e.obj}
-                elif new_ok:
-                    yield {"type": "ADDED", "object": e.obj}
-                elif old_ok:
-                    yield {"type": "DELETED", "object": e.obj}
-        if bookmarks:
-            yield {
-                "type": "BOOKMARK",
-                "object": {
-                    "apiVersion": rt.api_version,
-                    "kind": rt.kind,
-                    "metadata": {"resourceVersion": str(last)},
-                },
-            }
+        """Watch events as dictionaries (``{"type", "object"}``), until timeout or stop
+        (:func:`support.fakeapi.watch.watch_events`)."""
+        return watch_events(self, rt, ns, query, alive)
 
     # --------------------------------------------------------------- routing
 
     def route(self, path: str) -> tuple[ResourceType, str, str | None, str | None]:
-        """``(type, namespace, name, subresource)`` of a URL path.
-
-        Raises:
-            ApiStatusError: 404 for an unknown path or resource.
-        """
-        parts = [unquote(p) for p in path.strip("/").split("/") if p]
-        if parts[:2] == ["api", "v1"]:
-            group, version, rest = "", "v1", parts[2:]
-        elif len(parts) >= 3 and parts[0] == "apis":
-            group, version, rest = parts[1], parts[2], parts[3:]
-        else:
-            raise ApiStatusError(
-                404, "NotFound", f"the server could not find the requested resource {path}"
-            )
-        ns = ""
-        if len(rest) >= 2 and rest[0] == "namespaces":
-            ns, rest = rest[1], rest[2:]
-        if not rest:
-            raise ApiStatusError(
-                404, "NotFound", f"the server could not find the requested resource {path}"
-            )
-        rt = self.types.get((group, version, rest[0]))
-        if rt is None:
-            raise ApiStatusError(
-                404, "NotFound", f"the server could not find the requested resource {path}"
-            )
-        if ns and not rt.namespaced:
-            raise ApiStatusError(404, "NotFound", f"{rt.plural} is not namespaced")
-        name = rest[1] if len(rest) > 1 else None
-        sub = rest[2] if len(rest) > 2 else None
-        if sub is not None and not (sub == "status" and rt.status_subresource):
-            raise ApiStatusError(404, "NotFound", f"no subresource {sub!r} on {rt.plural}")
-        if name is not None and rt.namespaced and not ns:
-            raise ApiStatusError(404, "NotFound", f"{rt.plural} is namespaced: use /namespaces/NS/")
-        return rt, ns, name, sub
+        """``(type, namespace, name, subresource)`` of a URL path
+        (:func:`support.fakeapi.routing.route`)."""
+        return route(self.types, path)
 
     def take_fault(self, method: str, path: str) -> Fault | None:
         with self._lock:

@@ -1,4 +1,6 @@
-"""Leader election on a ``coordination.k8s.io/v1`` Lease, as client-go's leaderelection does.
+"""Leader election on a ``coordination.k8s.io/v1`` Lease, as client-go's leaderelection does:
+the one implementation the operator and the controller (``mixfleetctl controller run
+--leader-elect``) share.
 
 Every replica runs an :class:`LeaderElector`. Each ``retry_period_s`` it reads the Lease and
 asks the pure :func:`decide` what to do: take a free or expired lease, renew its own, or
@@ -21,8 +23,9 @@ from datetime import UTC, datetime, timedelta
 
 from apis.kube.client import LEASES, Json, Kube
 from apis.kube.errors import ApiError, ConflictError, OperatorError
+from policies.errors import InputError
 
-log = logging.getLogger("mixfleet.operator.leader")
+log = logging.getLogger("mixfleet.leader")
 
 
 @dataclass(frozen=True)
@@ -31,7 +34,7 @@ class LeaderSettings:
 
     Attributes:
         lease_name: Lease object name.
-        namespace: namespace of the Lease (the operator's own).
+        namespace: namespace of the Lease (the pod's own).
         identity: this replica's id (pod name).
         lease_duration_s: how long a lease is valid after its last renewal, seconds.
         renew_deadline_s: a leader that could not renew for this long steps down, seconds
@@ -163,8 +166,14 @@ class LeaderElector:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        if settings.renew_deadline_s >= settings.lease_duration_s:
-            raise ValueError("renew_deadline_s must be shorter than lease_duration_s")
+        if not 0 < settings.renew_deadline_s < settings.lease_duration_s:
+            raise InputError(
+                f"the renew deadline ({settings.renew_deadline_s:g} s) must be above 0 and "
+                f"shorter than the lease duration ({settings.lease_duration_s:g} s), or two "
+                "replicas could lead at once. To fix: lower --renew-deadline-s or raise "
+                "--lease-duration-s",
+                field="renew_deadline_s",
+            )
         self.kube = kube
         self.settings = settings
         self.on_started_leading = on_started_leading

@@ -1,0 +1,1 @@
+"""Conformance suite: mixfleet exports and models checked against the engines' own code."""
