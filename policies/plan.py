@@ -385,7 +385,9 @@ def dp_group_problems(plan: Plan, tolerance: float = 1e-6) -> list[str]:
             problems.append(f"{where}: unequal attention shares {[round(x, 6) for x in shares]}")
     sizes = sorted({g.attention_tp for g in plan.gpus})
     if plan.engine.name != "native" and len(sizes) > 1:
-        problems.append(f"{plan.engine.name} runs one attention TP size per server, plan has {sizes}")
+        problems.append(
+            f"{plan.engine.name} runs one attention TP size per server, plan has {sizes}"
+        )
     return problems
 
 

@@ -25,7 +25,6 @@ import types
 from typing import Any
 
 import pytest
-
 from conformance import engine_source as es
 
 es.require("vllm")
