@@ -7,10 +7,11 @@ Agents bind ``node`` (and ``simulated``) to their logger, assignments add ``depl
 from __future__ import annotations
 
 import logging
-import sys
 from typing import TextIO
 
 import structlog
+
+from apis.logsink import logger_factory
 
 LEVELS = ("debug", "info", "warning", "error")
 
@@ -29,6 +30,6 @@ def configure_logging(level: str = "info", stream: TextIO | None = None) -> None
         wrapper_class=structlog.make_filtering_bound_logger(
             logging.getLevelNamesMapping()[level.upper()]
         ),
-        logger_factory=structlog.PrintLoggerFactory(stream or sys.stderr),
+        logger_factory=logger_factory(stream),
         cache_logger_on_first_use=False,
     )

@@ -27,6 +27,7 @@ import structlog
 
 from apis.kube.client import Kube, api_client_from
 from apis.kube.leader import LeaderSettings
+from apis.logsink import stderr_logger
 from operators.observe import ReconcileSettings
 from operators.operator import Operator, OperatorSettings
 from policies.errors import MixfleetError
@@ -48,7 +49,7 @@ def configure_logging(level: str = "info") -> None:
         wrapper_class=structlog.make_filtering_bound_logger(
             logging.getLevelNamesMapping()[level.upper()]
         ),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        logger_factory=stderr_logger,
         cache_logger_on_first_use=False,
     )
     logging.basicConfig(level=level.upper(), stream=sys.stderr)

@@ -5,9 +5,10 @@ with ``timestamp``, ``level``, ``event`` and the bound ids (``deployment``, ``ve
 from __future__ import annotations
 
 import logging
-import sys
 
 import structlog
+
+from apis.logsink import stderr_logger
 
 
 def configure_logging(fmt: str = "json", level: str = "info") -> None:
@@ -35,6 +36,6 @@ def configure_logging(fmt: str = "json", level: str = "info") -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=stderr_logger,
         cache_logger_on_first_use=False,
     )
