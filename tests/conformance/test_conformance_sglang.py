@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 from conformance import engine_source as es
+from conformance.configs import DEEPSEEK, QWEN3
 
 es.require("sglang")
 
@@ -47,41 +48,6 @@ pytestmark = pytest.mark.conformance
 
 SG = es.sglang()
 EL = SG.expert_location
-
-DEEPSEEK: dict[str, Any] = {
-    "model_type": "deepseek_v3",
-    "num_hidden_layers": 5,
-    "first_k_dense_replace": 1,
-    "hidden_size": 1024,
-    "intermediate_size": 4096,
-    "moe_intermediate_size": 512,
-    "num_attention_heads": 16,
-    "q_lora_rank": 256,
-    "kv_lora_rank": 128,
-    "qk_nope_head_dim": 64,
-    "qk_rope_head_dim": 32,
-    "v_head_dim": 64,
-    "n_routed_experts": 16,
-    "n_shared_experts": 1,
-    "num_experts_per_tok": 4,
-    "n_group": 4,
-    "topk_group": 2,
-    "num_nextn_predict_layers": 1,
-    "vocab_size": 32000,
-}
-QWEN3: dict[str, Any] = {
-    "model_type": "qwen3_moe",
-    "num_hidden_layers": 4,
-    "hidden_size": 1024,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 4,
-    "head_dim": 64,
-    "num_experts": 32,
-    "num_experts_per_tok": 4,
-    "moe_intermediate_size": 256,
-    "intermediate_size": 2048,
-    "vocab_size": 32000,
-}
 
 
 def fleet(nodes: int, per_node: int, gpu: str = "H100-SXM5-80GB") -> Any:

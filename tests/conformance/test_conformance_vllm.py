@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 from conformance import engine_source as es
+from conformance.configs import MIXTRAL, QWEN3
 
 es.require("vllm")
 
@@ -48,31 +49,6 @@ from policies.workload import make_workload, synthetic_zipf  # noqa: E402
 pytestmark = pytest.mark.conformance
 
 VL = es.vllm()
-
-QWEN3: dict[str, Any] = {
-    "model_type": "qwen3_moe",
-    "num_hidden_layers": 4,
-    "hidden_size": 1024,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 4,
-    "head_dim": 64,
-    "num_experts": 32,
-    "num_experts_per_tok": 4,
-    "moe_intermediate_size": 256,
-    "intermediate_size": 2048,
-    "vocab_size": 32000,
-}
-MIXTRAL: dict[str, Any] = {
-    "model_type": "mixtral",
-    "num_hidden_layers": 3,
-    "hidden_size": 512,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 2,
-    "num_local_experts": 8,
-    "num_experts_per_tok": 2,
-    "intermediate_size": 1024,
-    "vocab_size": 32000,
-}
 
 
 def plan_for(model: ModelSpec, *, gpus: int, redundant: int, seed: int) -> Plan:
