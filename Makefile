@@ -3,19 +3,32 @@ PY ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+TORCH_STAMP := $(VENV)/.torch-installed
 
-.PHONY: install demo test lint typecheck layers pytest bench bench-placement bench-strategies bench-controlplane bench-determinism bench-engines bench-hostile proto crds e2e-k8s clean
+.PHONY: install install-torch test-min-versions demo test lint typecheck layers pytest bench bench-placement bench-strategies bench-controlplane bench-determinism bench-engines bench-hostile bench-schedule bench-router proto crds e2e-k8s clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'
-	# torch for the reference runtime's CPU tests (gloo); on this machine image pip takes the
-	# 2.13.0 CPU wheel from the local wheel directory. NO_TORCH=1 skips it (those tests skip).
-	@if [ -z "$$NO_TORCH" ]; then $(BIN)/python -m pip install -q 'torch==2.13.0' || echo "torch not installed: reference-runtime tests will skip"; fi
 	@touch $(STAMP)
 
-install: $(STAMP)
+# torch is opt-in: only the reference runtime (agents/runtime) and its CPU tests (gloo) use it.
+# `make install-torch` (or `make install WITH_TORCH=1`) adds it; `make test` does, so the
+# README's test command runs those tests too. On this machine image pip takes the 2.13.0 CPU
+# wheel from the local wheel directory. NO_TORCH=1 skips it (those tests then skip).
+$(TORCH_STAMP): $(STAMP)
+	@if [ -n "$$NO_TORCH" ]; then echo "NO_TORCH set: torch not installed, reference-runtime tests will skip"; \
+	elif $(BIN)/python -m pip install -q 'torch==2.13.0'; then touch $(TORCH_STAMP); \
+	else echo "torch not installed: reference-runtime tests will skip"; fi
+
+install: $(STAMP) $(if $(WITH_TORCH),$(TORCH_STAMP))
+
+install-torch: $(TORCH_STAMP)
+
+# The declared minimum versions of every dependency (pyproject `>=` floors) in a second venv.
+test-min-versions:
+	bash .ci/min_versions.sh
 
 demo: install
 	PYTHONPATH=examples $(BIN)/python -m demo
@@ -30,10 +43,10 @@ typecheck: install
 layers: install
 	$(BIN)/lint-imports
 
-pytest: install
+pytest: install-torch
 	$(BIN)/pytest -q
 
-test: install
+test: install-torch
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
@@ -67,8 +80,16 @@ bench-hostile: install
 bench-controlplane: install
 	$(BIN)/python -m bench.controlplane --agents 100,500,2000 --out bench/results/controlplane.json --docs docs/controlplane-benchmark.md
 
+# The request router: added latency at 100/500/2,000 streams, short requests/s, share error,
+# and the mixed-24 plan's step time with the achieved shares (docs/router.md).
+bench-router: install
+	$(BIN)/python -m bench.router --out bench/results/router.json
+
 bench-strategies: install
 	$(BIN)/python -m bench.strategies --scenario all --out bench/results/strategies.json --docs docs/strategies.md
+
+bench-schedule: install
+	$(BIN)/python -m bench.schedule --scenario all --out bench/results/schedule.json
 
 crds: install
 	$(BIN)/python -m operators.crdgen

@@ -3,7 +3,7 @@
 Commands::
 
     mixfleet-agent run --controller HOST:PORT (--tls-cert C --tls-key K --tls-ca CA | --insecure)
-                       [--discovery nvml|static] [--fleet-file F --node NAME]
+                       [--discovery nvml|static] [--fleet FILE --node NAME]
                        --plan-dir DIR [--hook CMD] ...
     mixfleet-agent simulate --fleet FILE --controller HOST:PORT ...
     mixfleet-agent --simulate-fleet FILE --controller HOST:PORT ...   (same as simulate)
@@ -103,7 +103,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_connection_flags(run)
     d = run.add_argument_group("discovery")
     d.add_argument("--discovery", choices=("nvml", "amdsmi", "static"), default="nvml")
-    d.add_argument("--fleet-file", type=Path, metavar="F", help="Fleet file (static discovery)")
+    d.add_argument(
+        "--fleet",
+        "--fleet-file",
+        dest="fleet_file",
+        type=Path,
+        metavar="FILE",
+        help="Fleet file (static discovery; --fleet-file is the older name)",
+    )
     d.add_argument("--node", default="", metavar="NAME", help="node name (default: host name)")
     d.add_argument(
         "--label", action="append", default=[], metavar="K=V", help="node label (nvml; repeat)"

@@ -80,6 +80,21 @@ def summary_line(run: dict[str, Any]) -> str:
     )
 
 
+def _loss_conditions(setup: dict[str, Any]) -> list[str]:
+    """The conditions the loss -> commit figures hold under (model, policy, what is counted)."""
+    if not setup:
+        return []
+    return [
+        "Loss -> commit counts from the controller declaring the node lost to the commit of the "
+        f"new plan; detection itself ({setup.get('node_lost_after_s')} s of heartbeat silence, "
+        "`--node-lost-after`) comes before it and is not counted. The deployments are "
+        f"{setup.get('slice_deployment')} (slice) and {setup.get('wide_deployment')} (wide): "
+        "the re-solve is part of the figure, so a deployment of a larger model or on the "
+        "default policy `ilp` adds its own solve time (`solve_s` in the plan summary).",
+        "",
+    ]
+
+
 def render_markdown(doc: dict[str, Any]) -> str:
     """The results as a Markdown section (``--docs``)."""
     m = doc["machine"]
@@ -132,6 +147,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
         f"{t['fanout_s']:.0f} s, new plan committed <= {t['loss_to_commit_s']:.0f} s after the "
         "loss is detected. `None` means the step did not complete within the time limit.",
         "",
+        *_loss_conditions(doc.get("setup", {})),
     ]
     at_2000 = [r for r in doc["runs"] if r.get("agents") == 2000]
     if at_2000:
@@ -140,8 +156,8 @@ def render_markdown(doc: dict[str, Any]) -> str:
             "heartbeat_p99_ms_during_solve": "heartbeat p99 while a plan is solved",
             "heartbeat_p99_ms_during_rollout": "heartbeat p99 while a plan is rolled out",
             "fanout_s": "fan-out",
-            "loss_to_commit_s_slice": "node loss -> commit, 8-node deployment",
-            "loss_to_commit_s_wide": "node loss -> commit, fleet-wide deployment",
+            "loss_to_commit_s_slice": "node loss -> commit, 8-node deployment (conditions above)",
+            "loss_to_commit_s_wide": "node loss -> commit, fleet-wide deployment (conditions above)",
         }
         lines += ["At N = 2000 in this run:", ""]
         for key, t in check_targets(at_2000[0]).items():

@@ -84,6 +84,13 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--plan-history", type=int, default=3, help="PartitionPlans kept per deployment")
     p.add_argument(
+        "--namespace-quota",
+        action="append",
+        default=[],
+        metavar="NAMESPACE=GPUS",
+        help="most GPUs a namespace's ModelDeployments may hold together (repeatable)",
+    )
+    p.add_argument(
         "--resync-period-s", type=float, default=300.0, help="reconcile everything this often, s"
     )
     p.add_argument("--no-leader-election", action="store_true", help="run alone (one replica only)")
@@ -133,7 +140,24 @@ def settings_from(args: argparse.Namespace) -> OperatorSettings:
             field_manager=args.field_manager,
         ),
         leader=leader,
+        namespace_quotas_gpus=namespace_quotas(args.namespace_quota),
     )
+
+
+def namespace_quotas(items: Sequence[str]) -> dict[str, int]:
+    """``--namespace-quota NS=GPUS`` flags as namespace -> GPUs."""
+    from policies.errors import InputError
+
+    out: dict[str, int] = {}
+    for item in items:
+        ns, _, gpus = item.partition("=")
+        if not ns or not gpus.isdigit():
+            raise InputError(
+                f"{item!r} is not NAMESPACE=GPUS. To fix: write e.g. --namespace-quota team-a=16",
+                field="--namespace-quota",
+            )
+        out[ns] = int(gpus)
+    return out
 
 
 def serve_health(op: Operator, address: str, stop: threading.Event) -> Any:

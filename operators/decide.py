@@ -17,7 +17,8 @@ solve, so a bad spec is not re-solved in a hot loop).
 
 Errors in the spec are *permanent* (kopf's term): they become ``Solved=False`` with a reason
 (``UnknownModel``, ``InvalidModelConfig``, ``InvalidWorkload``, ``InvalidPrices``,
-``PolicyNotFound``, ``NoEligibleNodes``, ``MixedVendors``, ``NothingToExport``,
+``PolicyNotFound``, ``NoEligibleNodes``, ``Unschedulable`` (the fleet scheduler gives it no
+GPUNode: the reason says which resource, nodes and amount), ``MixedVendors``, ``NothingToExport``,
 ``Infeasible``, ``PlanTooLarge``) and a message that says how to fix it; the deployment is
 solved again only when its inputs change.
 
@@ -63,6 +64,7 @@ from operators.inputs import (
     SolveInputs,
     TierInputs,
     check_vendor_mix,
+    eligible_fleet,
     reserved_nodes,
     solve_inputs,
     tier_inputs,
@@ -220,6 +222,11 @@ def reconcile(observed: Observed, settings: ReconcileSettings) -> tuple[Action, 
         requeue.append(prepared.retry_tiers_in_s)
 
     plans = [p for p in observed.plans if not p.deleting]
+    if input_error is not None and input_error.reason == "Unschedulable":
+        # The fleet scheduler gave it no GPUNode (preempted, or moved and waiting for its
+        # new nodes to drain): withdraw its plans so its nodes free at once.
+        actions += [DeletePlan(p.name, p.uid) for p in plans]
+        plans = []
     current = current_plan(plans)
     solved = _solve_rule(observed, settings, inputs, plans)
     if isinstance(solved, SolveAction):
@@ -281,8 +288,12 @@ def _prepare_inputs(observed: Observed, settings: ReconcileSettings) -> TierActi
     the deployment's plan is then the batch tier, the interactive nodes reserved."""
     inputs: SolveInputs | None = None
     input_error: PermanentError | None = None
+    scheduled = _not_assigned(observed, settings)
+    if observed.assigned_nodes is not None and not observed.assigned_nodes and scheduled:
+        why = observed.unschedulable or "the fleet scheduler assigned it no GPUNode"
+        return _Prepared(None, PermanentError("Unschedulable", why), None, 0.0)
     try:
-        inputs = solve_inputs(observed, settings)
+        inputs = solve_inputs(observed, settings, reserved=scheduled or None)
     except PermanentError as exc:
         input_error = exc
     tiers: TiersStatus | None = None
@@ -293,7 +304,7 @@ def _prepare_inputs(observed: Observed, settings: ReconcileSettings) -> TierActi
         if isinstance(step, TierAction):
             return step
         tiers, retry_tiers_in_s = step
-        reserved = reserved_nodes(tiers)
+        reserved = {**scheduled, **reserved_nodes(tiers)}
         if reserved:
             try:
                 inputs = solve_inputs(observed, settings, reserved=reserved)
@@ -305,6 +316,27 @@ def _prepare_inputs(observed: Observed, settings: ReconcileSettings) -> TierActi
         except PermanentError as exc:
             inputs, input_error = None, exc
     return _Prepared(inputs, input_error, tiers, retry_tiers_in_s)
+
+
+def _not_assigned(observed: Observed, settings: ReconcileSettings) -> dict[str, str]:
+    """Eligible GPUNodes the fleet scheduler gives other deployments (left out of this
+    one's plan; nodes left out for their own reasons keep them)."""
+    spec = observed.deployment.spec
+    if observed.assigned_nodes is None or spec is None:
+        return {}
+    view = eligible_fleet(
+        observed.nodes,
+        spec.node_selector,
+        observed.policy,
+        observed.now,
+        settings.node_stale_after_s,
+    )
+    mine = set(observed.assigned_nodes)
+    return {
+        n.name: "the fleet scheduler assigned it to another deployment"
+        for n in view.fleet.nodes
+        if n.name not in mine
+    }
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import dataclasses
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from dataclasses import fields as _fields
 from datetime import datetime
 from typing import Any, TypeVar
@@ -27,6 +27,7 @@ from apis.kube.v1alpha1 import (
     ModelDeploymentSpec,
     PlacementPolicySpec,
     TiersStatus,
+    WorkloadSpec,
 )
 from operators.observe import (
     NodeView,
@@ -36,10 +37,11 @@ from operators.observe import (
 )
 from policies.cost import PriceTable, catalog_price_table
 from policies.costmodel import MeasuredFigures, measured_from_dict
+from policies.defaults import default_tokens_per_gpu
 from policies.deployment import Deployment
 from policies.engines import EngineSpec, engine_to_doc, parse_engine
 from policies.errors import InputError
-from policies.fleet import Fleet, Node, fleet_to_doc
+from policies.fleet import Fleet, Node, check_reachable, fleet_to_doc
 from policies.inventory import NodeInventory
 from policies.models import ModelSpec, from_hf_config, preset
 from policies.plan import Plan
@@ -271,7 +273,7 @@ def effective_spec(
         name=name,
         model=spec.model or "",
         model_config=spec.model_config if spec.model is None else None,
-        workload=_same_fields(SpecWorkload, spec.workload),
+        workload=workload_spec(spec.workload),
         policy=eff.policy,
         form=spec.form,
         redundant_experts=eff.redundant_experts,
@@ -282,6 +284,13 @@ def effective_spec(
         allow_cross_vendor=allow_cross_vendor(spec, policy),
         gpu_hour_prices={**policy.gpu_hour_prices, **spec.gpu_hour_prices},
         engine=deployment_engine(spec),
+        priority=spec.priority,
+        min_gpus=spec.min_gpus,
+        max_gpus=spec.max_gpus,
+        objective=spec.objective,
+        slo_step_time_ms=spec.slo_step_time_ms,
+        memory_fraction=spec.memory_fraction,
+        namespace=spec.namespace,
     )
 
 
@@ -296,6 +305,14 @@ def deployment_engine(spec: ModelDeploymentSpec) -> EngineSpec:
         return parse_engine({} if spec.engine is None else to_wire(spec.engine), "spec.engine")
     except InputError as exc:
         raise PermanentError("InvalidSpec", str(exc)) from exc
+
+
+def workload_spec(w: WorkloadSpec) -> SpecWorkload:
+    """The CR's workload as the one spec type, an unset ``tokensPerGpu`` resolved to the
+    phase's default (:func:`policies.defaults.default_tokens_per_gpu`)."""
+    same = _same_fields(SpecWorkload, replace(w, tokens_per_gpu=0))
+    tokens = w.tokens_per_gpu or default_tokens_per_gpu(w.phase)
+    return replace(same, tokens_per_gpu=tokens)
 
 
 def _same_fields(cls: type[_T], source: object) -> _T:
@@ -396,6 +413,14 @@ def solve_inputs(
         raise PermanentError("InvalidWorkload", f"spec.workload: {exc}") from exc
     fleet = request.fleet
     _check_nodes(view, fleet, reserved)
+    try:  # the one reachability check (policies.fleet), here on the GPUNodes' inventories
+        check_reachable(fleet, field="")
+    except InputError as exc:
+        raise PermanentError(
+            "NodesUnreachable",
+            f"{exc}. A GPUNode's fabrics are its agent's (status.inventory.nics[].fabric: "
+            "mixfleet-agent --nic-fabric DEVICE=NAME or --default-fabric NAME)",
+        ) from exc
     w = request.workload
     load = w.expert_load if model.is_moe and w.load_source != "uniform" else None
     solve_doc: dict[str, Any] = {
@@ -506,7 +531,11 @@ def tier_inputs(observed: Observed, inputs: SolveInputs) -> TierInputs | None:
     request = TierRequest(
         deployment=dep,
         interactive=interactive,
-        batch=BatchTier(phase=w.phase, tokens_per_gpu=w.tokens_per_gpu, context_len=w.context_len),
+        batch=BatchTier(
+            phase=w.phase,
+            tokens_per_gpu=w.tokens_per_gpu or default_tokens_per_gpu(w.phase),
+            context_len=w.context_len,
+        ),
         preference=tier.preference,
         allow_cross_vendor=req.allow_cross_vendor,
         prices=inputs.prices,

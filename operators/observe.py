@@ -163,6 +163,9 @@ class Observed:
         tiers: outcome of the tier split this tick ran, if any.
         unreadable_plans: ``name: why`` of the deployment's PartitionPlans that do not
             parse (left alone; reported in the Degraded condition).
+        assigned_nodes: the GPUNodes the fleet scheduler (:mod:`policies.scheduling`) gives
+            this deployment; None = every eligible GPUNode (no scheduler).
+        unschedulable: why the fleet scheduler gives it none (its Pending reason).
     """
 
     deployment: DeploymentView
@@ -178,6 +181,8 @@ class Observed:
     version_floor: int = 0
     tiers: TierOutcome | None = None
     unreadable_plans: tuple[str, ...] = ()
+    assigned_nodes: tuple[str, ...] | None = None
+    unschedulable: str = ""
 
 
 @dataclass(frozen=True)

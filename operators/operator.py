@@ -28,7 +28,7 @@ import dataclasses
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -73,6 +73,7 @@ from operators.decide import (
     TierAction,
     reconcile,
 )
+from operators.fleet_schedule import FleetAssignments
 from operators.informer import Informer, Key, key_of, placement_relevant
 from operators.observe import (
     ConfigMapView,
@@ -111,6 +112,10 @@ class OperatorSettings:
         conflict_retries: attempts of a read-modify-write that meets 409 Conflict.
         reconcile: knobs of the decision.
         leader: lease settings; None runs without election (one replica, tests).
+        fleet_scheduler: assign GPUNodes to ModelDeployments exclusively
+            (:mod:`operators.fleet_schedule`); off, each plans on every eligible GPUNode.
+        namespace_quotas_gpus: Kubernetes namespace -> most GPUs its ModelDeployments may
+            hold together (the fleet scheduler's quotas); a namespace not named has none.
     """
 
     field_manager: str = "mixfleet-operator"
@@ -124,6 +129,8 @@ class OperatorSettings:
     conflict_retries: int = 5
     reconcile: ReconcileSettings = field(default_factory=ReconcileSettings)
     leader: LeaderSettings | None = field(default_factory=LeaderSettings)
+    fleet_scheduler: bool = True
+    namespace_quotas_gpus: Mapping[str, int] = field(default_factory=dict)
 
 
 class Operator:
@@ -216,6 +223,7 @@ class Operator:
         self.policies = Informer(
             kube, PLACEMENT_POLICIES, on_event=self._on_policy, watch_timeout_s=t
         )
+        self.fleet = FleetAssignments(self.settings.namespace_quotas_gpus)
 
     # ------------------------------------------------------------------- events
 
@@ -268,7 +276,7 @@ class Operator:
         spec: ModelDeploymentSpec | None = None
         spec_error = ""
         try:
-            spec = from_wire(ModelDeploymentSpec, obj.get("spec") or {}, "spec")
+            spec = from_wire(ModelDeploymentSpec, obj.get("spec") or {}, "spec", strict=True)
         except InputError as exc:
             spec_error = str(exc)
         try:
@@ -294,7 +302,7 @@ class Operator:
         pobj = self.policies.get(("", policy_name))
         if pobj is not None:
             try:
-                policy = from_wire(PlacementPolicySpec, pobj.get("spec") or {}, "spec")
+                policy = from_wire(PlacementPolicySpec, pobj.get("spec") or {}, "spec", strict=True)
             except InputError as exc:  # reported on the deployments that use it
                 policy_error = str(exc)
         elif spec is not None and spec.policy_ref is not None:
@@ -315,7 +323,10 @@ class Operator:
                 plan=str((cm_meta.get("annotations") or {}).get("mixfleet.io/plan", "")),
                 keys=tuple(sorted((cm.get("data") or {}).keys())),
             )
+        assigned, unschedulable = self._assignment(key, nodes)
         return Observed(
+            assigned_nodes=assigned,
+            unschedulable=unschedulable,
             deployment=d,
             nodes=nodes,
             plans=plans,
@@ -334,13 +345,43 @@ class Operator:
             ),
         )
 
+    def _assignment(
+        self, key: Key, nodes: tuple[NodeView, ...]
+    ) -> tuple[tuple[str, ...] | None, str]:
+        """The fleet scheduler's GPUNodes for ``key`` and its Pending reason (None, "" when
+        the scheduler is off); a new assignment re-queues every deployment."""
+        if not self.settings.fleet_scheduler:
+            return None, ""
+        objs = [o for inf in self.deployments for o in inf.items()]
+        assigned, why, changed = self.fleet.of(
+            key,
+            objs,
+            nodes,
+            self._policy_spec,
+            self.clock(),
+            self.settings.reconcile.node_stale_after_s,
+        )
+        if changed:
+            self.enqueue_all()
+        return assigned, why
+
+    def _policy_spec(self, ref: str) -> PlacementPolicySpec:
+        """The PlacementPolicy ``ref`` (the default one for ""), or the built-in defaults."""
+        pobj = self.policies.get(("", ref or self.settings.default_policy))
+        if pobj is None:
+            return PlacementPolicySpec()
+        try:
+            return from_wire(PlacementPolicySpec, pobj.get("spec") or {}, "spec", strict=True)
+        except InputError:
+            return PlacementPolicySpec()
+
     @staticmethod
     def _node_view(obj: Json) -> NodeView:
         """The GPUNode; one that does not parse is kept out of placement, saying why."""
         meta = obj.get("metadata") or {}
         error = ""
         try:
-            spec = from_wire(GPUNodeSpec, obj.get("spec") or {}, "spec")
+            spec = from_wire(GPUNodeSpec, obj.get("spec") or {}, "spec", strict=True)
         except InputError as exc:
             spec, error = GPUNodeSpec(cordon=True), f"its spec does not parse: {exc}"
         try:
@@ -360,7 +401,7 @@ class Operator:
         """The PartitionPlan, or why it does not parse (it is then left alone)."""
         meta = obj.get("metadata") or {}
         try:
-            spec = from_wire(PartitionPlanSpec, obj.get("spec") or {}, "spec")
+            spec = from_wire(PartitionPlanSpec, obj.get("spec") or {}, "spec", strict=True)
         except InputError as exc:
             self.log.warning("unreadable PartitionPlan", plan=meta.get("name"), error=str(exc))
             return str(exc)

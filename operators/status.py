@@ -240,9 +240,14 @@ def deployment_status(
     slo = _interactive_slo(observed, tiers, input_error)
     if slo is not None:
         conditions += (_condition(prev, INTERACTIVE_SLO, *slo, gen, now),)
+    assigned = _assigned_gpus(observed)
     if current is None:
         return ModelDeploymentStatus(
-            observed_generation=gen, conditions=conditions, last_solve=record, tiers=tiers
+            observed_generation=gen,
+            conditions=conditions,
+            last_solve=record,
+            tiers=tiers,
+            assigned_gpus=assigned,
         )
     s = current.spec
     prices = inputs.prices if inputs is not None else None
@@ -260,10 +265,19 @@ def deployment_status(
         cost_per_million_tokens_usd=per_mtok,
         tiers=tiers,
         gpus=len(s.gpus),
+        assigned_gpus=assigned,
         nodes=s.nodes,
         config_map=config_map_name(d.name) if cm_wanted else None,
         last_solve=record,
     )
+
+
+def _assigned_gpus(observed: Observed) -> int | None:
+    """GPUs on the GPUNodes the fleet scheduler assigns (None without the scheduler)."""
+    if observed.assigned_nodes is None:
+        return None
+    mine = set(observed.assigned_nodes)
+    return sum(n.status.gpu_count or 0 for n in observed.nodes if n.name in mine)
 
 
 def _solved(

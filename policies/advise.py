@@ -40,6 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from policies.costmodel import GIB, build_cost_table
+from policies.defaults import DEFAULT_CONTEXTS as DEFAULT_CONTEXTS  # one default: policies.defaults
 from policies.deployment import Deployment, try_solve
 from policies.errors import InputError
 from policies.plan import Plan
@@ -47,8 +48,6 @@ from policies.request import POLICIES
 
 #: Largest batch the search tries when none is given, tokens per GPU per step.
 DEFAULT_MAX_TOKENS_PER_GPU = {"decode": 4096, "prefill": 262_144}
-#: Contexts of the long-context report, tokens.
-DEFAULT_CONTEXTS = (32_768, 65_536, 98_304, 131_072)
 
 
 # ------------------------------------------------------------------------- batch sizing

@@ -1,7 +1,7 @@
 """GPU catalog: dense datasheet figures for every GPU generation mixfleet knows.
 
-Figures are dense (not 2:4 sparse) peak rates from public datasheets; see REFERENCE.md
-section 1. A fleet file may override any field of an entry per node, and measured figures
+Figures are dense (not 2:4 sparse) peak rates from public datasheets (vendor
+datasheets; `mixfleetctl gpu show` names each source). A fleet file may override any field of an entry per node, and measured figures
 from calibration override catalog figures in the cost model.
 
 Units: TFLOPS (1e12 FLOP/s), GB/s (1e9 B/s), GiB (2**30 B).
@@ -61,6 +61,11 @@ class GpuSpec:
     nvlink_links: int
     pcie_per_direction_gbytes_per_s: float
     power_w: float
+
+    @classmethod
+    def figure_names(cls) -> frozenset[str]:
+        """The numeric fields (figures) a fleet file may override."""
+        return frozenset(f.name for f in fields(cls) if f.type in ("float", "int"))
 
     @property
     def has_fp8(self) -> bool:
@@ -126,7 +131,7 @@ def _spec(
     )
 
 
-# REFERENCE.md section 1. Memory in GiB as NVML reports it (an "80GB" part has 80 GiB;
+# Vendor datasheets. Memory in GiB as NVML reports it (an "80GB" part has 80 GiB;
 # the H200's "141GB" is 140.4 GiB measured).
 _CATALOG: tuple[GpuSpec, ...] = (
     _spec("V100-SXM2-32GB", ARCH_VOLTA, "7.0", 80, 125, 0, 900, 32, 300, 6, pcie=16, power=300),
@@ -171,35 +176,122 @@ _CATALOG: tuple[GpuSpec, ...] = (
     ),
 )
 
-# Names NVML and vendors print, mapped to catalog entries.
+# Names NVML and vendors print, mapped to catalog entries. Each names one product: a short
+# name made in several forms (H100: SXM5, PCIe and NVL) is in _AMBIGUOUS instead.
 _ALIASES: dict[str, str] = {
-    "NVIDIA H200": "H200-SXM-141GB",
-    "H200": "H200-SXM-141GB",
+    "NVIDIA H200": "H200-SXM-141GB",  # NVML's name of the SXM part ("NVIDIA H200 NVL" is PCIe)
+    "H200-SXM": "H200-SXM-141GB",
     "NVIDIA H100 80GB HBM3": "H100-SXM5-80GB",
-    "H100": "H100-SXM5-80GB",
     "H100-SXM": "H100-SXM5-80GB",
+    "H100-SXM5": "H100-SXM5-80GB",
     "NVIDIA H100 PCIe": "H100-PCIe",
     "NVIDIA H800": "H800-SXM5",
     "NVIDIA A100-SXM4-80GB": "A100-SXM4-80GB",
-    "A100": "A100-SXM4-80GB",
-    "A100-80GB": "A100-SXM4-80GB",
     "NVIDIA A100-SXM4-40GB": "A100-SXM4-40GB",
-    "A100-40GB": "A100-SXM4-40GB",
     "NVIDIA L40S": "L40S",
     "NVIDIA L4": "L4",
     "NVIDIA B200": "B200",
     "Tesla V100-SXM2-32GB": "V100-SXM2-32GB",
     "Tesla V100-SXM2-16GB": "V100-SXM2-16GB",
-    "V100-SXM2": "V100-SXM2-32GB",
     "AMD Instinct MI300X": "MI300X",
 }
 
+# Short names that fit more than one product: the catalog entries they could mean, and the
+# variants the catalog lacks (whose figures differ: an H100 PCIe has 60% of the SXM5's HBM
+# bandwidth). Refused with the candidates rather than read as one of them.
+_AMBIGUOUS: dict[str, tuple[tuple[str, ...], str]] = {
+    "H100": (("H100-SXM5-80GB", "H100-PCIe"), "H100 NVL (94 GB)"),
+    "H200": (("H200-SXM-141GB",), "H200 NVL (PCIe)"),
+    "A100": (("A100-SXM4-80GB", "A100-SXM4-40GB"), "A100 PCIe 40GB/80GB"),
+    "A100-80GB": (("A100-SXM4-80GB",), "A100 80GB PCIe (1935 GB/s)"),
+    "A100-40GB": (("A100-SXM4-40GB",), "A100 40GB PCIe"),
+    "V100": (("V100-SXM2-32GB", "V100-SXM2-16GB"), "V100 PCIe"),
+    "V100-SXM2": (("V100-SXM2-32GB", "V100-SXM2-16GB"), ""),
+    "H800": (("H800-SXM5",), "H800 PCIe"),
+}
+
 CATALOG: dict[str, GpuSpec] = {spec.model: spec for spec in _CATALOG}
+
+#: Where each entry's figures come from: the vendor's public datasheet.
+DATASHEETS: dict[str, str] = {
+    "V100-SXM2-32GB": "NVIDIA Tesla V100 datasheet (SXM2)",
+    "V100-SXM2-16GB": "NVIDIA Tesla V100 datasheet (SXM2)",
+    "A100-SXM4-40GB": "NVIDIA A100 Tensor Core GPU datasheet (SXM4 40GB)",
+    "A100-SXM4-80GB": "NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB)",
+    "H100-PCIe": "NVIDIA H100 Tensor Core GPU datasheet (H100 PCIe)",
+    "H100-SXM5-80GB": "NVIDIA H100 Tensor Core GPU datasheet (H100 SXM)",
+    "H800-SXM5": "NVIDIA H800 product brief (compute as H100 SXM; NVLink 400 GB/s)",
+    "H200-SXM-141GB": "NVIDIA H200 Tensor Core GPU datasheet (H200 SXM)",
+    "L40S": "NVIDIA L40S datasheet",
+    "L4": "NVIDIA L4 Tensor Core GPU datasheet",
+    "B200": "NVIDIA DGX B200 / HGX B200 datasheet (per GPU)",
+    "MI300X": "AMD Instinct MI300X data sheet (approximate dense figures)",
+}
+
+#: How each figure is read from the entry's datasheet (units in the name).
+FIGURE_SOURCES: dict[str, str] = {
+    "sms": "datasheet / CUDA device properties (compute units on AMD)",
+    "bf16_tflops": "dense BF16 tensor peak (FP16 on Volta); 2:4-sparse figures halved",
+    "fp8_tflops": "dense FP8 tensor peak; 0: no FP8 tensor cores",
+    "fp4_tflops": "dense FP4 tensor peak; 0: no native FP4",
+    "hbm_bandwidth_gbytes_per_s": "peak memory bandwidth, GB/s",
+    "memory_gib": "device memory in GiB as NVML reports it (an 80GB part reports 80 GiB)",
+    "nvlink_bidir_gbytes_per_s": "NVLink (Infinity Fabric) bandwidth per GPU, bidirectional "
+    "GB/s; 0: PCIe only",
+    "nvlink_links": "NVLink links per GPU (25 GB/s per direction each on NVLink 2-4, 50 on 5)",
+    "pcie_per_direction_gbytes_per_s": "PCIe x16 per direction: Gen3 16, Gen4 32, Gen5 64 GB/s",
+    "power_w": "maximum board power (TDP), W",
+}
+
+#: Figures of one entry that are not read the way :data:`FIGURE_SOURCES` says.
+_SOURCE_NOTES: dict[tuple[str, str], str] = {
+    ("H200-SXM-141GB", "memory_gib"): "140.4 GiB measured on a real H200 (NVML; the "
+    "datasheet's 141 GB), rounded down",
+    ("H800-SXM5", "bf16_tflops"): "approximate: NVIDIA publishes no figure; H100 SXM's",
+    ("H800-SXM5", "fp8_tflops"): "approximate: NVIDIA publishes no figure; H100 SXM's",
+    ("MI300X", "bf16_tflops"): "approximate dense BF16 peak (AMD's figure is ~1307)",
+    ("MI300X", "fp8_tflops"): "approximate dense FP8 peak (AMD's figure is ~2615)",
+    ("L40S", "memory_gib"): "the datasheet's 48 GB is 44.7 GiB, here 45",
+    ("L4", "memory_gib"): "the datasheet's 24 GB is 22.4 GiB, here 22.5",
+}
+
+
+def figure_sources(model: str) -> dict[str, str]:
+    """Figure name -> how catalog entry ``model``'s value was read from its datasheet
+    (:data:`DATASHEETS`), or what else it comes from.
+
+    Raises:
+        KeyError: ``model`` is not a catalog name.
+    """
+    entry = CATALOG[model].model
+    return {name: _SOURCE_NOTES.get((entry, name), how) for name, how in FIGURE_SOURCES.items()}
+
+
+class AmbiguousGpuNameError(InputError):
+    """A GPU name that fits several products (``H100``: SXM5, PCIe, NVL).
+
+    Attributes:
+        candidates: the catalog entries it could mean.
+    """
+
+    def __init__(self, message: str, candidates: tuple[str, ...], *, field: str = "") -> None:
+        self.candidates = candidates
+        super().__init__(message, field=field)
 
 
 def catalog_names() -> list[str]:
     """All catalog model names, in catalog order."""
     return [spec.model for spec in _CATALOG]
+
+
+def aliases_of(model: str) -> list[str]:
+    """The other names that resolve to catalog entry ``model`` (NVML names first)."""
+    return sorted((a for a, m in _ALIASES.items() if m == model), key=lambda a: " " not in a)
+
+
+def ambiguous_names() -> dict[str, tuple[str, ...]]:
+    """Short names :func:`lookup` refuses as ambiguous -> the catalog entries each may mean."""
+    return {name: entries for name, (entries, _) in _AMBIGUOUS.items()}
 
 
 def closest(model: str, n: int = 3) -> list[str]:
@@ -221,10 +313,31 @@ def closest(model: str, n: int = 3) -> list[str]:
     return [e for e in ranked[:n] if best[e] >= 0.3]
 
 
+def _candidates(model: str) -> tuple[tuple[str, ...], str] | None:
+    """The entries an ambiguous name could mean and the variants missing from the catalog;
+    None when the name is not ambiguous. A name is ambiguous when it is listed in
+    :data:`_AMBIGUOUS` or is a prefix of two or more entries' names (``A100-SXM4``)."""
+    key = model.strip().casefold()
+    for name, found in _AMBIGUOUS.items():
+        if name.casefold() == key:
+            return found
+    prefixed = tuple(
+        dict.fromkeys(
+            _ALIASES.get(name, name)
+            for name in [*CATALOG, *_ALIASES]
+            if key and name.casefold().startswith(key)
+        )
+    )
+    return (prefixed, "") if len(prefixed) > 1 else None
+
+
 def lookup(model: str, *, field_path: str = "") -> GpuSpec:
     """Find a GPU by catalog name, alias or NVML name (case-insensitive).
 
     Raises:
+        AmbiguousGpuNameError: a short name that fits several products (``H100``); the message
+            lists the catalog entries it could mean and how to describe a variant the
+            catalog lacks.
         InputError: unknown model; the message names the closest catalog entries and how
             to give explicit figures instead.
     """
@@ -234,12 +347,29 @@ def lookup(model: str, *, field_path: str = "") -> GpuSpec:
     key = folded.get(model.strip().casefold())
     if key is not None:
         return CATALOG[_ALIASES.get(key, key)]
+    ambiguous = _candidates(model)
+    if ambiguous is not None:
+        entries, missing = ambiguous
+        also = f"; also made as {missing}, which the catalog lacks" if missing else ""
+        raise AmbiguousGpuNameError(
+            f"GPU model {model!r} is ambiguous: it may be {' or '.join(entries)}{also}, and "
+            "their figures differ. To fix: give the exact catalog name (mixfleetctl gpu list"
+            f" shows them with their figures), or describe the GPU you have: {_custom(entries[0])}",
+            entries,
+            field=field_path,
+        )
     suggestion = ", ".join(closest(model)) or "none"
     raise InputError(
         f"unknown GPU model {model!r}; closest catalog entries: {suggestion}. To fix: use "
-        "one of those names, or describe the GPU with explicit figures: "
-        "{model: MyGPU, base: H100-SXM5-80GB, bf16_tflops: ..., fp8_tflops: ..., "
-        "hbm_bandwidth_gbytes_per_s: ..., memory_gib: ...} (base is the nearest catalog entry; "
-        "every figure you give replaces its value)",
+        f"one of those names (mixfleetctl gpu list), or describe the GPU: {_custom()}",
         field=field_path,
+    )
+
+
+def _custom(base: str = "H100-SXM5-80GB") -> str:
+    """How to describe a GPU the catalog lacks."""
+    return (
+        f"{{model: MyGPU, base: {base}, bf16_tflops: ..., fp8_tflops: ..., "
+        "hbm_bandwidth_gbytes_per_s: ..., memory_gib: ...} (base is the nearest catalog "
+        "entry; every figure you give replaces its value)"
     )

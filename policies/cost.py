@@ -27,14 +27,14 @@ Units: US dollars (``usd``), hours, tokens per second. Pure: no I/O.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from policies.catalog import CATALOG, closest, lookup
+from policies.catalog import CATALOG, AmbiguousGpuNameError, closest, lookup
+from policies.defaults import LAYOUTS as LAYOUTS  # one default: policies.defaults
 from policies.deployment import (
     Deployment,
     describe_nodes,
@@ -43,6 +43,7 @@ from policies.deployment import (
 )
 from policies.errors import InfeasibleError, InputError
 from policies.fleet import Fleet
+from policies.keys import check_keys
 from policies.plan import Plan
 from policies.request import PlacementResult
 from policies.subsets import SubsetEvaluator, SubsetThroughput, subset_nodes
@@ -104,8 +105,9 @@ def price_table_from_dict(
     """Build a price table from a loaded document.
 
     Accepts ``{"currency": "USD", "prices": {model: usd_per_gpu_hour}}`` or a flat
-    ``{model: usd_per_gpu_hour}`` mapping. Names are catalog names or aliases (``H100``,
-    ``NVIDIA H200``) or the names of custom GPUs of a fleet file; catalog aliases are
+    ``{model: usd_per_gpu_hour}`` mapping (with ``prices``, no other key than ``currency``).
+    Names are catalog names or aliases (``H100-SXM``, ``NVIDIA H200``; an ambiguous short
+    name such as ``H100`` is refused) or the names of custom GPUs of a fleet file; catalog aliases are
     stored under the catalog name. Entries replace the defaults (``base``); the others
     keep their default price.
 
@@ -116,6 +118,8 @@ def price_table_from_dict(
         raise InputError("a price file must be a mapping of GPU model to price", field="prices")
     currency = str(doc.get("currency", "USD"))
     raw = doc.get("prices", None)
+    if raw is not None:
+        check_keys(doc, ("currency", "prices"), "")
     if raw is None:
         raw = {k: v for k, v in doc.items() if k != "currency"}
     if not isinstance(raw, Mapping):
@@ -130,8 +134,12 @@ def price_table_from_dict(
         v = float(value)
         if math.isnan(v) or math.isinf(v) or v < 0:
             raise InputError(f"must be a finite number >= 0, got {value!r}", field=f"prices.{name}")
-        with contextlib.suppress(InputError):  # a custom GPU of a fleet file keeps its name
-            name = lookup(name).model
+        try:  # a custom GPU of a fleet file keeps its name; an ambiguous one is refused
+            name = lookup(name, field_path=f"prices.{name}").model
+        except AmbiguousGpuNameError:
+            raise
+        except InputError:
+            pass
         table[name] = v
     return PriceTable(table, currency, source)
 
@@ -230,8 +238,6 @@ def plan_cost(plan: Plan, prices: PriceTable) -> PlanCost:
 
 
 # ----------------------------------------------------------------------------- min-cost
-
-LAYOUTS = ("best", "group", "replicas")
 
 
 def plans_cost(plans: Sequence[Plan], prices: PriceTable) -> PlanCost:

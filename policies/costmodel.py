@@ -52,6 +52,7 @@ import numpy.typing as npt
 from policies.catalog import GpuSpec
 from policies.errors import InputError
 from policies.fleet import Fleet
+from policies.keys import unknown_key_error
 from policies.limits import check_figure, measured_range
 from policies.models import DTYPE_BYTES, ModelSpec
 from policies.topology import Channel, Topology, build_topology
@@ -62,7 +63,7 @@ GIB = float(2**30)
 
 @dataclass(frozen=True)
 class Efficiency:
-    """Fractions of datasheet peak that kernels reach; defaults from REFERENCE.md section 8
+    """Fractions of datasheet peak that kernels reach; defaults from docs/planning.md
     (measured on H200, torch 2.11, CUDA 13). Calibration (``mixfleet-agent calibrate``)
     replaces them per GPU with measured figures.
 
@@ -375,7 +376,7 @@ def attention_core_us(
             if m and m.attn_decode_gbytes_per_s
             else (spec.hbm_bandwidth_gbytes_per_s * eff.attn_decode * 1e3)
         )
-        kv_read = ctx * model.kv_elements_per_token_per_layer * kv_bytes / bw
+        kv_read = model.kv_read_elements_per_token_per_layer(ctx) * kv_bytes / bw
         core_flop = model.attn_core_flops_per_token(ctx, decode=True) / (
             spec.bf16_tflops * eff.gemm_bf16 * 1e6
         )
@@ -538,9 +539,7 @@ def build_cost_table(
         load=load,
         bytes_per_copy=bytes_per_copy,
         expert_bytes=model.expert_bytes,
-        kv_bytes_per_token=model.num_layers
-        * model.kv_elements_per_token_per_layer
-        * terms.kv_bytes,
+        kv_bytes_per_token=model.kv_cache_elements_per_token(workload.context_len) * terms.kv_bytes,
         act_bytes_per_token=s.activation_bytes_per_token,
         decode=workload.decode,
         context_len=workload.context_len,
@@ -584,7 +583,7 @@ def measured_from_dict(doc: Mapping[str, Any]) -> MeasuredFigures:
     for raw_key, value in doc.items():
         key = LEGACY_MEASURED_KEYS.get(raw_key, raw_key)
         if key not in known:
-            raise InputError(f"unknown measured figure {key!r}; known: {sorted(known)}", field=key)
+            raise unknown_key_error(key, known, "", what="measured figure")
         if value is None:
             continue
         if (

@@ -1,4 +1,4 @@
-"""Target engines: what SGLang, vLLM and TensorRT-LLM really do with a plan (REFERENCE.md s. 4).
+"""Target engines: what SGLang, vLLM and TensorRT-LLM really do with a plan (docs/engines.md).
 
 A plan is worth what the engine executes. This module owns the engine as an input
 (:class:`EngineSpec`), the runtime one expert-parallel group really gets
@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from policies.errors import InputError
+from policies.keys import check_keys
 
 EngineName = Literal["native", "sglang", "vllm", "trtllm"]
 """Target engines; ``native`` is mixfleet's idealised form (planned shares, any split)."""
@@ -51,6 +52,17 @@ DpBalance = Literal["engine", "router"]
 """Who sets each DP attention rank's token share: the engine's balancer or the mixfleet router."""
 
 DP_BALANCES: tuple[DpBalance, ...] = get_args(DpBalance)
+
+DP_BALANCE_OPTIONS: tuple[str, ...] = ("auto", *DP_BALANCES)
+"""What a deployment may ask for: ``auto`` is ``router`` where the engine's HTTP API takes a
+per-request DP rank (SGLang ``routed_dp_rank``, vLLM ``X-data-parallel-rank``) and
+``engine`` for TensorRT-LLM, whose trtllm-serve request schema has no rank field (its
+``openai_protocol.py`` forbids extra fields; only the Python LLM API takes
+``SchedulingParams(attention_dp_rank=...)``)."""
+
+NO_HTTP_RANK_FIELD: frozenset[str] = frozenset({"trtllm"})
+"""Engines whose HTTP server cannot be told a request's DP rank: the router cannot impose
+planned DP weights on them (docs/router.md)."""
 
 PINNED_VERSIONS: Mapping[str, str] = {"sglang": "0.5.23", "vllm": "0.33.0", "trtllm": "1.2.1"}
 """The engine versions whose behaviour this module models (checked by ``make conformance``)."""
@@ -101,13 +113,15 @@ class EngineOptions:
             ``--all2all-backend``); ``auto`` picks the first that every GPU supports.
         dispatch: replica choice (SGLang ``--ep-dispatch-algorithm``): ``auto`` | ``static``
             | ``dynamic``; vLLM and TensorRT-LLM accept only ``auto`` (their rule is fixed).
-        dp_balance: ``router`` (the mixfleet router applies the planned DP weights) or
-            ``engine`` (the engine's own balancer: equal shares).
+        dp_balance: ``router`` (the mixfleet router applies the planned DP weights),
+            ``engine`` (the engine's own balancer: equal shares) or ``auto`` (``router``
+            where the engine's HTTP API takes a rank, else ``engine``; see
+            :data:`DP_BALANCE_OPTIONS`).
     """
 
     a2a_backend: str = "auto"
     dispatch: str = "auto"
-    dp_balance: DpBalance = "router"
+    dp_balance: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -130,9 +144,18 @@ class EngineSpec:
         return self.version or PINNED_VERSIONS.get(self.name, "")
 
     @property
+    def dp_balance(self) -> DpBalance:
+        """Who sets the DP ranks' shares, ``auto`` resolved (:data:`DP_BALANCE_OPTIONS`)."""
+        if self.options.dp_balance == "engine":
+            return "engine"
+        if self.options.dp_balance == "router":
+            return "router"
+        return "engine" if self.name in NO_HTTP_RANK_FIELD else "router"
+
+    @property
     def equal_dp(self) -> bool:
         """True when the engine's own balancer (equal shares) sets the DP ranks' shares."""
-        return self.name != "native" and self.options.dp_balance == "engine"
+        return self.name != "native" and self.dp_balance == "engine"
 
     @property
     def label(self) -> str:
@@ -147,12 +170,7 @@ _OPTION_KEYS = ("a2aBackend", "dispatch", "dpBalance")
 
 
 def _unknown(doc: Mapping[str, Any], allowed: Sequence[str], path: str) -> None:
-    extra = sorted(str(k) for k in doc if k not in allowed)
-    if extra:
-        raise InputError(
-            f"unknown keys {extra}; allowed: {', '.join(allowed)}",
-            field=path,
-        )
+    check_keys(doc, allowed, path)
 
 
 def _str(doc: Mapping[str, Any], key: str, default: str, path: str) -> str:
@@ -190,7 +208,7 @@ def parse_engine(doc: Any, path: str = "engine") -> EngineSpec:
     options = EngineOptions(
         a2a_backend=_str(raw, "a2aBackend", "auto", opath),
         dispatch=_str(raw, "dispatch", "auto", opath),
-        dp_balance=_str(raw, "dpBalance", "router", opath),  # type: ignore[arg-type]
+        dp_balance=_str(raw, "dpBalance", "auto", opath),
     )
     spec = EngineSpec(name, version, options)
     check_engine(spec, path)
@@ -222,10 +240,18 @@ def check_engine(spec: EngineSpec, path: str = "engine") -> None:
             f"unknown engine {spec.name!r}; choose one of {', '.join(ENGINES)}",
             field=f"{path}.name",
         )
-    if o.dp_balance not in DP_BALANCES:
+    if o.dp_balance not in DP_BALANCE_OPTIONS:
         raise InputError(
-            f"unknown dpBalance {o.dp_balance!r}; choose router (the mixfleet router applies "
-            "the planned DP weights) or engine (the engine's own balancer: equal shares)",
+            f"unknown dpBalance {o.dp_balance!r}; choose auto, router (the mixfleet router "
+            "applies the planned DP weights) or engine (the engine's own balancer: equal "
+            "shares)",
+            field=f"{path}.options.dpBalance",
+        )
+    if o.dp_balance == "router" and spec.name in NO_HTTP_RANK_FIELD:
+        raise InputError(
+            f"{spec.name}'s HTTP server takes no per-request DP rank (trtllm-serve's request "
+            "schema has no rank field), so no router can apply planned DP weights; choose "
+            "dpBalance engine or auto (the plan is then solved for equal shares)",
             field=f"{path}.options.dpBalance",
         )
     backends = [b for b, _ in _BACKENDS[spec.name]]
@@ -341,7 +367,7 @@ def resolve_runtime(
         engine=engine,
         a2a_backend=backend,
         dispatch=_dispatch(engine, backend),
-        dp_balance=engine.options.dp_balance,
+        dp_balance=engine.dp_balance,
         gpus_per_node=len(nodes) // max(1, len(names)),
         why=why,
     )

@@ -21,7 +21,9 @@ from policies.errors import InputError
 from policies.evaluation import LayerPlacement
 from policies.request import PlacementRequest, RawPlacement
 
-SGLANG_PLACEMENT_FAMILIES = frozenset({"deepseek_v3", "qwen3_moe", "gpt_oss"})
+SGLANG_PLACEMENT_FAMILIES = frozenset(
+    {"deepseek_v3", "deepseek_v32", "qwen3_moe", "qwen2_moe", "glm4_moe", "minimax_m2", "gpt_oss"}
+)
 """Model families whose SGLang model class has ``get_model_config_for_expert_location``
 (0.5.23): only these accept ``--init-expert-location`` and redundant slots."""
 

@@ -34,16 +34,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from policies.defaults import EXPORT_FORMATS as EXPORT_FORMATS  # one default: policies.defaults
 from policies.engines import PINNED_VERSIONS
 from policies.errors import InputError
 from policies.execution import SGLANG_PLACEMENT_FAMILIES
 from policies.models import ModelSpec
 from policies.plan import Plan, validate_plan
 
-EXPORT_FORMATS = ("sglang", "vllm", "trtllm")
-
-
-VLLM_EPLB_FAMILIES = frozenset({"deepseek_v3", "deepseek_v2", "qwen3_moe", "mixtral"})
+VLLM_EPLB_FAMILIES = frozenset(
+    {"deepseek_v3", "deepseek_v2", "qwen3_moe", "mixtral", "glm4_moe", "llama4"}
+)
 """Families whose vLLM 0.33.0 model class implements ``MixtureOfExperts`` (EPLB): only these
 take redundant experts and an EPLB state (gpt-oss fixes ``num_redundant_experts=0``)."""
 

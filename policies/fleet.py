@@ -18,12 +18,13 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, NewType
 
 from policies.catalog import GpuSpec, lookup
 from policies.errors import InputError
+from policies.keys import check_keys, renamed_keys
 from policies.limits import (
     MAX_FLEET_GPUS,
     MAX_FLEET_NODES,
@@ -172,6 +173,92 @@ class Fleet:
         )
 
 
+# ---------------------------------------------------------------------- reachability
+
+
+def _fabric_groups(fleet: Fleet) -> dict[str, str]:
+    """Fabric -> its group: fabrics joined by a chain of fabric links share a group."""
+    parent: dict[str, str] = {}
+
+    def root(f: str) -> str:
+        parent.setdefault(f, f)
+        while parent[f] != f:
+            parent[f] = parent[parent[f]]
+            f = parent[f]
+        return f
+
+    for link in fleet.fabric_links:
+        parent[root(link.a)] = root(link.b)
+    return {f: root(f) for n in fleet.nodes for f in n.fabrics}
+
+
+def _domain(node: Node) -> str | None:
+    return node.nvlink.domain if node.nvlink is not None else None
+
+
+def _split_by_domain(a: Sequence[Node], b: Sequence[Node]) -> tuple[Node, Node] | None:
+    """A node of ``a`` and another of ``b`` in no common NVLink domain, or None when all
+    are in one domain (``a is b``: two nodes of one list)."""
+    first, domain = a[0], _domain(a[0])
+    for other in b if a is not b else a[1:]:
+        if domain is None or _domain(other) != domain:
+            return first, other
+    return next(((x, b[0]) for x in a[1:] if _domain(x) != domain and a is not b), None)
+
+
+def unreachable_pair(fleet: Fleet) -> tuple[Node, Node] | None:
+    """Two nodes whose GPUs have no channel between them, or None when every pair has one.
+
+    Two nodes reach each other when they share an NVLink domain, a fabric, or fabrics
+    joined by a chain of fabric links (the channels of :mod:`policies.topology`). Nodes are
+    grouped by the fabric groups they reach, so the check costs groups squared, not nodes
+    squared.
+    """
+    group = _fabric_groups(fleet)
+    classes: dict[frozenset[str], list[Node]] = {}
+    for node in fleet.nodes:
+        classes.setdefault(frozenset(group[f] for f in node.fabrics), []).append(node)
+    keys = list(classes)
+    for i, ka in enumerate(keys):
+        for kb in keys[i:]:
+            if ka & kb or (ka is kb and len(classes[ka]) < 2):
+                continue
+            pair = _split_by_domain(classes[ka], classes[kb])
+            if pair is not None:
+                return pair
+    return None
+
+
+def _reach_of(node: Node) -> str:
+    fabrics = f"fabric {', '.join(node.fabrics)}" if node.fabrics else "no NICs"
+    nvlink = f"NVLink domain {_domain(node)}" if node.nvlink else "no NVLink"
+    return f"{node.name}: {fabrics} and {nvlink}"
+
+
+def check_reachable(fleet: Fleet, *, field: str = "nodes") -> None:
+    """Refuse a fleet in which some two nodes cannot exchange expert traffic (a plan would
+    price their all-to-all as infinite). The one check of every entry point: Fleet files
+    (:func:`parse_fleet`), the controller's and the operator's fleets of reported nodes
+    (:func:`policies.request.check_request` before every solve).
+
+    Raises:
+        InputError: naming the first such pair, what each node reaches, and the fix.
+    """
+    pair = unreachable_pair(fleet)
+    if pair is None:
+        return
+    a, b = pair
+    raise InputError(
+        f"nodes {a.name!r} and {b.name!r} cannot reach each other: they share no NVLink "
+        f"domain, no fabric and no fabric link ({_reach_of(a)}; {_reach_of(b)}). To fix: "
+        "give both NICs on one fabric (nics: [{count: N, per_direction_gbits_per_s: R, "
+        "fabric: NAME}]), join their fabrics (spec.fabric_links: [{between: [F1, F2], "
+        "per_direction_gbits_per_s: R}]), put them in one NVLink domain, or plan them as "
+        "separate fleets (a node selector)",
+        field=field,
+    )
+
+
 # --------------------------------------------------------------------------- parsing
 
 
@@ -226,6 +313,14 @@ def _name(value: Any, path: str) -> str:
 
 
 _GPU_KEYS = {"model", "count", "base", "uuids"}
+# The keys each level of a Fleet document may hold (deprecated unit keys are renamed first).
+_TOP_KEYS = ("apiVersion", "kind", "metadata", "spec")
+_METADATA_KEYS = ("name", "labels", "annotations")
+_SPEC_KEYS = ("nodes", "fabric_links")
+_NODE_KEYS = ("name", "labels", "gpus", "nvlink", "nics")
+_NVLINK_KEYS = ("domain", "per_gpu_bidir_gbytes_per_s")
+_NIC_KEYS = ("count", "per_direction_gbits_per_s", "fabric", "link_layer")
+_FABRIC_LINK_KEYS = ("between", "per_direction_gbits_per_s", "latency_us")
 
 # Keys renamed so the unit cannot be misread: old key -> new key, per section.
 LEGACY_GPU_KEYS = {
@@ -238,35 +333,8 @@ LEGACY_NIC_KEYS = {"gbps": "per_direction_gbits_per_s"}
 LEGACY_FABRIC_LINK_KEYS = {"gbps": "per_direction_gbits_per_s"}
 
 
-def _renamed(
-    doc: Mapping[str, Any], legacy: Mapping[str, str], path: str, warnings: list[str]
-) -> Mapping[str, Any]:
-    """``doc`` with deprecated keys renamed, one message per renamed key in ``warnings``.
-
-    Raises:
-        InputError: a key is given under both its old and its new name.
-    """
-    if not any(k in doc for k in legacy):
-        return doc
-    out = dict(doc)
-    for old, new in legacy.items():
-        if old not in out:
-            continue
-        if new in out:
-            raise InputError(
-                f"gives both {old!r} (deprecated) and {new!r}. To fix: keep only {new!r}",
-                field=f"{path}.{old}",
-            )
-        unit = "gigabits" if new.endswith("_gbits_per_s") else "gigabytes"
-        warnings.append(
-            f"{path}.{old}: deprecated key, read as {new!r} ({unit} per second). "
-            f"To fix: rename it to {new!r}"
-        )
-        out[new] = out.pop(old)
-    return out
-
-
 def _parse_gpu_group(doc: Mapping[str, Any], path: str) -> tuple[GpuSpec, int, list[str]]:
+    check_keys(doc, _GPU_KEYS | GpuSpec.figure_names(), path, what="GPU field")
     model = _req(doc, "model", path)
     if not isinstance(model, str) or not model:
         raise InputError("must be a non-empty string", field=f"{path}.model")
@@ -274,10 +342,7 @@ def _parse_gpu_group(doc: Mapping[str, Any], path: str) -> tuple[GpuSpec, int, l
     overrides = {k: v for k, v in doc.items() if k not in _GPU_KEYS}
     if "base" in doc:
         base = lookup(str(doc["base"]), field_path=f"{path}.base")
-        spec = base.with_overrides(overrides, field_path=path)
-        from dataclasses import replace
-
-        spec = replace(spec, model=model)
+        spec = replace(base.with_overrides(overrides, field_path=path), model=model)
     else:
         spec = lookup(model, field_path=f"{path}.model").with_overrides(overrides, field_path=path)
     if spec.memory_gib <= 0 or spec.hbm_bandwidth_gbytes_per_s <= 0 or spec.bf16_tflops <= 0:
@@ -303,13 +368,14 @@ def parse_node(
     """
     warnings = [] if warnings is None else warnings
     doc = _mapping(doc, path)
+    check_keys(doc, _NODE_KEYS, path)
     name = _name(_req(doc, "name", path), f"{path}.name")
     labels_raw = _mapping(doc.get("labels", {}) or {}, f"{path}.labels")
     labels = {str(k): str(v) for k, v in labels_raw.items()}
     gpus: list[Gpu] = []
     for i, g in enumerate(_list(_req(doc, "gpus", path), f"{path}.gpus")):
         gpath = f"{path}.gpus[{i}]"
-        group = _renamed(_mapping(g, gpath), LEGACY_GPU_KEYS, gpath, warnings)
+        group = renamed_keys(_mapping(g, gpath), LEGACY_GPU_KEYS, gpath, warnings)
         spec, count, uuids = _parse_gpu_group(group, gpath)
         if len(gpus) + count > MAX_GPUS_PER_NODE:  # checked before the GPUs are made
             raise InputError(
@@ -323,12 +389,13 @@ def parse_node(
         raise InputError("a node needs at least one GPU", field=f"{path}.gpus")
     nvlink = None
     if doc.get("nvlink") is not None:
-        nv = _renamed(
+        nv = renamed_keys(
             _mapping(doc["nvlink"], f"{path}.nvlink"),
             LEGACY_NVLINK_KEYS,
             f"{path}.nvlink",
             warnings,
         )
+        check_keys(nv, _NVLINK_KEYS, f"{path}.nvlink")
         domain = str(nv.get("domain", name))
         nvlink = NvLinkDomain(
             domain,
@@ -340,7 +407,8 @@ def parse_node(
     nics: list[NicGroup] = []
     for i, n in enumerate(_list(doc.get("nics", []) or [], f"{path}.nics")):
         npath = f"{path}.nics[{i}]"
-        n = _renamed(_mapping(n, npath), LEGACY_NIC_KEYS, npath, warnings)
+        n = renamed_keys(_mapping(n, npath), LEGACY_NIC_KEYS, npath, warnings)
+        check_keys(n, _NIC_KEYS, npath)
         layer = str(n.get("link_layer", "infiniband")).lower()
         if layer not in ("infiniband", "ethernet"):
             raise InputError(
@@ -386,6 +454,25 @@ def _check_fleet_size(raw_nodes: Sequence[Any]) -> None:
         )
 
 
+def _fabric_link(raw: Any, path: str, fabrics: set[str], warnings: list[str]) -> FabricLink:
+    """One entry of ``spec.fabric_links`` (``fabrics``: the fabrics the nodes use)."""
+    raw = renamed_keys(_mapping(raw, path), LEGACY_FABRIC_LINK_KEYS, path, warnings)
+    check_keys(raw, _FABRIC_LINK_KEYS, path)
+    between = _list(_req(raw, "between", path), f"{path}.between")
+    if len(between) != 2 or not all(str(b) in fabrics for b in between):
+        raise InputError(
+            f"must name two fabrics used by the nodes ({sorted(fabrics)}), got {between!r}",
+            field=f"{path}.between",
+        )
+    rate = _req(raw, "per_direction_gbits_per_s", path)
+    return FabricLink(
+        str(between[0]),
+        str(between[1]),
+        positive_number(rate, f"{path}.per_direction_gbits_per_s"),
+        positive_number(raw.get("latency_us", 5.0), f"{path}.latency_us", allow_zero=True),
+    )
+
+
 def parse_fleet(doc: Any) -> Fleet:
     """Parse a Fleet document (already loaded from YAML or JSON).
 
@@ -410,6 +497,7 @@ def parse_fleet(doc: Any) -> Fleet:
     """
     warnings: list[str] = []
     doc = _mapping(doc, "fleet")
+    check_keys(doc, _TOP_KEYS, "")
     api = doc.get("apiVersion", API_VERSION)
     if api != API_VERSION:
         raise InputError(f"must be {API_VERSION!r}, got {api!r}", field="apiVersion")
@@ -417,8 +505,10 @@ def parse_fleet(doc: Any) -> Fleet:
     if kind != "Fleet":
         raise InputError(f"must be 'Fleet', got {kind!r}", field="kind")
     meta = _mapping(doc.get("metadata", {}) or {}, "metadata")
+    check_keys(meta, _METADATA_KEYS, "metadata")
     name = _name(meta.get("name", "fleet"), "metadata.name")
     spec = _mapping(_req(doc, "spec", "fleet"), "spec")
+    check_keys(spec, _SPEC_KEYS, "spec")
     raw_nodes = _list(_req(spec, "nodes", "spec"), "spec.nodes")
     if not raw_nodes:
         raise InputError("a fleet needs at least one node", field="spec.nodes")
@@ -442,29 +532,15 @@ def parse_fleet(doc: Any) -> Fleet:
                         field="spec.nodes",
                     )
                 uuids[g.uuid] = g.id
-    links: list[FabricLink] = []
     fabrics = {f for n in nodes for f in n.fabrics}
-    for i, raw in enumerate(_list(spec.get("fabric_links", []) or [], "spec.fabric_links")):
-        lpath = f"spec.fabric_links[{i}]"
-        raw = _renamed(_mapping(raw, lpath), LEGACY_FABRIC_LINK_KEYS, lpath, warnings)
-        between = _list(_req(raw, "between", lpath), f"{lpath}.between")
-        if len(between) != 2 or not all(str(b) in fabrics for b in between):
-            raise InputError(
-                f"must name two fabrics used by the nodes ({sorted(fabrics)}), got {between!r}",
-                field=f"{lpath}.between",
-            )
-        links.append(
-            FabricLink(
-                str(between[0]),
-                str(between[1]),
-                positive_number(
-                    _req(raw, "per_direction_gbits_per_s", lpath),
-                    f"{lpath}.per_direction_gbits_per_s",
-                ),
-                positive_number(raw.get("latency_us", 5.0), f"{lpath}.latency_us", allow_zero=True),
-            )
-        )
-    return Fleet(name, nodes, tuple(links), tuple(warnings))
+    raw_links = _list(spec.get("fabric_links", []) or [], "spec.fabric_links")
+    links = tuple(
+        _fabric_link(x, f"spec.fabric_links[{i}]", fabrics, warnings)
+        for i, x in enumerate(raw_links)
+    )
+    fleet = Fleet(name, nodes, links, tuple(warnings))
+    check_reachable(fleet, field="spec.nodes")
+    return fleet
 
 
 def fleet_to_doc(fleet: Fleet) -> dict[str, Any]:

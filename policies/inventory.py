@@ -18,6 +18,7 @@ from typing import Any
 from policies.catalog import GpuSpec, lookup
 from policies.errors import InputError
 from policies.fleet import Gpu, GpuId, NicGroup, Node, NvLinkDomain
+from policies.keys import check_keys
 from policies.limits import (
     MAX_GPUS_PER_NODE,
     NIC_GBITS_RANGE,
@@ -32,7 +33,7 @@ from policies.limits import (
 #: code, outside NVLink's 1-5: the MI300X's xGMI, 64 GB/s per direction per link (7 links,
 #: 896 GB/s per GPU bidirectional in AMD's published figures). See agents/discovery/amdsmi.py.
 XGMI_MI300_GENERATION = 103
-#: Per-direction bandwidth of one NVLink by NVLink generation, GB/s (REFERENCE.md section 1).
+#: Per-direction bandwidth of one NVLink by NVLink generation, GB/s (NVIDIA NVLink specs).
 NVLINK_GBS_PER_LINK_PER_DIRECTION = {
     1: 20.0,
     2: 25.0,
@@ -430,12 +431,7 @@ class _Reader:
             raise InputError(f"must be an object, got {type(doc).__name__}", field=path)
         self.doc = {LEGACY_INVENTORY_KEYS.get(str(k), str(k)): v for k, v in doc.items()}
         self.path = path
-        unknown = sorted(set(self.doc) - known)
-        if unknown:
-            raise InputError(
-                f"unknown key {unknown[0]!r}; known: {sorted(known)}",
-                field=f"{path}.{unknown[0]}",
-            )
+        check_keys(self.doc, known, path, what="key")
 
     def _get(self, key: str, default: Any) -> Any:
         if key not in self.doc:

@@ -17,7 +17,7 @@ read from each engine's own argument definitions):
   ``--data-parallel-start-rank``, ``--data-parallel-address``/``--data-parallel-rpc-port``
   (``--headless`` past node 0); with redundant slots ``--enable-eplb --eplb-config`` whose
   ``step_interval`` (:data:`VLLM_EPLB_NEVER_STEPS`) keeps EPLB's own rebalancing from firing.
-  vLLM has no flag that loads a placement (REFERENCE.md s. 4); the recipe's notes say so.
+  vLLM has no flag that loads a placement (docs/engines.md); the recipe's notes say so.
 * TensorRT-LLM - ``trtllm-serve --tp_size N --ep_size N --extra_llm_api_options FILE`` with
   ``enable_attention_dp: true`` and ``moe_config.load_balancer`` = the exported file in that
   options YAML (:attr:`LaunchRecipe.files`), the plan's backend forced by
@@ -41,6 +41,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from policies.defaults import PLACEMENT_FILES as PLACEMENT_FILES  # one default: policies.defaults
+from policies.defaults import TRTLLM_OPTIONS_FILE as TRTLLM_OPTIONS_FILE
 from policies.engines import PINNED_VERSIONS
 from policies.errors import InputError
 from policies.execution import SGLANG_PLACEMENT_FAMILIES
@@ -52,16 +54,6 @@ MODEL_PATH_REF = "${MIXFLEET_MODEL_PATH}"
 environment."""
 DIST_INIT_REF = "${MIXFLEET_DIST_INIT_ADDR}"
 """Node 0's ``HOST:PORT`` when none is given (multi-node only), from the environment."""
-
-PLACEMENT_FILES: Mapping[str, str] = {
-    "sglang": "expert-location.json",
-    "vllm": "eplb-state.json",
-    "trtllm": "moe-load-balancer.yaml",
-}
-"""Default path of each engine's placement file (``mixfleetctl plan export --format E``)."""
-
-TRTLLM_OPTIONS_FILE = "llm-api-options.yaml"
-"""Default path of the TensorRT-LLM options YAML the recipe writes."""
 
 VLLM_EPLB_NEVER_STEPS = 2**62
 """vLLM ``eplb_config.step_interval``: EPLB first rebalances after ``step_interval // 4``

@@ -39,6 +39,7 @@ MAX_DOCUMENT_BYTES: Mapping[str, int] = {
     "deployment": 2 * MIB,
     "token file": 1 * MIB,
     "price": 1 * MIB,
+    "client config": 1 * MIB,
 }
 #: Largest YAML text, bytes, whatever its kind: YAML is built in Python at about 3 MB/s
 #: (JSON in C at about 100 MB/s), so larger documents must be JSON.

@@ -3,7 +3,7 @@
 Everything the cost model needs about a transformer: layer counts, attention shape, MoE
 shape and weight dtypes, with derived parameter, byte and FLOP counts per layer.
 Presets are written as Hugging Face configs and go through the same parser as
-``--model-config``, so there is one code path (REFERENCE.md section 9).
+``--model-config``, so there is one code path (docs/models.md).
 """
 
 from __future__ import annotations
@@ -13,13 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from policies.errors import InputError
-from policies.limits import (
-    MAX_EXPERTS,
-    MAX_LAYER_EXPERTS,
-    MAX_LAYERS,
-    MAX_MODEL_DIMENSION,
-    bounded_int,
-)
+from policies.hf_config import model_fields
+from policies.limits import MAX_LAYER_EXPERTS
 
 #: bytes per weight element; MXFP4 is 4-bit values plus one 8-bit scale per 32 values.
 DTYPE_BYTES: dict[str, float] = {"fp8": 1.0, "bf16": 2.0, "fp16": 2.0, "mxfp4": 4.25 / 8}
@@ -31,7 +26,10 @@ class ModelSpec:
 
     Attributes:
         name: preset or ``config.json`` name.
-        family: ``deepseek_v3`` | ``qwen3_moe`` | ``mixtral`` | ``gpt_oss`` | ``llama``.
+        family: the engine model class it maps to (:data:`policies.hf_config.FAMILIES`):
+            ``deepseek_v3`` (also Kimi K2), ``deepseek_v32``, ``qwen3_moe``, ``qwen2_moe``,
+            ``mixtral``, ``gpt_oss``, ``glm4_moe``, ``llama4``, ``minimax_m2``, ``ernie4_5_moe``,
+            ``llama``; ``custom`` from a Model file.
         num_layers: decoder layers (``num_hidden_layers``).
         moe_layers: indices of the layers whose FFN is a routed MoE (empty for dense).
         hidden: hidden size (elements).
@@ -53,6 +51,15 @@ class ModelSpec:
         mtp_layers: multi-token-prediction layers after the decoder (DeepSeek-V3
             ``num_nextn_predict_layers``); layer ``k`` has index ``num_layers + k`` and is an
             MoE layer with the same experts. 0 when the model has none.
+        shared_expert_ffn: intermediate size of one shared expert; 0 means as wide as a
+            routed expert (``expert_ffn``). Qwen2-MoE: ``shared_expert_intermediate_size``.
+        shared_expert_gate: the shared expert's output passes a sigmoid gate
+            (``Linear(hidden, 1)``, Qwen2-MoE).
+        attention_window: positions a windowed layer attends to (gpt-oss sliding window,
+            Llama 4 attention chunk), tokens; 0 when every layer attends to the whole context.
+        windowed_layers: indices of the layers with that window.
+        index_heads, index_head_dim, index_topk: DeepSeek-V3.2 sparse-attention indexer
+            (heads, head dim, positions each query attends to); 0 without one.
     """
 
     name: str
@@ -80,6 +87,13 @@ class ModelSpec:
     expert_dtype: str
     tie_embeddings: bool = False
     mtp_layers: int = 0
+    shared_expert_ffn: int = 0
+    shared_expert_gate: bool = False
+    attention_window: int = 0
+    windowed_layers: tuple[int, ...] = ()
+    index_heads: int = 0
+    index_head_dim: int = 0
+    index_topk: int = 0
 
     # ------------------------------------------------------------------ shape helpers
     @property
@@ -108,7 +122,10 @@ class ModelSpec:
             kv_a = h * (self.kv_lora_rank + self.qk_rope_dim)
             kv_b = self.kv_lora_rank * nh * (qk - self.qk_rope_dim + self.v_head_dim)
             o = nh * self.v_head_dim * h
-            return float(q + kv_a + kv_b + o)
+            # DeepSeek-V3.2 indexer: wq_b (q latent -> heads x dim), wk, weights_proj.
+            ih, idim = self.index_heads, self.index_head_dim
+            index = (self.q_lora_rank or h) * ih * idim + h * idim + h * ih
+            return float(q + kv_a + kv_b + o + index)
         return float(
             h * nh * self.head_dim
             + 2 * h * self.num_kv_heads * self.head_dim
@@ -119,8 +136,38 @@ class ModelSpec:
     def kv_elements_per_token_per_layer(self) -> int:
         """KV-cache elements one token keeps per layer (MLA keeps the compressed latent)."""
         if self.attention == "mla":
-            return self.kv_lora_rank + self.qk_rope_dim
+            return self.kv_lora_rank + self.qk_rope_dim + self.index_head_dim
         return 2 * self.num_kv_heads * self.head_dim
+
+    def attended_positions(self, context: float) -> float:
+        """Positions one layer's attention core reads per query, averaged over the decoder
+        layers: ``context``, at most ``attention_window`` in windowed layers and at most
+        ``index_topk`` under DeepSeek-V3.2 sparse attention."""
+        full = min(context, self.index_topk) if self.index_topk else context
+        if not self.windowed_layers:
+            return float(full)
+        windowed = len(self.windowed_layers)
+        local = min(context, self.attention_window)
+        return (windowed * local + (self.num_layers - windowed) * full) / self.num_layers
+
+    def kv_read_elements_per_token_per_layer(self, context: float) -> float:
+        """KV-cache elements one decode query reads per layer over ``context`` positions
+        (averaged over layers): the attended positions' KV, plus the indexer keys of every
+        position under sparse attention."""
+        if self.index_topk:
+            latent = self.kv_lora_rank + self.qk_rope_dim
+            return self.attended_positions(context) * latent + context * self.index_head_dim
+        return self.attended_positions(context) * self.kv_elements_per_token_per_layer
+
+    def kv_cache_elements_per_token(self, context: float) -> float:
+        """KV-cache elements a sequence of ``context`` tokens keeps per token, all layers
+        together (windowed layers keep at most ``attention_window`` positions)."""
+        per_layer = self.kv_elements_per_token_per_layer
+        if not self.windowed_layers or context <= self.attention_window:
+            return self.num_layers * per_layer
+        windowed = len(self.windowed_layers)
+        kept = windowed * self.attention_window / context + (self.num_layers - windowed)
+        return kept * per_layer
 
     def attn_core_flops_per_token(self, context: float, *, decode: bool) -> float:
         """Score and value FLOPs per token per layer attending over ``context`` positions.
@@ -129,9 +176,11 @@ class ModelSpec:
         FlashMLA do; prefill uses the expanded heads.
         """
         nh = self.num_q_heads
+        positions = self.attended_positions(context)
+        index = 2.0 * self.index_heads * self.index_head_dim * context  # indexer scores
         if self.attention == "mla" and decode:
-            return 2.0 * nh * (2 * self.kv_lora_rank + self.qk_rope_dim) * context
-        return 2.0 * nh * (self.head_dim + self.v_head_dim) * context
+            return 2.0 * nh * (2 * self.kv_lora_rank + self.qk_rope_dim) * positions + index
+        return 2.0 * nh * (self.head_dim + self.v_head_dim) * positions + index
 
     @property
     def expert_params(self) -> float:
@@ -140,7 +189,11 @@ class ModelSpec:
 
     @property
     def shared_expert_params(self) -> float:
-        return 3.0 * self.hidden * self.expert_ffn * self.num_shared_experts
+        """Parameters of one MoE layer's shared experts (and their gate), computed on every
+        token."""
+        ffn = self.shared_expert_ffn or self.expert_ffn
+        gate = self.hidden if self.shared_expert_gate and self.num_shared_experts else 0
+        return 3.0 * self.hidden * ffn * self.num_shared_experts + gate
 
     @property
     def dense_ffn_params(self) -> float:
@@ -170,6 +223,31 @@ class ModelSpec:
         )
 
     @property
+    def mtp_params(self) -> float:
+        """Parameters of the multi-token-prediction layers (not in :attr:`total_params`):
+        each is an attention layer, an MoE layer with all its routed and shared experts (a
+        dense FFN for a dense model) and the ``2 hidden -> hidden`` projection that joins
+        the embedding with the last hidden state; embeddings and head are shared."""
+        ffn = (
+            self.num_experts * self.expert_params + self.shared_expert_params
+            if self.is_moe
+            else self.dense_ffn_params
+        )
+        per_layer = self.attn_params_per_layer + ffn + 2.0 * self.hidden * self.hidden
+        return self.mtp_layers * per_layer
+
+    @property
+    def mtp_active_params(self) -> float:
+        """Parameters one MTP draft step uses per token (routed top-k plus shared)."""
+        ffn = (
+            self.top_k * self.expert_params + self.shared_expert_params
+            if self.is_moe
+            else self.dense_ffn_params
+        )
+        per_layer = self.attn_params_per_layer + ffn + 2.0 * self.hidden * self.hidden
+        return self.mtp_layers * per_layer
+
+    @property
     def active_params(self) -> float:
         """Parameters used per token."""
         return (
@@ -183,90 +261,23 @@ class ModelSpec:
 # ---------------------------------------------------------------------- HF configs
 
 
-#: Largest value of a config.json integer (:mod:`policies.limits`); other keys:
-#: :data:`~policies.limits.MAX_MODEL_DIMENSION`.
-_MAXIMA = {
-    **dict.fromkeys(
-        ("num_hidden_layers", "first_k_dense_replace", "moe_layer_freq", "decoder_sparse_step"),
-        MAX_LAYERS,
-    ),
-    "num_nextn_predict_layers": 16,
-    **dict.fromkeys(
-        ("n_routed_experts", "num_local_experts", "num_experts", "num_experts_per_tok"),
-        MAX_EXPERTS,
-    ),
-    **dict.fromkeys(("n_shared_experts", "n_group", "topk_group", "k"), MAX_EXPERTS),
-}
-
-
-def _int(cfg: Mapping[str, Any], key: str, default: int | None = None) -> int:
-    v = cfg.get(key, default)
-    if v is None:
-        raise InputError(
-            f"config.json lacks {key!r}. To fix: give a complete Hugging Face config.json",
-            field=key,
-        )
-    return bounded_int(v, key, minimum=0, maximum=_MAXIMA.get(key, MAX_MODEL_DIMENSION))
-
-
-def _dtype(cfg: Mapping[str, Any], default: str) -> str:
-    quant = cfg.get("quantization_config") or {}
-    method = str(quant.get("quant_method", "")).lower() if isinstance(quant, Mapping) else ""
-    if method == "fp8":
-        return "fp8"
-    if method == "mxfp4":
-        return "mxfp4"
-    torch_dtype = str(cfg.get("torch_dtype", cfg.get("dtype", default)))
-    return {"bfloat16": "bf16", "float16": "fp16", "float8_e4m3fn": "fp8"}.get(torch_dtype, default)
-
-
-_FAMILIES = ("deepseek_v3", "deepseek_v2", "qwen3_moe", "mixtral", "gpt_oss", "llama")
-
-
 def from_hf_config(cfg: Any, name: str | None = None) -> ModelSpec:
-    """Build a :class:`ModelSpec` from a Hugging Face ``config.json`` document.
+    """Build a :class:`ModelSpec` from a Hugging Face ``config.json`` document, or from a
+    mixfleet Model document (``kind: Model``, :mod:`policies.model_file`).
 
-    Supported ``model_type``: deepseek_v3 (and v2), qwen3_moe, mixtral, gpt_oss, llama.
+    The reader is chosen by ``architectures``, then ``model_type``
+    (:data:`policies.hf_config.FAMILIES`): DeepSeek V2/V3/V3.2, Kimi K2, Qwen2-MoE,
+    Qwen3-MoE, Mixtral, gpt-oss, GLM-4.5/4.6/4.7, Llama 4, MiniMax-M2, Llama.
 
     Raises:
-        InputError: unsupported family, missing or malformed field.
+        InputError: unsupported architecture (naming what is missing and the fix),
+            missing or malformed field.
     """
-    if not isinstance(cfg, Mapping):
-        raise InputError("config.json must be a JSON object", field="config")
-    family = str(cfg.get("model_type", ""))
-    if family not in _FAMILIES:
-        raise InputError(
-            f"unsupported model_type {family!r}. To fix: use a config.json of one of "
-            f"{', '.join(_FAMILIES)}, or a preset (mixfleetctl model list)",
-            field="model_type",
-        )
-    n_layers = _int(cfg, "num_hidden_layers")
-    hidden = _int(cfg, "hidden_size")
-    nh = _int(cfg, "num_attention_heads")
-    vocab = _int(cfg, "vocab_size")
-    tie = bool(cfg.get("tie_word_embeddings", False))
-    label = name or str(cfg.get("_name_or_path", family))
-    if n_layers == 0 or hidden == 0 or nh == 0:
-        raise InputError("num_hidden_layers, hidden_size and num_attention_heads must be > 0")
-    base: dict[str, Any] = {
-        "name": label,
-        "family": family,
-        "num_layers": n_layers,
-        "hidden": hidden,
-        "vocab": vocab,
-        "num_q_heads": nh,
-        "tie_embeddings": tie,
-    }
-    if family in ("deepseek_v3", "deepseek_v2"):
-        return _checked_size(_deepseek_spec(cfg, base))
-    common = _gqa_common(cfg, base)
-    build = {
-        "llama": _llama_spec,
-        "qwen3_moe": _qwen3_moe_spec,
-        "mixtral": _mixtral_spec,
-        "gpt_oss": _gpt_oss_spec,
-    }[family]
-    return _checked_size(build(cfg, common))
+    if isinstance(cfg, Mapping) and cfg.get("kind") == "Model":
+        from policies.model_file import model_file_fields
+
+        return _checked_size(ModelSpec(**model_file_fields(cfg, name)))
+    return _checked_size(ModelSpec(**model_fields(cfg, name)))
 
 
 def _checked_size(spec: ModelSpec) -> ModelSpec:
@@ -290,145 +301,6 @@ def _checked_size(spec: ModelSpec) -> ModelSpec:
             field="num_experts_per_tok",
         )
     return spec
-
-
-def _deepseek_spec(cfg: Mapping[str, Any], base: Mapping[str, Any]) -> ModelSpec:
-    """DeepSeek V3 / V2: MLA attention, dense layers before ``first_k_dense_replace``,
-    then a MoE layer every ``moe_layer_freq`` layers.
-
-    Args:
-        cfg: the ``config.json`` document.
-        base: the fields every family shares (name, family, layers, hidden size, vocab,
-            query heads, tied embeddings), already read from ``cfg``.
-    """
-    n_layers = base["num_layers"]
-    dense_k = _int(cfg, "first_k_dense_replace", 0)
-    freq = _int(cfg, "moe_layer_freq", 1) or 1
-    nope, rope = _int(cfg, "qk_nope_head_dim"), _int(cfg, "qk_rope_head_dim")
-    moe = tuple(i for i in range(dense_k, n_layers) if (i - dense_k) % freq == 0)
-    dtype = _dtype(cfg, "bf16")
-    return ModelSpec(
-        **base,
-        moe_layers=moe,
-        num_kv_heads=1,
-        head_dim=nope + rope,
-        v_head_dim=_int(cfg, "v_head_dim"),
-        attention="mla",
-        q_lora_rank=_int(cfg, "q_lora_rank", 0) if cfg.get("q_lora_rank") else 0,
-        kv_lora_rank=_int(cfg, "kv_lora_rank"),
-        qk_rope_dim=rope,
-        num_experts=_int(cfg, "n_routed_experts"),
-        num_shared_experts=_int(cfg, "n_shared_experts", 0),
-        top_k=_int(cfg, "num_experts_per_tok"),
-        expert_ffn=_int(cfg, "moe_intermediate_size"),
-        dense_ffn=_int(cfg, "intermediate_size"),
-        n_group=_int(cfg, "n_group", 1) or 1,
-        topk_group=_int(cfg, "topk_group", 1) or 1,
-        weight_dtype=dtype,
-        expert_dtype=dtype,
-        mtp_layers=_int(cfg, "num_nextn_predict_layers", 0),
-    )
-
-
-def _gqa_common(cfg: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, Any]:
-    """The fields the grouped-query-attention families (llama, qwen3_moe, mixtral,
-    gpt_oss) share: ``base`` plus KV heads and head dimensions, no MLA, no expert groups.
-
-    Raises:
-        InputError: missing KV heads or a non-integer ``head_dim``.
-    """
-    nkv = _int(cfg, "num_key_value_heads", base["num_q_heads"])
-    head_dim = cfg.get("head_dim") or base["hidden"] // base["num_q_heads"]
-    bounded_int(head_dim, "head_dim", maximum=MAX_MODEL_DIMENSION)
-    return {
-        **base,
-        "num_kv_heads": nkv,
-        "head_dim": head_dim,
-        "v_head_dim": head_dim,
-        "attention": "gqa",
-        "q_lora_rank": 0,
-        "kv_lora_rank": 0,
-        "qk_rope_dim": 0,
-        "n_group": 1,
-        "topk_group": 1,
-    }
-
-
-def _llama_spec(cfg: Mapping[str, Any], common: Mapping[str, Any]) -> ModelSpec:
-    """Llama: dense, every layer a plain FFN."""
-    dtype = _dtype(cfg, "bf16")
-    return ModelSpec(
-        **common,
-        moe_layers=(),
-        num_experts=0,
-        num_shared_experts=0,
-        top_k=0,
-        expert_ffn=0,
-        dense_ffn=_int(cfg, "intermediate_size"),
-        weight_dtype=dtype,
-        expert_dtype=dtype,
-    )
-
-
-def _qwen3_moe_spec(cfg: Mapping[str, Any], common: Mapping[str, Any]) -> ModelSpec:
-    """Qwen3 MoE: a MoE layer every ``decoder_sparse_step`` layers except ``mlp_only_layers``."""
-    step = _int(cfg, "decoder_sparse_step", 1) or 1
-    dense_raw = cfg.get("mlp_only_layers") or []
-    if not isinstance(dense_raw, list) or not all(
-        isinstance(i, int) and not isinstance(i, bool) for i in dense_raw
-    ):
-        raise InputError(
-            f"must be a list of layer indices, got {dense_raw!r:.80}", field="mlp_only_layers"
-        )
-    dense_only = set(dense_raw)
-    n_layers = common["num_layers"]
-    moe = tuple(i for i in range(n_layers) if i not in dense_only and (i + 1) % step == 0)
-    dtype = _dtype(cfg, "bf16")
-    return ModelSpec(
-        **common,
-        moe_layers=moe,
-        num_experts=_int(cfg, "num_experts"),
-        num_shared_experts=0,
-        top_k=_int(cfg, "num_experts_per_tok"),
-        expert_ffn=_int(cfg, "moe_intermediate_size"),
-        dense_ffn=_int(cfg, "intermediate_size"),
-        weight_dtype=dtype,
-        expert_dtype=dtype,
-    )
-
-
-def _mixtral_spec(cfg: Mapping[str, Any], common: Mapping[str, Any]) -> ModelSpec:
-    """Mixtral: every layer MoE, experts as wide as ``intermediate_size``."""
-    dtype = _dtype(cfg, "bf16")
-    ffn = _int(cfg, "intermediate_size")
-    return ModelSpec(
-        **common,
-        moe_layers=tuple(range(common["num_layers"])),
-        num_experts=_int(cfg, "num_local_experts"),
-        num_shared_experts=0,
-        top_k=_int(cfg, "num_experts_per_tok"),
-        expert_ffn=ffn,
-        dense_ffn=ffn,
-        weight_dtype=dtype,
-        expert_dtype=dtype,
-    )
-
-
-def _gpt_oss_spec(cfg: Mapping[str, Any], common: Mapping[str, Any]) -> ModelSpec:
-    """gpt-oss: every layer MoE; attention in BF16, experts MXFP4."""
-    top_k = cfg.get("num_experts_per_tok", cfg.get("experts_per_token"))
-    ffn = _int(cfg, "intermediate_size")
-    return ModelSpec(
-        **common,
-        moe_layers=tuple(range(common["num_layers"])),
-        num_experts=_int(cfg, "num_local_experts"),
-        num_shared_experts=0,
-        top_k=_int({"k": top_k}, "k"),
-        expert_ffn=ffn,
-        dense_ffn=ffn,
-        weight_dtype="bf16",
-        expert_dtype=_dtype(cfg, "bf16"),
-    )
 
 
 # ------------------------------------------------------------------------- presets

@@ -5,7 +5,7 @@ data-parallel router weight in engine form), its expert slots per MoE layer (phy
 -> logical expert, with the share of that expert's tokens the slot serves), runtime hints
 for DeepEP and FlashAttention, and the cost model's prediction of its time and memory.
 
-Two forms (REFERENCE.md section 4):
+Two forms (docs/engines.md):
 
 * ``native``: any number of experts per GPU, any token share per replica, unequal heads.
 * ``engine``: equal slots per GPU, replicas share an expert's tokens equally, attention as
@@ -21,9 +21,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from policies.defaults import FORMS as FORMS  # one default: policies.defaults
 from policies.errors import InputError
 
-FORMS = ("native", "engine")
 PLAN_SCHEMA_VERSION = 1
 
 

@@ -16,23 +16,19 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, get_args
 
+from policies import defaults
 from policies.costmodel import CostSettings, CostTable
+from policies.defaults import POLICIES as POLICIES  # one default per concept
+from policies.defaults import PolicyName as PolicyName
 from policies.engines import EngineSpec
 from policies.errors import InfeasibleError, InputError
 from policies.evaluation import Evaluation, LayerPlacement
-from policies.fleet import Fleet
+from policies.fleet import Fleet, check_reachable
 from policies.models import ModelSpec
 from policies.plan import FORMS, Plan
 from policies.vendors import check_vendors
 from policies.workload import Workload
-
-PolicyName = Literal["uniform", "eplb", "greedy", "ilp"]
-"""The placement policies, baseline first (see :mod:`policies.solvers`)."""
-
-POLICIES: tuple[PolicyName, ...] = get_args(PolicyName)
-"""Every :data:`PolicyName`, in the order reports list them."""
 
 
 @dataclass(frozen=True)
@@ -50,10 +46,10 @@ class SolverOptions:
             what one slot's share of the layer costs.
     """
 
-    time_limit_s: float = 60.0
-    mip_gap: float = 0.005
-    solver: str = "highs"
-    workers: int = 0
+    time_limit_s: float = defaults.DEFAULT_SOLVER_TIME_LIMIT_S
+    mip_gap: float = defaults.DEFAULT_MIP_GAP
+    solver: str = defaults.DEFAULT_MILP_SOLVER
+    workers: int = defaults.DEFAULT_WORKERS
     migration_weight_us: float | None = None
 
 
@@ -212,6 +208,7 @@ def check_request(req: PlacementRequest) -> None:
             field="redundant_experts",
         )
     check_vendors(req.fleet, req.model, allow_cross_vendor=req.allow_cross_vendor)
+    check_reachable(req.fleet)
     if req.previous is not None and len(req.previous.moe_layers) != req.model.num_moe_layers:
         raise InputError(
             "previous plan is for a different model (MoE layer count differs)", field="previous"

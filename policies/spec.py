@@ -26,7 +26,7 @@ A deployment document (YAML, ``examples/deployments/*.yaml``)::
       allowCrossVendor: false       # optional; let the all-to-all span NVIDIA and AMD GPUs
       gpuHourPrices: {H100-SXM5-80GB: 2.5}   # optional; USD per GPU-hour, catalog names
       engine: {name: sglang, version: "", # optional; native (default) | sglang | vllm | trtllm
-               options: {a2aBackend: auto, dispatch: auto, dpBalance: router}}
+               options: {a2aBackend: auto, dispatch: auto, dpBalance: auto}}
 
 The same document (as JSON) is what the store keeps; :mod:`apis.wire.deployment` carries it
 over PlanService.
@@ -39,14 +39,22 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from policies.cost import PriceTable, catalog_price_table, plan_cost
 from policies.costmodel import CostSettings, MeasuredFigures
+from policies.defaults import (
+    DEFAULT_FORM,
+    DEFAULT_POLICY,
+    DEFAULT_PREPARE_TIMEOUT_S,
+    DEFAULT_SOLVER_TIME_LIMIT_S,
+    default_tokens_per_gpu,
+)
 from policies.engines import EngineSpec, check_engine, engine_to_doc, parse_engine
 from policies.errors import InputError
 from policies.fleet import Fleet
+from policies.keys import check_keys
 from policies.limits import (
     MAX_ABS_INTEGER,
     MAX_CONTEXT_TOKENS,
@@ -58,6 +66,8 @@ from policies.limits import (
 from policies.models import ModelSpec, from_hf_config, preset
 from policies.plan import FORMS, Plan
 from policies.request import POLICIES, PlacementRequest, SolverOptions
+from policies.scheduling.fields import KEYS as SCHEDULING_KEYS
+from policies.scheduling.fields import check_fields, fields_from_doc, fields_to_doc
 from policies.spec_types import DeploymentSpec as DeploymentSpec
 from policies.spec_types import RebalanceSpec as RebalanceSpec
 from policies.spec_types import WorkloadSpec as WorkloadSpec
@@ -161,6 +171,7 @@ def check_spec(spec: DeploymentSpec, *, path: str = "spec") -> ModelSpec:
     if not isinstance(spec.engine, EngineSpec):
         raise InputError(f"must be an engine spec, got {spec.engine!r}", field=f"{path}.engine")
     check_engine(spec.engine, f"{path}.engine")
+    check_fields(spec, path)
     return model
 
 
@@ -393,13 +404,26 @@ def selects(spec: DeploymentSpec, labels: Mapping[str, str]) -> bool:
 # ---------------------------------------------------------------------- documents
 
 
+def _camel(name: str) -> str:
+    """The document's key of a dataclass field (``tokens_per_gpu`` -> ``tokensPerGpu``)."""
+    head, *rest = name.split("_")
+    return head + "".join(w[:1].upper() + w[1:] for w in rest)
+
+
 #: Keys a ModelDeployment's ``spec`` may have.
 _SPEC_FIELDS = (
     frozenset({"model", "modelConfig", "workload", "nodeSelector", "gpuHourPrices"})
     | {"allowCrossVendor", "policy", "form", "redundantExperts", "solverTimeLimitS"}
     | {"prepareTimeoutS", "rebalance", "engine"}
+    | set(SCHEDULING_KEYS)  # the fleet scheduler's (policies.scheduling.fields)
     | {"policyRef", "engineFormat"}  # Kubernetes operator fields: read there, ignored here
 )
+#: Keys of the document, its ``metadata``, ``spec.workload`` and ``spec.rebalance``
+#: (``status`` is what the controller reports: accepted on apply and not read, as kubectl).
+_DOCUMENT_FIELDS = ("apiVersion", "kind", "metadata", "spec", "status")
+_METADATA_FIELDS = ("name", "namespace", "labels", "annotations")
+_WORKLOAD_FIELDS = tuple(_camel(f.name) for f in fields(WorkloadSpec))
+_REBALANCE_FIELDS = tuple(_camel(f.name) for f in fields(RebalanceSpec))
 
 
 def parse_deployment(doc: Any) -> DeploymentSpec:
@@ -410,6 +434,7 @@ def parse_deployment(doc: Any) -> DeploymentSpec:
     """
     if not isinstance(doc, Mapping):
         raise InputError("a deployment must be a mapping", field="")
+    check_keys(doc, _DOCUMENT_FIELDS, "")
     if doc.get("apiVersion", API_VERSION) != API_VERSION:
         raise InputError(
             f"unsupported apiVersion {doc.get('apiVersion')!r}; this mixfleet reads {API_VERSION}",
@@ -423,14 +448,12 @@ def parse_deployment(doc: Any) -> DeploymentSpec:
         raise InputError("must be a mapping", field="metadata")
     if not isinstance(spec, Mapping):
         raise InputError("missing or not a mapping", field="spec")
-    for key in spec:
-        if key not in _SPEC_FIELDS:
-            raise InputError(
-                f"unknown field {key!r}; known: {', '.join(sorted(_SPEC_FIELDS))}",
-                field=f"spec.{key}",
-            )
+    check_keys(meta, _METADATA_FIELDS, "metadata")
+    check_keys(spec, _SPEC_FIELDS, "spec")
     w = _mapping(spec, "workload", "must be a mapping")
+    check_keys(w, _WORKLOAD_FIELDS, "spec.workload")
     rb = _mapping(spec, "rebalance", "must be a mapping")
+    check_keys(rb, _REBALANCE_FIELDS, "spec.rebalance")
     cfg = spec.get("modelConfig")
     if cfg is not None and not isinstance(cfg, Mapping):
         raise InputError("must be a mapping (a config.json)", field="spec.modelConfig")
@@ -448,12 +471,12 @@ def parse_deployment(doc: Any) -> DeploymentSpec:
         model=str(spec.get("model", "") or ""),
         model_config=dict(cfg) if cfg is not None else None,
         workload=_workload_spec(w),
-        policy=spec.get("policy", "ilp"),
-        form=spec.get("form", "engine"),
+        policy=spec.get("policy", DEFAULT_POLICY),
+        form=spec.get("form", DEFAULT_FORM),
         redundant_experts=spec.get("redundantExperts"),
         node_selector={str(k): str(v) for k, v in selector.items()},
-        solver_time_limit_s=spec.get("solverTimeLimitS", 60.0),
-        prepare_timeout_s=spec.get("prepareTimeoutS", 30.0),
+        solver_time_limit_s=spec.get("solverTimeLimitS", DEFAULT_SOLVER_TIME_LIMIT_S),
+        prepare_timeout_s=spec.get("prepareTimeoutS", DEFAULT_PREPARE_TIMEOUT_S),
         rebalance=RebalanceSpec(
             enabled=bool(rb.get("enabled", dr.enabled)),
             imbalance_threshold=rb.get("imbalanceThreshold", dr.imbalance_threshold),
@@ -464,6 +487,7 @@ def parse_deployment(doc: Any) -> DeploymentSpec:
         allow_cross_vendor=False if cross is None else cross,
         gpu_hour_prices={str(k): v for k, v in prices.items()},
         engine=parse_engine(_or_empty(spec.get("engine")), "spec.engine"),
+        **fields_from_doc(spec),
     )
     check_spec(out)
     return out
@@ -488,7 +512,7 @@ def _workload_spec(w: Mapping[str, Any]) -> WorkloadSpec:
     matrix = w.get("loadMatrix")
     return WorkloadSpec(
         phase=w.get("phase", d.phase),
-        tokens_per_gpu=w.get("tokensPerGpu", d.tokens_per_gpu),
+        tokens_per_gpu=w.get("tokensPerGpu", default_tokens_per_gpu(w.get("phase", d.phase))),
         context_len=w.get("contextLen", d.context_len),
         kv_cache_dtype=w.get("kvCacheDtype", d.kv_cache_dtype),
         load=str(w.get("load", d.load)),
@@ -547,4 +571,5 @@ def spec_to_doc(spec: DeploymentSpec) -> dict[str, Any]:
         body["gpuHourPrices"] = dict(spec.gpu_hour_prices)
     if spec.engine != EngineSpec():
         body["engine"] = engine_to_doc(spec.engine)
+    body.update(fields_to_doc(spec))
     return {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": spec.name}, "spec": body}

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from policies import defaults as d
 from policies.engines import EngineSpec
 
 
@@ -22,7 +23,8 @@ class WorkloadSpec:
 
     Attributes:
         phase: ``prefill`` or ``decode``.
-        tokens_per_gpu: tokens per step per GPU on average.
+        tokens_per_gpu: tokens per step per GPU on average (default by phase:
+            :data:`policies.defaults.DEFAULT_TOKENS_PER_GPU`).
         context_len: KV cache length per sequence, tokens.
         kv_cache_dtype: ``bf16`` or ``fp8``.
         load: ``uniform``, ``synthetic:zipf:S[:seed=N]`` or ``measured`` (load windows the
@@ -30,10 +32,10 @@ class WorkloadSpec:
         load_matrix: explicit ``[layers][experts]`` load; overrides ``load`` when set.
     """
 
-    phase: str = "decode"
-    tokens_per_gpu: int = 64
-    context_len: int = 4096
-    kv_cache_dtype: str = "bf16"
+    phase: str = d.DEFAULT_PHASE
+    tokens_per_gpu: int = d.DEFAULT_TOKENS_PER_GPU[d.DEFAULT_PHASE]
+    context_len: int = d.DEFAULT_CONTEXT_LEN
+    kv_cache_dtype: str = d.DEFAULT_KV_CACHE_DTYPE
     load: str = "uniform"
     load_matrix: tuple[tuple[float, ...], ...] | None = None
 
@@ -84,19 +86,39 @@ class DeploymentSpec:
             assumed prices (:mod:`policies.cost`) in the status's cost per million tokens.
         engine: the engine that will run the plan (:mod:`policies.engines`): the plan is
             scored and solved under its replica choice and DP balancing.
+        priority: the fleet scheduler places higher first; a higher one may preempt a
+            lower one (:mod:`policies.scheduling`).
+        min_gpus: fewest GPUs the deployment may run on; 0 = what its model needs.
+        max_gpus: most GPUs the scheduler may give it; 0 = no limit.
+        objective: what its share of the fleet is chosen for: ``throughput`` (tokens per
+            second), ``cost`` (tokens per dollar) or ``slo`` (tokens per second within
+            ``slo_step_time_ms``).
+        slo_step_time_ms: step-time target of the ``slo`` objective (decode: time per
+            output token), ms; 0 = none.
+        memory_fraction: share of each GPU's memory it takes; 1 (default) = its GPUs are
+            exclusively its own; below 1 it may share nodes with others that also declare
+            a fraction (accounted: the fractions on a node sum to at most 1).
+        namespace: quota namespace (the scheduler's per-namespace GPU quotas).
     """
 
     name: str
     model: str = ""
     model_config: Mapping[str, Any] | None = None
     workload: WorkloadSpec = field(default_factory=WorkloadSpec)
-    policy: str = "ilp"
-    form: str = "engine"
+    policy: str = d.DEFAULT_POLICY
+    form: str = d.DEFAULT_FORM
     redundant_experts: int | None = None
     node_selector: Mapping[str, str] = field(default_factory=dict)
-    solver_time_limit_s: float = 60.0
-    prepare_timeout_s: float = 30.0
+    solver_time_limit_s: float = d.DEFAULT_SOLVER_TIME_LIMIT_S
+    prepare_timeout_s: float = d.DEFAULT_PREPARE_TIMEOUT_S
     rebalance: RebalanceSpec = field(default_factory=RebalanceSpec)
     allow_cross_vendor: bool = False
     gpu_hour_prices: Mapping[str, float] = field(default_factory=dict)
     engine: EngineSpec = field(default_factory=EngineSpec)
+    priority: int = 0
+    min_gpus: int = 0
+    max_gpus: int = 0
+    objective: str = "throughput"
+    slo_step_time_ms: float = 0.0
+    memory_fraction: float = 1.0
+    namespace: str = "default"

@@ -17,12 +17,10 @@ from dataclasses import dataclass
 
 from policies.advise import BatchPoint
 from policies.cost import PriceTable
+from policies.defaults import PREFERENCES as PREFERENCES  # one default: policies.defaults
 from policies.deployment import Deployment
 from policies.errors import InputError
 from policies.request import PlacementResult
-
-#: How :func:`policies.tier_planner.plan_tiers` picks the interactive units.
-PREFERENCES = ("fastest", "max-batch")
 
 
 @dataclass(frozen=True)

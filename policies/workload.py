@@ -13,11 +13,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from policies.defaults import KV_DTYPES as KV_DTYPES  # one default: policies.defaults
+from policies.defaults import PHASES as PHASES
 from policies.errors import InputError
 from policies.models import ModelSpec
-
-PHASES = ("prefill", "decode")
-KV_DTYPES = ("bf16", "fp8")
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,14 @@ Per GPU (one process per GPU, all GPUs at once, so each is measured as it runs i
 * between the node's GPUs, NCCL ``all_to_all_single`` time for 1..16384 tokens per rank and
   the runtime's dispatch + combine round trip for one token (its fixed latency).
 
-The result is a JSON document: per GPU the :class:`policies.costmodel.MeasuredFigures`
-(``measured``), the raw curves, and how long calibration took. :func:`apply_calibration`
+* the fast runtime's own kernels (:mod:`agents.calibrate.runtime_figures`): attention and
+  expert rates, dense-weight streaming, per-token and per-pair times of its other kernels,
+  and the idle time between kernels in a CUDA-graph replay.
+
+Everything is measured ``repeats`` times (default 3); a figure the runs disagree on by more
+than 5% is dropped with the reason (:func:`stable_figures`). The result is a JSON document:
+per GPU the :class:`policies.costmodel.MeasuredFigures` (``measured``), what was dropped,
+every run's figures and raw curves, and how long calibration took. :func:`apply_calibration`
 puts the figures into a :class:`NodeInventory`; :func:`planning_inputs` builds the fleet and
 cost settings a solve needs from such an inventory.
 
@@ -26,17 +32,20 @@ Units: microseconds (``_us``), TFLOPS, GB/s (1e9 B/s), bytes.
 
 Modules: :mod:`agents.calibrate.options` (shapes and effort),
 :mod:`agents.calibrate.measure` (the measurements of one GPU, needs torch),
+:mod:`agents.calibrate.runtime_figures` (the fast runtime's kernels, needs torch),
 :mod:`agents.calibrate.fit` (curves -> figures -> planning inputs, pure) and
 :mod:`agents.calibrate.node` (one process per GPU, the sub-command).
 """
 
 from agents.calibrate.fit import (
     NOISE_TOLERANCE,
+    STABILITY_TOLERANCE,
     apply_calibration,
     figures_from_curves,
-    overhead_figures,
     planning_inputs,
     pool_within_noise,
+    runtime_overheads,
+    stable_figures,
 )
 from agents.calibrate.measure import (
     attention_figures,
@@ -69,6 +78,7 @@ __all__ = [
     "DEFAULT_ROWS_PER_EXPERT",
     "DEFAULT_TOKEN_COUNTS",
     "NOISE_TOLERANCE",
+    "STABILITY_TOLERANCE",
     "CalibrationOptions",
     "add_arguments",
     "apply_calibration",
@@ -83,11 +93,12 @@ __all__ = [
     "measure_rank",
     "nccl_figures",
     "options_from_args",
-    "overhead_figures",
     "planning_inputs",
     "pool_within_noise",
     "profile_model",
+    "runtime_overheads",
     "runtime_profile",
     "software_versions",
+    "stable_figures",
     "time_us",
 ]

@@ -1,8 +1,8 @@
 """From measured curves to planning inputs, pure (no torch, no I/O).
 
 Owns :func:`figures_from_curves` (curves -> :class:`policies.costmodel.MeasuredFigures`
-fields), the runtime-profile roofline fit of fixed overheads (:func:`overhead_figures`),
-putting figures into an inventory (:func:`apply_calibration`), pooling same-model figures
+fields; the fast runtime's measured kernel rates and fixed costs, :func:`runtime_overheads`),
+keeping only the figures that repeated calibrations agree on (:func:`stable_figures`), putting figures into an inventory (:func:`apply_calibration`), pooling same-model figures
 that agree within noise (:func:`pool_within_noise`) and the fleet and cost settings a solve
 needs (:func:`planning_inputs`).
 
@@ -16,7 +16,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
 from typing import Any
 
-from agents.calibrate.options import CalibrationOptions, profile_model
 from policies.costmodel import CostSettings, Efficiency, MeasuredFigures, measured_from_dict
 from policies.fleet import Fleet, Gpu
 from policies.inventory import NodeInventory, gpu_spec
@@ -25,24 +24,24 @@ from policies.inventory import NodeInventory, gpu_spec
 def figures_from_curves(
     gpu: Mapping[str, Any],
     nccl: Mapping[str, Any] | None,
-    profile: Mapping[str, Any] | None = None,
-    *,
-    options: CalibrationOptions | None = None,
-    gpu_name: str = "",
-    world: int = 1,
+    runtime: Mapping[str, Any] | None = None,
 ) -> dict[str, float]:
     """:class:`MeasuredFigures` fields from the raw curves.
 
     * ``gemm_bf16_tflops`` / ``gemm_fp8_tflops``: expert-FFN GEMM rate at the largest m;
-    * ``gemm_launch_us``: median over m >= 64 of what one GEMM takes beyond its roofline
-      ``max(FLOPs / peak, weight bytes / HBM)`` (half the FFN pair's excess);
+    * ``gemm_launch_us``: without ``runtime``, median over m >= 64 of what one GEMM takes
+      beyond its roofline ``max(FLOPs / peak, weight bytes / HBM)`` (half the FFN pair's
+      excess, at least 1 us);
     * ``hbm_gbytes_per_s``: copy bandwidth; ``attn_prefill_tflops``, ``attn_decode_gbytes_per_s``: SDPA;
     * ``nvlink_per_direction_gbytes_per_s``: remote bytes per rank over (time - latency) at the largest all-to-all;
     * ``expert_gemm_tflops``: grouped expert GEMM at >= 256 rows per expert (best point);
       ``expert_read_gbytes_per_s``: its weight-streaming rate at <= 16 rows per expert (median);
-    * with a runtime ``profile``: what the runtime's phases take beyond the cost model's
-      roofline terms (computed with the figures above), split into fixed costs and
-      per-token / per-pair costs - see :func:`overhead_figures`.
+    * with ``runtime`` (:func:`agents.calibrate.runtime_figures.runtime_figures`, the fast
+      runtime's own kernels): its attention and expert rates replace the curves' ones,
+      ``gemm_launch_us`` is the measured per-kernel latency in a CUDA graph, and the fixed
+      costs are counts times that latency: ``attn_overhead_us`` (kernels of the attention
+      phase) and ``expert_overhead_us`` (kernels of dispatch, experts and combine). A phase
+      whose kernels could not be counted gets no fixed cost (the model's default applies).
     """
     g = gpu["gemm"]
     bf16 = g["bf16"]
@@ -71,6 +70,7 @@ def figures_from_curves(
         big = pts[-1]
         remote = big["tokens_per_rank"] * (nccl["world"] - 1) * nccl["hidden"] * 2.0
         out["nvlink_per_direction_gbytes_per_s"] = remote / max(big["us"] - alpha, 1e-3) / 1e3
+        out["a2a_latency_us"] = alpha  # one all-to-all of one token per rank
     grouped = gpu.get("grouped_experts", {}).get("points", [])
     big_rows = [p["tflops"] for p in grouped if p["rows_per_expert"] >= 256]
     small_rows = [p["weight_gbytes_per_s"] for p in grouped if p["rows_per_expert"] <= 16]
@@ -78,109 +78,68 @@ def figures_from_curves(
         out["expert_gemm_tflops"] = float(max(big_rows))
     if small_rows:
         out["expert_read_gbytes_per_s"] = float(statistics.median(small_rows))
-    if profile and options is not None:
-        out.update(overhead_figures(out, profile, options, gpu_name=gpu_name, world=world))
+    if runtime:
+        out.update(runtime_overheads(runtime))
     return out
 
 
-_NEGLIGIBLE = 1e-9  # a measured figure that makes the cost model add (almost) nothing
-
-
-def _profile_roofline(
-    figures: Mapping[str, float],
-    point: Mapping[str, Any],
-    o: CalibrationOptions,
-    gpu_name: str,
-    world: int,
-) -> tuple[float, float, float]:
-    """The cost model's attention, comm and expert times (us) for one profile point of GPU 0
-    with fixed costs and extras set to (almost) zero."""
-    from policies.catalog import lookup
-    from policies.costmodel import build_cost_table
-    from policies.errors import InputError
-    from policies.evaluation import LayerPlacement, evaluate
-    from policies.fleet import GpuId, Node, NvLinkDomain
-    from policies.workload import make_workload
-
-    try:
-        spec = lookup(gpu_name)
-    except InputError:
-        spec = lookup("H100-SXM5-80GB")
-    node = Node(
-        "profile",
-        tuple(Gpu(GpuId(f"profile/gpu{i}"), "profile", i, spec) for i in range(world)),
-        NvLinkDomain("profile", spec.nvlink_bidir_gbytes_per_s or 900.0) if world > 1 else None,
-        (),
+def runtime_overheads(runtime: Mapping[str, Any]) -> dict[str, float]:
+    """The fast runtime's figures, each a measurement of its own kernels: attention and
+    expert rates replace the curves' ones; the rate its attention phase streams dense
+    weights at decode batch is ``hbm_gbytes_per_s`` and its dense GEMM rate in prefill
+    ``gemm_bf16_tflops`` (the figures the cost model reads and computes dense weights
+    with); the per-token and per-pair times of its other kernels are
+    ``attn_extra_us_per_token`` and ``expert_extra_us_per_pair``; the fixed costs are the
+    idle time between a decode step's kernels in a CUDA-graph replay (graph time minus the
+    kernels' durations): ``attn_overhead_us`` (attention phase) and ``expert_overhead_us``
+    (dispatch, experts and combine), present only when positive."""
+    keys = (
+        "attn_decode_gbytes_per_s",
+        "attn_prefill_tflops",
+        "expert_read_gbytes_per_s",
+        "expert_gemm_tflops",
+        "attn_extra_us_per_token",
+        "expert_extra_us_per_pair",
     )
-    base = {k: v for k, v in figures.items() if k in MeasuredFigures.__dataclass_fields__}
-    base.update(attn_overhead_us=_NEGLIGIBLE, expert_overhead_us=_NEGLIGIBLE)
-    base.update(a2a_latency_us=_NEGLIGIBLE)
-    m = measured_from_dict(base)
-    settings = CostSettings(measured={g.id: m for g in node.gpus}, fp8_dispatch=o.fp8_dispatch)
-    model = profile_model(o, experts=int(point["experts"]), top_k=int(point["top_k"]))
-    wl = make_workload(
-        model,
-        phase="decode" if point["decode"] else "prefill",
-        tokens_per_gpu=int(point["tokens_per_gpu"]),
-        context_len=int(point["context"]),
-    )
-    table = build_cost_table(Fleet("profile", (node,)), model, wl, settings)
-    e = model.num_experts
-    layer = LayerPlacement(
-        tuple(tuple((x, 1.0) for x in range(e) if x * world // e == r) for r in range(world))
-    )
-    t = evaluate(table, [1.0 / world] * world, [layer]).moe_layers[0]
-    return t.attention_us[0], t.comm_us[0], t.expert_us[0]
+    out = {k: float(runtime[k]) for k in keys if runtime.get(k)}
+    if runtime.get("dense_read_gbytes_per_s"):  # the cost model reads dense weights at hbm
+        out["hbm_gbytes_per_s"] = float(runtime["dense_read_gbytes_per_s"])
+    if runtime.get("dense_gemm_tflops"):  # ... and computes dense FLOPs at the BF16 rate
+        out["gemm_bf16_tflops"] = float(runtime["dense_gemm_tflops"])
+    if runtime.get("attn_gap_us"):
+        out["attn_overhead_us"] = float(runtime["attn_gap_us"])
+    if runtime.get("expert_gap_us"):
+        out["expert_overhead_us"] = float(runtime["expert_gap_us"])
+    return out
 
 
-def overhead_figures(
-    figures: Mapping[str, float],
-    profile: Mapping[str, Any],
-    o: CalibrationOptions,
-    *,
-    gpu_name: str = "",
-    world: int = 1,
-) -> dict[str, float]:
-    """Fixed and per-token / per-pair costs of the runtime beyond the roofline.
+#: Repeated calibrations of one GPU whose values of a figure spread by more than this
+#: (max / min - 1) do not give that figure: it is dropped, with the spread as the reason.
+STABILITY_TOLERANCE = 0.05
 
-    With ``r = measured - roofline`` per phase group - attention; comm (dispatch +
-    combine); experts (experts + output) - at the decode point (``T_d`` tokens, ``P_d =
-    T_d * top_k`` pairs per GPU) and the large point (``T_l``, ``P_l``), a straight line
-    through both::
 
-        attn_extra_us_per_token  = (r_attn(l) - r_attn(d)) / (T_l - T_d)
-        attn_overhead_us         = r_attn(d) - attn_extra_us_per_token * T_d
-        expert_extra_us_per_pair = (r_ce(l) - r_ce(d)) / (P_l - P_d),  r_ce = r_comm + r_exp
-        a2a_latency_us           = r_comm(d) / 2                 (one dispatch, one combine)
-        expert_overhead_us       = r_ce(d) - expert_extra_us_per_pair * P_d - 2 a2a_latency_us
-
-    Every figure is kept above a small positive floor (a negative residual means the
-    roofline alone is already slower than the runtime).
-    """
-    floor = 1e-3
-    dec, large = profile["decode"], profile["large"]
-    res = {}
-    for name, point in (("d", dec), ("l", large)):
-        ph = point["phases_us"]
-        a, c, e = _profile_roofline(figures, point, o, gpu_name, world)
-        res[name] = (
-            ph["attention"] - a,
-            ph["dispatch"] + ph["combine"] - c,
-            ph["experts"] + ph["output"] - e,
-        )
-    t_d, t_l = dec["tokens_per_gpu"], large["tokens_per_gpu"]
-    p_d, p_l = t_d * dec["top_k"], t_l * large["top_k"]
-    (ra_d, rc_d, re_d), (ra_l, rc_l, re_l) = res["d"], res["l"]
-    attn_extra = max(floor, (ra_l - ra_d) / max(t_l - t_d, 1))
-    pair_extra = max(floor, (rc_l + re_l - rc_d - re_d) / max(p_l - p_d, 1))
-    a2a = max(floor, rc_d / 2.0)
-    return {
-        "attn_overhead_us": max(floor, ra_d - attn_extra * t_d),
-        "attn_extra_us_per_token": attn_extra,
-        "a2a_latency_us": a2a,
-        "expert_overhead_us": max(floor, rc_d + re_d - pair_extra * p_d - 2 * a2a),
-        "expert_extra_us_per_pair": pair_extra,
-    }
+def stable_figures(
+    runs: Sequence[Mapping[str, float]], tolerance: float = STABILITY_TOLERANCE
+) -> tuple[dict[str, float], dict[str, str]]:
+    """Figures of repeated calibrations of one GPU: each figure present in every run and
+    positive, whose runs agree within ``tolerance``, as their mean; every other figure
+    dropped, with the reason. Returns (figures, dropped: figure -> reason)."""
+    keys = sorted(set().union(*(r.keys() for r in runs))) if runs else []
+    kept: dict[str, float] = {}
+    dropped: dict[str, str] = {}
+    for k in keys:
+        values = [r[k] for r in runs if k in r]
+        if len(values) < len(runs):
+            dropped[k] = f"measured in {len(values)} of {len(runs)} runs"
+        elif min(values) <= 0:
+            dropped[k] = f"not positive in every run ({min(values):.4g})"
+        elif (spread := max(values) / min(values) - 1.0) > tolerance:
+            dropped[k] = f"runs spread by {spread:.1%} (> {tolerance:.0%}): " + ", ".join(
+                f"{v:.4g}" for v in values
+            )
+        else:
+            kept[k] = sum(values) / len(values)
+    return kept, dropped
 
 
 # ------------------------------------------------------------------ inventory, planning

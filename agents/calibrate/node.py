@@ -16,8 +16,8 @@ import time
 from dataclasses import asdict, replace
 from typing import Any
 
-from agents.calibrate.fit import apply_calibration, figures_from_curves
-from agents.calibrate.measure import calibrate_gpu, import_torch, nccl_figures, runtime_profile
+from agents.calibrate.fit import apply_calibration, figures_from_curves, stable_figures
+from agents.calibrate.measure import calibrate_gpu, import_torch, nccl_figures
 from agents.calibrate.options import CalibrationOptions
 
 
@@ -29,26 +29,36 @@ def _calibrate_rank(rank: int, world: int, o: CalibrationOptions) -> dict[str, A
 
 
 def measure_rank(rank: int, world: int, o: CalibrationOptions, dev: Any) -> dict[str, Any]:
-    """Every measurement of one rank's GPU (all ranks call it together) and its figures."""
+    """Every measurement of one rank's GPU (all ranks call it together), ``o.repeats``
+    times, and the figures the repeats agree on (the others dropped, with the reason)."""
     import torch
 
+    from agents.calibrate.runtime_figures import runtime_figures
+
     t0 = time.perf_counter()
-    curves = calibrate_gpu(dev, o)
-    nccl = nccl_figures(o) if o.nccl and world > 1 else None
-    profile = runtime_profile(rank, world, o, dev)
+    runs: list[dict[str, Any]] = []
+    for _ in range(max(1, o.repeats)):
+        curves = calibrate_gpu(dev, o)
+        nccl = nccl_figures(o) if o.nccl and world > 1 else None
+        runtime = runtime_figures(dev, o) if o.runtime_figures else None
+        runs.append(
+            {
+                "measured": figures_from_curves(curves, nccl, runtime),
+                "curves": curves,
+                "nccl": nccl,
+                "runtime": runtime,
+            }
+        )
+    measured, dropped = stable_figures([r["measured"] for r in runs])
     props = torch.cuda.get_device_properties(rank)
-    name = torch.cuda.get_device_name(rank)
     return {
         "index": rank,
-        "name": name,
+        "name": torch.cuda.get_device_name(rank),
         "uuid": _uuid(props),
         "sm_count": int(props.multi_processor_count),
-        "measured": figures_from_curves(
-            curves, nccl, profile, options=o, gpu_name=name, world=world
-        ),
-        "curves": curves,
-        "nccl": nccl,
-        "runtime_profile": profile,
+        "measured": measured,
+        "dropped": dropped,
+        "runs": runs,
         "duration_s": time.perf_counter() - t0,
     }
 
@@ -124,6 +134,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--head-dim", type=int, default=d.head_dim)
     parser.add_argument("--iters", type=int, default=d.iters, help="timed repetitions per point")
     parser.add_argument("--no-nccl", action="store_true", help="skip the all-to-all measurement")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=d.repeats,
+        help="calibrations per GPU; figures they disagree on by more than 5%% are dropped",
+    )
+    parser.add_argument(
+        "--expert-dtype", default=d.expert_dtype, choices=("bf16", "fp8"), help="expert weights"
+    )
 
 
 def options_from_args(args: argparse.Namespace) -> CalibrationOptions:
@@ -137,6 +156,8 @@ def options_from_args(args: argparse.Namespace) -> CalibrationOptions:
         head_dim=args.head_dim,
         iters=args.iters,
         nccl=not args.no_nccl,
+        repeats=args.repeats,
+        expert_dtype=args.expert_dtype,
     )
 
 
@@ -152,6 +173,8 @@ def main(args: argparse.Namespace) -> int:
     for g in doc["gpus"]:
         figs = ", ".join(f"{k}={v:.4g}" for k, v in sorted(g["measured"].items()))
         print(f"gpu{g['index']} {g['name']}: {figs}")
+        for k, why in sorted(g.get("dropped", {}).items()):
+            print(f"gpu{g['index']} dropped {k}: {why}")
     print(f"calibration took {doc['duration_s']:.1f} s; wrote {args.out}")
     if args.inventory:
         from policies.inventory import inventory_from_dict, inventory_to_dict

@@ -36,6 +36,11 @@ class CalibrationOptions:
             length in the decode point of the runtime profile.
         profile_tokens: tokens per GPU of the large (prefill) point of the runtime profile.
         fp8_dispatch: the runtime profile dispatches in FP8 (else BF16).
+        expert_dtype: expert weights of the fast runtime's kernels (``bf16`` | ``fp8``).
+        runtime_figures: measure the fast runtime's kernels and fixed costs
+            (:mod:`agents.calibrate.runtime_figures`).
+        repeats: calibrations per GPU; only figures they agree on within 5% are kept
+            (:func:`agents.calibrate.fit.stable_figures`).
     """
 
     hidden: int = 7168
@@ -60,6 +65,9 @@ class CalibrationOptions:
     profile_decode_context: int = 2048
     profile_tokens: int = 8192
     fp8_dispatch: bool = False
+    expert_dtype: str = "bf16"
+    runtime_figures: bool = True
+    repeats: int = 3
 
 
 def profile_model(o: CalibrationOptions, *, experts: int, top_k: int) -> ModelSpec:

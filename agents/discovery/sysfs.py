@@ -1,4 +1,4 @@
-"""RDMA NICs from Linux sysfs, without extra libraries (REFERENCE.md section 3).
+"""RDMA NICs from Linux sysfs, without extra libraries (the kernel's sysfs-class-infiniband ABI).
 
 Layout read, for every device ``<dev>`` and port ``<n>``::
 

@@ -7,7 +7,10 @@ the expert FFNs it holds under the plan (any number of experts per GPU, any toke
 replica) and sends the results back (combine). The same code runs on CPU with small
 dimensions, where tests compare it with a single-device reference.
 
-Modules: :mod:`agents.runtime.layer` (the layer, its weights and the reference),
+Modules: :mod:`agents.runtime.fast` (the fast runtime: CUDA graphs, grouped expert GEMMs,
+FP8 experts, the engines' replica choice; its expert phase in :mod:`agents.runtime.experts`
+and the rooflines of its phases in :mod:`agents.runtime.roofline`),
+:mod:`agents.runtime.layer` (the plan executor: the layer, its weights and the reference),
 :mod:`agents.runtime.routing` (rank placement from a plan, replica choice per pair, the FP8
 dispatch wire), :mod:`agents.runtime.launch` (process group start-up),
 :mod:`agents.runtime.slowdown` (making one GPU slower by occupying some of its SMs),

@@ -37,7 +37,6 @@ from agents.calibrate import (
     CalibrationOptions,
     apply_calibration,
     measure_rank,
-    overhead_figures,
     planning_inputs,
     runtime_profile,
 )
@@ -267,9 +266,7 @@ def _calibrate_here(rank: int, world: int, c: BenchConfig) -> dict[str, Any]:
             "hbm_gbytes_per_s": 4000.0,
             "nvlink_per_direction_gbytes_per_s": 300.0,
         }
-        o = c.calib
-        profile = runtime_profile(rank, world, o, torch.device("cpu"))
-        figs.update(overhead_figures(figs, profile, o, gpu_name="NVIDIA H200", world=world))
+        profile = runtime_profile(rank, world, c.calib, torch.device("cpu"))
         return {
             "index": rank,
             "uuid": "",
@@ -474,6 +471,26 @@ def _gpu_setup(args: argparse.Namespace) -> tuple[dict[str, Any], BenchConfig]:
     return discovered, c
 
 
+def _gpu_problem() -> str:
+    """Why this host cannot run the two-GPU measurements ('' when it can)."""
+    try:
+        import torch
+    except ImportError:
+        return (
+            "the bench needs PyTorch. To fix: pip install -e '.[gpu]' (or run with --cpu "
+            "after installing torch)"
+        )
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if n < 2:
+        return (
+            f"the bench compares plans over two GPUs of one node; this host has {n} visible "
+            "CUDA GPU(s). To fix: run on a node with two or more GPUs, check "
+            "CUDA_VISIBLE_DEVICES, or run the CPU pipeline with --cpu; one GPU: "
+            "python -m bench.gpu --out DIR"
+        )
+    return ""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the measurements and write ``DIR/gpu-bench.json`` (and the discovery record)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -485,6 +502,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds per phase")
     p.add_argument("--calib-iters", type=int, default=10)
     args = p.parse_args(argv)
+    if not args.cpu:
+        problem = _gpu_problem()
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
+            return 2
     os.makedirs(args.out, exist_ok=True)
     t0 = time.perf_counter()
     discovered, c = _cpu_setup() if args.cpu else _gpu_setup(args)

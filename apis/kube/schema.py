@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from policies.errors import InputError
+from policies.keys import check_keys
 
 Json = dict[str, Any]
 T = typing.TypeVar("T")
@@ -366,7 +367,7 @@ def to_wire(obj: Any) -> Json:
     return out
 
 
-def _read(shape: _Shape, value: Any, path: str) -> Any:
+def _read(shape: _Shape, value: Any, path: str, strict: bool = False) -> Any:
     if value is None:
         if shape.optional:
             return None
@@ -398,28 +399,40 @@ def _read(shape: _Shape, value: Any, path: str) -> Any:
         if not isinstance(value, list | tuple):
             raise InputError(f"must be a list, got {type(value).__name__}", field=path)
         assert shape.item is not None
-        return tuple(_read(shape.item, x, f"{path}[{i}]") for i, x in enumerate(value))
+        return tuple(_read(shape.item, x, f"{path}[{i}]", strict) for i, x in enumerate(value))
     if k == "map":
         if not isinstance(value, Mapping):
             raise InputError(f"must be a map, got {type(value).__name__}", field=path)
         assert shape.item is not None
-        return {str(key): _read(shape.item, x, f"{path}.{key}") for key, x in value.items()}
+        return {str(key): _read(shape.item, x, f"{path}.{key}", strict) for key, x in value.items()}
     assert shape.cls is not None
-    return from_wire(shape.cls, value, path)
+    return from_wire(shape.cls, value, path, strict=strict)
 
 
-def from_wire(cls: type[T], data: Any, path: str = "") -> T:
-    """Read a wire dictionary into dataclass ``cls``; unknown keys are ignored (as the API
-    server prunes them), missing optional fields take their defaults.
+def from_wire(cls: type[T], data: Any, path: str = "", *, strict: bool = False) -> T:
+    """Read a wire dictionary into dataclass ``cls``; missing optional fields take their
+    defaults.
+
+    Args:
+        cls: the dataclass.
+        data: the wire dictionary.
+        path: its field path, for messages.
+        strict: refuse unknown keys at every level (what a user wrote: a custom resource's
+            spec), naming the full path and the closest known key; otherwise they are
+            ignored, as the API server prunes them (what mixfleet wrote itself: a status,
+            which a newer version may extend).
 
     Raises:
-        InputError: a required field is missing or a value has the wrong type; ``field``
-            is the wire path (``spec.workload.tokensPerGpu``).
+        InputError: a required field is missing, a value has the wrong type, or (strict)
+            a key is unknown; ``field`` is the wire path (``spec.workload.tokensPerGpu``).
     """
     if not isinstance(data, Mapping):
         raise InputError(f"must be an object, got {type(data).__name__}", field=path or "object")
+    fields = _fields(cls)
+    if strict:
+        check_keys(data, {wire_name(f) for f, _ in fields}, path)
     kwargs: dict[str, Any] = {}
-    for f, shape in _fields(cls):
+    for f, shape in fields:
         name = wire_name(f)
         fpath = f"{path}.{name}" if path else name
         if name not in data or data[name] is None:
@@ -429,7 +442,7 @@ def from_wire(cls: type[T], data: Any, path: str = "") -> T:
                 kwargs[f.name] = None
                 continue
             raise InputError("missing required field", field=fpath)
-        kwargs[f.name] = _read(shape, data[name], fpath)
+        kwargs[f.name] = _read(shape, data[name], fpath, strict)
     return cls(**kwargs)
 
 

@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from apis.kube.schema import Json, Meta, Rule, k8s, openapi_schema
+from policies import defaults
 from policies.catalog import CATALOG
-from policies.engines import A2A_BACKENDS, DISPATCH_OPTIONS, DP_BALANCES, ENGINES
+from policies.engines import A2A_BACKENDS, DISPATCH_OPTIONS, DP_BALANCE_OPTIONS, ENGINES
 from policies.exports import EXPORT_FORMATS
 from policies.inventory import NodeInventory
 from policies.plan import FORMS
@@ -336,18 +337,18 @@ class PlacementPolicySpec:
     gpuHourPrices) override these."""
 
     policy: str = field(
-        default="ilp",
+        default=defaults.DEFAULT_POLICY,
         metadata=k8s(
             "Placement algorithm: ilp (optimal within the time limit), greedy, eplb or uniform.",
             enum=POLICIES,
         ),
     )
     milp_solver: str = field(
-        default="highs",
-        metadata=k8s("MILP solver for policy ilp: highs or cbc.", enum=("highs", "cbc")),
+        default=defaults.DEFAULT_MILP_SOLVER,
+        metadata=k8s("MILP solver for policy ilp: highs or cbc.", enum=defaults.MILP_SOLVERS),
     )
     solver_time_limit_s: float = field(
-        default=60.0,
+        default=defaults.DEFAULT_SOLVER_TIME_LIMIT_S,
         metadata=k8s(
             "Wall-clock limit of one solve, seconds.",
             json_name="solverTimeLimitS",
@@ -357,7 +358,7 @@ class PlacementPolicySpec:
         ),
     )
     mip_gap: float = field(
-        default=0.005,
+        default=defaults.DEFAULT_MIP_GAP,
         metadata=k8s(
             "Relative MIP gap at which a layer's solve stops (0.005 = 0.5%).",
             minimum=0,
@@ -365,7 +366,7 @@ class PlacementPolicySpec:
         ),
     )
     workers: int = field(
-        default=0,
+        default=defaults.DEFAULT_WORKERS,
         metadata=k8s("Processes solving layers in parallel; 0 = one per CPU.", minimum=0),
     )
     redundant_experts: int | None = field(
@@ -441,17 +442,22 @@ class PlacementPolicyStatus:
 class WorkloadSpec:
     """What the model serves in one step (the controller's workload document)."""
 
-    phase: str = field(default="decode", metadata=k8s("prefill or decode.", enum=PHASES))
-    tokens_per_gpu: int = field(
-        default=64,
+    phase: str = field(
+        default=defaults.DEFAULT_PHASE, metadata=k8s("prefill or decode.", enum=PHASES)
+    )
+    tokens_per_gpu: int | None = field(
+        default=None,
         metadata=k8s(
-            "Tokens per step per GPU on average (in decode, sequences per GPU).",
+            "Tokens per step per GPU on average (in decode, sequences per GPU). Unset: the "
+            "phase's default, as on the command line ("
+            f"{defaults.DEFAULT_TOKENS_PER_GPU['decode']} in decode, "
+            f"{defaults.DEFAULT_TOKENS_PER_GPU['prefill']} in prefill).",
             minimum=1,
             maximum=1_048_576,
         ),
     )
     context_len: int = field(
-        default=4096,
+        default=defaults.DEFAULT_CONTEXT_LEN,
         metadata=k8s(
             "Tokens of context each sequence holds (KV-cache length).",
             minimum=1,
@@ -459,7 +465,7 @@ class WorkloadSpec:
         ),
     )
     kv_cache_dtype: str = field(
-        default="bf16",
+        default=defaults.DEFAULT_KV_CACHE_DTYPE,
         metadata=k8s("KV-cache dtype: bf16 or fp8.", json_name="kvCacheDtype", enum=KV_DTYPES),
     )
     load: str = field(
@@ -516,13 +522,14 @@ class EngineOptions:
         ),
     )
     dp_balance: str = field(
-        default="router",
+        default="auto",
         metadata=k8s(
             "Who sets each DP attention rank's token share: router (the mixfleet router pins "
-            "each request's rank to apply the planned weights) or engine (the engine's own "
-            "balancer: equal shares, and the plan is solved for that).",
+            "each request's rank to apply the planned weights), engine (the engine's own "
+            "balancer: equal shares, and the plan is solved for that) or auto (router, except "
+            "engine for trtllm, whose HTTP API takes no per-request rank).",
             json_name="dpBalance",
-            enum=DP_BALANCES,
+            enum=DP_BALANCE_OPTIONS,
         ),
     )
 
@@ -603,7 +610,7 @@ class ModelDeploymentSpec:
         metadata=k8s("Placement algorithm; overrides the PlacementPolicy's.", enum=POLICIES),
     )
     form: str = field(
-        default="engine",
+        default=defaults.DEFAULT_FORM,
         metadata=k8s(
             "Plan form: engine (equal slots per GPU, what engines load today) or native "
             "(any slots per GPU, unequal token shares).",
@@ -687,6 +694,57 @@ class ModelDeploymentSpec:
                 ),
                 CATALOG_KEYS_RULE,
             ),
+        ),
+    )
+    priority: int = field(
+        default=0,
+        metadata=k8s(
+            "Fleet scheduler priority: higher is placed first and may preempt lower "
+            "deployments (gracefully drained).",
+            minimum=-1000000,
+            maximum=1000000,
+        ),
+    )
+    min_gpus: int = field(
+        default=0,
+        metadata=k8s("Fewest GPUs the deployment may run on; 0 = what its model needs.", minimum=0),
+    )
+    max_gpus: int = field(
+        default=0,
+        metadata=k8s("Most GPUs the scheduler may assign it; 0 = no limit.", minimum=0),
+    )
+    objective: str = field(
+        default="throughput",
+        metadata=k8s(
+            "What its share of the fleet is chosen for: throughput (tokens/s), cost (tokens "
+            "per dollar) or slo (tokens/s within sloStepTimeMs).",
+            enum=("throughput", "cost", "slo"),
+        ),
+    )
+    slo_step_time_ms: float = field(
+        default=0.0,
+        metadata=k8s(
+            "Step-time target of objective slo (decode: time per output token), ms; 0 = none.",
+            json_name="sloStepTimeMs",
+            minimum=0,
+        ),
+    )
+    memory_fraction: float = field(
+        default=1.0,
+        metadata=k8s(
+            "Share of each GPU's memory it takes; 1 = exclusive GPUs, below 1 it may share "
+            "nodes with others that declare a fraction (the fractions on a node sum to <= 1).",
+            minimum=0,
+            exclusive_minimum=True,
+            maximum=1,
+        ),
+    )
+    namespace: str = field(
+        default="default",
+        metadata=k8s(
+            "Quota namespace of the fleet scheduler's per-namespace GPU quotas.",
+            pattern=DNS_LABEL,
+            max_length=63,
         ),
     )
 
@@ -910,6 +968,10 @@ class ModelDeploymentStatus:
         ),
     )
     gpus: int | None = field(default=None, metadata=k8s("GPUs in the current plan.", minimum=0))
+    assigned_gpus: int | None = field(
+        default=None,
+        metadata=k8s("GPUs the fleet scheduler assigns this deployment (exclusive).", minimum=0),
+    )
     nodes: tuple[str, ...] = field(
         default=(),
         metadata=k8s("GPUNodes in the current plan.", max_items=MAX_PLAN_NODES),
@@ -1282,6 +1344,7 @@ MODEL_DEPLOYMENT = CrdDef(
         _cond("RolledOut", "Every node committed the current plan"),
         PrinterColumn("Plan", "string", ".status.currentPlan.name", "Current PartitionPlan"),
         PrinterColumn("GPUs", "integer", ".status.gpus", "GPUs in the plan"),
+        PrinterColumn("Assigned", "integer", ".status.assignedGpus", "GPUs the scheduler assigns"),
         PrinterColumn("StepUs", "number", ".status.predictedStepTimeUs", "Predicted step, us"),
         PrinterColumn(
             "TokensPerS", "number", ".status.predictedTokensPerSecond", "Predicted tokens/s"

@@ -10,6 +10,7 @@ from typing import Any
 from mixfleet.v1 import plan_pb2
 
 from apis.documents import load_json_field
+from policies.defaults import default_tokens_per_gpu
 from policies.engines import EngineOptions, EngineSpec, parse_engine
 from policies.errors import InputError
 from policies.spec import (
@@ -57,6 +58,13 @@ def spec_to_proto(spec: DeploymentSpec) -> plan_pb2.DeploymentSpec:
         allow_cross_vendor=spec.allow_cross_vendor,
         gpu_hour_prices=dict(spec.gpu_hour_prices),
         engine=engine_to_proto(spec.engine),
+        priority=spec.priority,
+        min_gpus=spec.min_gpus,
+        max_gpus=spec.max_gpus,
+        objective=spec.objective,
+        slo_step_time_ms=spec.slo_step_time_ms,
+        memory_fraction=spec.memory_fraction,
+        namespace=spec.namespace,
     )
     if spec.redundant_experts is not None:
         msg.redundant_experts = spec.redundant_experts
@@ -135,7 +143,7 @@ def spec_from_proto(msg: plan_pb2.DeploymentSpec) -> DeploymentSpec:
         model_config=cfg,
         workload=WorkloadSpec(
             phase=w.phase or dw.phase,
-            tokens_per_gpu=w.tokens_per_gpu or dw.tokens_per_gpu,
+            tokens_per_gpu=w.tokens_per_gpu or default_tokens_per_gpu(w.phase or dw.phase),
             context_len=w.context_len or dw.context_len,
             kv_cache_dtype=w.kv_cache_dtype or dw.kv_cache_dtype,
             load=w.load or dw.load,
@@ -157,6 +165,13 @@ def spec_from_proto(msg: plan_pb2.DeploymentSpec) -> DeploymentSpec:
         allow_cross_vendor=msg.allow_cross_vendor,
         gpu_hour_prices=dict(msg.gpu_hour_prices),
         engine=engine_from_proto(msg.engine),
+        priority=msg.priority,
+        min_gpus=msg.min_gpus,
+        max_gpus=msg.max_gpus,
+        objective=msg.objective or d.objective,
+        slo_step_time_ms=msg.slo_step_time_ms,
+        memory_fraction=msg.memory_fraction or d.memory_fraction,
+        namespace=msg.namespace or d.namespace,
     )
     check_spec(spec, path="spec")
     return spec

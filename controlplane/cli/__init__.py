@@ -23,14 +23,19 @@ from typing import NoReturn
 from controlplane.cli import (
     advise,
     certs,
+    clientconfig,
     connection,
     controller,
     deploy,
     fleet,
+    gpu,
+    habits,
     model,
     nodes,
     plan,
     plans,
+    router,
+    schedule,
     store,
     watch,
 )
@@ -48,6 +53,7 @@ Register = Callable[[Groups], None]
 #: Command groups, in ``--help`` order. One line per module.
 COMMAND_MODULES: tuple[Register, ...] = (
     fleet.register,
+    gpu.register,
     model.register,
     plan.register,
     advise.register,
@@ -58,6 +64,10 @@ COMMAND_MODULES: tuple[Register, ...] = (
     plans.register,
     store.register,
     watch.register,
+    clientconfig.register,
+    habits.register,
+    router.register,
+    schedule.register,
 )
 
 
@@ -83,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     # only need the ArgumentParser interface.
     groups = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     connection.add_connection_args(parser)
+    habits.add_global_args(parser)
     for register in COMMAND_MODULES:
         register(groups)
     return parser
@@ -93,6 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
+        habits.apply_global_args(args)
         handler: Callable[[argparse.Namespace], int] | None = getattr(args, "handler", None)
         if handler is None:  # a registered group without leaf commands
             parser.print_help(sys.stderr)

@@ -16,8 +16,17 @@ from __future__ import annotations
 
 import argparse
 
-from controlplane.cli import files
-from controlplane.cli.output import Groups, add_group, add_leaf, emit, notes
+from controlplane.cli.output import (
+    Groups,
+    add_group,
+    add_leaf,
+    emit,
+    emit_document,
+    notes,
+    show_progress,
+    ticker,
+    token_count,
+)
 from controlplane.cli.problem import (
     DEFAULT_TOKENS_PER_GPU,
     add_deployment_args,
@@ -25,18 +34,8 @@ from controlplane.cli.problem import (
     parse_policies,
     read_prices,
 )
-from controlplane.cli.reports import (
-    batch_document,
-    batch_table,
-    context_document,
-    context_table,
-    tiers_document,
-    tiers_table,
-)
-from policies.advise import DEFAULT_CONTEXTS, advise_batch, advise_context
+from policies import defaults
 from policies.errors import InfeasibleError, InputError
-from policies.tier_planner import plan_tiers
-from policies.tiers import PREFERENCES, BatchTier, InteractiveTier, TierRequest
 
 # ------------------------------------------------------------------------ inputs
 
@@ -62,24 +61,21 @@ def _target(args: argparse.Namespace, phase: str) -> float | None:
 
 
 def _ints(text: str, field: str) -> tuple[int, ...]:
-    """``32k,64k,131072`` -> token counts.
+    """``32k,64k,131072`` -> token counts (k = 1024).
 
     Raises:
-        InputError: an entry that is not a positive integer (``k`` = 1024).
+        InputError: an entry that is not a positive integer.
     """
     out = []
-    for part in (x.strip().lower() for x in text.split(",") if x.strip()):
-        scale = 1024 if part.endswith("k") else 1
+    for part in (x.strip() for x in text.split(",") if x.strip()):
         try:
-            value = int(part[:-1] if scale > 1 else part) * scale
-        except ValueError:
-            value = 0
-        if value <= 0:
+            out.append(token_count(part))
+        except argparse.ArgumentTypeError as exc:
             raise InputError(
-                f"{part!r} is not a positive token count. To fix: write e.g. 32k,64k,131072",
+                f"{part.lower()!r} is not a positive token count. To fix: write e.g. "
+                "32k,64k,131072",
                 field=field,
-            )
-        out.append(value)
+            ) from exc
     if not out:
         raise InputError("give at least one context", field=field)
     return tuple(out)
@@ -90,11 +86,15 @@ def _ints(text: str, field: str) -> tuple[int, ...]:
 
 def cmd_advise_batch(args: argparse.Namespace) -> int:
     """``advise batch``: the batch-size curve and the largest batch meeting the target."""
+    from controlplane.cli.reports import batch_document, batch_table
+    from policies.advise import advise_batch
+
     dep = deployment_from_args(args)
     target = _target(args, dep.phase)
     note = notes(args)
     note(f"sizing the batch of {dep.model.name} on {dep.fleet.name} with {dep.policy}")
-    advice = advise_batch(dep, target, max_tokens_per_gpu=args.max_tokens)
+    with ticker(note, "batch sizing still solving", enabled=show_progress(args)):
+        advice = advise_batch(dep, target, max_tokens_per_gpu=args.max_tokens)
     if args.png:
         from controlplane.cli.plots import render_batch_curve  # matplotlib is slow
 
@@ -105,7 +105,7 @@ def cmd_advise_batch(args: argparse.Namespace) -> int:
     if args.output == "table":
         emit(batch_table(advice))
     else:
-        emit(files.dump_document(batch_document(advice), args.output))
+        emit_document(batch_document(advice), args.output, [f"batch/{advice.phase}"])
     if advice.infeasible:
         raise InfeasibleError("no batch size works", advice.infeasible)
     return 0
@@ -113,15 +113,20 @@ def cmd_advise_batch(args: argparse.Namespace) -> int:
 
 def cmd_advise_context(args: argparse.Namespace) -> int:
     """``advise context``: long-context capacity per policy."""
+    from controlplane.cli.reports import context_document, context_table
+    from policies.advise import advise_context
+
     dep = deployment_from_args(args)
     contexts = _ints(args.contexts, "--contexts")
     policies = parse_policies(args.policies)
     notes(args)(f"long-context report of {', '.join(policies)} at {args.tokens} tokens/GPU")
-    advice = advise_context(dep, args.tokens, contexts=contexts, policies=policies)
+    with ticker(notes(args), "context report still solving", enabled=show_progress(args)):
+        advice = advise_context(dep, args.tokens, contexts=contexts, policies=policies)
     if args.output == "table":
         emit(context_table(advice))
     else:
-        emit(files.dump_document(context_document(advice), args.output))
+        names = [f"policy/{rep.policy}" for rep in advice.policies]
+        emit_document(context_document(advice), args.output, names)
     if all(rep.longest_context is None for rep in advice.policies):
         raise InfeasibleError(
             f"no policy holds even {min(contexts):,} tokens of context at {args.tokens} "
@@ -136,6 +141,10 @@ def cmd_advise_context(args: argparse.Namespace) -> int:
 
 def cmd_advise_tiers(args: argparse.Namespace) -> int:
     """``advise tiers``: split the nodes between an interactive and a batch tier."""
+    from controlplane.cli.reports import tiers_document, tiers_table
+    from policies.tier_planner import plan_tiers
+    from policies.tiers import BatchTier, InteractiveTier, TierRequest
+
     dep = deployment_from_args(args)
     prices = read_prices(args.prices) if args.prices else None
     additions = None
@@ -166,11 +175,12 @@ def cmd_advise_tiers(args: argparse.Namespace) -> int:
         f"splitting {dep.fleet.name} for {args.rate:g} req/s ({args.preference}); final "
         f"plans with {dep.policy}"
     )
-    tp = plan_tiers(req)
+    with ticker(notes(args), "tier split still solving", enabled=show_progress(args)):
+        tp = plan_tiers(req)
     if args.output == "table":
         emit(tiers_table(tp))
     else:
-        emit(files.dump_document(tiers_document(tp), args.output))
+        emit_document(tiers_document(tp), args.output, ["tiers/interactive", "tiers/batch"])
     if not tp.interactive.slo_met:
         adds = tuple(
             f"add {a.nodes} node(s) of {a.gpus_per_node}x {a.gpu_model} ({a.gpus} GPUs)"
@@ -196,7 +206,7 @@ def register(groups: Groups) -> None:
     p = add_leaf(
         advise, "batch", cmd_advise_batch, "largest batch per GPU that fits and meets a target"
     )
-    add_deployment_args(p, policy="greedy", redundant=0)
+    add_deployment_args(p, policy=defaults.DEFAULT_SWEEP_POLICY)
     _add_targets(p)
     p.add_argument(
         "--max-tokens", type=int, metavar="N", help="largest batch to try, tokens per GPU"
@@ -204,11 +214,11 @@ def register(groups: Groups) -> None:
     p.add_argument("--png", metavar="OUT.png", help="also draw the throughput curve")
 
     p = add_leaf(advise, "context", cmd_advise_context, "long-context capacity of each policy")
-    add_deployment_args(p, policy="greedy", redundant=0)
+    add_deployment_args(p, policy=defaults.DEFAULT_SWEEP_POLICY)
     p.add_argument("--tokens", type=int, required=True, metavar="N", help="batch, tokens/GPU")
     p.add_argument(
         "--contexts",
-        default=",".join(str(c) for c in DEFAULT_CONTEXTS),
+        default=",".join(f"{c // 1024}k" for c in defaults.DEFAULT_CONTEXTS),
         metavar="LIST",
         help="contexts to solve, tokens (e.g. 32k,64k,128k; default: %(default)s)",
     )
@@ -235,7 +245,7 @@ def _register_tiers(advise: Groups) -> None:
             "describe the batch tier's workload; --policy solves the final plans."
         ),
     )
-    add_deployment_args(p, policy="ilp", redundant=0)
+    add_deployment_args(p, policy=defaults.DEFAULT_POLICY)
     _add_targets(p)
     p.add_argument("--rate", type=float, required=True, metavar="R", help="requests/s")
     p.add_argument("--prompt-tokens", type=int, default=2048, metavar="N")
@@ -245,7 +255,12 @@ def _register_tiers(advise: Groups) -> None:
         "--tokens", type=int, metavar="N", help="batch tier: tokens per GPU (phase default)"
     )
     p.add_argument("--batch-min-tokens-per-s", type=float, metavar="X", help="batch target")
-    p.add_argument("--preference", choices=PREFERENCES, default="fastest")
+    p.add_argument(
+        "--preference",
+        choices=defaults.PREFERENCES,
+        default=defaults.DEFAULT_PREFERENCE,
+        help="what the interactive units favour (default: %(default)s)",
+    )
     p.add_argument(
         "--additions",
         metavar="LIST",

@@ -7,13 +7,18 @@ from __future__ import annotations
 
 import argparse
 
-from controlplane.cli.output import Groups, add_group, add_leaf
+from controlplane.cli.output import Groups, add_group, add_leaf, add_output_arg, emit_document
 
 
 def cmd_certs_init(args: argparse.Namespace) -> int:
     from controlplane.server.certs import init_dev_pki
 
     out = init_dev_pki(args.dir, sans=args.san or (), force=args.force)
+    if args.output != "table":
+        names = sorted(p.name for p in out.iterdir())
+        doc = {"dir": str(out), "files": names}
+        emit_document(doc, args.output, [f"file/{out / n}" for n in names])
+        return 0
     print(f"wrote a development CA, certificates and tokens to {out}")
     print(
         "  controller: --tls-cert server.pem --tls-key server-key.pem --tls-ca ca.pem "
@@ -45,3 +50,4 @@ def register(groups: Groups) -> None:
         help="extra DNS name or IP of the controller (repeatable)",
     )
     p.add_argument("--force", action="store_true", help="overwrite an existing CA in DIR")
+    add_output_arg(p)

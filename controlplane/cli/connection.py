@@ -1,14 +1,18 @@
-"""How the controller's clients (``nodes``, ``deploy``, ``plans``, ``watch``) reach it.
+"""How the controller's clients (``nodes``, ``deploy``, ``plans``, ``watch``, ``fleet
+export``) reach it.
 
 Connection options (accepted before the command, ``mixfleetctl --controller ADDR nodes list``,
 when the main parser adds them with :func:`add_connection_args`, and after it on every
-client command, :func:`add_client`): ``--controller`` (env ``MIXFLEET_CONTROLLER``, default
-``127.0.0.1:7070``), ``--token-file`` (env ``MIXFLEET_TOKEN_FILE``; its first admin, else
-viewer, token is sent), ``--token`` (env ``MIXFLEET_TOKEN``), ``--tls-ca`` / ``--tls-cert`` /
-``--tls-key`` (mutual TLS; plaintext without ``--tls-ca``).
+client command, :func:`add_client`): ``--controller``, ``--token-file``, ``--token``,
+``--tls-ca`` / ``--tls-cert`` / ``--tls-key`` (mutual TLS; plaintext without a CA) and
+``--use-context NAME``. Each falls back to its environment variable (``MIXFLEET_CONTROLLER``,
+``MIXFLEET_TOKEN``, ...), then to the context of the client config
+(:mod:`controlplane.cli.clientconfig`), then to the default ``127.0.0.1:7070`` in plaintext.
 
 :func:`call` runs one PlanService call and words gRPC errors for the user
-(:func:`rpc_error`); :func:`to_json`, :func:`age` and :func:`ms` format replies.
+(:func:`rpc_error`), including a plaintext client meeting a TLS controller and the reverse;
+:func:`to_json`, :func:`age` and :func:`ms` format replies. grpc is imported when a command
+runs, not when the parser is built.
 """
 
 from __future__ import annotations
@@ -16,19 +20,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
-import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import grpc
-from google.protobuf import json_format
-from google.protobuf.message import Message
-from mixfleet.v1 import plan_pb2_grpc
-
-from controlplane.cli.output import Groups, Handler, add_leaf
+from controlplane.cli.output import Groups, Handler, add_leaf, add_output_arg
 from policies.errors import InputError, MixfleetError
-from policies.limits import MAX_REPLY_BYTES, MAX_REQUEST_BYTES
+
+if TYPE_CHECKING:
+    import grpc
+    from google.protobuf.message import Message
+    from mixfleet.v1 import plan_pb2_grpc
 
 DEFAULT_CONTROLLER = "127.0.0.1:7070"
 
@@ -37,13 +39,15 @@ DEFAULT_CONTROLLER = "127.0.0.1:7070"
 
 
 def add_connection_args(parser: argparse.ArgumentParser, *, suppress: bool = False) -> None:
-    """Add ``--controller``, ``--token-file``, ``--token``, ``--tls-*`` to ``parser``.
+    """Add ``--controller``, ``--token-file``, ``--token``, ``--tls-*``, ``--use-context``.
 
     With ``suppress`` the options leave no default behind, so a value given before the
     command is not overwritten by a subcommand's default.
     """
     default: Any = argparse.SUPPRESS if suppress else None
-    g = parser.add_argument_group("controller connection")
+    g = parser.add_argument_group(
+        "controller connection (flag, else environment, else the client config's context)"
+    )
     g.add_argument(
         "--controller",
         metavar="ADDR",
@@ -59,9 +63,27 @@ def add_connection_args(parser: argparse.ArgumentParser, *, suppress: bool = Fal
     g.add_argument(
         "--token", metavar="TOKEN", default=default, help="bearer token (env MIXFLEET_TOKEN)"
     )
-    g.add_argument("--tls-ca", metavar="PEM", default=default, help="CA of the controller")
-    g.add_argument("--tls-cert", metavar="PEM", default=default, help="client certificate")
-    g.add_argument("--tls-key", metavar="PEM", default=default, help="client key")
+    g.add_argument(
+        "--tls-ca",
+        metavar="PEM",
+        default=default,
+        help="CA of the controller (env MIXFLEET_TLS_CA)",
+    )
+    g.add_argument(
+        "--tls-cert",
+        metavar="PEM",
+        default=default,
+        help="client certificate (env MIXFLEET_TLS_CERT)",
+    )
+    g.add_argument(
+        "--tls-key", metavar="PEM", default=default, help="client key (env MIXFLEET_TLS_KEY)"
+    )
+    g.add_argument(
+        "--use-context",
+        metavar="NAME",
+        default=default,
+        help="context of the client config (env MIXFLEET_CONTEXT; default: its currentContext)",
+    )
 
 
 def add_client(
@@ -70,38 +92,42 @@ def add_client(
     handler: Handler,
     help_text: str,
 ) -> argparse.ArgumentParser:
-    """Add client command ``name`` to ``group``: connection options and ``-o table|json``."""
+    """Add client command ``name`` to ``group``: connection options and ``-o``."""
     p = add_leaf(group, name, handler, help_text)
     add_connection_args(p, suppress=True)
-    p.add_argument(
-        "-o",
-        "--output",
-        choices=("table", "json"),
-        default="table",
-        help="output format (default: table)",
-    )
+    add_output_arg(p)
     return p
 
 
 # ------------------------------------------------------------------------ calls
 
 
-def _opt(args: argparse.Namespace, name: str, env: str | None = None) -> str | None:
-    value = getattr(args, name, None)
-    if value is None and env:
-        value = os.environ.get(env) or None
-    return value
+def settings(args: argparse.Namespace) -> dict[str, str | None]:
+    """The connection settings (flag, environment, context), once per command."""
+    cached: dict[str, str | None] | None = getattr(args, "_connection", None)
+    if cached is None:
+        from controlplane.cli.clientconfig import resolve
+
+        cached = resolve(args)
+        args._connection = cached
+    return cached
+
+
+def address(args: argparse.Namespace) -> str:
+    """The controller's ``HOST:PORT``."""
+    return settings(args)["controller"] or DEFAULT_CONTROLLER
 
 
 def _token(args: argparse.Namespace) -> str | None:
-    token = _opt(args, "token", "MIXFLEET_TOKEN")
-    if token:
-        return token
-    path = _opt(args, "token_file", "MIXFLEET_TOKEN_FILE")
+    s = settings(args)
+    if s["token"]:
+        return s["token"]
+    path = s["tokenFile"]
     if not path:
         return None
     from controlplane.server.certs import token_for
 
+    path = str(Path(path).expanduser())
     for role in ("admin", "viewer", "engine"):
         with contextlib.suppress(InputError):
             return token_for(path, role)
@@ -110,25 +136,29 @@ def _token(args: argparse.Namespace) -> str | None:
 
 def channel(args: argparse.Namespace) -> grpc.Channel:
     """A (blocking) channel to the controller from the connection options."""
-    address = _opt(args, "controller", "MIXFLEET_CONTROLLER") or DEFAULT_CONTROLLER
-    ca = _opt(args, "tls_ca")
+    import grpc
+
+    from policies.limits import MAX_REPLY_BYTES, MAX_REQUEST_BYTES
+
+    s = settings(args)
+    ca = s["tlsCa"]
     # the controller's limits (policies.limits): a larger request is refused before it is sent
     options = [
         ("grpc.max_receive_message_length", MAX_REPLY_BYTES),
         ("grpc.max_send_message_length", MAX_REQUEST_BYTES),
     ]
     if ca is None:
-        return grpc.insecure_channel(address, options=options)
-    cert, key = _opt(args, "tls_cert"), _opt(args, "tls_key")
+        return grpc.insecure_channel(address(args), options=options)
+    cert, key = s["tlsCert"], s["tlsKey"]
     try:
         creds = grpc.ssl_channel_credentials(
-            root_certificates=Path(ca).read_bytes(),
-            private_key=Path(key).read_bytes() if key else None,
-            certificate_chain=Path(cert).read_bytes() if cert else None,
+            root_certificates=Path(ca).expanduser().read_bytes(),
+            private_key=Path(key).expanduser().read_bytes() if key else None,
+            certificate_chain=Path(cert).expanduser().read_bytes() if cert else None,
         )
     except OSError as exc:
         raise InputError(f"cannot read TLS files: {exc}", field="--tls-ca") from exc
-    return grpc.secure_channel(address, creds, options=options)
+    return grpc.secure_channel(address(args), creds, options=options)
 
 
 def metadata(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
@@ -138,6 +168,9 @@ def metadata(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
 
 def call(args: argparse.Namespace, fn: Callable[[plan_pb2_grpc.PlanServiceStub, Any], Any]) -> Any:
     """Run one PlanService call, turning gRPC errors into the CLI's errors."""
+    import grpc
+    from mixfleet.v1 import plan_pb2_grpc
+
     with channel(args) as ch:
         stub = plan_pb2_grpc.PlanServiceStub(ch)
         try:
@@ -146,16 +179,40 @@ def call(args: argparse.Namespace, fn: Callable[[plan_pb2_grpc.PlanServiceStub, 
             raise rpc_error(args, exc) from exc
 
 
+#: Words in gRPC's UNAVAILABLE details when a plaintext client meets a TLS server (the
+#: server drops the connection at the first bytes, which are not a TLS ClientHello).
+_PLAINTEXT_TO_TLS = ("socket closed", "connection reset", "end of file", "eof", "recvmsg")
+#: ... and when a TLS client meets a plaintext server (the reply is not a TLS record).
+_TLS_TO_PLAINTEXT = ("ssl", "handshake", "wrong_version", "tsi_", "record")
+
+
 def rpc_error(args: argparse.Namespace, exc: grpc.RpcError) -> MixfleetError:
+    import grpc
+
     code: grpc.StatusCode = exc.code()
     details: str = exc.details() or ""
-    address = _opt(args, "controller", "MIXFLEET_CONTROLLER") or DEFAULT_CONTROLLER
+    where = address(args)
+    tls = settings(args)["tlsCa"] is not None
+    low = details.lower()
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return InputError(details)
     if code == grpc.StatusCode.UNAVAILABLE:
+        if not tls and any(w in low for w in _PLAINTEXT_TO_TLS):
+            return MixfleetError(
+                f"the controller at {where} closed a plaintext connection: it probably "
+                f"requires TLS ({details}). To fix: pass --tls-ca (with --tls-cert and "
+                "--tls-key for mutual TLS), or set tlsCa in the client config's context"
+            )
+        if tls and any(w in low for w in _TLS_TO_PLAINTEXT):
+            return MixfleetError(
+                f"the TLS handshake with the controller at {where} failed: it may serve "
+                f"plaintext (--insecure) or another CA signed its certificate ({details}). "
+                "To fix: drop --tls-ca for a plaintext controller, or give the CA that "
+                "signed its certificate"
+            )
         return MixfleetError(
-            f"cannot reach the controller at {address} ({details}). To fix: check --controller "
-            "and that 'mixfleetctl controller run' is up"
+            f"cannot reach the controller at {where} ({details}). To fix: check --controller "
+            "(or the client config's context) and that 'mixfleetctl controller run' is up"
         )
     if code == grpc.StatusCode.UNAUTHENTICATED:
         return MixfleetError(f"{details}")
@@ -166,6 +223,9 @@ def rpc_error(args: argparse.Namespace, exc: grpc.RpcError) -> MixfleetError:
 
 
 def to_json(msg: Message) -> dict[str, Any]:
+    """A reply as a dict with the proto's field names."""
+    from google.protobuf import json_format
+
     return json_format.MessageToDict(msg, preserving_proto_field_name=True)
 
 

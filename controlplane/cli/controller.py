@@ -9,17 +9,18 @@ store) are :mod:`controlplane.cli.ha`'s; exit status 1 when the lease is lost.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import signal
 import sys
 from pathlib import Path
 
-from controlplane.cli.ha import HighAvailability, add_ha_arguments
+from controlplane.cli.ha import add_ha_arguments
 from controlplane.cli.output import Groups, add_group, add_leaf
 from policies.errors import InputError
 
 
 def cmd_controller_run(args: argparse.Namespace) -> int:
+    import asyncio
+
     from controlplane.server.logs import configure_logging
 
     configure_logging(args.log_format, args.log_level)
@@ -27,8 +28,11 @@ def cmd_controller_run(args: argparse.Namespace) -> int:
 
 
 async def _run_controller(args: argparse.Namespace) -> int:
+    import asyncio
+
     import structlog
 
+    from controlplane.cli.ha import HighAvailability
     from controlplane.server.auth import DEV_MODE_WARNING
     from controlplane.server.controller import Controller, ControllerSettings
     from controlplane.server.services import (

@@ -2,43 +2,76 @@
 
 ``apply -f FILE`` sends every deployment document of a YAML file (``-`` = stdin); ``get``
 lists them with their rollout phase and predicted figures, or shows one; ``delete`` removes
-one (exit 1 when it does not exist).
+one (exit 1 when it does not exist). ``get -o yaml|json`` prints ModelDeployment documents
+(camelCase, as ``apply`` reads them, with the controller's ``status``, which ``apply``
+drops), so ``deploy get NAME -o yaml > d.yaml; deploy apply -f d.yaml`` round-trips.
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mixfleet.v1 import plan_pb2, plan_pb2_grpc
-
-from apis.documents import load_yaml, read_limited
-from apis.wire.deployment import spec_to_proto
-from controlplane.cli.connection import add_client, call, ms, to_json
-from controlplane.cli.output import Groups, add_group, print_json, table
-from controlplane.wire.plans import DEPLOYMENT_PHASE_NAMES
+from controlplane.cli.connection import add_client, call, ms
+from controlplane.cli.output import Groups, add_group, emit, emit_document, table
 from policies.errors import InputError
-from policies.limits import MAX_DOCUMENTS_PER_FILE, decode_utf8
-from policies.spec import parse_deployment
+
+if TYPE_CHECKING:
+    from mixfleet.v1 import plan_pb2
 
 
 def _read_docs(path: str) -> Iterator[Any]:
     """The deployment documents of a YAML file (``-`` = stdin), within the limits of
     :mod:`policies.limits` (size, UTF-8, nesting, no aliases, at most
-    :data:`~policies.limits.MAX_DOCUMENTS_PER_FILE` documents)."""
+    :data:`~policies.limits.MAX_DOCUMENTS_PER_FILE` documents). A ``status`` block (from
+    ``deploy get -o yaml``) is dropped, as ``kubectl apply`` ignores it."""
+    from apis.documents import load_yaml, read_limited
+    from policies.limits import MAX_DOCUMENTS_PER_FILE, decode_utf8
+
     where = "deployments on stdin" if path == "-" else f"deployment file {path!r}"
     try:
         text = decode_utf8(read_limited(path, "deployment", "deployment"), where)
-        yield from load_yaml(text, where, max_documents=MAX_DOCUMENTS_PER_FILE)
+        for doc in load_yaml(text, where, max_documents=MAX_DOCUMENTS_PER_FILE):
+            if isinstance(doc, dict) and doc.get("kind") == "List":  # deploy get -o yaml
+                yield from (_without_status(d) for d in doc.get("items") or [])
+            else:
+                yield _without_status(doc)
     except InputError as exc:
         raise InputError(str(exc), field="-f") from exc
 
 
+def _without_status(doc: Any) -> Any:
+    if isinstance(doc, dict) and "status" in doc:
+        return {k: v for k, v in doc.items() if k != "status"}
+    return doc
+
+
+def deployment_document(d: plan_pb2.Deployment) -> dict[str, Any]:
+    """A deployment as the ModelDeployment document ``deploy apply`` reads (camelCase),
+    with the controller's ``status`` (dropped again on apply)."""
+    from google.protobuf import json_format
+
+    from apis.wire.deployment import spec_from_proto
+    from policies.spec import spec_to_doc
+
+    doc = spec_to_doc(spec_from_proto(d.spec))
+    status = json_format.MessageToDict(d.status)
+    status["generation"] = d.generation
+    doc["status"] = status
+    return doc
+
+
 def cmd_deploy_apply(args: argparse.Namespace) -> int:
+    from mixfleet.v1 import plan_pb2, plan_pb2_grpc
+
+    from apis.wire.deployment import spec_to_proto
+    from policies.spec import parse_deployment
+
     specs = [parse_deployment(doc) for doc in _read_docs(args.file)]
     if not specs:
         raise InputError(f"{args.file} holds no deployment", field="-f")
+    docs = []
     for spec in specs:
         req = plan_pb2.ApplyDeploymentRequest(spec=spec_to_proto(spec))
 
@@ -51,14 +84,34 @@ def cmd_deploy_apply(args: argparse.Namespace) -> int:
             return reply
 
         d = call(args, apply)
-        if args.output == "json":
-            print_json(to_json(d))
-        else:
-            print(f"deployment/{d.spec.name} applied (generation {d.generation})")
+        if args.output == "table":
+            emit(f"deployment/{d.spec.name} applied (generation {d.generation})")
+        docs.append(d)
+    if args.output != "table":
+        _emit_deployments(docs, args.output, single=len(docs) == 1)
     return 0
 
 
+def _emit_deployments(ds: list[Any], output: str, *, single: bool) -> None:
+    """``-o json|yaml``: one ModelDeployment, or a ``List`` of them; ``-o name``."""
+    names = [f"deployment/{d.spec.name}" for d in ds]
+    docs = [deployment_document(d) for d in ds]
+    doc: Any = docs[0] if single else {"apiVersion": "v1", "kind": "List", "items": docs}
+    emit_document(doc, output, names)
+
+
+def _assigned(st: Any) -> str:
+    """The fleet scheduler's nodes of a deployment (``-`` when none or the scheduler is off)."""
+    if not st.assigned_nodes:
+        return "-"
+    return f"{st.assigned_gpus} GPUs on {','.join(st.assigned_nodes)}"[:60]
+
+
 def cmd_deploy_get(args: argparse.Namespace) -> int:
+    from mixfleet.v1 import plan_pb2
+
+    from controlplane.wire.plans import DEPLOYMENT_PHASE_NAMES
+
     if args.name:
         ds = [
             call(
@@ -73,9 +126,8 @@ def cmd_deploy_get(args: argparse.Namespace) -> int:
             args, lambda s, md: s.ListDeployments(plan_pb2.ListDeploymentsRequest(), metadata=md)
         )
         ds = list(reply.deployments)
-    if args.output == "json":
-        docs = [to_json(d) for d in ds]
-        print_json(docs[0] if args.name else docs)
+    if args.output != "table":
+        _emit_deployments(ds, args.output, single=bool(args.name))
         return 0
     rows = []
     for d in ds:
@@ -92,6 +144,7 @@ def cmd_deploy_get(args: argparse.Namespace) -> int:
                 ms(st.step_time_us),
                 f"{st.cost_per_million_tokens_usd:.3f}" if st.cost_per_million_tokens_usd else "-",
                 len(st.nodes) or "-",
+                _assigned(st),
                 st.message[:60],
             ]
         )
@@ -109,6 +162,7 @@ def cmd_deploy_get(args: argparse.Namespace) -> int:
                 "STEP_MS",
                 "USD_PER_MTOK",
                 "NODES",
+                "ASSIGNED",
                 "MESSAGE",
             ],
             rows,
@@ -120,14 +174,18 @@ def cmd_deploy_get(args: argparse.Namespace) -> int:
 
 
 def cmd_deploy_delete(args: argparse.Namespace) -> int:
+    from mixfleet.v1 import plan_pb2
+
     reply = call(
         args,
         lambda s, md: s.DeleteDeployment(
             plan_pb2.DeleteDeploymentRequest(name=args.name), metadata=md
         ),
     )
-    if args.output == "json":
-        print_json({"name": args.name, "deleted": reply.deleted})
+    if args.output != "table":
+        emit_document(
+            {"name": args.name, "deleted": reply.deleted}, args.output, [f"deployment/{args.name}"]
+        )
     else:
         print(f"deployment/{args.name} {'deleted' if reply.deleted else 'not found'}")
     return 0 if reply.deleted else 1

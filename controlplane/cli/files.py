@@ -13,17 +13,14 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import yaml
-
-from apis.documents import load_document, read_limited
 from policies.errors import InputError
-from policies.fleet import Fleet, parse_fleet
-from policies.limits import decode_utf8
-from policies.models import ModelSpec, from_hf_config
-from policies.plan import Plan, plan_from_dict
-from policies.workload import load_from_json, make_workload
+
+if TYPE_CHECKING:  # the parsers are imported when a file is read (mixfleetctl --help is cheap)
+    from policies.fleet import Fleet
+    from policies.models import ModelSpec
+    from policies.plan import Plan
 
 YAML_SUFFIXES = (".yaml", ".yml")
 
@@ -42,6 +39,9 @@ def read_document(path: str | Path, what: str) -> Any:
         InputError: unreadable file, over a limit, syntax error (with line and column) or
             empty file.
     """
+    from apis.documents import load_document, read_limited  # yaml: imported when a file is read
+    from policies.limits import decode_utf8
+
     p = Path(path)
     where = f"{what} file {str(p)!r}"
     text = decode_utf8(read_limited(p, what, what), where)
@@ -66,6 +66,8 @@ def read_fleet(path: str | Path) -> Fleet:
     Raises:
         InputError: naming the file, the field (``spec.nodes[1].gpus[0].model``) and the fix.
     """
+    from policies.fleet import parse_fleet
+
     doc = read_document(path, "fleet")
     try:
         fleet = parse_fleet(doc)
@@ -83,6 +85,8 @@ def read_model_config(path: str | Path) -> ModelSpec:
     Raises:
         InputError: unreadable, not JSON, or an unsupported or incomplete config.
     """
+    from policies.models import from_hf_config
+
     p = Path(path)
     doc = read_document(p, "model config")
     name = None
@@ -105,6 +109,8 @@ def read_expert_load(path: str | Path, model: ModelSpec) -> tuple[tuple[float, .
     Raises:
         InputError: unreadable, not JSON, NaN or infinite entries, or the wrong shape.
     """
+    from policies.workload import load_from_json, make_workload
+
     doc = read_document(path, "load")
     try:
         rows = load_from_json(doc, model)
@@ -127,6 +133,8 @@ def read_plan(path: str | Path) -> Plan:
     Raises:
         InputError: unreadable, syntax error, or not a plan of this schema version.
     """
+    from policies.plan import plan_from_dict
+
     doc = read_document(path, "plan")
     try:
         return plan_from_dict(doc)
@@ -155,6 +163,8 @@ def dump_document(doc: Any, fmt: str) -> str:
     """Serialise ``doc`` as ``json`` (indented) or ``yaml`` text, ending in a newline."""
     clean = plain(doc)
     if fmt == "yaml":
+        import yaml
+
         return str(yaml.safe_dump(clean, sort_keys=False, default_flow_style=None, width=100))
     return json.dumps(clean, indent=2) + "\n"
 

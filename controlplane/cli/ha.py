@@ -25,14 +25,16 @@ so the next replica takes over at once.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import signal
 import socket
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from policies.errors import InputError
+
+if TYPE_CHECKING:  # asyncio is imported when the controller runs, not for --help
+    import asyncio
 
 LEADER_SERVICE = "mixfleet.controller.Leader"
 
@@ -81,6 +83,8 @@ class HighAvailability:
     """
 
     def __init__(self, probes: Any, health: Any, elector: Any) -> None:
+        import asyncio
+
         self._probes = probes  # grpc.aio.Server or None
         self._health = health  # its HealthServicer or None
         self.elector = elector  # LeaderElector or None
@@ -106,6 +110,8 @@ class HighAvailability:
         return ha
 
     async def _lead(self, args: argparse.Namespace, store: Any) -> None:
+        import asyncio
+
         from apis.kube.client import Kube
         from apis.kube.leader import LeaderElector, LeaderSettings
         from controlplane.store.kubernetes import KubernetesStore
@@ -159,6 +165,8 @@ class HighAvailability:
 
     async def until(self, stop: asyncio.Event) -> int:
         """Wait for ``stop`` (returns 0) or the loss of the lease (returns 1)."""
+        import asyncio
+
         waits = [asyncio.ensure_future(e.wait()) for e in (stop, self.lost)]
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         for w in waits:
@@ -171,6 +179,8 @@ class HighAvailability:
 
     async def close(self) -> None:
         """Release the lease (after the controller's last write) and stop the probes."""
+        import asyncio
+
         self._closing = True
         await self._set("", False)
         if self.elector is not None:

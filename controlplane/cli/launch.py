@@ -10,25 +10,22 @@ as a JSON/YAML document (``-o``). The plan must be feasible and solved for the e
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from controlplane.cli import files
-from controlplane.cli.output import Groups, add_leaf, add_output_arg, emit, notes
+from controlplane.cli.output import Groups, add_leaf, add_output_arg, emit, emit_document, notes
+from policies.defaults import PLACEMENT_FILES, TRTLLM_OPTIONS_FILE
 from policies.engines import ENGINES
-from policies.launch import (
-    DIST_INIT_REF,
-    MODEL_PATH_REF,
-    PLACEMENT_FILES,
-    TRTLLM_OPTIONS_FILE,
-    LaunchRecipe,
-    launch_recipe,
-    node_command,
-    recipe_to_doc,
-)
-from policies.models import preset
+
+if TYPE_CHECKING:
+    from policies.launch import LaunchRecipe
+    from policies.models import ModelSpec
 
 
 def launch_text(recipe: LaunchRecipe) -> str:
     """The recipe as commented ``sh`` lines: one block per node, then the files it reads."""
+    from policies.launch import node_command
+
     k = len(recipe.nodes)
     ranks = recipe.nodes[-1].rank_range[1] if recipe.nodes else 0
     lines = [f"# plan {recipe.plan_id} on {recipe.engine}: {ranks} ranks on {k} nodes"]
@@ -43,10 +40,18 @@ def launch_text(recipe: LaunchRecipe) -> str:
     return "\n".join(lines)
 
 
+def _preset(name: str) -> ModelSpec:
+    from policies.models import preset
+
+    return preset(name)
+
+
 def cmd_plan_launch(args: argparse.Namespace) -> int:
     """``plan launch --plan PLAN``: each node's environment and engine command."""
+    from policies.launch import DIST_INIT_REF, MODEL_PATH_REF, launch_recipe, recipe_to_doc
+
     plan = files.read_plan(args.plan)
-    model = files.read_model_config(args.model_config) if args.model_config else preset(plan.model)
+    model = files.read_model_config(args.model_config) if args.model_config else _preset(plan.model)
     recipe = launch_recipe(
         plan,
         model,
@@ -67,7 +72,8 @@ def cmd_plan_launch(args: argparse.Namespace) -> int:
     if args.output == "table":
         emit(launch_text(recipe))
     else:
-        emit(files.dump_document(recipe_to_doc(recipe), args.output))
+        names = [f"node/{n.node}" for n in recipe.nodes]
+        emit_document(recipe_to_doc(recipe), args.output, names)
     return 0
 
 

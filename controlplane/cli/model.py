@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from controlplane.cli import files
-from controlplane.cli.output import Groups, add_group, add_leaf, add_output_arg, emit, format_table
-from policies.models import PRESETS, ModelSpec
+from controlplane.cli.output import (
+    Groups,
+    add_group,
+    add_leaf,
+    add_output_arg,
+    emit,
+    emit_document,
+    format_table,
+)
+
+if TYPE_CHECKING:
+    from policies.models import ModelSpec
 
 
 def _model_row(m: ModelSpec) -> dict[str, Any]:
@@ -29,13 +38,15 @@ def _model_row(m: ModelSpec) -> dict[str, Any]:
 
 def cmd_model_list(args: argparse.Namespace) -> int:
     """``model list``: the presets."""
+    from policies.models import PRESETS
+
     rows = [_model_row(m) for m in PRESETS.values()]
     if args.output != "table":
-        emit(files.dump_document(rows, args.output))
+        emit_document(rows, args.output, [f"model/{r['name']}" for r in rows])
         return 0
     headers = list(rows[0])
     emit(format_table(headers, [[str(r[h]) for h in headers] for r in rows]))
-    emit("Or --model-config PATH for a Hugging Face config.json.")
+    emit("Or --model-config PATH: a Hugging Face config.json or a Model file (docs/models.md).")
     return 0
 
 

@@ -11,18 +11,20 @@ from __future__ import annotations
 
 import argparse
 
-from mixfleet.v1 import plan_pb2
-
 from controlplane.cli.connection import add_client, age, call, to_json
-from controlplane.cli.output import Groups, add_group, print_json, table
-from controlplane.wire.plans import NODE_HEALTH_NAMES
+from controlplane.cli.output import Groups, add_group, emit_document, table
 
 
 def cmd_nodes_list(args: argparse.Namespace) -> int:
+    from mixfleet.v1 import plan_pb2
+
     reply = call(args, lambda s, md: s.ListNodes(plan_pb2.ListNodesRequest(), metadata=md))
-    if args.output == "json":
-        print_json(to_json(reply)["nodes"] if reply.nodes else [])
+    if args.output != "table":
+        docs = to_json(reply)["nodes"] if reply.nodes else []
+        emit_document(docs, args.output, [f"node/{n.inventory.node}" for n in reply.nodes])
         return 0
+    from controlplane.wire.plans import NODE_HEALTH_NAMES
+
     rows = []
     for n in reply.nodes:
         inv = n.inventory
@@ -43,10 +45,14 @@ def cmd_nodes_list(args: argparse.Namespace) -> int:
 
 
 def cmd_nodes_show(args: argparse.Namespace) -> int:
+    from mixfleet.v1 import plan_pb2
+
     n = call(args, lambda s, md: s.GetNode(plan_pb2.GetNodeRequest(name=args.name), metadata=md))
-    if args.output == "json":
-        print_json(to_json(n))
+    if args.output != "table":
+        emit_document(to_json(n), args.output, [f"node/{n.inventory.node}"])
         return 0
+    from controlplane.wire.plans import NODE_HEALTH_NAMES
+
     inv = n.inventory
     print(f"node:      {inv.node}")
     print(f"health:    {NODE_HEALTH_NAMES.get(n.health, '?')}  {n.message}".rstrip())
@@ -57,6 +63,7 @@ def cmd_nodes_show(args: argparse.Namespace) -> int:
     print(f"labels:    {dict(inv.labels) or '-'}")
     print(f"seen:      {age(n.last_heartbeat_unix_s)} ago")
     print(f"applied:   {dict(n.applied) or '-'}")
+    print(f"assigned:  {_holders(args, inv.node)}")
     if n.unknown_deployments:
         print(
             f"unknown:   {', '.join(n.unknown_deployments)} (no record in the controller's "
@@ -97,11 +104,24 @@ def cmd_nodes_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _holders(args: argparse.Namespace, node: str) -> str:
+    """The deployments the fleet scheduler assigned ``node`` to, or ``-``."""
+    from mixfleet.v1 import plan_pb2
+
+    reply = call(
+        args, lambda s, md: s.ListDeployments(plan_pb2.ListDeploymentsRequest(), metadata=md)
+    )
+    held = [d.spec.name for d in reply.deployments if node in d.status.assigned_nodes]
+    return ", ".join(held) + " (fleet scheduler)" if held else "-"
+
+
 def cmd_nodes_delete(args: argparse.Namespace) -> int:
+    from mixfleet.v1 import plan_pb2
+
     request = plan_pb2.DeleteNodeRequest(name=args.name, force=args.force)
     reply = call(args, lambda s, md: s.DeleteNode(request, metadata=md))
-    if args.output == "json":
-        print_json(to_json(reply))
+    if args.output != "table":
+        emit_document(to_json(reply), args.output, [f"node/{args.name}"])
         return 0
     moved = f"; re-planning {', '.join(reply.deployments)}" if reply.deployments else ""
     print(f"node {args.name} deleted{moved}")

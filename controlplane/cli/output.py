@@ -1,12 +1,16 @@
 """What every ``mixfleetctl`` command group shares: parser builders and output.
 
 * Parsers: :func:`add_group` adds a command group, :func:`add_leaf` a leaf command that sets
-  ``handler`` (``args -> exit status``), :func:`add_output_arg` the ``-o table|json|yaml``
-  option.
-* Output: results go to stdout through :func:`emit` (tables from :func:`format_table` or
-  :func:`table`, documents from :func:`controlplane.cli.files.dump_document` or
-  :func:`print_json`); progress and hints go to stderr through a :data:`Note` from
-  :func:`notes` (silent with ``--quiet``).
+  ``handler`` (``args -> exit status``), :func:`add_output_arg` the ``-o table|json|yaml|name``
+  option every command has, :func:`token_count` the ``32k`` argument type.
+* Output: results go to stdout through :func:`emit` (tables from :func:`format_table`, the
+  one table style; documents through :func:`emit_document`, which also writes ``-o name``);
+  progress and hints go to stderr through a :data:`Note` from :func:`notes` (silent with
+  ``--quiet``), and :func:`ticker` shows elapsed time on stderr when it is a terminal or
+  with ``--progress``.
+
+The module imports only the standard library: every command's parser is built from it, and
+``mixfleetctl --help`` must stay cheap.
 
 Errors are not printed here: handlers raise :class:`policies.errors.MixfleetError`
 subclasses, worded "what went wrong. To fix: ...", and :func:`controlplane.cli.main` prints
@@ -24,8 +28,9 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Protocol
 
-#: Output formats of the local commands (``-o``); the controller's clients offer table|json.
-OUTPUTS = ("table", "json", "yaml")
+#: Output formats of every command (``-o``): ``name`` prints ``kind/name`` per object, as
+#: ``kubectl -o name`` does.
+OUTPUTS = ("table", "json", "yaml", "name")
 
 Handler = Callable[[argparse.Namespace], int]
 Note = Callable[[str], None]
@@ -68,10 +73,39 @@ def add_leaf(
 
 
 def add_output_arg(p: argparse.ArgumentParser) -> None:
-    """``-o/--output table|json|yaml`` (default: table)."""
+    """``-o/--output table|json|yaml|name`` (default: table)."""
     p.add_argument(
-        "-o", "--output", choices=OUTPUTS, default="table", help="stdout format (default: table)"
+        "-o",
+        "--output",
+        choices=OUTPUTS,
+        default="table",
+        help="stdout format: table, json, yaml, or name (kind/name per object; default: table)",
     )
+
+
+def add_progress_arg(p: argparse.ArgumentParser) -> None:
+    """``-q/--quiet`` and ``--progress`` of a command that can take more than a few seconds."""
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument(
+        "--progress",
+        action="store_true",
+        help="show the elapsed time on stderr also when it is not a terminal",
+    )
+
+
+def token_count(text: str) -> int:
+    """argparse type of a token count: ``4096``, ``32k`` (k = 1024)."""
+    part = text.strip().lower()
+    scale = 1024 if part.endswith("k") else 1
+    try:
+        value = int(part[:-1] if scale > 1 else part) * scale
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a positive token count (write e.g. 4096 or 32k)"
+        )
+    return value
 
 
 # ------------------------------------------------------------------------- stdout
@@ -85,6 +119,18 @@ def emit(text: str) -> None:
 def print_json(doc: Any) -> None:
     """Write ``doc`` to stdout as indented JSON."""
     print(json.dumps(doc, indent=2, sort_keys=False))
+
+
+def emit_document(doc: Any, output: str, names: Sequence[str] = ()) -> None:
+    """Write ``doc`` as ``json`` or ``yaml`` (through
+    :func:`controlplane.cli.files.dump_document`), or ``names`` one per line for ``name``."""
+    if output == "name":
+        for name in names:
+            emit(name)
+        return
+    from controlplane.cli.files import dump_document
+
+    emit(dump_document(doc, output))
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -109,12 +155,8 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """Rows as left-aligned columns, no rule under the headers (the controller's clients)."""
-    cells = [[str(h) for h in headers], *[[str(c) for c in r] for r in rows]]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    return "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells
-    )
+    """:func:`format_table` of cells of any type (the one table style)."""
+    return format_table([str(h) for h in headers], [[str(c) for c in r] for r in rows])
 
 
 def fmt_opt(value: float | None, fmt: str, none: str = "-") -> str:
@@ -150,15 +192,36 @@ def notes(args: argparse.Namespace) -> Note:
     return quiet_note if getattr(args, "quiet", False) else stderr_note
 
 
+def show_progress(args: argparse.Namespace) -> bool:
+    """Whether to show elapsed time: ``--progress``, or stderr is a terminal (never with
+    ``--quiet``)."""
+    if getattr(args, "quiet", False):
+        return False
+    return bool(getattr(args, "progress", False)) or sys.stderr.isatty()
+
+
 @contextmanager
-def ticker(note: Note, label: str, interval_s: float = 15.0) -> Iterator[None]:
-    """Report ``label: N s elapsed`` every ``interval_s`` seconds while the body runs."""
+def ticker(
+    note: Note, label: str, interval_s: float = 5.0, *, enabled: bool = True
+) -> Iterator[None]:
+    """Show ``label: N s elapsed`` on stderr while the body runs: on a terminal one line
+    rewritten every second (erased at the end), else a line every ``interval_s`` seconds
+    through ``note``; nothing when not ``enabled`` (see :func:`show_progress`)."""
+    if not enabled:
+        yield
+        return
     stop = threading.Event()
     t0 = time.monotonic()
+    tty = sys.stderr.isatty()
 
     def run() -> None:
-        while not stop.wait(interval_s):
-            note(f"  ... {label}: {time.monotonic() - t0:.0f} s elapsed")
+        while not stop.wait(1.0 if tty else interval_s):
+            line = f"  ... {label}: {time.monotonic() - t0:.0f} s elapsed"
+            if tty:
+                sys.stderr.write(f"\r{line}\x1b[K")
+                sys.stderr.flush()
+            else:
+                note(line)
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
@@ -167,3 +230,6 @@ def ticker(note: Note, label: str, interval_s: float = 15.0) -> Iterator[None]:
     finally:
         stop.set()
         thread.join()
+        if tty:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()

@@ -1,8 +1,10 @@
 """``mixfleetctl plan``: solve, inspect, compare, export and render placement plans.
 
-* ``plan solve``    - one policy; prints the plan, ``--out`` saves it;
+* ``plan solve``    - one policy; prints the plan, or ``--out`` saves it and prints a summary;
 * ``plan show``     - a saved plan, with the validator's findings;
-* ``plan compare``  - several policies side by side on the same inputs;
+* ``plan compare``  - several policies side by side on the same inputs, or saved plans,
+  with USD per million tokens;
+* ``plan diff``     - what changed between two saved plans;
 * ``plan export``   - an engine's expert-placement file (SGLang, vLLM, TensorRT-LLM);
 * ``plan launch``   - the per-node command lines that start the plan's engine;
 * ``plan render``   - GPU x layer heatmaps of a plan (PNG);
@@ -16,27 +18,28 @@ constraints or no subset reaches the throughput.
 from __future__ import annotations
 
 import argparse
-import hashlib
-from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from controlplane.cli import files, launch
+from controlplane.cli import files, launch, plancompare
 from controlplane.cli.output import (
     Groups,
     add_group,
     add_leaf,
     add_output_arg,
     emit,
+    emit_document,
     fmt_opt,
     format_table,
     notes,
+    show_progress,
+    ticker,
 )
+from controlplane.cli.plancompare import compare_document, summary_line
+from controlplane.cli.plancompare import compare_table as compare_table  # the demo's import
 from controlplane.cli.problem import (
     DEFAULT_TOKENS_PER_GPU,
-    CompareRow,
-    Problem,
     add_deployment_args,
     add_problem_args,
     compare_policies,
@@ -48,14 +51,12 @@ from controlplane.cli.problem import (
     read_prices,
     solve_with_progress,
 )
-from controlplane.cli.reports import cost_document, cost_table, min_cost_document, min_cost_table
-from policies.cost import LAYOUTS, min_cost
+from policies import defaults
 from policies.errors import InfeasibleError, InputError
-from policies.export_manifest import export_manifest
-from policies.exports import EXPORT_FORMATS, export_plan, export_sidecar
-from policies.models import ModelSpec, preset
-from policies.plan import Plan, PlanEngine, PlanSummary, validate_plan
-from policies.request import POLICIES
+
+if TYPE_CHECKING:
+    from policies.models import ModelSpec
+    from policies.plan import Plan, PlanEngine, PlanSummary
 
 # ------------------------------------------------------------------------- output
 
@@ -158,84 +159,28 @@ def _print_plan(plan: Plan, output: str) -> None:
     if output == "table":
         emit(plan_table(plan))
     else:
-        emit(files.dump_document(plan.to_dict(), output))
-
-
-def _baseline(rows: Sequence[CompareRow]) -> float | None:
-    for r in rows:
-        if r.policy == "uniform" and r.result is not None:
-            return r.result.plan.summary.tokens_per_s
-    return None
-
-
-def compare_table(rows: Sequence[CompareRow]) -> str:
-    """Side-by-side table of a comparison."""
-    base = _baseline(rows)
-    table = []
-    for r in rows:
-        if r.result is None:
-            table.append([r.policy, "-", "-", "-", "-", "-", "no: " + r.error[:60]])
-            continue
-        s = r.result.plan.summary
-        speedup = f"{s.tokens_per_s / base:.3f}x" if base else "-"
-        table.append(
-            [
-                r.policy,
-                f"{s.step_time_us / 1e3:.2f}",
-                f"{s.tokens_per_s:,.0f}",
-                speedup,
-                "-" if s.gap is None else f"{s.gap * 100:.2f}%",
-                f"{s.solve_s:.1f}",
-                "NO" if plan_problems(r.result.plan) else "yes",
-            ]
-        )
-    return format_table(
-        ["policy", "step ms", "tokens/s", "vs uniform", "gap", "solve s", "feasible"], table
-    )
-
-
-def compare_document(problem: Problem, rows: Sequence[CompareRow]) -> dict[str, Any]:
-    """JSON/YAML form of a comparison."""
-    base = _baseline(rows)
-    wl = problem.workload
-    out_rows: list[dict[str, Any]] = []
-    for r in rows:
-        if r.result is None:
-            out_rows.append({"policy": r.policy, "feasible": False, "error": r.error})
-            continue
-        d = asdict(r.result.plan.summary)
-        d["plan_id"] = r.result.plan.id
-        d["problems"] = list(plan_problems(r.result.plan)[:12])
-        d["speedup_vs_uniform"] = d["tokens_per_s"] / base if base else None
-        out_rows.append(d)
-    return {
-        "fleet": problem.fleet.name,
-        "model": problem.model.name,
-        "workload": {
-            "phase": wl.phase,
-            "tokens_per_gpu": wl.tokens_per_gpu,
-            "context_len": wl.context_len,
-            "kv_cache_dtype": wl.kv_cache_dtype,
-            "load_source": wl.load_source,
-        },
-        "form": problem.form,
-        "redundant_experts": problem.redundant_experts,
-        "policies": out_rows,
-    }
+        emit_document(plan.to_dict(), output, [f"plan/{plan.id}"])
 
 
 # ----------------------------------------------------------------------- handlers
 
 
 def cmd_plan_solve(args: argparse.Namespace) -> int:
-    """``plan solve``: one policy; prints the plan, optionally saves it."""
+    """``plan solve``: one policy; prints the plan, or with ``--out`` saves it and prints
+    a short summary."""
     problem = problem_from_args(args)
     result = solve_with_progress(problem, args.policy, notes(args))
     plan = result.plan
     if args.out:
         path = files.write_document(args.out, plan.to_dict(), "plan")
         notes(args)(f"wrote plan {plan.id} to {path}")
-    _print_plan(plan, args.output)
+        if args.output == "table":
+            emit(f"{summary_line(plan)}\nsaved to {path} (mixfleetctl plan show {path})")
+        else:
+            doc = {"id": plan.id, "file": str(path), "summary": asdict(plan.summary)}
+            emit_document(doc, args.output, [f"plan/{plan.id}"])
+    else:
+        _print_plan(plan, args.output)
     problems = plan_problems(plan)
     if problems:
         raise InfeasibleError(f"the {plan.summary.policy} plan violates constraints", problems[:12])
@@ -247,15 +192,26 @@ def cmd_plan_show(args: argparse.Namespace) -> int:
     plan = files.read_plan(args.file)
     _print_plan(plan, args.output)
     if args.output == "table" and not plan.violations:
+        from policies.plan import validate_plan
+
         for p in validate_plan(plan):
             emit(f"INVALID: {p}")
     return 0
 
 
 def cmd_plan_compare(args: argparse.Namespace) -> int:
-    """``plan compare``: the policies side by side on the same inputs."""
+    """``plan compare``: the policies side by side on the same inputs, or saved plans."""
+    if args.plans:
+        return plancompare.compare_saved(args)
+    if not args.fleet or not (args.model or args.model_config):
+        raise InputError(
+            "give --fleet and --model (or --model-config) to solve the policies, or saved "
+            "plan files to compare. To fix: e.g. mixfleetctl plan compare a.json b.json",
+            field="--fleet",
+        )
     policies = parse_policies(args.policies)
     problem = problem_from_args(args)
+    prices = read_prices(args.prices)
     rows = compare_policies(problem, policies, notes(args))
     if args.save_plans:
         for r in rows:
@@ -264,9 +220,10 @@ def cmd_plan_compare(args: argparse.Namespace) -> int:
                 files.write_document(path, r.result.plan.to_dict(), "plan")
                 notes(args)(f"wrote {r.policy} plan to {path}")
     if args.output == "table":
-        emit(compare_table(rows))
+        emit(compare_table(rows, prices))
     else:
-        emit(files.dump_document(compare_document(problem, rows), args.output))
+        names = [f"plan/{r.result.plan.id}" for r in rows if r.result is not None]
+        emit_document(compare_document(problem, rows, prices), args.output, names)
     return 0
 
 
@@ -287,6 +244,8 @@ def _export_model(args: argparse.Namespace, plan: Plan) -> ModelSpec:
     if args.model_config:
         return files.read_model_config(args.model_config)
     try:
+        from policies.models import preset
+
         return preset(plan.model)
     except InputError as exc:
         raise InputError(
@@ -310,6 +269,9 @@ def _manifest_path(args: argparse.Namespace) -> Path | None:
 def cmd_plan_export(args: argparse.Namespace) -> int:
     """``plan export FILE --format F``: an engine's placement file, the manifest beside it
     (engine, version, world size, R, rank -> GPU order) and optionally a sidecar."""
+    from policies.export_manifest import export_manifest
+    from policies.exports import export_plan, export_sidecar
+
     plan = files.read_plan(args.file)
     model = _export_model(args, plan)
     doc = export_plan(plan, args.format, model)
@@ -322,10 +284,16 @@ def cmd_plan_export(args: argparse.Namespace) -> int:
         notes(args)(_EXPORT_USE[args.format].format(path=path, r=plan.num_redundant))
         if args.format == "sglang" and path.suffix != ".json":
             notes(args)("note: SGLang reads a file only when its name ends in .json")
-    else:
+        if args.output != "table":
+            emit_document({"file": file, "format": args.format}, args.output, [f"file/{file}"])
+    elif args.output == "table":  # the engine's own format
         emit(text)
+    else:
+        emit_document(doc, args.output, [f"export/{args.format}/{plan.id}"])
     manifest = _manifest_path(args)
     if manifest is not None:
+        import hashlib
+
         digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
         man = export_manifest(plan, args.format, model, file=file, file_sha256=digest)
         written = files.write_document(manifest, man, "manifest")
@@ -342,7 +310,7 @@ def cmd_plan_export(args: argparse.Namespace) -> int:
 
 
 def cmd_plan_render(args: argparse.Namespace) -> int:
-    """``plan render FILE``: GPU x layer heatmaps of load and predicted time (PNG)."""
+    """``plan render FILE``: phases, expert placement, memory and traffic (PNG or SVG)."""
     from controlplane.cli.render import render_plan  # matplotlib is slow to import
 
     plan = files.read_plan(args.file)
@@ -352,28 +320,39 @@ def cmd_plan_render(args: argparse.Namespace) -> int:
     if args.load:
         m = model
         if m is None:
+            from policies.models import preset
+
             m = preset(plan.model)
         load, _ = read_load(args.load, m)
     out = args.out or str(Path(args.file).with_suffix(".png"))
-    path = render_plan(plan, out, model=model, load=load, fleet=fleet)
-    emit(str(path))
+    path = render_plan(plan, out, model=model, load=load, fleet=fleet, layer=args.layer)
+    if args.output == "table":
+        emit(str(path))
+    else:
+        emit_document({"file": str(path), "plan": plan.id}, args.output, [f"file/{path}"])
     return 0
 
 
 def cmd_plan_cost(args: argparse.Namespace) -> int:
     """``plan cost``: policies side by side with cost per hour and per million tokens."""
+    from controlplane.cli.reports import cost_document, cost_table
+
     prices = read_prices(args.prices)
     problem = problem_from_args(args)
     rows = compare_policies(problem, parse_policies(args.policies), notes(args))
     if args.output == "table":
         emit(cost_table(rows, prices))
     else:
-        emit(files.dump_document(cost_document(rows, prices), args.output))
+        names = [f"plan/{r.result.plan.id}" for r in rows if r.result is not None]
+        emit_document(cost_document(rows, prices), args.output, names)
     return 0
 
 
 def cmd_plan_min_cost(args: argparse.Namespace) -> int:
     """``plan min-cost``: the cheapest subset of whole nodes reaching a throughput."""
+    from controlplane.cli.reports import min_cost_document, min_cost_table
+    from policies.cost import min_cost
+
     dep = deployment_from_args(args)
     prices = read_prices(args.prices)
     tokens = args.tokens or DEFAULT_TOKENS_PER_GPU[dep.phase]
@@ -381,16 +360,17 @@ def cmd_plan_min_cost(args: argparse.Namespace) -> int:
         f"cheapest subset of {dep.fleet.name} for {args.target_tokens_per_s:,.0f} tokens/s: "
         f"screen greedy, finalists {dep.policy}"
     )
-    res = min_cost(
-        dep,
-        args.target_tokens_per_s,
-        prices,
-        tokens_per_gpu=tokens,
-        final_policy=dep.policy,
-        layout=args.layout,
-        finalists=args.finalists,
-        allow_cross_vendor=args.allow_cross_vendor,
-    )
+    with ticker(notes(args), "min-cost still searching", enabled=show_progress(args)):
+        res = min_cost(
+            dep,
+            args.target_tokens_per_s,
+            prices,
+            tokens_per_gpu=tokens,
+            final_policy=dep.policy,
+            layout=args.layout,
+            finalists=args.finalists,
+            allow_cross_vendor=args.allow_cross_vendor,
+        )
     if args.save_plans:
         for r in res.results:
             path = Path(args.save_plans) / f"{r.plan.fleet}-{r.plan.id}.json"
@@ -399,7 +379,9 @@ def cmd_plan_min_cost(args: argparse.Namespace) -> int:
     if args.output == "table":
         emit(min_cost_table(res))
     else:
-        emit(files.dump_document(min_cost_document(res), args.output))
+        emit_document(
+            min_cost_document(res), args.output, [f"plan/{r.plan.id}" for r in res.results]
+        )
     return 0
 
 
@@ -411,27 +393,46 @@ def register(groups: Groups) -> None:
     plan = add_group(groups, "plan", "solve, inspect, compare, export and render placement plans")
     p = add_leaf(plan, "solve", cmd_plan_solve, "place attention and experts with one policy")
     add_problem_args(p)
-    p.add_argument("--policy", choices=POLICIES, default="ilp", help="default: ilp")
+    p.add_argument(
+        "--policy",
+        choices=defaults.POLICIES,
+        default=defaults.DEFAULT_POLICY,
+        help="default: %(default)s",
+    )
     add_output_arg(p)
-    p.add_argument("--out", metavar="FILE", help="also save the plan (.json, or .yaml/.yml)")
+    p.add_argument(
+        "--out",
+        metavar="FILE",
+        help="save the plan (.json, or .yaml/.yml) and print a one-line summary instead",
+    )
 
     p = add_leaf(plan, "show", cmd_plan_show, "show a saved plan")
     p.add_argument("file", metavar="FILE")
     add_output_arg(p)
 
-    p = add_leaf(plan, "compare", cmd_plan_compare, "solve several policies side by side")
-    add_problem_args(p)
+    p = add_leaf(
+        plan,
+        "compare",
+        cmd_plan_compare,
+        "solve several policies side by side, or compare saved plans",
+        description="Solve several policies on the same inputs (--fleet, --model), or give "
+        "saved plan files to compare them; both with USD per million tokens.",
+    )
+    p.add_argument("plans", nargs="*", metavar="PLAN", help="saved plans to compare instead")
+    add_problem_args(p, required=False)
     p.add_argument(
         "--policies",
-        default=",".join(POLICIES),
+        default=",".join(defaults.POLICIES),
         metavar="LIST",
         help="comma-separated policies (default: %(default)s)",
     )
+    p.add_argument("--prices", metavar="FILE", help="price file (default: built-in assumptions)")
     add_output_arg(p)
     p.add_argument("--save-plans", metavar="DIR", help="save each plan as DIR/<policy>.json")
 
     _register_export_render(plan)
     launch.register(plan)
+    plancompare.register(plan)
     _register_cost(plan)
 
 
@@ -439,7 +440,7 @@ def _register_export_render(plan: Groups) -> None:
     """``plan export`` and ``plan render``."""
     p = add_leaf(plan, "export", cmd_plan_export, "write an engine's expert-placement file")
     p.add_argument("file", metavar="FILE", help="engine-form plan (JSON or YAML)")
-    p.add_argument("--format", choices=EXPORT_FORMATS, required=True)
+    p.add_argument("--format", choices=defaults.EXPORT_FORMATS, required=True)
     p.add_argument("--out", metavar="FILE", help="output file (default: stdout)")
     p.add_argument(
         "--manifest",
@@ -458,29 +459,47 @@ def _register_export_render(plan: Groups) -> None:
         help="also write per-rank DP-attention weights and runtime hints (JSON or YAML)",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="no hints on stderr")
+    add_output_arg(p)
 
-    p = add_leaf(plan, "render", cmd_plan_render, "draw a plan as a PNG (GPU x layer heatmaps)")
+    p = add_leaf(plan, "render", cmd_plan_render, "draw a plan to debug it (PNG or SVG)")
     p.add_argument("file", metavar="FILE")
-    p.add_argument("--out", metavar="PNG", help="default: the plan's path with .png")
-    p.add_argument("--fleet", metavar="FILE", help="the plan's fleet, for exact GPU figures")
+    p.add_argument("--out", metavar="PNG|SVG", help="default: the plan's path with .png")
+    p.add_argument("--fleet", metavar="FILE", help="the plan's fleet: links and exact GPU figures")
+    p.add_argument(
+        "--layer",
+        type=int,
+        metavar="N",
+        help="model layer of the expert panel (default: the MoE layer that takes longest)",
+    )
     p.add_argument("--model-config", metavar="PATH", help="the plan's model if not a preset")
     p.add_argument("--load", metavar="FILE|SPEC", help="the plan's load if it came from a file")
+    add_output_arg(p)
 
 
 def _register_cost(plan: Groups) -> None:
     """``plan cost`` and ``plan min-cost``."""
     p = add_leaf(plan, "cost", cmd_plan_cost, "compare policies with cost per million tokens")
-    add_deployment_args(p, policy="ilp", redundant=32)
+    add_deployment_args(p, policy=defaults.DEFAULT_POLICY)
     p.add_argument("--tokens", type=int, metavar="N", help="tokens per step per GPU")
     p.add_argument("--previous", metavar="PLAN", help="plan to stay close to (re-planning)")
-    p.add_argument("--policies", default=",".join(POLICIES), metavar="LIST")
+    p.add_argument(
+        "--policies",
+        default=",".join(defaults.POLICIES),
+        metavar="LIST",
+        help="comma-separated policies (default: %(default)s)",
+    )
     p.add_argument("--prices", metavar="FILE", help="price file (default: built-in assumptions)")
 
     p = add_leaf(plan, "min-cost", cmd_plan_min_cost, "cheapest node subset for a throughput")
-    add_deployment_args(p, policy="ilp", redundant=0)
+    add_deployment_args(p, policy=defaults.DEFAULT_POLICY)
     p.add_argument("--target-tokens-per-s", type=float, required=True, metavar="X")
     p.add_argument("--tokens", type=int, metavar="N", help="tokens per step per GPU")
-    p.add_argument("--layout", choices=LAYOUTS, default="best", help="default: best")
+    p.add_argument(
+        "--layout",
+        choices=defaults.LAYOUTS,
+        default=defaults.DEFAULT_LAYOUT,
+        help="one EP group, replicas, or the better (default: %(default)s)",
+    )
     p.add_argument("--finalists", type=int, default=3, metavar="K")
     p.add_argument("--prices", metavar="FILE", help="price file (default: built-in assumptions)")
     p.add_argument("--allow-cross-vendor", action="store_true")

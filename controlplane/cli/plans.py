@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
-
-from mixfleet.v1 import plan_pb2
+from typing import TYPE_CHECKING, Any
 
 from controlplane.cli.connection import add_client, age, call, ms, to_json
-from controlplane.cli.output import Groups, add_group, print_json, table
-from controlplane.wire.plans import PLAN_STATE_NAMES
+from controlplane.cli.output import Groups, add_group, emit_document, table
+
+if TYPE_CHECKING:
+    from mixfleet.v1 import plan_pb2
 
 
 def _plan_row(p: plan_pb2.PlanRecord, *, history: bool = False) -> list[Any]:
+    from controlplane.wire.plans import PLAN_STATE_NAMES
+
     s = p.summary
     moves = s.expert_moves if s.HasField("expert_moves") else "-"
     row: list[Any] = [
@@ -49,6 +51,8 @@ _PLAN_HEADERS = [
 
 
 def cmd_plans_list(args: argparse.Namespace) -> int:
+    from mixfleet.v1 import plan_pb2
+
     reply = call(
         args,
         lambda s, md: s.ListPlans(
@@ -56,22 +60,26 @@ def cmd_plans_list(args: argparse.Namespace) -> int:
             metadata=md,
         ),
     )
-    if args.output == "json":
-        print_json([to_json(p) for p in reply.plans])
+    if args.output != "table":
+        names = [f"plan/{p.deployment}/v{p.version}" for p in reply.plans]
+        emit_document([to_json(p) for p in reply.plans], args.output, names)
         return 0
     print(table([*_PLAN_HEADERS, "REASON"], [_plan_row(p) for p in reply.plans]))
     return 0
 
 
 def cmd_plans_history(args: argparse.Namespace) -> int:
+    from mixfleet.v1 import plan_pb2
+
     reply = call(
         args,
         lambda s, md: s.ListPlans(
             plan_pb2.ListPlansRequest(deployment=args.deployment, limit=args.limit), metadata=md
         ),
     )
-    if args.output == "json":
-        print_json([to_json(p) for p in reply.plans])
+    if args.output != "table":
+        names = [f"plan/{p.deployment}/v{p.version}" for p in reply.plans]
+        emit_document([to_json(p) for p in reply.plans], args.output, names)
         return 0
     rows = [_plan_row(p, history=True) for p in reply.plans]
     print(table([*_PLAN_HEADERS, "CREATED", "CHANGED", "REASON"], rows))
@@ -79,6 +87,8 @@ def cmd_plans_history(args: argparse.Namespace) -> int:
 
 
 def cmd_plans_show(args: argparse.Namespace) -> int:
+    from mixfleet.v1 import plan_pb2
+
     p = call(
         args,
         lambda s, md: s.GetPlan(
@@ -87,11 +97,14 @@ def cmd_plans_show(args: argparse.Namespace) -> int:
         ),
     )
     doc = json.loads(p.plan_json) if p.plan_json else {}
-    if args.output == "json":
+    if args.output != "table":
         record = to_json(p)
         record.pop("plan_json", None)
-        print_json({"record": record, "plan": doc})
+        names = [f"plan/{p.deployment}/v{p.version}"]
+        emit_document({"record": record, "plan": doc}, args.output, names)
         return 0
+    from controlplane.wire.plans import PLAN_STATE_NAMES
+
     s = p.summary
     print(
         f"deployment: {p.deployment}  version {p.version}  plan {p.plan_id}  "
@@ -123,6 +136,8 @@ def cmd_plans_show(args: argparse.Namespace) -> int:
 
 
 def cmd_plans_diff(args: argparse.Namespace) -> int:
+    from mixfleet.v1 import plan_pb2
+
     d = call(
         args,
         lambda s, md: s.DiffPlans(
@@ -134,8 +149,9 @@ def cmd_plans_diff(args: argparse.Namespace) -> int:
             metadata=md,
         ),
     )
-    if args.output == "json":
-        print_json(to_json(d))
+    if args.output != "table":
+        names = [f"plan/{d.deployment}/v{d.from_version}", f"plan/{d.deployment}/v{d.to_version}"]
+        emit_document(to_json(d), args.output, names)
         return 0
     churn = d.expert_moves / d.total_slots if d.total_slots else 0.0
     print(f"{d.deployment}: v{d.from_version} -> v{d.to_version}")

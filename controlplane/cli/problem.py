@@ -17,31 +17,50 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from controlplane.cli import files
-from controlplane.cli.output import OUTPUTS, Note, gpu_groups, ticker
-from policies.cost import PriceTable, price_table_from_dict
-from policies.deployment import Deployment
+from controlplane.cli.output import (
+    Note,
+    add_output_arg,
+    add_progress_arg,
+    gpu_groups,
+    notes,
+    show_progress,
+    ticker,
+    token_count,
+)
+from policies import defaults
+from policies.defaults import (
+    FORMS,
+    KV_DTYPES,
+    PHASES,
+    POLICIES,
+    auto_redundant_experts,
+    parse_redundant_experts,
+)
 from policies.engines import (
     A2A_BACKENDS,
     DISPATCH_OPTIONS,
-    DP_BALANCES,
+    DP_BALANCE_OPTIONS,
     ENGINES,
     EngineSpec,
     parse_engine,
 )
 from policies.errors import InfeasibleError, InputError
-from policies.fleet import Fleet
-from policies.models import ModelSpec, preset
-from policies.plan import FORMS, Plan, validate_plan
-from policies.request import POLICIES, PlacementRequest, PlacementResult, SolverOptions
-from policies.solve import solve
-from policies.workload import KV_DTYPES, PHASES, Workload, make_workload, synthetic_zipf
 
-#: Tokens per step per GPU when ``--tokens`` is not given, by phase.
-DEFAULT_TOKENS_PER_GPU = {"decode": 128, "prefill": 4096}
-_DEFAULTS = SolverOptions()
-_REQUEST_DEFAULTS = PlacementRequest.__dataclass_fields__
+if TYPE_CHECKING:  # the solver and the cost model are imported when a command runs
+    from policies.cost import PriceTable
+    from policies.deployment import Deployment
+    from policies.fleet import Fleet
+    from policies.models import ModelSpec
+    from policies.plan import Plan
+    from policies.request import PlacementRequest, PlacementResult, SolverOptions
+    from policies.workload import Workload
+
+#: Tokens per step per GPU when ``--tokens`` is not given, by phase (policies.defaults).
+DEFAULT_TOKENS_PER_GPU = defaults.DEFAULT_TOKENS_PER_GPU
+_TOKENS_HELP = ", ".join(f"{n} {phase}" for phase, n in DEFAULT_TOKENS_PER_GPU.items())
 
 
 # ------------------------------------------------------------------------- inputs
@@ -62,6 +81,8 @@ class Problem:
         allow_cross_vendor: let one expert-parallel group span GPU vendors (NVIDIA and
             AMD); off, a MoE model on a mixed-vendor fleet is refused with how to split it.
         engine: the engine that will run the plan (``--engine`` and its options).
+        progress: show the elapsed time of each solve on stderr (``--progress`` or a
+            terminal).
     """
 
     fleet: Fleet
@@ -73,9 +94,12 @@ class Problem:
     previous: Plan | None = None
     allow_cross_vendor: bool = False
     engine: EngineSpec = field(default_factory=EngineSpec)
+    progress: bool = False
 
     def request(self, policy: str) -> PlacementRequest:
         """The placement request for one policy."""
+        from policies.request import PlacementRequest
+
         return PlacementRequest(
             fleet=self.fleet,
             model=self.model,
@@ -100,6 +124,8 @@ def read_load(spec: str | None, model: ModelSpec) -> tuple[Sequence[Sequence[flo
     if spec is None or spec == "uniform":
         return None, "uniform"
     if spec.startswith("synthetic:"):
+        from policies.workload import synthetic_zipf
+
         return synthetic_zipf(model, spec), spec
     return files.read_expert_load(spec, model), f"file:{spec}"
 
@@ -112,7 +138,54 @@ def read_model(args: argparse.Namespace) -> ModelSpec:
     """
     if getattr(args, "model_config", None):
         return files.read_model_config(args.model_config)
+    from policies.models import preset
+
     return preset(args.model)
+
+
+def read_fleet_args(args: argparse.Namespace) -> Fleet:
+    """``--fleet FILE`` less the nodes of ``--exclude-nodes a,b``.
+
+    Raises:
+        InputError: a bad fleet file, an excluded node the fleet does not have, or no node
+            left.
+    """
+    fleet = files.read_fleet(args.fleet)
+    text = getattr(args, "exclude_nodes", None)
+    if not text:
+        return fleet
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    known = [n.name for n in fleet.nodes]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise InputError(
+            f"fleet {fleet.name} has no node {', '.join(unknown)}. To fix: exclude some of "
+            f"{', '.join(known)}",
+            field="--exclude-nodes",
+        )
+    left = fleet.without_nodes(names)
+    if not left.nodes:
+        raise InputError(
+            "every node of the fleet is excluded. To fix: keep at least one node",
+            field="--exclude-nodes",
+        )
+    return left
+
+
+def redundant_for(args: argparse.Namespace, model: ModelSpec, fleet: Fleet) -> int:
+    """``--redundant-experts``: the number given, or for ``auto`` (the default) the count
+    :func:`policies.defaults.auto_redundant_experts` chooses for the fleet, said on stderr."""
+    given: int | None = args.redundant_experts
+    if given is not None:
+        return given
+    experts = model.num_experts if model.is_moe else 0
+    chosen = auto_redundant_experts(experts, len(fleet.gpus), args.form)
+    if experts:
+        notes(args)(
+            f"redundant experts: auto -> {chosen} ({experts} + {chosen} slots per MoE layer "
+            f"on {len(fleet.gpus)} GPUs, {args.form} form; set --redundant-experts to choose)"
+        )
+    return chosen
 
 
 def problem_from_args(args: argparse.Namespace) -> Problem:
@@ -121,7 +194,10 @@ def problem_from_args(args: argparse.Namespace) -> Problem:
     Raises:
         InputError: any bad file or value.
     """
-    fleet = files.read_fleet(args.fleet)
+    from policies.request import SolverOptions
+    from policies.workload import make_workload
+
+    fleet = read_fleet_args(args)
     model = read_model(args)
     rows, source = read_load(args.load, model)
     tokens = args.tokens if args.tokens is not None else DEFAULT_TOKENS_PER_GPU[args.phase]
@@ -146,11 +222,12 @@ def problem_from_args(args: argparse.Namespace) -> Problem:
         model,
         workload,
         args.form,
-        args.redundant_experts,
+        redundant_for(args, model, fleet),
         options,
         previous,
         allow_cross_vendor=bool(getattr(args, "allow_cross_vendor", False)),
         engine=engine_from_args(args),
+        progress=show_progress(args),
     )
 
 
@@ -210,66 +287,117 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--dp-balance",
-        choices=DP_BALANCES,
-        default="router",
-        help="who sets the DP attention shares: router (the mixfleet router, planned weights; "
-        "default) or engine (the engine's balancer, equal shares)",
+        choices=DP_BALANCE_OPTIONS,
+        default="auto",
+        help="who sets the DP attention shares: router (planned weights), engine (equal "
+        "shares) or auto (default: router, but engine for trtllm: it takes no DP rank)",
     )
 
 
-def add_problem_args(p: argparse.ArgumentParser) -> None:
-    """Arguments shared by ``plan solve`` and ``plan compare``."""
-    p.add_argument("--fleet", required=True, metavar="FILE", help="Fleet file (YAML or JSON)")
-    which = p.add_mutually_exclusive_group(required=True)
+def _redundant_arg(text: str) -> int | None:
+    """argparse type of ``--redundant-experts``: ``auto`` (None) or an integer >= 0."""
+    try:
+        return parse_redundant_experts(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither auto nor a count >= 0 (write e.g. auto, 0 or 32)"
+        ) from None
+
+
+def _add_inputs(p: argparse.ArgumentParser, *, required: bool = True) -> None:
+    """Fleet, model and workload options of every placement question (``required=False``:
+    the handler checks ``--fleet`` and ``--model``, for a command that can do without)."""
+    p.add_argument("--fleet", required=required, metavar="FILE", help="Fleet file (YAML or JSON)")
+    p.add_argument(
+        "--exclude-nodes",
+        metavar="LIST",
+        help="comma-separated nodes of the fleet to leave out (e.g. a node being repaired)",
+    )
+    which = p.add_mutually_exclusive_group(required=required)
     which.add_argument("--model", metavar="NAME", help="model preset (mixfleetctl model list)")
     which.add_argument(
         "--model-config", metavar="PATH", help="Hugging Face config.json of the model"
     )
-    p.add_argument("--phase", choices=PHASES, default="decode", help="default: decode")
     p.add_argument(
-        "--tokens",
-        type=int,
-        metavar="N",
-        help="tokens per step per GPU on average (default: 128 decode, 4096 prefill)",
+        "--phase",
+        choices=PHASES,
+        default=defaults.DEFAULT_PHASE,
+        help="default: %(default)s",
     )
-    p.add_argument("--context", type=int, default=4096, metavar="N", help="context length, tokens")
-    p.add_argument("--kv-cache-dtype", choices=KV_DTYPES, default="bf16", help="default: bf16")
+    p.add_argument(
+        "--context",
+        type=token_count,
+        default=defaults.DEFAULT_CONTEXT_LEN,
+        metavar="N",
+        help="context length, tokens (4096, 32k; default: %(default)s)",
+    )
+    p.add_argument(
+        "--kv-cache-dtype",
+        choices=KV_DTYPES,
+        default=defaults.DEFAULT_KV_CACHE_DTYPE,
+        help="default: %(default)s",
+    )
     p.add_argument(
         "--load",
         metavar="FILE|SPEC",
         help="expert load: a JSON file ([layers][experts] or an SGLang logical_count dump), "
         "synthetic:zipf:S:seed=N, or uniform (default)",
     )
-    p.add_argument("--form", choices=FORMS, default="engine", help="default: engine")
+    p.add_argument(
+        "--form", choices=FORMS, default=defaults.DEFAULT_FORM, help="default: %(default)s"
+    )
     p.add_argument(
         "--redundant-experts",
-        type=int,
-        default=_REQUEST_DEFAULTS["redundant_experts"].default,
-        metavar="R",
+        type=_redundant_arg,
+        default=None,
+        metavar="R|auto",
         help="extra expert slots per MoE layer (engine form: experts + R must divide by the "
-        "GPU count; default: %(default)s)",
+        "GPU count); default: auto, the smallest count the form accepts on the fleet's GPUs "
+        "(said on stderr)",
     )
+
+
+def _add_solver(p: argparse.ArgumentParser) -> None:
+    """ILP options, the engine and the progress options."""
     p.add_argument(
         "--time-limit",
         type=float,
-        default=_DEFAULTS.time_limit_s,
+        default=defaults.DEFAULT_SOLVER_TIME_LIMIT_S,
         metavar="S",
-        help="ilp wall-clock limit, seconds (default: %(default)s)",
+        help="ilp wall-clock limit per solve, seconds (default: %(default)s)",
     )
     p.add_argument(
         "--mip-gap",
         type=float,
-        default=_DEFAULTS.mip_gap,
+        default=defaults.DEFAULT_MIP_GAP,
         metavar="G",
         help="ilp relative MIP gap per layer (default: %(default)s)",
     )
-    p.add_argument("--solver", choices=("highs", "cbc"), default=_DEFAULTS.solver)
+    p.add_argument(
+        "--solver",
+        choices=defaults.MILP_SOLVERS,
+        default=defaults.DEFAULT_MILP_SOLVER,
+        help="MILP solver (default: %(default)s)",
+    )
     p.add_argument(
         "--workers",
         type=int,
-        default=_DEFAULTS.workers,
+        default=defaults.DEFAULT_WORKERS,
         metavar="N",
-        help="processes solving layers in parallel; 0 = one per CPU",
+        help="processes solving layers in parallel; 0 = one per CPU (default: %(default)s)",
+    )
+    add_engine_args(p)
+    add_progress_arg(p)
+
+
+def add_problem_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
+    """Arguments shared by ``plan solve`` and ``plan compare``."""
+    _add_inputs(p, required=required)
+    p.add_argument(
+        "--tokens",
+        type=int,
+        metavar="N",
+        help=f"tokens per step per GPU on average (default: {_TOKENS_HELP})",
     )
     p.add_argument(
         "--previous", metavar="PLAN", help="plan to stay close to (re-planning), JSON or YAML"
@@ -280,8 +408,7 @@ def add_problem_args(p: argparse.ArgumentParser) -> None:
         help="let one expert-parallel group span NVIDIA and AMD GPUs (only for runtimes that "
         "bridge vendors; default: a MoE model on a mixed-vendor fleet is refused)",
     )
-    add_engine_args(p)
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    _add_solver(p)
 
 
 def read_prices(path: str | None) -> PriceTable:
@@ -293,6 +420,8 @@ def read_prices(path: str | None) -> PriceTable:
     Raises:
         InputError: unreadable file or a bad price.
     """
+    from policies.cost import PriceTable, price_table_from_dict
+
     if not path:
         return PriceTable()
     doc = files.read_document(path, "price")
@@ -304,43 +433,25 @@ def read_prices(path: str | None) -> PriceTable:
         raise wrapped from exc
 
 
-def add_deployment_args(p: argparse.ArgumentParser, *, policy: str, redundant: int) -> None:
-    """Fleet, model, workload shape and solver options (the dests ``plan compare`` uses)."""
-    p.add_argument("--fleet", required=True, metavar="FILE", help="Fleet file (YAML or JSON)")
-    which = p.add_mutually_exclusive_group(required=True)
-    which.add_argument("--model", metavar="NAME", help="model preset (mixfleetctl model list)")
-    which.add_argument("--model-config", metavar="PATH", help="Hugging Face config.json")
-    p.add_argument("--phase", choices=PHASES, default="decode", help="default: decode")
-    p.add_argument("--context", type=int, default=4096, metavar="N", help="context, tokens")
-    p.add_argument("--kv-cache-dtype", choices=KV_DTYPES, default="bf16", help="default: bf16")
+def add_deployment_args(p: argparse.ArgumentParser, *, policy: str) -> None:
+    """Fleet, model, workload shape, ``--policy`` (default ``policy``: one of
+    :data:`policies.defaults.DEFAULT_POLICY` or ``DEFAULT_SWEEP_POLICY``), solver options
+    and ``-o`` (the dests ``plan compare`` uses)."""
+    _add_inputs(p)
+    sweep = policy == defaults.DEFAULT_SWEEP_POLICY != defaults.DEFAULT_POLICY
     p.add_argument(
-        "--load", metavar="FILE|SPEC", help="expert load: a JSON file, synthetic:zipf:S:seed=N"
+        "--policy",
+        choices=POLICIES,
+        default=policy,
+        help="default: %(default)s"
+        + (
+            " (a sweep solves one plan per point; ilp would take its time limit per point)"
+            if sweep
+            else ""
+        ),
     )
-    p.add_argument("--policy", choices=POLICIES, default=policy, help="default: %(default)s")
-    p.add_argument("--form", choices=FORMS, default="engine", help="default: engine")
-    p.add_argument(
-        "--redundant-experts",
-        type=int,
-        default=redundant,
-        metavar="R",
-        help="extra expert slots per MoE layer; in engine form raised to the next count the "
-        "GPU count divides (default: %(default)s)",
-    )
-    p.add_argument(
-        "--time-limit",
-        type=float,
-        default=_DEFAULTS.time_limit_s,
-        metavar="S",
-        help="ilp wall-clock limit per solve, seconds (default: %(default)s)",
-    )
-    p.add_argument("--mip-gap", type=float, default=_DEFAULTS.mip_gap, metavar="G")
-    p.add_argument("--solver", choices=("highs", "cbc"), default=_DEFAULTS.solver)
-    p.add_argument(
-        "--workers", type=int, default=_DEFAULTS.workers, metavar="N", help="0 = one per CPU"
-    )
-    add_engine_args(p)
-    p.add_argument("-o", "--output", choices=OUTPUTS, default="table", help="default: table")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    _add_solver(p)
+    add_output_arg(p)
 
 
 def deployment_from_args(args: argparse.Namespace) -> Deployment:
@@ -349,7 +460,10 @@ def deployment_from_args(args: argparse.Namespace) -> Deployment:
     Raises:
         InputError: any bad file or value.
     """
-    fleet = files.read_fleet(args.fleet)
+    from policies.deployment import Deployment
+    from policies.request import SolverOptions
+
+    fleet = read_fleet_args(args)
     model = read_model(args)
     rows, source = read_load(args.load, model)
     if args.time_limit <= 0:
@@ -364,7 +478,8 @@ def deployment_from_args(args: argparse.Namespace) -> Deployment:
         load_source=source,
         policy=args.policy,
         form=args.form,
-        redundant_experts=args.redundant_experts,
+        # auto: the fewest; a Deployment raises it to what each subset's GPU count accepts
+        redundant_experts=args.redundant_experts or 0,
         options=SolverOptions(
             time_limit_s=args.time_limit,
             mip_gap=args.mip_gap,
@@ -383,6 +498,8 @@ def plan_problems(plan: Plan) -> tuple[str, ...]:
     the validator's findings (e.g. unequal slots in engine form); empty when it can."""
     if plan.violations:
         return tuple(plan.violations)
+    from policies.plan import validate_plan
+
     return tuple(validate_plan(plan))
 
 
@@ -421,8 +538,10 @@ def solve_with_progress(problem: Problem, policy: str, note: Note) -> PlacementR
         InputError: from :func:`policies.solve.solve`.
         InfeasibleError: the policy found no placement (``require_placed``).
     """
+    from policies.solve import solve
+
     note(_describe(problem, policy))
-    with ticker(note, f"{policy} still solving"):
+    with ticker(note, f"{policy} still solving", enabled=problem.progress):
         result = solve(problem.request(policy)).require_placed()
     note(_result_line(result))
     return result

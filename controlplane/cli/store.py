@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from controlplane.cli.output import Groups, add_group, add_leaf, print_json
+from controlplane.cli.output import Groups, add_group, add_leaf, add_output_arg, emit_document
 from policies.errors import InputError
 
 
@@ -36,16 +36,15 @@ def cmd_store_check(args: argparse.Namespace) -> int:
     from controlplane.store.sqlite.check import check_store
 
     report = check_store(_sqlite_path(args.store))
-    if args.output == "json":
-        print_json(
-            {
-                "path": report.path,
-                "store_id": report.store_id,
-                "ok": report.ok,
-                "rows": report.counts,
-                "problems": report.problems,
-            }
-        )
+    if args.output != "table":
+        doc = {
+            "path": report.path,
+            "store_id": report.store_id,
+            "ok": report.ok,
+            "rows": report.counts,
+            "problems": report.problems,
+        }
+        emit_document(doc, args.output, [f"store/{report.store_id or report.path}"])
         return 0 if report.ok else 1
     rows = ", ".join(f"{n} {t}" for t, n in report.counts.items())
     print(f"store {report.store_id or '?'} at {report.path}: {rows or 'no rows read'}")
@@ -59,7 +58,11 @@ def cmd_store_backup(args: argparse.Namespace) -> int:
     from controlplane.store.sqlite.check import backup_store
 
     backup_store(_sqlite_path(args.store), Path(args.file))
-    print(f"backed up {args.store} to {args.file}")
+    if args.output == "table":
+        print(f"backed up {args.store} to {args.file}")
+    else:
+        doc = {"store": args.store, "backup": args.file}
+        emit_document(doc, args.output, [f"backup/{args.file}"])
     return 0
 
 
@@ -77,7 +80,6 @@ def register(groups: Groups) -> None:
             default="sqlite:mixfleet-state.db",
             help="the store, sqlite:PATH (default %(default)s)",
         )
-        if name == "check":
-            p.add_argument("-o", "--output", choices=("table", "json"), default="table")
-        else:
+        if name == "backup":
             p.add_argument("file", metavar="FILE", help="the copy to write (must not exist)")
+        add_output_arg(p)

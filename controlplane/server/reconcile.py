@@ -32,6 +32,8 @@ plan once its nodes are usable, never solve.
 
 "Inputs" are the spec generation and the set of usable GPUs (alive, not draining, not
 cordoned, healthy, on nodes matching the node selector); :func:`inputs_key` fingerprints them.
+With the fleet scheduler (``Observed.assigned``, standalone mode) a deployment's usable GPUs
+are only those on the nodes it assigns it, and rule 4 reports the scheduler's Pending reason.
 
 A call may pass any subset of the deployments (the controller passes the ones whose
 observation changed and the ones waiting on a clock): each deployment's decision depends on
@@ -178,9 +180,20 @@ class DeploymentObs:
 
 @dataclass(frozen=True)
 class Observed:
+    """What one decision sees.
+
+    Attributes:
+        assigned: the fleet scheduler's nodes per deployment (:mod:`policies.scheduling`):
+            a deployment uses only its own (absent: none); None = every usable node
+            matching its selector (no scheduler).
+        unscheduled: deployment -> why the scheduler gives it no node (its Pending reason).
+    """
+
     now_s: float
     nodes: tuple[NodeObs, ...]
     deployments: tuple[DeploymentObs, ...]
+    assigned: Mapping[str, tuple[str, ...]] | None = None
+    unscheduled: Mapping[str, str] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------- actions
@@ -387,6 +400,10 @@ class _UsableMemo:
         if hit is None:
             hit = usable_gpus(spec, self.o.nodes, self.o.now_s, self.s)
             self._by_selector[key] = hit
+        if self.o.assigned is not None:  # the fleet scheduler's share only
+            mine = set(self.o.assigned.get(spec.name, ()))
+            nodes = tuple(n for n in hit[0] if n in mine)
+            return nodes, tuple(g for g in hit[1] if _node_of(g) in mine)
         return hit[0], hit[1]
 
 
@@ -414,7 +431,8 @@ def _deployment(
         ]
     if not nodes:
         phase = "degraded" if d.committed is not None else "pending"
-        return [SetStatus(name, phase, "no usable node matches the node selector")]
+        why = o.unscheduled.get(name) or "no usable node matches the node selector"
+        return [SetStatus(name, phase, why)]
     c = d.committed
     if c is None or c.inputs_key != key:
         f = d.failure

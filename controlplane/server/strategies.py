@@ -37,9 +37,10 @@ from dataclasses import dataclass, field
 from controlplane.errors import PreconditionError
 from controlplane.server import reconcile as rc
 from controlplane.server.controller import Controller
+from controlplane.server.controller.nodes import reachable_or_precondition
 from policies.advise import BatchAdvice, ContextAdvice, advise_batch, advise_context
 from policies.assignment import aggregate_load
-from policies.catalog import lookup
+from policies.catalog import AmbiguousGpuNameError, lookup
 from policies.cost import (
     MinCostResult,
     PlanCost,
@@ -98,11 +99,13 @@ class PriceOverrides:
                 continue
             try:
                 lookup(name, field_path=path)
+            except AmbiguousGpuNameError:
+                raise
             except InputError as exc:
                 raise InputError(
                     f"unknown GPU model {name!r}: not in the catalog and no GPU here has that "
                     f"model ({', '.join(sorted(known)) or 'none'}). To fix: use a catalog name "
-                    "or alias (H100-SXM5-80GB, H200, MI300X, ...) or a model the nodes report",
+                    "or alias (H100-SXM5-80GB, NVIDIA H200, MI300X, ...) or a model the nodes report",
                     field=path,
                 ) from exc
         doc = {"currency": self.currency, "prices": dict(self.per_gpu_hour)}
@@ -353,6 +356,7 @@ class StrategyService:
                 "nodes, wait for them to register, or change spec.node_selector",
                 field="spec.node_selector",
             )
+        reachable_or_precondition(fleet)
         return fleet
 
     def measured_load(self, spec: DeploymentSpec) -> list[list[float]] | None:

@@ -30,9 +30,9 @@ Guarantees every backend gives:
    (agents keep it; the controller reports it). A name the store never held is never
    removed from an agent.
 
-Backends: :class:`controlplane.store.sqlite.SqliteStore` (``sqlite:PATH``); a Kubernetes
-backend (custom resources) is planned. :func:`controlplane.store.open_store` picks one from a
-URL. Methods are synchronous and fast (one small transaction); callers on an event loop may
+Backends: :class:`controlplane.store.sqlite.SqliteStore` (``sqlite:PATH``) and
+:class:`controlplane.store.kubernetes.KubernetesStore` (``kubernetes:NAMESPACE``, the
+mixfleet.io custom resources). :func:`controlplane.store.open_store` picks one from a URL. Methods are synchronous and fast (one small transaction); callers on an event loop may
 call them directly.
 """
 
@@ -213,6 +213,17 @@ class AliveRecord(Protocol):
 
     def last_alive_s(self) -> float | None:
         """When the writer last recorded itself alive (Unix s); None when never."""
+        ...
+
+
+@runtime_checkable
+class PlanWithdrawal(Protocol):
+    """A store whose writer may take a deployment's committed plan back without a new one
+    (the fleet scheduler preempted it to Pending; SQLite, standalone mode)."""
+
+    def withdraw_plan(self, deployment: str, *, reason: str, now_s: float) -> bool:
+        """The committed version becomes superseded and the committed pointer is cleared;
+        True when there was one."""
         ...
 
 

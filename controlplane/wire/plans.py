@@ -170,13 +170,37 @@ def deployment_to_proto(d: StoredDeployment, *, latest_version: int = 0) -> plan
         if d.committed_version
         else 0.0,
         conditions=[str(c) for c in st.get("conditions", ()) or ()],
+        assigned_nodes=[str(n) for n in st.get("assigned_nodes", ()) or ()],
+        assigned_gpus=int(st.get("assigned_gpus", 0) or 0),
     )
+    sched = st.get("scheduling")
+    if isinstance(sched, dict):
+        status.scheduling.CopyFrom(scheduling_to_proto(sched))
     return plan_pb2.Deployment(
         spec=spec_to_proto(d.spec),
         status=status,
         generation=d.generation,
         created_unix_s=d.created_at_s,
         updated_unix_s=d.updated_at_s,
+    )
+
+
+def scheduling_to_proto(s: dict[str, object]) -> plan_pb2.SchedulingStatus:
+    """The fleet scheduler's ``status["scheduling"]`` record (FleetScheduler._record)."""
+
+    def num(key: str) -> float:
+        v = s.get(key, 0.0)
+        return float(v) if isinstance(v, int | float) else 0.0
+
+    return plan_pb2.SchedulingStatus(
+        placed=bool(s.get("placed", False)),
+        reason=str(s.get("reason", "")),
+        resource=str(s.get("resource", "")),
+        missing=num("missing"),
+        missing_unit=str(s.get("missing_unit", "")),
+        predicted_tokens_per_s=num("predicted_tokens_per_s"),
+        decision=str(s.get("decision", "")),
+        solver=str(s.get("solver", "")),
     )
 
 
@@ -246,4 +270,18 @@ def routing_to_proto(
         dp_weights=[g.dp_weight for g in plan.gpus],
         rank_gpus=[g.gpu for g in plan.gpus],
         engine_json=json.dumps(doc).encode(),
+        engine=plan.engine.name,
+        dp_ranks=dp_ranks(plan),
+        dp_balance=plan.engine.dp_balance,
     )
+
+
+def dp_ranks(plan: Plan) -> list[int]:
+    """Engine DP attention rank of each GPU (rank order): GPUs of one ``dp_group`` share a
+    rank, numbered in order of first appearance; a GPU outside any group is its own rank."""
+    seen: dict[int, int] = {}
+    out: list[int] = []
+    for i, g in enumerate(plan.gpus):
+        key = g.dp_group if g.dp_group is not None else -1 - i
+        out.append(seen.setdefault(key, len(seen)))
+    return out

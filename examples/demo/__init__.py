@@ -125,8 +125,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m demo`` (``make demo``); returns the exit status.
 
     Without options: the control plane end to end (controlplane/demo_e2e.py: controller on
-    SQLite, simulated agents for mixed-24, a DeepSeek-V3 deployment, a load shift and the
-    migration-aware re-plan). ``--compare``: the four policies side by side on the
+    SQLite, simulated agents for mixed-24, a DeepSeek-V3 deployment, mixfleet-router sending
+    requests to its DP ranks by the plan, a load shift and the migration-aware re-plan). ``--compare``: the four policies side by side on the
     mixed-24-decode scenario, with the picture of the ilp plan.
     """
     parser = argparse.ArgumentParser(prog="python -m demo", description=__doc__)

@@ -4,13 +4,17 @@
 2. simulated agents for examples/fleets/mixed-24.yaml (A100, H100 and H200 nodes), writing
    their plan files like real agents would;
 3. a DeepSeek-V3 prefill deployment (ILP), rolled out in two phases to every agent;
-4. a simulated inference engine reads its routing (EngineService.GetRouting), reports its
+4. ``mixfleet-router`` (its own process) in front of a loopback engine with the deployment's
+   DP ranks follows the committed routing (EngineService.WatchRouting); a burst of requests
+   through it lands on the ranks in the plan's shares (demo.router_step);
+5. a simulated inference engine reads its routing (EngineService.GetRouting), reports its
    expert load every half second, and halfway through the load shifts: a few experts per
    layer get much hotter;
-5. the controller sees the imbalance persist and re-plans in the ILP's migration-aware mode;
+6. the controller sees the imbalance persist and re-plans in the ILP's migration-aware mode;
    the demo shows the diff (expert moves against a plan from scratch), the plan history and
-   the new routing the engine receives;
-6. everything stops cleanly.
+   the new routing the engine receives; the router applies the new weights live and a second
+   burst follows them;
+7. everything stops cleanly.
 
 Run ``PYTHONPATH=examples python -m demo.e2e`` (about 30 s on 2 cores: three ILP solves of
 DeepSeek-V3 on 24 GPUs dominate). ``--keep DIR`` keeps the state and plan files.
@@ -35,6 +39,7 @@ from agents.discovery.static import load_fleet_file
 from agents.logs import configure_logging
 from agents.simulate import SimulatedFleet
 from controlplane.server.inprocess import start_controller
+from demo.router_step import RouterPath, show_live_update, start_router
 from demo.session import (
     FLEET_FILE,
     SETTINGS,
@@ -68,15 +73,21 @@ async def _run(workdir: Path, time_limit_s: float) -> int:
         demo = Demo(channel)
         stop_engine = asyncio.Event()
         engine_task: asyncio.Task[int] | None = None
+        path: RouterPath | None = None
         try:
             await show_agents(demo, len(fleet.nodes))
             plan1 = await deploy(demo, workdir, time_limit_s)
+            path = await start_router(demo, ctl.address, workdir)
+            planned1 = await path.show(1)
             engine_task, shift = await start_engine(demo, stop_engine)
             rec2, plan2 = await shift_load(demo, shift, stop_engine, time_limit_s)
+            await show_live_update(path, rec2.version, planned1)
             await show_replan(demo, plan1, rec2, plan2, time_limit_s)
             await show_history(demo, workdir)
         finally:
             stop_engine.set()
+            if path is not None:
+                await path.stop()
             if engine_task is not None:
                 try:
                     accepted = await asyncio.wait_for(engine_task, 10)
@@ -111,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(_run(args.keep, args.time_limit))
         with tempfile.TemporaryDirectory(prefix="mixfleet-demo-") as tmp:
             return asyncio.run(_run(Path(tmp), args.time_limit))
-    except (TimeoutError, grpc.RpcError) as exc:
+    except (TimeoutError, RuntimeError, grpc.RpcError) as exc:
         print(f"error: demo step failed: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

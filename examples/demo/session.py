@@ -41,6 +41,7 @@ WINDOW_S = 0.5  # one load window every half second
 UNIFORM_S = 3.0  # load before the shift, s
 HOT_EXPERTS = 8  # per MoE layer, after the shift
 HOT_FACTOR = 4.0  # their load relative to the others
+MIN_GPUS = 24  # the deployment keeps every GPU of mixed-24 (see _spec)
 
 
 def say(text: str = "") -> None:
@@ -54,6 +55,10 @@ def _spec(time_limit_s: float) -> plan_pb2.DeploymentSpec:
         workload=plan_pb2.WorkloadSpec(phase="prefill", tokens_per_gpu=4096, context_len=4096),
         policy="ilp",
         form="engine",
+        # The whole mixed fleet: the fleet scheduler alone would give this prefill deployment
+        # only h200-0 (more tokens/s than with the A100 and H100 nodes, whose all-to-all
+        # crosses the RDMA fabric); the demo is about planning across GPU generations.
+        min_gpus=MIN_GPUS,
         solver_time_limit_s=time_limit_s,
         prepare_timeout_s=30.0,
         rebalance=plan_pb2.RebalanceSpec(
@@ -198,7 +203,11 @@ async def deploy(demo: Demo, workdir: Path, time_limit_s: float) -> Any:
     say()
     say(
         f"deploy       {MODEL}, prefill 4096 tokens/GPU, policy ilp "
-        f"(time limit {time_limit_s:.0f} s), rebalance on"
+        f"(time limit {time_limit_s:.0f} s), rebalance on, minGpus {MIN_GPUS}"
+    )
+    say(
+        "             (without minGpus the fleet scheduler picks h200-0 alone for prefill: "
+        "mixfleetctl schedule explain says why)"
     )
     t0 = time.monotonic()
     await demo.plans.ApplyDeployment(

@@ -315,8 +315,11 @@ def _layer_problems(
     for li in range(table.num_moe_layers):
         lt = warm.evaluation.moe_layers[li]
         ub = max(lt.expert_us) + max(max(lt.comm_us), lt.link_us) - min(c.alpha for c in classes)
+        # The most pairs one replica on class c may carry and still beat the warm start. A
+        # degenerate estimate (ub at or below the fixed terms, e.g. one GPU with no load) prunes
+        # nothing rather than everything.
         pair_cap = tuple(
-            max(0.0, min((ub - c.overhead) / c.flop, (ub - c.overhead - c.read) / c.act))
+            _positive_or_inf(min((ub - c.overhead) / c.flop, (ub - c.overhead - c.read) / c.act))
             for c in classes
         )
         counts = prev_counts[li]
@@ -542,3 +545,8 @@ def _normalise(
     return tuple(
         tuple((e, s / total[e] if total[e] > 0 else s) for e, s in slots) for slots in per_gpu
     )
+
+
+def _positive_or_inf(cap: float) -> float:
+    """A pruning cap in pairs: ``cap`` when positive, else no pruning (infinity)."""
+    return cap if cap > 0.0 else math.inf

@@ -18,10 +18,10 @@ from agents.calibrate import (
     apply_calibration,
     figures_from_curves,
     main,
-    overhead_figures,
     planning_inputs,
+    runtime_overheads,
+    stable_figures,
 )
-from agents.calibrate.fit import _profile_roofline
 from agents.discovery.nvml import NvmlDiscovery
 from agents.runtime.bench_config import BenchConfig, bench_model, workloads
 from policies.costmodel import CostSettings, MeasuredFigures, build_cost_table
@@ -122,34 +122,40 @@ def test_calibrated_specs_differ_so_the_ilp_plans_each_gpu_on_its_own() -> None:
     assert gain > 1.3
 
 
-def test_overhead_fit_recovers_fixed_and_per_token_costs() -> None:
-    fixed_attn, per_tok, a2a, fixed_exp, per_pair = 700.0, 0.2, 250.0, 150.0, 0.1
-    profile = {}
-    for name, decode, tokens, ctx in (("decode", True, 64, 2048), ("large", False, 8192, 2048)):
-        point: dict[str, Any] = {
-            "decode": decode,
-            "tokens_per_gpu": tokens,
-            "context": ctx,
-            "experts": 256,
-            "top_k": 8,
-        }
-        a, c, e = _profile_roofline(RATES, point, OPTS, "NVIDIA H200", 2)
-        pairs = tokens * 8
-        point["phases_us"] = {
-            "attention": a + fixed_attn + per_tok * tokens,
-            "dispatch": c + a2a + per_pair * pairs / 2,
-            "combine": a2a,
-            "experts": e + fixed_exp + per_pair * pairs / 2,
-            "output": 0.0,
-        }
-        profile[name] = point
-    got = overhead_figures(RATES, profile, OPTS, gpu_name="NVIDIA H200", world=2)
-    assert got["attn_overhead_us"] == pytest.approx(fixed_attn, rel=1e-6)
-    assert got["attn_extra_us_per_token"] == pytest.approx(per_tok, rel=1e-6)
-    assert got["expert_extra_us_per_pair"] == pytest.approx(per_pair, rel=1e-6)
-    assert got["expert_overhead_us"] + 2 * got["a2a_latency_us"] == pytest.approx(
-        fixed_exp + 2 * a2a + per_pair * 64 * 8 / 2 - per_pair * 64 * 8 / 2, rel=1e-6
-    )
+def test_runtime_figures_are_measured_terms_only() -> None:
+    runtime = {
+        "launch_us": 2.5,
+        "attn_gap_us": 120.0,  # graph replay time minus the kernels' durations
+        "expert_gap_us": None,  # not positive: no fixed cost from this calibration
+        "attn_decode_gbytes_per_s": 4300.0,
+        "dense_read_gbytes_per_s": 3500.0,
+        "dense_gemm_tflops": 730.0,
+        "expert_read_gbytes_per_s": 4000.0,
+        "expert_gemm_tflops": 600.0,
+        "expert_extra_us_per_pair": 0.04,
+        "attn_prefill_tflops": 0.0,  # not measured: left out, never a zero figure
+    }
+    got = runtime_overheads(runtime)
+    assert got["attn_overhead_us"] == 120.0
+    assert "expert_overhead_us" not in got and "attn_prefill_tflops" not in got
+    assert got["hbm_gbytes_per_s"] == 3500.0 and got["gemm_bf16_tflops"] == 730.0
+    assert got["expert_extra_us_per_pair"] == 0.04
+    assert all(v > 0 for v in got.values())
+    MeasuredFigures(**got)
+
+
+def test_repeated_calibrations_keep_only_figures_within_five_percent() -> None:
+    runs = [
+        {"hbm_gbytes_per_s": 4270.0, "attn_overhead_us": 630.0, "gemm_launch_us": 2.0},
+        {"hbm_gbytes_per_s": 4280.0, "attn_overhead_us": 1054.0, "gemm_launch_us": 2.05},
+        {"hbm_gbytes_per_s": 4260.0, "attn_overhead_us": 900.0},
+    ]
+    kept, dropped = stable_figures(runs)
+    assert kept == {"hbm_gbytes_per_s": pytest.approx(4270.0)}
+    assert "67.3%" in dropped["attn_overhead_us"]
+    assert dropped["gemm_launch_us"] == "measured in 2 of 3 runs"
+    kept, dropped = stable_figures([{"x": 1.0}, {"x": -1.0}])
+    assert not kept and "not positive" in dropped["x"]
 
 
 def test_figures_from_curves() -> None:

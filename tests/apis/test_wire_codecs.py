@@ -25,8 +25,9 @@ from operators.inputs import deployment_engine
 from policies.engines import (
     A2A_BACKENDS,
     DISPATCH_OPTIONS,
-    DP_BALANCES,
+    DP_BALANCE_OPTIONS,
     ENGINES,
+    NO_HTTP_RANK_FIELD,
     EngineOptions,
     EngineSpec,
     engine_to_doc,
@@ -75,7 +76,9 @@ def _every_engine() -> list[EngineSpec]:
         dispatches = DISPATCH_OPTIONS if name == "sglang" else ("auto",)
         for backend in ("auto", *A2A_BACKENDS[name]):
             for dispatch in dispatches:
-                for balance in DP_BALANCES:
+                for balance in DP_BALANCE_OPTIONS:
+                    if balance == "router" and name in NO_HTTP_RANK_FIELD:
+                        continue  # refused: tests/policies/test_engines.py
                     options = EngineOptions(backend, dispatch, balance)
                     out.append(EngineSpec(name, "1.2.3" if balance == "engine" else "", options))
     return out

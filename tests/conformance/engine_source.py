@@ -83,6 +83,11 @@ SGLANG_ARCHS = {
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "mixtral": "MixtralForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
+    "deepseek_v32": "DeepseekV32ForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
+    "glm4_moe": "Glm4MoeForCausalLM",
+    "minimax_m2": "MiniMaxM2ForCausalLM",
+    "llama4": "Llama4ForCausalLM",
 }
 """mixfleet family -> the Hugging Face architecture SGLang resolves."""
 

@@ -196,6 +196,10 @@ def test_families_with_eplb_are_the_ones_mixfleet_exports() -> None:
         "qwen3_moe": ("qwen3_moe.py", "Qwen3MoeForCausalLM"),
         "mixtral": ("mixtral.py", "MixtralForCausalLM"),
         "gpt_oss": ("gpt_oss.py", "GptOssForCausalLM"),
+        "qwen2_moe": ("qwen2_moe.py", "Qwen2MoeForCausalLM"),
+        "glm4_moe": ("glm4_moe.py", "Glm4MoeForCausalLM"),
+        "llama4": ("mllama4.py", "Llama4ForConditionalGeneration"),
+        "minimax_m2": ("minimax_m2.py", "MiniMaxM2ForCausalLM"),
     }
     models = VL.root / "model_executor" / "models"
 

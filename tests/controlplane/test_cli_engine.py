@@ -75,8 +75,9 @@ def test_engine_flags_are_read_by_the_one_parser(files: dict[str, Path]) -> None
     args = parser.parse_args(
         [*base, "--engine", "sglang", "--a2a-backend", "none", "--dispatch", "dynamic"]
     )
-    want = EngineSpec("sglang", options=EngineOptions("none", "dynamic", "router"))
+    want = EngineSpec("sglang", options=EngineOptions("none", "dynamic", "auto"))
     assert problem_from_args(args).engine == want
+    assert problem_from_args(args).engine.dp_balance == "router"  # auto, for sglang
     advise = ["advise", "batch", "--fleet", str(files["fleet"]), "--model", "qwen3-30b-a3b"]
     args = parser.parse_args(
         [*advise, "--tpot-ms", "50", "--engine", "vllm", "--dp-balance", "engine"]

@@ -109,7 +109,7 @@ def test_advise_tiers_met_and_unmet(run_cli: RunCli, inputs: list[str]) -> None:
 
 def test_plan_cost_with_a_price_file(run_cli: RunCli, inputs: list[str], tmp_path: Path) -> None:
     prices = tmp_path / "prices.yaml"
-    prices.write_text("currency: EUR\nprices:\n  A100: 1.0\n  H100-SXM5-80GB: 2.0\n")
+    prices.write_text("currency: EUR\nprices:\n  A100-SXM4-80GB: 1.0\n  H100-SXM5-80GB: 2.0\n")
     args = ["plan", "cost", *inputs, *QUICK, "--tokens", "64", "--redundant-experts", "0"]
     code, out, err = run_cli(*args, "--policies", "uniform,greedy", "--prices", prices)
     assert code == 0, err

@@ -99,8 +99,10 @@ def test_a_solve_over_its_time_bound_is_stopped_and_the_pool_recovers() -> None:
     from policies.fleet import parse_fleet
     from policies.spec import DeploymentSpec, build_request
 
+    nic = [{"count": 8, "per_direction_gbits_per_s": 400, "fabric": "ib0"}]
     nodes = [
-        {"name": f"n{i}", "gpus": [{"model": "H100-SXM5-80GB", "count": 8}]} for i in range(1000)
+        {"name": f"n{i}", "gpus": [{"model": "H100-SXM5-80GB", "count": 8}], "nics": nic}
+        for i in range(1000)
     ]
     big = parse_fleet({"metadata": {"name": "big"}, "spec": {"nodes": nodes}})  # 8,000 GPUs
     spec = DeploymentSpec(name="s", model="mixtral-8x7b", policy="uniform")

@@ -47,6 +47,7 @@ SPEC = DeploymentSpec(
     redundant_experts=4,
     solver_time_limit_s=4.0,
     prepare_timeout_s=10.0,
+    min_gpus=6,  # every node: the fleet scheduler would pick one node for this tiny model
     rebalance=RebalanceSpec(
         enabled=True,
         imbalance_threshold=0.1,

@@ -229,8 +229,8 @@ def test_advise_tiers_matches_the_planner_and_says_what_meets_the_slo(tmp_path: 
             interactive=plan_pb2.InteractiveTierSpec(
                 tpot_ms=50.0, ttft_ms=2000.0, requests_per_s=rate
             ),
-            additions=["H200", "B200"],
-            prices={"H200": 2.5},
+            additions=["H200-SXM-141GB", "B200"],
+            prices={"H200-SXM-141GB": 2.5},
             currency="EUR",
         )
 
@@ -297,7 +297,7 @@ def test_estimate_cost_of_a_dry_run_with_price_overrides(tmp_path: Path) -> None
             )
             reply = await api.plans.EstimateCost(
                 plan_pb2.EstimateCostRequest(
-                    spec=spec_to_proto(priced), prices={"H100": 2.0}, currency="EUR"
+                    spec=spec_to_proto(priced), prices={"H100-SXM": 2.0}, currency="EUR"
                 )
             )
             solved = await api.plans.Solve(

@@ -17,6 +17,8 @@ def test_demo_e2e_commits_then_rebalances_with_few_moves(
     assert "3 simulated agents registered" in out
     assert re.search(r"committed\s+v1 ", out)
     assert "MIXFLEET_PLAN_VERSION=1" in out
+    assert re.search(r"router\s+v1: 480 chat requests .*: 480x 200;", out)
+    assert "v2 weights applied live (WatchRouting)" in out
     m = re.search(r"expert moves\s+(\d+) of (\d+) slots", out)
     s = re.search(r"from scratch\s+(\d+) moves", out)
     assert m is not None and s is not None, out

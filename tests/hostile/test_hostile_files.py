@@ -53,6 +53,11 @@ EXPECTED = {  # what the message must say, per file
     "tokens-empty": "holds no token",
     "tokens-binary": "not UTF-8 text: byte 0",
     "tokens-2mb": "over the 1 MiB limit for a token file",
+    "fleet-unknown-key.yaml": "spec.nodes[0].nic: unknown field 'nic'; did you mean 'nics'?",
+    "fleet-unreachable.yaml": "nodes 'n0' and 'n1' cannot reach each other",
+    "fleet-ambiguous-gpu.yaml": "'H100' is ambiguous: it may be H100-SXM5-80GB or H100-PCIe",
+    "deploy-unknown-key.yaml": "spec.workload.tokensPerGpux: unknown field 'tokensPerGpux'; "
+    "did you mean 'tokensPerGpu'?",
 }
 
 
@@ -104,7 +109,15 @@ def test_refusals_take_bounded_memory(files: list[HostileFile]) -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["fleet-latin1.yaml", "agent-fleet-count-1e9.yaml", "deploy-alias.yaml", "tokens-empty"]
+    "name",
+    [
+        "fleet-latin1.yaml",
+        "agent-fleet-count-1e9.yaml",
+        "deploy-alias.yaml",
+        "tokens-empty",
+        "fleet-unknown-key.yaml",
+        "deploy-unknown-key.yaml",
+    ],
 )
 def test_the_command_line_prints_one_error_line_and_exits_2(
     files: list[HostileFile], name: str, tmp_path: Path

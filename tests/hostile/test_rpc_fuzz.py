@@ -124,4 +124,6 @@ def test_a_node_without_nics_beside_networked_ones_is_planned_not_internal(
     assert target.call(methods_by_name["Register"], register).code == "OK"
     spec = spec_to_proto(replace(base_spec(), policy="ilp", solver_time_limit_s=1.0))
     out = target.call(methods_by_name["Solve"], plan_pb2.SolveRequest(spec=spec))
-    assert out.code in ("OK", "FAILED_PRECONDITION"), (out.code, out.detail)
+    # Now refused before any solve: the lonely node has no path to the others.
+    assert out.code == "FAILED_PRECONDITION", (out.code, out.detail)
+    assert "nodes 'm2' and 'n0' cannot reach each other" in out.detail, out.detail

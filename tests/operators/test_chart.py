@@ -62,6 +62,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "operator": {"watchNamespaces": ["team-a"]},
     },
     "operator-disabled": {"operator": {"enabled": False}},
+    "router": {"router": {"enabled": True, "instances": ["url=http://e:30000,deployment=ds3"]}},
     "operator-without-election": {"operator": {"leaderElection": {"enabled": False}}},
 }
 
@@ -138,6 +139,7 @@ def _parsers() -> dict[tuple[str, ...], tuple[Callable[[], argparse.ArgumentPars
         ),
         ("python", "-m", "operators", "run"): (operators.cli.build_parser, ["run"]),
         ("mixfleet-agent", "run"): (agents.cli.build_parser, ["run"]),
+        ("mixfleet-router",): (controlplane.cli.build_parser, ["router", "run"]),
     }
 
 
@@ -361,3 +363,17 @@ def test_optional_parts_follow_their_switches() -> None:
 def test_values_schema_rejects_bad_values(values: dict[str, Any]) -> None:
     with helm.Chart.load(str(CHART)) as chart, pytest.raises(helm.HelmValuesError):
         chart.validate_schema(values)
+
+
+def test_router_runs_against_the_controller_with_mtls_and_its_flags_are_valid() -> None:
+    docs = render(VALUE_SETS["router"])
+    parsed = parsed_commands(docs)["Deployment/mixfleet-router/router"]
+    assert parsed.controller == "mixfleet-controller.mixfleet-system.svc:7443"
+    assert parsed.instance == ["url=http://e:30000,deployment=ds3"]
+    assert parsed.tls_ca == "/etc/mixfleet/tls/ca.crt" and parsed.listen == "0.0.0.0:8000"
+    from controlplane.cli.router import settings_from_args
+
+    assert settings_from_args(parsed).deployments == ("ds3",)  # the same checks as at start
+    (svc,) = [s for s in objects(docs, "Service") if s["metadata"]["name"] == "mixfleet-router"]
+    assert svc["spec"]["ports"][0]["port"] == 8000
+    assert not [d for d in objects(render({}), "Deployment") if "router" in d["metadata"]["name"]]

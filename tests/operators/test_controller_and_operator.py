@@ -40,6 +40,7 @@ def _fleet(cluster: Cluster) -> Fleet:
             "name": cluster.name(base),
             "labels": {RUN_LABEL: cluster.run},
             "gpus": [{"model": model, "count": 2}],
+            "nics": [{"count": 1, "per_direction_gbits_per_s": 400, "fabric": "ib0"}],
         }
         for base, model in (("h100-0", "H100-SXM5-80GB"), ("a100-0", "A100-SXM4-80GB"))
     ]

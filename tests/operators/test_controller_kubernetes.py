@@ -32,7 +32,12 @@ BASES = {"h100-0": "H100-SXM5-80GB", "a100-0": "A100-SXM4-80GB"}
 
 def _plan(cluster: Cluster) -> Plan:
     nodes = [
-        {"name": cluster.name(b), "gpus": [{"model": m, "count": 2}]} for b, m in BASES.items()
+        {
+            "name": cluster.name(b),
+            "gpus": [{"model": m, "count": 2}],
+            "nics": [{"count": 1, "per_direction_gbits_per_s": 400, "fabric": "ib0"}],
+        }
+        for b, m in BASES.items()
     ]
     model = preset("mixtral-8x7b")
     w = make_workload(model, phase="decode", tokens_per_gpu=16, context_len=2048)

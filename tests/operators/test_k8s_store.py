@@ -27,12 +27,15 @@ SPEC = DeploymentSpec(
 )
 
 
+NICS = [{"count": 1, "per_direction_gbits_per_s": 400, "fabric": "ib0"}]
+
+
 @pytest.fixture(scope="module")
 def plan() -> Plan:
     model = preset("mixtral-8x7b")
     doc = {"metadata": {"name": "f"}, "spec": {"nodes": [
-        {"name": "h100-0", "gpus": [{"model": "H100-SXM5-80GB", "count": 2}]},
-        {"name": "a100-0", "gpus": [{"model": "A100-SXM4-80GB", "count": 2}]},
+        {"name": "h100-0", "gpus": [{"model": "H100-SXM5-80GB", "count": 2}], "nics": NICS},
+        {"name": "a100-0", "gpus": [{"model": "A100-SXM4-80GB", "count": 2}], "nics": NICS},
     ]}}  # fmt: skip
     w = make_workload(model, phase="decode", tokens_per_gpu=16, context_len=2048)
     return solve(

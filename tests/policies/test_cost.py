@@ -39,7 +39,8 @@ def test_every_catalog_gpu_has_a_default_price() -> None:
 
 def test_price_file_overrides_defaults_and_resolves_aliases() -> None:
     table = price_table_from_dict(
-        {"currency": "EUR", "prices": {"H100": 2.0, "NVIDIA H200": 3.0, "MyGPU": 0.5}}, source="f"
+        {"currency": "EUR", "prices": {"H100-SXM": 2.0, "NVIDIA H200": 3.0, "MyGPU": 0.5}},
+        source="f",
     )
     assert table.price("H100-SXM5-80GB") == 2.0
     assert table.price("H200-SXM-141GB") == 3.0

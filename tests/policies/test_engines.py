@@ -66,8 +66,12 @@ def test_parse_engine_round_trips_every_field() -> None:
     ("doc", "field", "words"),
     [
         ({"name": "tgi"}, "engine.name", "choose one of native, sglang, vllm, trtllm"),
-        ({"name": "sglang", "speed": 1}, "engine", "unknown keys ['speed']"),
-        ({"name": "sglang", "options": {"a2a": "x"}}, "engine.options", "unknown keys ['a2a']"),
+        ({"name": "sglang", "speed": 1}, "engine.speed", "unknown field 'speed'"),
+        (
+            {"name": "sglang", "options": {"a2a": "x"}},
+            "engine.options.a2a",
+            "did you mean 'a2aBackend'",
+        ),
         (
             {"name": "sglang", "options": {"dpBalance": "fair"}},
             "engine.options.dpBalance",
@@ -231,7 +235,8 @@ def test_every_gpu_of_a_plan_gets_the_group_backend() -> None:
 
 @pytest.mark.parametrize("engine", ["sglang", "vllm", "trtllm", "native"])
 def test_ilp_never_loses_to_eplb_under_the_engine_rule(engine: str) -> None:
-    for balance in ("router", "engine"):
+    # trtllm: no router can set its DP ranks' shares (its HTTP API takes no rank)
+    for balance in ("auto", "engine") if engine == "trtllm" else ("router", "engine"):
         spec = _engine(engine, dp_balance=balance)
         ilp = solve(_req(HOPPER, spec)).plan.summary
         eplb = solve(_req(HOPPER, spec, "eplb")).plan.summary
@@ -287,3 +292,17 @@ def test_executed_keeps_planned_shares_for_native() -> None:
     req = _req(MIXED, EngineSpec())
     raw = RawPlacement((0.1, 0.2, 0.3, 0.4), ())
     assert executed(req, runtime_of(req), raw).attention_share == (0.1, 0.2, 0.3, 0.4)
+
+
+def test_dp_balance_auto_is_router_where_the_http_api_takes_a_rank_and_engine_for_trtllm() -> None:
+    from policies.engines import parse_engine
+
+    assert parse_engine({"name": "sglang"}).dp_balance == "router"
+    assert parse_engine({"name": "vllm"}).dp_balance == "router"
+    trt = parse_engine({"name": "trtllm"})
+    assert trt.options.dp_balance == "auto" and trt.dp_balance == "engine" and trt.equal_dp
+    assert parse_engine({"name": "trtllm", "options": {"dpBalance": "engine"}}).equal_dp
+    with pytest.raises(InputError) as err:
+        parse_engine({"name": "trtllm", "options": {"dpBalance": "router"}})
+    assert err.value.field == "engine.options.dpBalance"
+    assert "no per-request DP rank" in str(err.value)

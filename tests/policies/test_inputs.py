@@ -33,7 +33,11 @@ def test_fleet_overrides_and_custom_gpu() -> None:
     doc = fleet_doc([("n0", "H100-SXM5-80GB", 2, 900)])
     doc["spec"]["nodes"][0]["gpus"][0]["hbm_bandwidth_gbytes_per_s"] = 3000
     doc["spec"]["nodes"].append(
-        {"name": "n1", "gpus": [{"model": "MyGPU", "base": "L40S", "bf16_tflops": 400}]}
+        {
+            "name": "n1",
+            "gpus": [{"model": "MyGPU", "base": "L40S", "bf16_tflops": 400}],
+            "nics": [{"count": 1, "per_direction_gbits_per_s": 200, "fabric": "ib0"}],
+        }
     )
     f = parse_fleet(doc)
     assert f.gpus[0].spec.hbm_bandwidth_gbytes_per_s == 3000

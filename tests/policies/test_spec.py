@@ -94,6 +94,13 @@ def _full_spec() -> DeploymentSpec:
         allow_cross_vendor=True,
         gpu_hour_prices={"H100-SXM5-80GB": 2.5},
         engine=EngineSpec("sglang", "0.5.23", EngineOptions("none", "dynamic", "engine")),
+        priority=7,
+        min_gpus=8,
+        max_gpus=64,
+        objective="slo",
+        slo_step_time_ms=50.0,
+        memory_fraction=0.5,
+        namespace="team-a",
     )
     default = DeploymentSpec(name="full")
     for f in dataclasses.fields(DeploymentSpec):
@@ -192,8 +199,8 @@ def _with_engine(engine: object) -> dict[str, object]:
     ("engine", "field", "needle"),
     [
         ({"name": "tgi"}, "spec.engine.name", "choose one of native, sglang, vllm, trtllm"),
-        ({"name": "vllm", "flavour": "x"}, "spec.engine", "unknown keys ['flavour']"),
-        ({"name": "vllm", "options": {"eplb": True}}, "spec.engine.options", "unknown keys"),
+        ({"name": "vllm", "flavour": "x"}, "spec.engine.flavour", "unknown field 'flavour'"),
+        ({"name": "vllm", "options": {"eplb": True}}, "spec.engine.options.eplb", "unknown field"),
         ({"name": "vllm", "options": {"dispatch": "static"}}, "spec.engine.options.dispatch", ""),
         (
             {"name": "sglang", "options": {"a2aBackend": "nccl"}},

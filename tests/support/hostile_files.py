@@ -51,7 +51,10 @@ def _kind(name: str) -> str:
 
 
 def _node(i: int, count: int = 8) -> str:
-    return f"  - name: n{i}\n    gpus: [{{model: H100-SXM5-80GB, count: {count}}}]\n"
+    return (
+        f"  - name: n{i}\n    gpus: [{{model: H100-SXM5-80GB, count: {count}}}]\n"
+        "    nics: [{count: 1, per_direction_gbits_per_s: 400, fabric: ib0}]\n"
+    )
 
 
 def _generated(out: Path) -> list[HostileFile]:

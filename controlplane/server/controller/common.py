@@ -3,8 +3,8 @@ servicers, and the :class:`Context` (store, clock, metrics, log, wake-up) each p
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from controlplane.server import reconcile as rc
@@ -45,6 +45,11 @@ class ControllerSettings:
         contingency_max_nodes: keep a contingency plan per single-node loss for deployments
             on 2 to this many usable nodes, so a node loss commits a plan solved in advance;
             0 = off.
+        fleet_scheduler: assign nodes to deployments exclusively (:mod:`policies.scheduling`)
+            where the controller decides the plans; off, every deployment plans on every
+            usable node matching its selector (GPUs shared, as before the scheduler).
+        namespace_quotas_gpus: namespace -> most GPUs its deployments may hold together
+            (the fleet scheduler's quotas; ``spec.namespace``); absent = no limit.
     """
 
     heartbeat_interval_s: float = 5.0
@@ -61,6 +66,8 @@ class ControllerSettings:
     restart_grace_max_s: float = 30.0
     contingency_processes: int = 1
     contingency_max_nodes: int = 32
+    fleet_scheduler: bool = True
+    namespace_quotas_gpus: Mapping[str, int] = field(default_factory=dict)
 
     def reconcile_settings(self, *, solves: bool = True) -> rc.ReconcileSettings:
         """The decision's timing; ``solves`` False where another component (the Kubernetes

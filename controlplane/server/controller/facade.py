@@ -57,6 +57,7 @@ from controlplane.server.controller.contingency import Contingencies
 from controlplane.server.controller.loads import Loads
 from controlplane.server.controller.nodes import NodeRegistry
 from controlplane.server.controller.rollout import Rollouts
+from controlplane.server.controller.scheduler import FleetScheduler
 from controlplane.server.controller.solves import Solves
 from controlplane.server.controller.views import (
     DeploymentViews,
@@ -117,6 +118,7 @@ class Controller:
             ctx, self.nodes, self.rollouts, self.loads, self.watchers, self.contingencies
         )
         self.views = DeploymentViews(ctx, self._observe_deployment)
+        self.scheduler = FleetScheduler(ctx, self.nodes, self.rollouts, self.watchers)
         self._status: dict[str, tuple[str, str, tuple[str, ...]]] = {}
         self._wake = asyncio.Event()
         self._stopping = False
@@ -201,7 +203,11 @@ class Controller:
         nodes = self._observe_nodes()
         settings = self.settings.reconcile_settings(solves=self.store.plan_author == "controller")
         due = self.views.due(nodes, now, settings)
-        actions = rc.reconcile(rc.Observed(now, nodes, due), settings)
+        assigned: dict[str, tuple[str, ...]] | None = None
+        unscheduled: dict[str, str] = {}
+        if settings.solves and self.settings.fleet_scheduler:
+            assigned, unscheduled = self.scheduler.view(nodes, now, settings, self.views.records())
+        actions = rc.reconcile(rc.Observed(now, nodes, due, assigned, unscheduled), settings)
         for action in actions:
             try:
                 self._act(action)

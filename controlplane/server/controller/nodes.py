@@ -17,12 +17,30 @@ from controlplane.server import reconcile as rc
 from controlplane.server.controller.common import Context, NodeHealth, NodeView, RegisterResult
 from controlplane.store import NodeState, StoredNode
 from policies.errors import InputError
-from policies.fleet import Fleet
+from policies.fleet import Fleet, check_reachable
 from policies.inventory import GpuHealth, NodeInventory, check_inventory
 from policies.plan import Plan
 
 #: Lateness of a tick beyond ``tick_s`` that still counts as on time, s.
 STALL_TOLERANCE_S = 0.25
+
+
+def reachable_or_precondition(fleet: Fleet) -> None:
+    """Refuse a fleet of reported nodes that cannot all reach each other (through
+    :func:`policies.fleet.check_reachable`, the check of every entry point): a state of the
+    registered nodes, not a bad request, so FAILED_PRECONDITION.
+
+    Raises:
+        PreconditionError: naming the two nodes and the fix.
+    """
+    try:
+        check_reachable(fleet, field="")
+    except InputError as exc:
+        raise PreconditionError(
+            f"{exc}. A reported node's fabric is what its agent says: mixfleet-agent "
+            "--nic-fabric DEVICE=NAME or --default-fabric NAME",
+            field="nodes",
+        ) from exc
 
 
 class NodeRegistry:

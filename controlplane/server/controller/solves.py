@@ -17,7 +17,7 @@ from controlplane.server import reconcile as rc
 from controlplane.server.controller.common import Context
 from controlplane.server.controller.contingency import Contingencies
 from controlplane.server.controller.loads import Loads
-from controlplane.server.controller.nodes import NodeRegistry
+from controlplane.server.controller.nodes import NodeRegistry, reachable_or_precondition
 from controlplane.server.controller.rollout import Rollouts
 from controlplane.server.controller.watchers import Watchers
 from controlplane.server.solver_pool import SolverPool
@@ -253,6 +253,7 @@ class Solves:
                 "nodes or change spec.node_selector",
                 field="spec.node_selector",
             )
+        reachable_or_precondition(fleet)
         measured = self.loads.measured(spec, self.ctx.clock() - 3600.0)
         request = await asyncio.to_thread(build_request, spec, fleet, measured=measured)
         # A dry run is a viewer's question: it runs in the background pool (niced; never

@@ -134,7 +134,7 @@ class NodesMixin(KubeBase):
         out = set()
         for obj in items:
             try:
-                cordon = from_wire(GPUNodeSpec, obj.get("spec") or {}, "spec").cordon
+                cordon = from_wire(GPUNodeSpec, obj.get("spec") or {}, "spec", strict=True).cordon
             except InputError:
                 cordon = True
             if cordon:

@@ -316,6 +316,25 @@ class SqliteStore(AckAndLoadRows):
             )
         return True
 
+    def withdraw_plan(self, deployment: str, *, reason: str, now_s: float) -> bool:
+        with self._tx() as db:
+            row = db.execute(
+                "SELECT committed_version FROM deployments WHERE name = ? AND deleted_at IS NULL",
+                (deployment,),
+            ).fetchone()
+            if row is None or row["committed_version"] is None:
+                return False
+            db.execute(
+                "UPDATE plans SET state = 'superseded', reason = ?, state_changed_at = ?"
+                " WHERE deployment = ? AND state = 'committed'",
+                (reason, now_s, deployment),
+            )
+            db.execute(
+                "UPDATE deployments SET committed_version = NULL, updated_at = ? WHERE name = ?",
+                (now_s, deployment),
+            )
+        return True
+
     def set_deployment_status(self, name: str, status: Mapping[str, Any]) -> None:
         self._quarantine.discard("deployments.status_json", name)
         with self._tx() as db:

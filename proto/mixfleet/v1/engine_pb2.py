@@ -24,25 +24,25 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18mixfleet/v1/engine.proto\x12\x0bmixfleet.v1\"S\n\x11GetRoutingRequest\x12\x12\n\ndeployment\x18\x01 \x01(\t\x12*\n\x06\x66ormat\x18\x02 \x01(\x0e\x32\x1a.mixfleet.v1.RoutingFormat\"\'\n\x08LayerMap\x12\x1b\n\x13physical_to_logical\x18\x01 \x03(\x05\"\xab\x02\n\x07Routing\x12\x12\n\ndeployment\x18\x01 \x01(\t\x12\x0f\n\x07plan_id\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x04\x12*\n\x06\x66ormat\x18\x04 \x01(\x0e\x32\x1a.mixfleet.v1.RoutingFormat\x12\x12\n\nworld_size\x18\x05 \x01(\x05\x12\x16\n\x0eslots_per_rank\x18\x06 \x01(\x05\x12\x1b\n\x13num_logical_experts\x18\x07 \x01(\x05\x12\x12\n\nmoe_layers\x18\x08 \x03(\x05\x12%\n\x06layers\x18\t \x03(\x0b\x32\x15.mixfleet.v1.LayerMap\x12\x12\n\ndp_weights\x18\n \x03(\x01\x12\x11\n\trank_gpus\x18\x0b \x03(\t\x12\x13\n\x0b\x65ngine_json\x18\x0c \x01(\x0c\"\xb2\x01\n\x10\x45xpertLoadWindow\x12\x12\n\ndeployment\x18\x01 \x01(\t\x12\x11\n\tengine_id\x18\x02 \x01(\t\x12\x14\n\x0cstart_unix_s\x18\x03 \x01(\x01\x12\x12\n\nend_unix_s\x18\x04 \x01(\x01\x12\x12\n\nnum_layers\x18\x05 \x01(\x05\x12\x13\n\x0bnum_experts\x18\x06 \x01(\x05\x12\x0e\n\x06\x63ounts\x18\x07 \x03(\x01\x12\x14\n\x0cplan_version\x18\x08 \x01(\x04\"4\n\x18ReportExpertLoadResponse\x12\x18\n\x10windows_accepted\x18\x01 \x01(\x05*\x99\x01\n\rRoutingFormat\x12\x1e\n\x1aROUTING_FORMAT_UNSPECIFIED\x10\x00\x12\x19\n\x15ROUTING_FORMAT_SGLANG\x10\x01\x12\x17\n\x13ROUTING_FORMAT_VLLM\x10\x02\x12\x19\n\x15ROUTING_FORMAT_TRTLLM\x10\x03\x12\x19\n\x15ROUTING_FORMAT_NATIVE\x10\x04\x32\xf7\x01\n\rEngineService\x12\x42\n\nGetRouting\x12\x1e.mixfleet.v1.GetRoutingRequest\x1a\x14.mixfleet.v1.Routing\x12\x46\n\x0cWatchRouting\x12\x1e.mixfleet.v1.GetRoutingRequest\x1a\x14.mixfleet.v1.Routing0\x01\x12Z\n\x10ReportExpertLoad\x12\x1d.mixfleet.v1.ExpertLoadWindow\x1a%.mixfleet.v1.ReportExpertLoadResponse(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18mixfleet/v1/engine.proto\x12\x0bmixfleet.v1\"S\n\x11GetRoutingRequest\x12\x12\n\ndeployment\x18\x01 \x01(\t\x12*\n\x06\x66ormat\x18\x02 \x01(\x0e\x32\x1a.mixfleet.v1.RoutingFormat\"\'\n\x08LayerMap\x12\x1b\n\x13physical_to_logical\x18\x01 \x03(\x05\"\xe1\x02\n\x07Routing\x12\x12\n\ndeployment\x18\x01 \x01(\t\x12\x0f\n\x07plan_id\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x04\x12*\n\x06\x66ormat\x18\x04 \x01(\x0e\x32\x1a.mixfleet.v1.RoutingFormat\x12\x12\n\nworld_size\x18\x05 \x01(\x05\x12\x16\n\x0eslots_per_rank\x18\x06 \x01(\x05\x12\x1b\n\x13num_logical_experts\x18\x07 \x01(\x05\x12\x12\n\nmoe_layers\x18\x08 \x03(\x05\x12%\n\x06layers\x18\t \x03(\x0b\x32\x15.mixfleet.v1.LayerMap\x12\x12\n\ndp_weights\x18\n \x03(\x01\x12\x11\n\trank_gpus\x18\x0b \x03(\t\x12\x13\n\x0b\x65ngine_json\x18\x0c \x01(\x0c\x12\x0e\n\x06\x65ngine\x18\r \x01(\t\x12\x10\n\x08\x64p_ranks\x18\x0e \x03(\x05\x12\x12\n\ndp_balance\x18\x0f \x01(\t\"\xb2\x01\n\x10\x45xpertLoadWindow\x12\x12\n\ndeployment\x18\x01 \x01(\t\x12\x11\n\tengine_id\x18\x02 \x01(\t\x12\x14\n\x0cstart_unix_s\x18\x03 \x01(\x01\x12\x12\n\nend_unix_s\x18\x04 \x01(\x01\x12\x12\n\nnum_layers\x18\x05 \x01(\x05\x12\x13\n\x0bnum_experts\x18\x06 \x01(\x05\x12\x0e\n\x06\x63ounts\x18\x07 \x03(\x01\x12\x14\n\x0cplan_version\x18\x08 \x01(\x04\"4\n\x18ReportExpertLoadResponse\x12\x18\n\x10windows_accepted\x18\x01 \x01(\x05*\x99\x01\n\rRoutingFormat\x12\x1e\n\x1aROUTING_FORMAT_UNSPECIFIED\x10\x00\x12\x19\n\x15ROUTING_FORMAT_SGLANG\x10\x01\x12\x17\n\x13ROUTING_FORMAT_VLLM\x10\x02\x12\x19\n\x15ROUTING_FORMAT_TRTLLM\x10\x03\x12\x19\n\x15ROUTING_FORMAT_NATIVE\x10\x04\x32\xf7\x01\n\rEngineService\x12\x42\n\nGetRouting\x12\x1e.mixfleet.v1.GetRoutingRequest\x1a\x14.mixfleet.v1.Routing\x12\x46\n\x0cWatchRouting\x12\x1e.mixfleet.v1.GetRoutingRequest\x1a\x14.mixfleet.v1.Routing0\x01\x12Z\n\x10ReportExpertLoad\x12\x1d.mixfleet.v1.ExpertLoadWindow\x1a%.mixfleet.v1.ReportExpertLoadResponse(\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'mixfleet.v1.engine_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ROUTINGFORMAT']._serialized_start=705
-  _globals['_ROUTINGFORMAT']._serialized_end=858
+  _globals['_ROUTINGFORMAT']._serialized_start=759
+  _globals['_ROUTINGFORMAT']._serialized_end=912
   _globals['_GETROUTINGREQUEST']._serialized_start=41
   _globals['_GETROUTINGREQUEST']._serialized_end=124
   _globals['_LAYERMAP']._serialized_start=126
   _globals['_LAYERMAP']._serialized_end=165
   _globals['_ROUTING']._serialized_start=168
-  _globals['_ROUTING']._serialized_end=467
-  _globals['_EXPERTLOADWINDOW']._serialized_start=470
-  _globals['_EXPERTLOADWINDOW']._serialized_end=648
-  _globals['_REPORTEXPERTLOADRESPONSE']._serialized_start=650
-  _globals['_REPORTEXPERTLOADRESPONSE']._serialized_end=702
-  _globals['_ENGINESERVICE']._serialized_start=861
-  _globals['_ENGINESERVICE']._serialized_end=1108
+  _globals['_ROUTING']._serialized_end=521
+  _globals['_EXPERTLOADWINDOW']._serialized_start=524
+  _globals['_EXPERTLOADWINDOW']._serialized_end=702
+  _globals['_REPORTEXPERTLOADRESPONSE']._serialized_start=704
+  _globals['_REPORTEXPERTLOADRESPONSE']._serialized_end=756
+  _globals['_ENGINESERVICE']._serialized_start=915
+  _globals['_ENGINESERVICE']._serialized_end=1162
 # @@protoc_insertion_point(module_scope)

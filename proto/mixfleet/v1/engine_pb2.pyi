@@ -122,6 +122,9 @@ class Routing(_message.Message):
     DP_WEIGHTS_FIELD_NUMBER: _builtins.int
     RANK_GPUS_FIELD_NUMBER: _builtins.int
     ENGINE_JSON_FIELD_NUMBER: _builtins.int
+    ENGINE_FIELD_NUMBER: _builtins.int
+    DP_RANKS_FIELD_NUMBER: _builtins.int
+    DP_BALANCE_FIELD_NUMBER: _builtins.int
     deployment: _builtins.str
     plan_id: _builtins.str
     version: _builtins.int
@@ -133,6 +136,14 @@ class Routing(_message.Message):
     num_logical_experts: _builtins.int
     engine_json: _builtins.bytes
     """the document in `format` (see RoutingFormat)"""
+    engine: _builtins.str
+    """The engine the plan is for ("native", "sglang", "vllm", "trtllm"): it names the
+    per-request rank field a router sets (SGLang routed_dp_rank, vLLM X-data-parallel-rank).
+    """
+    dp_balance: _builtins.str
+    """"router": the plan's dp_weights need a router that pins each request's rank;
+    "engine": the engine's own balancer (equal shares) was planned for.
+    """
     @_builtins.property
     def moe_layers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """model layer index of each MoE layer"""
@@ -149,6 +160,12 @@ class Routing(_message.Message):
     def rank_gpus(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """GPU id of each rank ("node/gpuN")"""
 
+    @_builtins.property
+    def dp_ranks(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Engine DP attention rank of each GPU: the GPUs of one tensor-parallel attention group
+        share one rank (numbered in order of first appearance, as SGLang's tp_rank // attn_tp).
+        """
+
     def __init__(
         self,
         *,
@@ -164,10 +181,13 @@ class Routing(_message.Message):
         dp_weights: _abc.Iterable[_builtins.float] | None = ...,
         rank_gpus: _abc.Iterable[_builtins.str] | None = ...,
         engine_json: _builtins.bytes = ...,
+        engine: _builtins.str = ...,
+        dp_ranks: _abc.Iterable[_builtins.int] | None = ...,
+        dp_balance: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["deployment", b"deployment", "dp_weights", b"dp_weights", "engine_json", b"engine_json", "format", b"format", "layers", b"layers", "moe_layers", b"moe_layers", "num_logical_experts", b"num_logical_experts", "plan_id", b"plan_id", "rank_gpus", b"rank_gpus", "slots_per_rank", b"slots_per_rank", "version", b"version", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deployment", b"deployment", "dp_balance", b"dp_balance", "dp_ranks", b"dp_ranks", "dp_weights", b"dp_weights", "engine", b"engine", "engine_json", b"engine_json", "format", b"format", "layers", b"layers", "moe_layers", b"moe_layers", "num_logical_experts", b"num_logical_experts", "plan_id", b"plan_id", "rank_gpus", b"rank_gpus", "slots_per_rank", b"slots_per_rank", "version", b"version", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -145,9 +145,9 @@ class WorkloadSpec(_message.Message):
     phase: _builtins.str
     """"prefill" | "decode" """
     tokens_per_gpu: _builtins.int
-    """tokens per step per GPU on average (> 0)"""
+    """tokens per step per GPU on average; 0 = the phase's default (policies.defaults: 64 decode, 4096 prefill)"""
     context_len: _builtins.int
-    """KV cache length per sequence, tokens (> 0)"""
+    """KV cache length per sequence, tokens; 0 = 4096 (policies.defaults)"""
     kv_cache_dtype: _builtins.str
     """"bf16" (default) | "fp8" """
     load: _builtins.str
@@ -328,6 +328,13 @@ class DeploymentSpec(_message.Message):
     ALLOW_CROSS_VENDOR_FIELD_NUMBER: _builtins.int
     GPU_HOUR_PRICES_FIELD_NUMBER: _builtins.int
     ENGINE_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
+    MIN_GPUS_FIELD_NUMBER: _builtins.int
+    MAX_GPUS_FIELD_NUMBER: _builtins.int
+    OBJECTIVE_FIELD_NUMBER: _builtins.int
+    SLO_STEP_TIME_MS_FIELD_NUMBER: _builtins.int
+    MEMORY_FRACTION_FIELD_NUMBER: _builtins.int
+    NAMESPACE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """[a-z0-9][a-z0-9-]*, at most 63 characters"""
     model: _builtins.str
@@ -339,13 +346,27 @@ class DeploymentSpec(_message.Message):
     form: _builtins.str
     """"engine" (default) | "native" """
     redundant_experts: _builtins.int
-    """extra slots per MoE layer; unset = smallest valid"""
+    """extra slots per MoE layer; unset = auto, the smallest valid (policies.defaults)"""
     solver_time_limit_s: _builtins.float
     """0 = 60 s"""
     prepare_timeout_s: _builtins.float
     """two-phase rollout prepare deadline; 0 = 30 s"""
     allow_cross_vendor: _builtins.bool
     """let one expert-parallel group span NVIDIA and AMD GPUs"""
+    priority: _builtins.int
+    """fleet scheduler: higher is placed first, may preempt lower"""
+    min_gpus: _builtins.int
+    """fewest GPUs it may run on; 0 = what its model needs"""
+    max_gpus: _builtins.int
+    """most GPUs the scheduler may give it; 0 = no limit"""
+    objective: _builtins.str
+    """"" = "throughput" | "cost" | "slo" """
+    slo_step_time_ms: _builtins.float
+    """step-time target of objective slo, ms; 0 = none"""
+    memory_fraction: _builtins.float
+    """share of each GPU's memory; 0 = 1 (exclusive GPUs)"""
+    namespace: _builtins.str
+    """quota namespace; "" = "default" """
     @_builtins.property
     def workload(self) -> Global___WorkloadSpec: ...
     @_builtins.property
@@ -379,10 +400,17 @@ class DeploymentSpec(_message.Message):
         allow_cross_vendor: _builtins.bool = ...,
         gpu_hour_prices: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
         engine: Global___EngineSpec | None = ...,
+        priority: _builtins.int = ...,
+        min_gpus: _builtins.int = ...,
+        max_gpus: _builtins.int = ...,
+        objective: _builtins.str = ...,
+        slo_step_time_ms: _builtins.float = ...,
+        memory_fraction: _builtins.float = ...,
+        namespace: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_redundant_experts", b"_redundant_experts", "engine", b"engine", "rebalance", b"rebalance", "redundant_experts", b"redundant_experts", "workload", b"workload"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_redundant_experts", b"_redundant_experts", "allow_cross_vendor", b"allow_cross_vendor", "engine", b"engine", "form", b"form", "gpu_hour_prices", b"gpu_hour_prices", "model", b"model", "model_config_json", b"model_config_json", "name", b"name", "node_selector", b"node_selector", "policy", b"policy", "prepare_timeout_s", b"prepare_timeout_s", "rebalance", b"rebalance", "redundant_experts", b"redundant_experts", "solver_time_limit_s", b"solver_time_limit_s", "workload", b"workload"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_redundant_experts", b"_redundant_experts", "allow_cross_vendor", b"allow_cross_vendor", "engine", b"engine", "form", b"form", "gpu_hour_prices", b"gpu_hour_prices", "max_gpus", b"max_gpus", "memory_fraction", b"memory_fraction", "min_gpus", b"min_gpus", "model", b"model", "model_config_json", b"model_config_json", "name", b"name", "namespace", b"namespace", "node_selector", b"node_selector", "objective", b"objective", "policy", b"policy", "prepare_timeout_s", b"prepare_timeout_s", "priority", b"priority", "rebalance", b"rebalance", "redundant_experts", b"redundant_experts", "slo_step_time_ms", b"slo_step_time_ms", "solver_time_limit_s", b"solver_time_limit_s", "workload", b"workload"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__redundant_experts: _TypeAlias = _typing.Literal["redundant_experts"]  # noqa: Y015
     _WhichOneofArgType__redundant_experts: _TypeAlias = _typing.Literal["_redundant_experts", b"_redundant_experts"]  # noqa: Y015
@@ -405,6 +433,9 @@ class DeploymentStatus(_message.Message):
     OBSERVED_IMBALANCE_FIELD_NUMBER: _builtins.int
     COST_PER_MILLION_TOKENS_USD_FIELD_NUMBER: _builtins.int
     CONDITIONS_FIELD_NUMBER: _builtins.int
+    ASSIGNED_NODES_FIELD_NUMBER: _builtins.int
+    ASSIGNED_GPUS_FIELD_NUMBER: _builtins.int
+    SCHEDULING_FIELD_NUMBER: _builtins.int
     phase: Global___DeploymentPhase.ValueType
     message: _builtins.str
     """why (infeasibility reasons, last abort reason ...)"""
@@ -421,6 +452,7 @@ class DeploymentStatus(_message.Message):
     """imbalance of the committed plan under measured load"""
     cost_per_million_tokens_usd: _builtins.float
     """committed plan's GPUs at gpu_hour_prices / its predicted tokens; 0 = unknown"""
+    assigned_gpus: _builtins.int
     @_builtins.property
     def nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """nodes of the committed plan"""
@@ -428,6 +460,16 @@ class DeploymentStatus(_message.Message):
     @_builtins.property
     def conditions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Conditions beside the phase, e.g. "StoreRowQuarantined: plan v3 does not decode"."""
+
+    @_builtins.property
+    def assigned_nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Fleet scheduler (standalone controller): the nodes and GPUs this deployment may plan on;
+        empty while it is Pending or when the scheduler is off (see scheduling).
+        """
+
+    @_builtins.property
+    def scheduling(self) -> Global___SchedulingStatus:
+        """unset = not scheduled yet (or the scheduler is off)"""
 
     def __init__(
         self,
@@ -443,14 +485,66 @@ class DeploymentStatus(_message.Message):
         observed_imbalance: _builtins.float = ...,
         cost_per_million_tokens_usd: _builtins.float = ...,
         conditions: _abc.Iterable[_builtins.str] | None = ...,
+        assigned_nodes: _abc.Iterable[_builtins.str] | None = ...,
+        assigned_gpus: _builtins.int = ...,
+        scheduling: Global___SchedulingStatus | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["scheduling", b"scheduling"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["committed_plan_id", b"committed_plan_id", "committed_version", b"committed_version", "conditions", b"conditions", "cost_per_million_tokens_usd", b"cost_per_million_tokens_usd", "imbalance", b"imbalance", "latest_version", b"latest_version", "message", b"message", "nodes", b"nodes", "observed_imbalance", b"observed_imbalance", "phase", b"phase", "step_time_us", b"step_time_us"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assigned_gpus", b"assigned_gpus", "assigned_nodes", b"assigned_nodes", "committed_plan_id", b"committed_plan_id", "committed_version", b"committed_version", "conditions", b"conditions", "cost_per_million_tokens_usd", b"cost_per_million_tokens_usd", "imbalance", b"imbalance", "latest_version", b"latest_version", "message", b"message", "nodes", b"nodes", "observed_imbalance", b"observed_imbalance", "phase", b"phase", "scheduling", b"scheduling", "step_time_us", b"step_time_us"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DeploymentStatus: _TypeAlias = DeploymentStatus  # noqa: Y015
+
+@_typing.final
+class SchedulingStatus(_message.Message):
+    """The fleet scheduler's last word on one deployment (policies.scheduling)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PLACED_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    RESOURCE_FIELD_NUMBER: _builtins.int
+    MISSING_FIELD_NUMBER: _builtins.int
+    MISSING_UNIT_FIELD_NUMBER: _builtins.int
+    PREDICTED_TOKENS_PER_S_FIELD_NUMBER: _builtins.int
+    DECISION_FIELD_NUMBER: _builtins.int
+    SOLVER_FIELD_NUMBER: _builtins.int
+    placed: _builtins.bool
+    reason: _builtins.str
+    """why placed on these nodes, or why Pending"""
+    resource: _builtins.str
+    """what is missing when Pending: "gpus" | "memory" | "quota" | "nodes" | "priority" """
+    missing: _builtins.float
+    """how much is missing, in missing_unit"""
+    missing_unit: _builtins.str
+    """"GPUs" | "GiB" """
+    predicted_tokens_per_s: _builtins.float
+    """the scheduler's estimate on its assigned nodes"""
+    decision: _builtins.str
+    """reason of the last decision on it (placed, moved, preempted, ...); "" = none"""
+    solver: _builtins.str
+    """what produced the assignment (Schedule.solver)"""
+    def __init__(
+        self,
+        *,
+        placed: _builtins.bool = ...,
+        reason: _builtins.str = ...,
+        resource: _builtins.str = ...,
+        missing: _builtins.float = ...,
+        missing_unit: _builtins.str = ...,
+        predicted_tokens_per_s: _builtins.float = ...,
+        decision: _builtins.str = ...,
+        solver: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decision", b"decision", "missing", b"missing", "missing_unit", b"missing_unit", "placed", b"placed", "predicted_tokens_per_s", b"predicted_tokens_per_s", "reason", b"reason", "resource", b"resource", "solver", b"solver"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SchedulingStatus: _TypeAlias = SchedulingStatus  # noqa: Y015
 
 @_typing.final
 class Deployment(_message.Message):

@@ -1,0 +1,552 @@
+"""The fast reference runtime: one MoE layer as close to the hardware as PyTorch gets.
+
+What differs from :class:`agents.runtime.layer.MoeLayer` (the plan executor kept for the
+CPU equivalence tests):
+
+* no host synchronisation anywhere in a step (counts, offsets and replica choices stay on
+  the device), so a whole step - or each phase - is captured in a CUDA graph
+  (``torch.cuda.CUDAGraph``) and replayed, as SGLang runs decode;
+* decode attention packs the query heads of each KV head into one query block (one query
+  token attends to the whole cache, so ``[B, kv_heads, q_per_kv, d]`` against ``[B,
+  kv_heads, ctx, d]`` is exact) and runs the fastest SDPA backend that accepts the shape
+  (cuDNN, then flash), reading the KV cache once;
+* expert FFNs are grouped GEMMs: ``torch._grouped_mm`` (BF16) or ``torch._scaled_grouped_mm``
+  (FP8 weights with one scale per output channel, activations quantised per row), or, for
+  a few rows per expert, one batched GEMM over a padded capacity per slot plus a grouped
+  GEMM for the rows beyond it (``capacity``);
+* the replica an expert's pair goes to follows the engine's own rule
+  (:mod:`policies.engines`): SGLang ``static`` (``sglang_static_map``: every rank sends an
+  expert's tokens to one replica, its nearest), ``even`` (vLLM's hash of the token index
+  over the replicas; TensorRT-LLM and SGLang without all-to-all split evenly too) or
+  ``planned`` (the plan's shares, native form).
+
+Phases of a step on rank r, ``T`` tokens, ``P = T * top_k`` pairs::
+
+    attention  a = x + Attn(x); s = SharedFFN(a); (idx, w) = topk(softmax(a W_router));
+               destination (rank, slot) of every pair under the replica rule
+    dispatch   pairs grouped by destination; world > 1: one all_to_all_single with a fixed
+               capacity of P rows per destination (equal splits, so no host sync)
+    experts    the local slots' FFNs over the received rows, grouped by slot
+    combine    results back (world > 1: all_to_all_single), out = a + s + sum_k w_k y_k
+
+Tensors are torch; torch is imported by this module (install ``mixfleet[gpu]``). Multi-GPU
+(``world > 1``) runs the same phases over NCCL; it is exercised on CPU processes (gloo) by
+the tests and has not run on GPUs.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as nnf
+
+from agents.runtime.experts import (
+    ExpertPlan,
+    ExpertWeights,
+    expert_forward,
+    expert_plan,
+    quantize_experts,
+)
+from agents.runtime.layer import LayerShape, LayerWeights, make_weights
+from agents.runtime.routing import RankPlacement
+from policies.engines import Runtime, parse_engine, resolve_runtime, sglang_static_map
+
+Tensor = Any  # torch.Tensor; torch is untyped for mypy here
+
+REPLICA_RULES = ("static", "even", "planned")
+"""Replica choice: SGLang static nearest-replica, an even split, the plan's shares."""
+
+PHASES = ("attention", "dispatch", "experts", "combine")
+VLLM_HASH = 2654435769  # vLLM's multiplier for the even replica choice
+
+
+def engine_runtime(rule: str, world: int) -> Runtime:
+    """The :class:`policies.engines.Runtime` whose replica rule is ``rule`` on one node of
+    ``world`` GPUs (SGLang with DeepEP for ``static``, SGLang without all-to-all for
+    ``even``, native for ``planned``)."""
+    docs: dict[str, dict[str, Any]] = {
+        "static": {"name": "sglang", "options": {"a2aBackend": "deepep", "dispatch": "static"}},
+        "even": {"name": "sglang", "options": {"a2aBackend": "none"}},
+        "planned": {"name": "native"},
+    }
+    doc = docs[rule]
+    return resolve_runtime(parse_engine(doc), ["hopper"] * world, ["node"] * world)
+
+
+@dataclass(frozen=True)
+class ReplicaMap:
+    """Every rank's replica choice, as plain lists (built once, then moved to the device).
+
+    Attributes:
+        rule: one of :data:`REPLICA_RULES`.
+        slots_per_rank: local slots of each rank (physical slot p is rank ``p //
+            slots_per_rank``'s slot ``p % slots_per_rank``).
+        physical: ``[physical slot] -> expert`` over all ranks (SGLang's map row).
+        static_pick: ``static`` only: ``[rank][expert] -> physical slot``.
+        replicas: ``[expert] -> physical slots`` (ascending).
+        shares: ``[physical slot] ->`` the plan's share of its expert's pairs.
+    """
+
+    rule: str
+    slots_per_rank: int
+    physical: tuple[int, ...]
+    static_pick: tuple[tuple[int, ...], ...]
+    replicas: tuple[tuple[int, ...], ...]
+    shares: tuple[float, ...]
+
+
+def replica_map(placement: RankPlacement, num_experts: int, rule: str) -> ReplicaMap:
+    """The replica choice of ``placement`` under ``rule``.
+
+    Raises:
+        ValueError: unknown rule; ranks with unequal slot counts (engines need equal slots
+            per rank); an expert without a replica.
+    """
+    if rule not in REPLICA_RULES:
+        raise ValueError(f"replica rule {rule!r}: choose one of {', '.join(REPLICA_RULES)}")
+    counts = {len(s) for s in placement.slots}
+    if len(counts) != 1:
+        raise ValueError(
+            f"ranks hold {sorted(counts)} slots; engines need equal slots per rank. To fix: "
+            "use the plan's engine form (equal slots per rank)"
+        )
+    slots = counts.pop()
+    physical = tuple(e for rank in placement.slots for e, _ in rank)
+    shares = tuple(s for rank in placement.slots for _, s in rank)
+    reps: list[list[int]] = [[] for _ in range(num_experts)]
+    for p, e in enumerate(physical):
+        reps[e].append(p)
+    missing = [e for e, r in enumerate(reps) if not r]
+    if missing:
+        raise ValueError(f"experts {missing[:8]} have no replica in the placement")
+    pick: tuple[tuple[int, ...], ...] = ()
+    if rule == "static":
+        world = placement.world
+        table = sglang_static_map([list(physical)], num_experts, world, world)
+        pick = tuple(tuple(table[r][0]) for r in range(world))
+    return ReplicaMap(rule, slots, physical, pick, tuple(tuple(r) for r in reps), shares)
+
+
+@dataclass
+class _DeviceMap:
+    """:class:`ReplicaMap` on the device, for this rank."""
+
+    static_pick: Tensor  # [E] physical slot (static)
+    rep_phys: Tensor  # [E, R] physical slots, padded with the last
+    rep_count: Tensor  # [E]
+    rep_cum: Tensor  # [E, R] cumulative shares, padding 2.0
+
+
+def _device_map(m: ReplicaMap, rank: int, device: Any) -> _DeviceMap:
+    width = max(len(r) for r in m.replicas)
+    phys = [[r[min(j, len(r) - 1)] for j in range(width)] for r in m.replicas]
+    cum = []
+    for r in m.replicas:
+        total = sum(m.shares[p] for p in r) or 1.0
+        acc, row = 0.0, []
+        for j in range(width):
+            acc += m.shares[r[j]] / total if j < len(r) else 0.0
+            row.append(2.0 if j >= len(r) - 1 else acc)
+        cum.append(row)
+    pick = m.static_pick[rank] if m.static_pick else [r[0] for r in m.replicas]
+    return _DeviceMap(
+        torch.tensor(pick, dtype=torch.int64, device=device),
+        torch.tensor(phys, dtype=torch.int64, device=device),
+        torch.tensor([len(r) for r in m.replicas], dtype=torch.int64, device=device),
+        torch.tensor(cum, dtype=torch.float32, device=device),
+    )
+
+
+def choose_physical(idx: Tensor, m: _DeviceMap, rule: str) -> Tensor:
+    """Physical slot of every pair (``idx`` ``[T, top_k]`` experts, token-major).
+
+    ``even``: replica ``(t * 2654435769 mod 2**32) mod n`` of the n replicas (vLLM, t the
+    token's index in the batch); ``planned``: the replica whose cumulative share first
+    exceeds a per-pair hash fraction (the plan's shares in expectation)."""
+    if rule == "static":
+        return m.static_pick[idx].reshape(-1)
+    t, k = idx.shape
+    e = idx.reshape(-1)
+    tok = torch.arange(t, device=idx.device, dtype=torch.int64).repeat_interleave(k)
+    if rule == "even":
+        j = ((tok * VLLM_HASH) & 0xFFFFFFFF) % m.rep_count[e]
+    else:
+        pair = torch.arange(t * k, device=idx.device, dtype=torch.int64)
+        u = (((pair * VLLM_HASH) & 0xFFFFFFFF).float() + 0.5) / 2.0**32
+        j = (u[:, None] >= m.rep_cum[e]).sum(1).clamp_(max=m.rep_cum.shape[1] - 1)
+    return m.rep_phys[e, j]
+
+
+def route_logits(logits: Tensor, top_k: int, sample_logits: Tensor | None) -> Any:
+    """Top-k experts per token and their weights from float32 router ``logits``
+    (:func:`agents.runtime.layer.route` after its GEMM: ``sample_logits`` draws the choice
+    by Gumbel-top-k from a load profile, the logits still weight the outputs)."""
+    if sample_logits is None:
+        top, idx = torch.topk(logits, top_k, dim=-1)
+    else:
+        u = torch.rand(logits.shape, device=logits.device).clamp_(1e-9, 1.0 - 1e-9)
+        idx = torch.topk(sample_logits[None, :] - torch.log(-torch.log(u)), top_k, -1).indices
+        top = torch.gather(logits, 1, idx)
+    return idx, torch.softmax(top, dim=-1)
+
+
+# ---------------------------------------------------------------------------- attention
+
+_BACKENDS = {
+    "cudnn": "CUDNN_ATTENTION",
+    "flash": "FLASH_ATTENTION",
+    "efficient": "EFFICIENT_ATTENTION",
+    "math": "MATH",
+}
+
+
+def _sdpa(q: Tensor, k: Tensor, v: Tensor, backend: str, causal: bool) -> Tensor:
+    gqa = q.shape[1] != k.shape[1]
+    if backend == "math" and gqa:
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+        gqa = False
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel([getattr(SDPBackend, _BACKENDS[backend])]):
+        return nnf.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+
+
+# -------------------------------------------------------------------------------- layer
+
+
+@dataclass
+class FastLayer:
+    """One rank's part of the layer with static shapes (every step the same sizes).
+
+    Build with :func:`build_fast_layer`. :meth:`step` runs one step eagerly;
+    :meth:`capture` records CUDA graphs (one per phase and one for the whole step) and
+    :meth:`time_graphs` replays them.
+
+    Attributes:
+        shape, tokens, decode, seq_len, context: the step (``tokens`` on this rank;
+            decode: one sequence per token with ``context`` cached tokens; prefill: causal
+            sequences of ``seq_len``).
+        rank, world, group: the expert-parallel group (``world == 1``: no communication).
+        weights: attention, router and shared-expert weights (``w13``/``w2`` unused).
+        experts: the local slots' weights.
+        rmap: replica choice; plan: expert grouping.
+        attn_backend: SDPA backend (``cudnn`` | ``flash`` | ``efficient`` | ``math``).
+        sample_logits: ``[E]`` log load profile the router draws from (None: learned).
+        x, kv: the static input ``[tokens, hidden]`` and decode KV cache.
+        group: process group (None: the default group).
+        capacity: rows per destination rank in dispatch (the most pairs any rank has).
+        wqkv: ``[hidden, (q_heads + 2 kv_heads) * head_dim]`` fused projection.
+        w_router: router weights in the compute dtype (logits are taken in float32).
+    """
+
+    shape: LayerShape
+    tokens: int
+    decode: bool
+    seq_len: int
+    context: int
+    rank: int
+    world: int
+    weights: LayerWeights
+    experts: ExpertWeights
+    rmap: _DeviceMap
+    rule: str
+    plan: ExpertPlan
+    attn_backend: str
+    sample_logits: Tensor | None
+    x: Tensor
+    kv: tuple[Tensor, Tensor] | None
+    group: Any = None
+    capacity: int = 0
+    wqkv: Tensor = None
+    w_router: Tensor = None
+    st: dict[str, Tensor] = field(default_factory=dict)
+    graphs: dict[str, Any] = field(default_factory=dict)
+    _keep: list[Any] = field(default_factory=list)
+
+    # Each phase reads and writes ``self.st``; captured separately they chain through it.
+    def phase_attention(self) -> None:
+        sh, w, x = self.shape, self.weights, self.x
+        t, nq, nkv, d = self.tokens, sh.num_q_heads, sh.num_kv_heads, sh.head_dim
+        qkv = x @ self.wqkv
+        q, k, v = qkv[:, : nq * d], qkv[:, nq * d : (nq + nkv) * d], qkv[:, (nq + nkv) * d :]
+        if self.decode:
+            assert self.kv is not None
+            kc, vc = self.kv
+            kc[:, :, -1] = k.view(t, nkv, d)
+            vc[:, :, -1] = v.view(t, nkv, d)
+            o = _sdpa(q.reshape(t, nkv, nq // nkv, d), kc, vc, self.attn_backend, causal=False)
+        else:
+            b, s = t // self.seq_len, self.seq_len
+            o = _sdpa(
+                q.reshape(b, s, nq, d).transpose(1, 2),
+                k.reshape(b, s, nkv, d).transpose(1, 2),
+                v.reshape(b, s, nkv, d).transpose(1, 2),
+                self.attn_backend,
+                causal=True,
+            ).transpose(1, 2)
+        a = x + o.reshape(t, nq * d) @ w.wo
+        if w.shared_w13 is not None:
+            hs = a @ w.shared_w13
+            f = hs.shape[-1] // 2
+            self.st["shared"] = (nnf.silu(hs[:, :f]) * hs[:, f:]) @ w.shared_w2
+        idx, gate = route_logits((a @ self.w_router).float(), sh.top_k, self.sample_logits)
+        self.st["a"], self.st["gate"] = a, gate
+        self.st["phys"] = choose_physical(idx, self.rmap, self.rule)
+
+    def phase_dispatch(self) -> None:
+        a, phys = self.st["a"], self.st["phys"]
+        k = self.shape.top_k
+        pairs = phys.shape[0]
+        spr = self.experts.slots
+        token = torch.arange(pairs, device=a.device) // k
+        if self.world == 1:  # the experts gather their rows straight from ``a``
+            self.st["rows"], self.st["row_of"], self.st["slot"] = a, token, phys
+            self.st["scale"] = self.st["gate"].reshape(-1)
+            return
+        # Fixed capacity of ``pairs`` rows per destination: equal splits, no host sync.
+        dest = phys // spr
+        order = torch.argsort(dest, stable=True)
+        counts = torch.zeros(self.world, dtype=torch.int64, device=a.device)
+        counts.scatter_add_(0, dest, torch.ones_like(dest))
+        starts = torch.cumsum(counts, 0) - counts
+        pos = torch.arange(pairs, device=a.device) - starts[dest[order]]
+        where = torch.empty_like(pos)
+        cap = self.capacity
+        where[order] = dest[order] * cap + pos  # send-buffer row of each pair
+        send = a.new_zeros((self.world * cap, a.shape[1]))
+        send[where] = a[token]
+        send_slot = torch.full((self.world * cap,), spr, dtype=torch.int64, device=a.device)
+        send_slot[where] = phys % spr
+        recv = torch.empty_like(send)
+        recv_slot = torch.empty_like(send_slot)
+        dist.all_to_all_single(recv, send, group=self.group)
+        dist.all_to_all_single(recv_slot, send_slot, group=self.group)
+        self.st["rows"], self.st["slot"], self.st["where"] = recv, recv_slot, where
+        self.st.pop("row_of", None)
+        self.st.pop("scale", None)
+
+    def phase_experts(self) -> None:
+        st = self.st
+        st["y"] = expert_forward(
+            st["rows"], st.get("row_of"), st["slot"], self.experts, self.plan, st.get("scale")
+        )
+
+    def phase_combine(self) -> None:
+        y, a, gate = self.st["y"], self.st["a"], self.st["gate"]
+        k = self.shape.top_k
+        if self.world > 1:
+            back = torch.empty_like(y)
+            dist.all_to_all_single(back, y, group=self.group)
+            y = back[self.st["where"]]
+            routed = torch.bmm(gate.to(y.dtype).unsqueeze(1), y.view(self.tokens, k, -1))
+            routed = routed.squeeze(1)
+        else:  # rows already carry their router weight (phase_dispatch)
+            routed = y.view(self.tokens, k, -1).sum(1)
+        out = a + routed
+        if "shared" in self.st:
+            out = out + self.st["shared"]
+        self.st["out"] = out
+
+    def phase_fns(self) -> dict[str, Callable[[], None]]:
+        return {
+            "attention": self.phase_attention,
+            "dispatch": self.phase_dispatch,
+            "experts": self.phase_experts,
+            "combine": self.phase_combine,
+        }
+
+    def step(self) -> Tensor:
+        """One step, eagerly; the output ``[tokens, hidden]``."""
+        for fn in self.phase_fns().values():
+            fn()
+        return self.st["out"]
+
+    def capture(self, warmup: int = 3) -> None:
+        """Record one CUDA graph per phase and one for the whole step (after ``warmup``
+        eager steps on a side stream, as ``torch.cuda.graphs`` asks). When the attention
+        backend cannot be captured, flash attention is captured instead (``attn_backend``
+        says which ran)."""
+        try:
+            self._capture(warmup)
+        except RuntimeError:
+            if self.attn_backend == "flash":
+                raise
+            torch.cuda.synchronize()
+            self.graphs.clear()
+            self._keep.clear()
+            self.attn_backend = "flash"
+            self._capture(warmup)
+
+    def _capture(self, warmup: int) -> None:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(warmup):
+                self.step()
+        torch.cuda.current_stream().wait_stream(s)
+        torch.cuda.synchronize()
+        for name, fn in self.phase_fns().items():
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                fn()
+            self.graphs[name] = g
+            self._keep.append(dict(self.st))
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            self.step()
+        self.graphs["layer"] = g
+        self._keep.append(dict(self.st))
+        torch.cuda.synchronize()
+
+    def time_graphs(self, iters: int, warmup: int = 3) -> dict[str, float]:
+        """Median replay time per phase graph and of the whole-step graph, microseconds."""
+        for _ in range(warmup):
+            for name in (*PHASES, "layer"):
+                self.graphs[name].replay()
+        per: dict[str, list[float]] = {k: [] for k in (*PHASES, "layer")}
+        for _ in range(iters):
+            ev = [torch.cuda.Event(enable_timing=True) for _ in range(len(PHASES) + 1)]
+            ev[0].record()
+            for i, name in enumerate(PHASES):
+                self.graphs[name].replay()
+                ev[i + 1].record()
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            self.graphs["layer"].replay()
+            b.record()
+            b.synchronize()
+            for i, name in enumerate(PHASES):
+                per[name].append(ev[i].elapsed_time(ev[i + 1]) * 1e3)
+            per["layer"].append(a.elapsed_time(b) * 1e3)
+        return {k: float(statistics.median(v)) for k, v in per.items()}
+
+    def time_eager(self, iters: int, warmup: int = 2) -> float:
+        """Median eager step time (every kernel launched from Python), microseconds."""
+        for _ in range(warmup):
+            self.step()
+        times = []
+        for _ in range(iters):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            self.step()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) * 1e3)
+        return float(statistics.median(times))
+
+
+def _attn_backends(decode: bool, cuda: bool) -> tuple[str, ...]:
+    if not cuda:
+        return ("math",)
+    return ("cudnn", "flash", "efficient") if decode else ("flash", "cudnn", "efficient")
+
+
+def build_fast_layer(
+    shape: LayerShape,
+    placement: RankPlacement,
+    *,
+    rank: int,
+    decode: bool,
+    seq_len: int,
+    context: int,
+    device: Any,
+    dtype: Any,
+    expert_dtype: str = "bf16",
+    rule: str = "static",
+    kernel: str = "auto",
+    attn_backend: str = "auto",
+    sample_logits: Tensor | None = None,
+    seeded_experts: bool = True,
+    group: Any = None,
+    seed: int = 0,
+) -> FastLayer:
+    """A :class:`FastLayer` for ``rank`` of ``placement`` (weights drawn as
+    :func:`agents.runtime.layer.make_weights` draws them, input and KV cache seeded).
+
+    ``attn_backend="auto"`` tries the backends in order of speed on this shape (cuDNN,
+    flash, efficient for decode; flash first for prefill) and keeps the first that runs.
+
+    Raises:
+        ValueError: bad rule or kernel; prefill tokens not whole sequences; see
+            :func:`replica_map`.
+    """
+    tokens = placement.tokens[rank]
+    if not decode and tokens % seq_len:
+        raise ValueError(f"prefill tokens {tokens} are not whole sequences of {seq_len}")
+    rmap = replica_map(placement, shape.num_experts, rule)
+    experts = [e for e, _ in placement.slots[rank]]
+    w = make_weights(
+        shape, experts, device=device, dtype=dtype, seed=seed, seeded_experts=seeded_experts
+    )
+    ew = (
+        quantize_experts(w.w13, w.w2)
+        if expert_dtype == "fp8"
+        else ExpertWeights("bf16", w.w13, w.w2)
+    )
+    cuda = getattr(device, "type", str(device)) == "cuda"
+    capacity = max(placement.tokens) * shape.top_k
+    rows = capacity * placement.world if placement.world > 1 else tokens * shape.top_k
+    x, kv = _inputs(shape, tokens, decode, context, device, dtype, seed + 7919 * (rank + 1))
+    layer = FastLayer(
+        shape,
+        tokens,
+        decode,
+        seq_len,
+        context,
+        rank,
+        placement.world,
+        w,
+        ew,
+        _device_map(rmap, rank, device),
+        rule,
+        expert_plan(kernel, rows, ew.slots, expert_dtype, cuda),
+        "math",
+        sample_logits,
+        x,
+        kv,
+        group,
+        capacity,
+    )
+    layer.weights.w13 = layer.weights.w2 = None  # the experts live in ``layer.experts``
+    layer.wqkv = torch.cat([w.wq, w.wk, w.wv], dim=1)  # one projection GEMM, as engines run
+    layer.w_router = w.w_router.to(dtype)  # router GEMM in the compute dtype, float32 logits
+    candidates = _attn_backends(decode, cuda) if attn_backend == "auto" else (attn_backend,)
+    for i, b in enumerate(candidates):
+        layer.attn_backend = b
+        try:
+            layer.phase_attention()
+            break
+        except RuntimeError:
+            if i == len(candidates) - 1:
+                raise
+    return layer
+
+
+def _inputs(
+    shape: LayerShape, tokens: int, decode: bool, context: int, device: Any, dtype: Any, seed: int
+) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
+    """Seeded input ``[tokens, hidden]`` and (decode) KV cache ``[tokens, kv_heads,
+    context, head_dim]``, drawn on the CPU so every device gets the same values."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(tokens, shape.hidden, generator=g).to(device=device, dtype=dtype)
+    kv = None
+    if decode:
+        dims = (tokens, shape.num_kv_heads, context, shape.head_dim)
+        kv = (
+            torch.randn(dims, generator=g).to(device=device, dtype=dtype),
+            torch.randn(dims, generator=g).to(device=device, dtype=dtype),
+        )
+    return x, kv
+
+
+def phase_summary(times: dict[str, float]) -> dict[str, float]:
+    """Phase times plus the gap between the whole-step graph and the phases' sum."""
+    total = math.fsum(times[p] for p in PHASES)
+    return {**times, "phases_sum": total, "graph_gap": times["layer"] - total}

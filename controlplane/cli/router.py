@@ -1,0 +1,244 @@
+"""``mixfleetctl router``: run the request router, or show what a running one does.
+
+* ``mixfleetctl router run`` (also the console script ``mixfleet-router``): serve the
+  OpenAI-compatible and SGLang endpoints in front of the engine instances, routing each
+  request to a DP rank by the committed plan's weights (docs/router.md).
+* ``mixfleetctl router status --router URL``: the router's instances (health, plan version)
+  and each rank's planned vs achieved share and open requests, from ``GET /router/status``.
+
+Heavy modules (aiohttp, grpc, the router package) are imported inside the handlers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from controlplane.cli.connection import add_connection_args
+from controlplane.cli.output import Groups, add_leaf, emit, print_json, table
+from policies.errors import InputError, MixfleetError
+
+
+def add_run_args(p: argparse.ArgumentParser) -> None:
+    """The flags of ``router run`` / ``mixfleet-router``."""
+    p.add_argument(
+        "--instance",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="engine instance: url=http://HOST:PORT[,name=N][,deployment=D][,tier=T]"
+        "[,engine=sglang|vllm|trtllm|native][,ranks=R][,share=S] (repeatable)",
+    )
+    p.add_argument("--listen", default="0.0.0.0:8000", metavar="HOST:PORT")
+    p.add_argument("--default-tier", default="default", metavar="TIER")
+    p.add_argument("--api-key-tiers", metavar="FILE", help="JSON object: API key -> tier")
+    p.add_argument(
+        "--priority-tier",
+        action="append",
+        default=[],
+        metavar="CLASS=TIER",
+        help="X-Priority-Class value -> tier (repeatable)",
+    )
+    p.add_argument(
+        "--queue-limit", type=int, default=256, metavar="N", help="open requests per rank"
+    )
+    p.add_argument("--retry-after-s", type=int, default=1, metavar="S")
+    p.add_argument("--max-attempts", type=int, default=2, metavar="N")
+    p.add_argument("--default-output-tokens", type=int, default=256, metavar="N")
+    p.add_argument("--tokenizer", default="", metavar="NAME", help="HF tokenizer (else chars/4)")
+    p.add_argument("--health-interval-s", type=float, default=1.0, metavar="S")
+    p.add_argument("--eject-after", type=int, default=2, metavar="N")
+    p.add_argument("--readmit-after", type=int, default=2, metavar="N")
+    p.add_argument("--log-format", choices=("json", "console"), default="json")
+    p.add_argument("--log-level", default="info")
+    p.add_argument(
+        "--uvloop",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run on uvloop (default: when installed; --no-uvloop: asyncio's own loop)",
+    )
+    add_connection_args(p, suppress=True)
+
+
+def _env(args: argparse.Namespace, name: str, env: str) -> str:
+    return str(getattr(args, name, None) or os.environ.get(env) or "")
+
+
+def settings_from_args(args: argparse.Namespace) -> Any:
+    """Checked :class:`controlplane.router.settings.RouterSettings` from the flags.
+
+    Raises:
+        InputError: naming the flag.
+    """
+    from controlplane.router import settings as rs
+
+    host, port = rs.parse_listen(args.listen)
+    instances = tuple(rs.parse_instance(t, args.default_tier) for t in args.instance)
+    priority: dict[str, str] = {}
+    for item in args.priority_tier:
+        cls, sep, tier = item.partition("=")
+        if not sep or not cls or not tier:
+            raise InputError(f"{item!r} is not CLASS=TIER", field="--priority-tier")
+        priority[cls] = tier
+    token = _env(args, "token", "MIXFLEET_TOKEN")
+    token_file = _env(args, "token_file", "MIXFLEET_TOKEN_FILE")
+    if not token and token_file:
+        token = _token_from_file(token_file)
+    tls = None
+    if getattr(args, "tls_ca", None):
+        tls = rs.TlsClient(args.tls_ca, args.tls_cert or "", args.tls_key or "")
+    elif getattr(args, "tls_cert", None) or getattr(args, "tls_key", None):
+        raise InputError("needs --tls-ca too (the controller's CA)", field="--tls-cert")
+    for flag, value in (
+        ("--health-interval-s", args.health_interval_s),
+        ("--retry-after-s", args.retry_after_s),
+        ("--default-output-tokens", args.default_output_tokens),
+    ):
+        if not value >= 0:
+            raise InputError(f"must be >= 0, got {value}", field=flag)
+    return rs.check(
+        rs.RouterSettings(
+            instances=instances,
+            listen_host=host,
+            listen_port=port,
+            controller=_env(args, "controller", "MIXFLEET_CONTROLLER"),
+            token=token,
+            tls=tls,
+            default_tier=args.default_tier,
+            api_key_tiers=rs.read_key_tiers(args.api_key_tiers) if args.api_key_tiers else {},
+            priority_tiers=priority,
+            queue_limit=args.queue_limit,
+            retry_after_s=args.retry_after_s,
+            max_attempts=args.max_attempts,
+            default_output_tokens=args.default_output_tokens,
+            tokenizer=args.tokenizer,
+            health_interval_s=max(args.health_interval_s, 0.05),
+            eject_after=args.eject_after,
+            readmit_after=args.readmit_after,
+        )
+    )
+
+
+def _token_from_file(path: str) -> str:
+    from controlplane.server.certs import token_for
+
+    for role in ("engine", "admin"):
+        try:
+            return token_for(path, role)
+        except InputError:
+            continue
+    raise InputError(f"no engine or admin token in {path}", field="--token-file")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
+    import asyncio
+
+    from controlplane.router.proxy import Router
+    from controlplane.router.requests import chars_estimate, load_tokenizer
+    from controlplane.server.logs import configure_logging
+
+    try:
+        configure_logging(args.log_format, args.log_level)
+    except ValueError as exc:
+        raise InputError(str(exc), field="--log-level") from exc
+    count = load_tokenizer(settings.tokenizer) if settings.tokenizer else chars_estimate
+    if args.uvloop is not False:
+        try:
+            import uvloop
+        except ImportError as exc:
+            if args.uvloop:
+                raise InputError("uvloop is not installed", field="--uvloop") from exc
+        else:
+            uvloop.install()
+
+    async def serve() -> None:
+        router = Router(settings, count)
+        try:
+            await router.start()
+        except OSError as exc:
+            raise MixfleetError(f"cannot listen on {args.listen}: {exc}") from exc
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await router.stop()
+
+    asyncio.run(serve())
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    import urllib.error
+    import urllib.request
+
+    url = args.router.rstrip("/") + "/router/status"
+    try:
+        with urllib.request.urlopen(url, timeout=args.timeout) as r:
+            doc = json.loads(r.read())
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise MixfleetError(
+            f"cannot read {url}: {exc}. To fix: check --router and that the router runs"
+        ) from exc
+    if args.output == "json":
+        print_json(doc)
+        return 0
+    emit(
+        table(
+            ["INSTANCE", "TIER", "ENGINE", "HEALTHY", "RANKS", "VERSION", "URL"],
+            [
+                [
+                    i["name"],
+                    i["tier"],
+                    i["engine"],
+                    "yes" if i["healthy"] else "NO",
+                    i["ranks"],
+                    i["version"] or "-",
+                    i["url"],
+                ]
+                for i in doc["instances"]
+            ],
+        )
+    )
+    rows = [
+        [
+            tier,
+            r["instance"],
+            r["rank"],
+            f"{r['planned_share']:.3f}",
+            f"{r['achieved_share']:.3f}",
+            r["open_requests"],
+        ]
+        for tier, ranks in doc["tiers"].items()
+        for r in ranks
+    ]
+    emit(table(["TIER", "INSTANCE", "RANK", "PLANNED", "ACHIEVED", "OPEN"], rows))
+    down = [d for d, up in doc.get("controller_connected", {}).items() if not up]
+    if down:
+        print(
+            f"controller watch down for {', '.join(down)}: routing on the last committed weights",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def register(groups: Groups) -> None:
+    """Add the ``router`` command group."""
+    g = groups.add_parser("router", help="the request router that imposes the plan's DP shares")
+    sub = g.add_subparsers(dest="router_command", metavar="COMMAND", required=True)
+    run = add_leaf(sub, "run", cmd_run, "run the router in front of engine instances")
+    add_run_args(run)
+    st = add_leaf(sub, "status", cmd_status, "instances, ranks, planned vs achieved shares")
+    st.add_argument("--router", default="http://127.0.0.1:8000", metavar="URL")
+    st.add_argument("--timeout", type=float, default=5.0, metavar="S")
+    st.add_argument("-o", "--output", choices=("table", "json"), default="table")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``mixfleet-router``: the same as ``mixfleetctl router run``."""
+    from controlplane.cli import main as ctl_main
+
+    return ctl_main(["router", "run", *(sys.argv[1:] if argv is None else argv)])

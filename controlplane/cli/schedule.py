@@ -1,0 +1,272 @@
+"""``mixfleetctl schedule show|explain``: which nodes of a fleet serve which deployment.
+
+Without ``--fleet`` both read the running controller's assignment (connection options as
+for ``deploy``; :mod:`controlplane.cli.schedule_live`). With ``--fleet FILE -f DEPLOYMENTS``
+they read a Fleet file and the deployments' ModelDeployment documents and run the fleet
+scheduler (:mod:`policies.scheduling`) offline, the same one the controller runs:
+
+* ``schedule show``: every deployment's nodes, GPUs, predicted tokens/s and cost per
+  million tokens; the free nodes; each pending deployment and why (resource, nodes, how
+  much is missing).
+* ``schedule explain DEPLOYMENT``: why these nodes, its other candidate instances, and what
+  the next-best assignment would give it and the fleet.
+
+``-o json|yaml`` writes the same as a document.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import TYPE_CHECKING, Any
+
+from controlplane.cli import files
+from controlplane.cli.connection import add_connection_args
+from controlplane.cli.output import Groups, add_group, add_leaf, add_output_arg, emit, emit_document
+from policies.errors import InputError
+
+if TYPE_CHECKING:
+    from policies.scheduling.types import Schedule, ScheduleRequest
+
+
+def _usd(v: float) -> str:
+    return "-" if not math.isfinite(v) else f"{v:.3f}"
+
+
+def _quotas(items: list[str] | None) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for item in items or []:
+        ns, _, gpus = item.partition("=")
+        if not ns or not gpus.isdigit():
+            raise InputError(
+                f"{item!r} is not NAMESPACE=GPUS. To fix: write e.g. --quota team-a=16",
+                field="--quota",
+            )
+        out[ns] = int(gpus)
+    return out
+
+
+def _solve(args: argparse.Namespace) -> tuple[ScheduleRequest, Schedule]:
+    """Read the fleet and the deployments and schedule them."""
+    if not args.file:
+        raise InputError(
+            "--fleet needs the deployments. To fix: pass -f DEPLOYMENTS.yaml", field="-f"
+        )
+    from controlplane.cli.deploy import _read_docs
+    from policies.scheduling import schedule
+    from policies.scheduling.table import TableSettings
+    from policies.spec import parse_deployment, selects
+
+    fleet = files.read_fleet(args.fleet)
+    specs = [parse_deployment(doc) for path in args.file for doc in _read_docs(path)]
+    if not specs:
+        raise InputError("no deployment given. To fix: pass -f DEPLOYMENTS.yaml", field="-f")
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        raise InputError(f"deployment names repeat: {sorted(names)}", field="-f")
+    pairs = [(s, [n.name for n in fleet.nodes if selects(s, n.labels)]) for s in specs]
+    settings = TableSettings(
+        estimate_policy=args.estimate_policy, max_instances=args.replica_groups
+    )
+    return schedule(fleet, pairs, quotas_gpus=_quotas(args.quota), settings=settings)
+
+
+def schedule_document(req: ScheduleRequest, s: Schedule) -> dict[str, Any]:
+    """The schedule as a plain document (``-o json|yaml``)."""
+    by_name = {d.name: d for d in req.demands}
+    return {
+        "kind": "FleetSchedule",
+        "solver": s.solver,
+        "solveS": round(s.solve_s, 4),
+        "tokensPerS": round(s.tokens_per_s, 1),
+        "usdPerHour": round(s.usd_per_hour, 3),
+        "placements": [
+            {
+                "deployment": p.deployment,
+                "priority": by_name[p.deployment].priority,
+                "objective": by_name[p.deployment].objective,
+                "nodes": list(p.nodes),
+                "instances": [list(i) for i in p.instances],
+                "gpus": p.gpus,
+                "tokensPerS": round(p.tokens_per_s, 1),
+                "usdPerMillionTokens": None
+                if not math.isfinite(p.usd_per_million_tokens)
+                else round(p.usd_per_million_tokens, 4),
+            }
+            for p in s.placements.values()
+        ],
+        "pending": [
+            {
+                "deployment": p.deployment,
+                "resource": p.resource,
+                "nodes": list(p.nodes),
+                "missing": p.missing,
+                "unit": p.unit,
+                "reason": p.message,
+            }
+            for p in s.pending.values()
+        ],
+        "freeNodes": list(s.free_nodes),
+        "decisions": [
+            {"deployment": d.deployment, "kind": d.kind, "reason": d.reason} for d in s.decisions
+        ],
+    }
+
+
+def cmd_schedule_show(args: argparse.Namespace) -> int:
+    """``schedule show``: the fleet's assignment."""
+    from controlplane.cli.output import format_table
+
+    if args.fleet is None:
+        from controlplane.cli.schedule_live import cmd_live_show
+
+        return cmd_live_show(args)
+    req, s = _solve(args)
+    if args.output != "table":
+        emit_document(
+            schedule_document(req, s), args.output, [f"schedule/{n}" for n in s.placements]
+        )
+        return 0
+    by_name = {d.name: d for d in req.demands}
+    rows = []
+    for d in sorted(req.demands, key=lambda d: (-d.priority, d.name)):
+        p = s.placements.get(d.name)
+        rows.append(
+            [
+                d.name,
+                str(d.priority),
+                d.objective,
+                ",".join(p.nodes) if p else "-",
+                str(p.gpus) if p else "0",
+                f"{p.tokens_per_s:,.0f}" if p else "-",
+                _usd(p.usd_per_million_tokens) if p else "-",
+                "placed" if p else "Pending",
+            ]
+        )
+    headers = [
+        "deployment",
+        "priority",
+        "objective",
+        "nodes",
+        "GPUs",
+        "tokens/s",
+        "USD/Mtok",
+        "state",
+    ]
+    emit(format_table(headers, rows))
+    gpus = {n: g.gpus_per_node for g in req.groups for n in g.nodes}
+    free = s.free_nodes
+    emit(
+        f"free: {len(free)} nodes, {sum(gpus[n] for n in free)} GPUs ({', '.join(free) or 'none'})"
+    )
+    for why in s.pending.values():
+        emit(f"pending {why.deployment} ({by_name[why.deployment].priority}): {why.message}")
+    emit(
+        f"total {s.tokens_per_s:,.0f} tokens/s, {s.usd_per_hour:,.2f} USD/h of held GPUs; "
+        f"{s.solver}, {s.solve_s:.2f} s"
+    )
+    return 0
+
+
+def cmd_schedule_explain(args: argparse.Namespace) -> int:
+    """``schedule explain DEPLOYMENT``: why these nodes, and the next best."""
+    from controlplane.cli.output import format_table
+    from policies.scheduling.explain import explain
+
+    if args.fleet is None:
+        from controlplane.cli.schedule_live import cmd_live_explain
+
+        return cmd_live_explain(args)
+    req, s = _solve(args)
+    if args.deployment not in {d.name for d in req.demands}:
+        known = ", ".join(sorted(d.name for d in req.demands))
+        raise InputError(f"no deployment {args.deployment!r} (known: {known})", field="DEPLOYMENT")
+    e = explain(req, s, args.deployment)
+    if args.output != "table":
+        doc = {
+            "kind": "ScheduleExplanation",
+            "deployment": e.deployment,
+            "nodes": list(e.nodes),
+            "reason": e.reason,
+            "tokensPerS": round(e.tokens_per_s, 1),
+            "alternatives": [
+                {
+                    "nodes": a[0],
+                    "gpus": a[1],
+                    "tokensPerS": round(a[2], 1),
+                    "usdPerMillionTokens": None if not math.isfinite(a[3]) else round(a[3], 4),
+                }
+                for a in e.alternatives
+            ],
+            "nextBest": {
+                "nodes": list(e.next_best_nodes),
+                "tokensPerS": round(e.next_best_tokens_per_s, 1),
+                "fleetTokensPerS": round(e.next_best_total_tokens_per_s, 1),
+            },
+            "fleetTokensPerS": round(e.total_tokens_per_s, 1),
+        }
+        emit_document(doc, args.output, [f"schedule/{e.deployment}"])
+        return 0
+    emit(f"{e.deployment}: {', '.join(e.nodes) or 'Pending'}")
+    emit(f"why: {e.reason}")
+    rows = [[a[0], str(a[1]), f"{a[2]:,.0f}", _usd(a[3])] for a in e.alternatives]
+    emit("candidate instances (best value first):")
+    emit(format_table(["nodes", "GPUs", "tokens/s", "USD/Mtok"], rows))
+    delta = e.next_best_total_tokens_per_s - e.total_tokens_per_s
+    emit(
+        f"next best: {e.deployment} on {', '.join(e.next_best_nodes) or 'nothing (Pending)'}: "
+        f"{e.next_best_tokens_per_s:,.0f} tokens/s (now {e.tokens_per_s:,.0f}); fleet "
+        f"{e.next_best_total_tokens_per_s:,.0f} tokens/s ({delta:+,.0f})"
+    )
+    return 0
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--fleet",
+        metavar="FILE",
+        help="schedule offline: this Fleet file (YAML or JSON) with -f; "
+        "without it the controller's assignment is read",
+    )
+    p.add_argument(
+        "-f",
+        "--file",
+        action="append",
+        metavar="FILE",
+        help="with --fleet: ModelDeployment documents (YAML, several per file; repeatable)",
+    )
+    p.add_argument(
+        "--quota",
+        action="append",
+        metavar="NAMESPACE=GPUS",
+        help="most GPUs a namespace's deployments may hold (repeatable)",
+    )
+    p.add_argument(
+        "--estimate-policy",
+        choices=("greedy", "ilp"),
+        default="greedy",
+        help="policy of the per-candidate estimates (default: %(default)s)",
+    )
+    p.add_argument(
+        "--replica-groups",
+        type=int,
+        default=1,
+        metavar="N",
+        help="engine instances a deployment may be split into (default: %(default)s)",
+    )
+    add_connection_args(p, suppress=True)
+    add_output_arg(p)
+
+
+def register(groups: Groups) -> None:
+    """Add the ``schedule`` group."""
+    g = add_group(groups, "schedule", "assign a fleet's nodes to deployments (exclusive GPUs)")
+    p = add_leaf(
+        g, "show", cmd_schedule_show, "which nodes serve which deployment; pending and why"
+    )
+    _common(p)
+    p = add_leaf(
+        g, "explain", cmd_schedule_explain, "why a deployment has its nodes; the next best"
+    )
+    p.add_argument("deployment", metavar="DEPLOYMENT")
+    _common(p)

@@ -1,0 +1,214 @@
+"""What the router reads from a request and writes into it: the tier, the work estimate,
+and the engine's per-request DP rank field.
+
+Where each engine reads the rank (read from the engines' own source):
+
+* SGLang 0.5.23: body field ``routed_dp_rank`` on ``/generate``
+  (``GenerateReqInput.routed_dp_rank``, ``python/sglang/srt/managers/io_struct.py``) and on
+  the OpenAI endpoints (``CompletionRequest`` / ``ChatCompletionRequest.routed_dp_rank``,
+  ``srt/entrypoints/openai/protocol.py``); the data-parallel controller sends a request with
+  it to that rank (``srt/managers/data_parallel_controller.py``, ``if req.routed_dp_rank is
+  not None``). The old name ``data_parallel_rank`` is a deprecated alias.
+* vLLM 0.33.0: header ``X-data-parallel-rank`` only
+  (``OpenAIServing._get_data_parallel_rank``, ``vllm/entrypoints/generate/base/serving.py``,
+  read by the chat and completion servers); there is no body field.
+* TensorRT-LLM (main, ``tensorrt_llm/serve/openai_protocol.py`` at commit 0076e939, late
+  2026): trtllm-serve has no per-request rank field. ``CompletionRequest`` and
+  ``ChatCompletionRequest`` are ``OpenAIBaseModel`` (``extra="forbid"``) without
+  ``attention_dp_rank`` / ``attention_dp_relax``, so a body carrying them is refused with
+  400 ``{"error": ...}`` (``validation_exception_handler``, ``serve/openai_server.py``), and
+  the server builds ``SchedulingParams(agent_hierarchy=...)`` without a rank. Only the LLM
+  API takes ``SchedulingParams(attention_dp_rank=r, attention_dp_relax=False)``
+  (``tensorrt_llm/scheduling_params.py``). The router therefore writes no rank for
+  ``trtllm``: inside one trtllm-serve its ``DefaultADPRouter`` balances the ranks; the plan
+  is imposed across instances (``share=``).
+* native (mixfleet's reference runtime): header ``X-data-parallel-rank``, as vLLM.
+
+Work estimate: prompt tokens plus expected output tokens (``max_tokens``,
+``max_completion_tokens`` or SGLang's ``sampling_params.max_new_tokens``, else the
+configured default). Prompt tokens come from the model's tokenizer when one is configured,
+else the estimate ``ceil(characters / 4)``; token-id prompts count exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Container, Mapping, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+from policies.errors import InputError
+
+#: The header of the rank for vLLM and the native runtime.
+RANK_HEADER = "X-data-parallel-rank"
+#: Header that names the tier of a request.
+TIER_HEADER = "X-Mixfleet-Tier"
+#: Header that names a priority class (mapped to a tier by the settings).
+PRIORITY_HEADER = "X-Priority-Class"
+
+#: Counts the tokens of a text.
+TokenCounter = Callable[[str], int]
+
+
+def chars_estimate(text: str) -> int:
+    """Tokens of ``text`` estimated as ``ceil(characters / 4)`` (no tokenizer installed)."""
+    return math.ceil(len(text) / 4)
+
+
+def load_tokenizer(name: str) -> TokenCounter:
+    """A token counter from a Hugging Face tokenizer (name or path).
+
+    Raises:
+        InputError: ``transformers`` is not installed or the tokenizer cannot be loaded.
+    """
+    try:
+        from transformers import AutoTokenizer  # type: ignore[import-not-found,unused-ignore]
+    except ImportError as exc:
+        raise InputError(
+            "needs the transformers package. To fix: pip install transformers, or leave "
+            "--tokenizer out (the router then estimates tokens as characters / 4)",
+            field="--tokenizer",
+        ) from exc
+    try:
+        tok = AutoTokenizer.from_pretrained(name)
+    except Exception as exc:
+        raise InputError(f"cannot load tokenizer {name!r}: {exc}", field="--tokenizer") from exc
+
+    def count(text: str) -> int:
+        return len(tok.encode(text, add_special_tokens=False))
+
+    return count
+
+
+@dataclass(frozen=True)
+class Work:
+    """Estimated tokens of one request.
+
+    Attributes:
+        prompt_tokens: prompt tokens (tokenizer count or estimate).
+        output_tokens: expected output tokens.
+        stream: the client asked for a streamed answer.
+    """
+
+    prompt_tokens: int
+    output_tokens: int
+    stream: bool
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.output_tokens
+
+
+def _text_of(value: Any) -> tuple[str, int]:
+    """(text, exact token count) of a prompt value: text, list of texts, token ids, lists
+    of token ids, or chat content parts."""
+    if isinstance(value, str):
+        return value, 0
+    if isinstance(value, list):
+        if value and all(isinstance(v, int) for v in value):
+            return "", len(value)
+        texts, ids = zip(*(_text_of(v) for v in value), strict=True) if value else ((), ())
+        return "".join(texts), sum(ids)
+    if isinstance(value, dict):
+        return _text_of(value.get("text", value.get("content", "")))
+    return "", 0
+
+
+def estimate_work(
+    path: str, body: Mapping[str, Any], count: TokenCounter, default_output_tokens: int
+) -> Work:
+    """The work of a request to ``path`` (``/v1/chat/completions``, ``/v1/completions``,
+    ``/generate``) with JSON ``body``."""
+    if path.endswith("/chat/completions"):
+        text, ids = _text_of(body.get("messages", []))
+        out = body.get("max_completion_tokens", body.get("max_tokens"))
+    elif path == "/generate":
+        text, ids = _text_of(body.get("text", body.get("input_ids", "")))
+        sp = body.get("sampling_params")
+        out = sp.get("max_new_tokens") if isinstance(sp, dict) else None
+    else:
+        text, ids = _text_of(body.get("prompt", ""))
+        out = body.get("max_tokens")
+    output = out if isinstance(out, int) and out >= 0 else default_output_tokens
+    prompt = ids + (count(text) if text else 0)
+    return Work(prompt, output, bool(body.get("stream", False)))
+
+
+def pick_tier(
+    headers: Mapping[str, str],
+    *,
+    tiers: Container[str],
+    api_key_tiers: Mapping[str, str],
+    priority_tiers: Mapping[str, str],
+    default_tier: str,
+) -> str:
+    """The tier of a request: the ``X-Mixfleet-Tier`` header, else the tier of its API key
+    (``Authorization: Bearer KEY``), else of its ``X-Priority-Class``, else the default.
+
+    Raises:
+        InputError: the header names a tier the router does not serve.
+    """
+    tier = headers.get(TIER_HEADER)
+    if tier is not None:
+        if tier not in tiers:
+            raise InputError(
+                f"names tier {tier!r}, which this router does not serve. To fix: use one "
+                "of the tiers of the router's --instance flags",
+                field=TIER_HEADER,
+            )
+        return tier
+    auth = headers.get("Authorization", "")
+    if auth.startswith("Bearer ") and auth[7:] in api_key_tiers:
+        return api_key_tiers[auth[7:]]
+    cls = headers.get(PRIORITY_HEADER)
+    if cls is not None and cls in priority_tiers:
+        return priority_tiers[cls]
+    return default_tier
+
+
+def pin_rank(
+    engine: str, body: MutableMapping[str, Any], headers: MutableMapping[str, str], rank: int
+) -> None:
+    """Write the DP rank into the request where ``engine`` reads it (module docstring)."""
+    if engine == "sglang":
+        body.pop("data_parallel_rank", None)  # deprecated alias; it would be overridden
+        body["routed_dp_rank"] = rank
+    elif engine == "trtllm":
+        # trtllm-serve refuses unknown body fields and has no rank field (module docstring:
+        # tensorrt_llm/serve/openai_protocol.py, main at 0076e939); the engine balances.
+        return
+    else:  # vllm, native
+        headers[RANK_HEADER] = str(rank)
+
+
+#: The body fields that name SGLang's rank (the current name and its deprecated alias).
+_SGLANG_RANK_FIELDS = ("routed_dp_rank", "data_parallel_rank")
+
+
+def pinned_body(
+    engine: str,
+    raw: bytes,
+    body: MutableMapping[str, Any],
+    headers: MutableMapping[str, str],
+    rank: int,
+) -> bytes:
+    """The bytes to forward for a request whose JSON body ``raw`` parsed to ``body``, with
+    the rank written where ``engine`` reads it (as :func:`pin_rank`).
+
+    Engines that read the rank from a header (vLLM, native) and trtllm get ``raw``
+    unchanged (no re-serialisation). For SGLang the field is appended inside the closing
+    brace of ``raw`` when that is exact: ``raw`` is UTF-8 without a byte-order mark (what
+    ``json.detect_encoding`` reports) and names neither rank field, so the object parsed
+    is ``body`` plus the one field. Otherwise (a client-sent rank to override, another
+    encoding) the body is serialised again from ``body``.
+    """
+    if engine != "sglang":
+        pin_rank(engine, body, headers, rank)
+        return raw
+    if json.detect_encoding(raw) == "utf-8" and not any(f in body for f in _SGLANG_RANK_FIELDS):
+        head = raw.rstrip()[:-1]  # a JSON object's last non-blank byte is its "}"
+        sep = b"," if body else b""
+        return b'%s%s"routed_dp_rank":%d}' % (head, sep, rank)
+    pin_rank(engine, body, headers, rank)
+    return json.dumps(body).encode()

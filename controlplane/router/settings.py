@@ -1,0 +1,296 @@
+"""Settings of ``mixfleet-router`` and the parsing of its flags (one ``error:`` line
+naming the flag on bad input).
+
+An engine instance is one HTTP entrypoint of one engine server (its DP attention ranks
+behind it), given as ``--instance url=URL[,name=N][,deployment=D][,tier=T][,engine=E]
+[,ranks=R][,share=S]``:
+
+* ``deployment``: take the instance's ranks and weights from that deployment's committed
+  routing (``EngineService.WatchRouting``); without it the instance has ``ranks`` equal ranks
+  (an interactive replica: one NVLink domain of identical GPUs needs no unequal shares), or
+  the fixed per-rank ``weights`` (``weights=1.2:0.8:...``, one per DP rank).
+* ``tier``: the tier it serves (default ``--default-tier``); instances of one tier form its
+  replica group.
+* ``engine``: ``sglang`` | ``vllm`` | ``trtllm`` | ``native``: which rank field to set;
+  default the engine the routing names, else ``sglang``.
+* ``share``: the instance's share of its tier (default: its number of DP ranks).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from policies.errors import InputError
+
+ENGINES = ("sglang", "vllm", "trtllm", "native")
+_KEYS = ("url", "name", "deployment", "tier", "engine", "ranks", "share", "weights")
+
+
+@dataclass(frozen=True)
+class InstanceSpec:
+    """One engine instance behind the router.
+
+    Attributes:
+        name: unique name (labels in metrics and logs).
+        url: base URL, ``http://HOST:PORT`` (or https).
+        tier: the tier it serves.
+        deployment: deployment whose committed routing sets its ranks; "" = static ranks.
+        engine: rank field to set ("" = the routing's engine, else ``sglang``).
+        ranks: static DP ranks (no deployment), >= 1.
+        share: its share of its tier's traffic (any positive scale); None = its rank count.
+        weights: fixed per-rank weights of a static instance (empty = ``ranks`` equal).
+    """
+
+    name: str
+    url: str
+    tier: str
+    deployment: str = ""
+    engine: str = ""
+    ranks: int = 1
+    share: float | None = None
+    weights: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class TlsClient:
+    """Mutual TLS to the controller: paths of PEM files.
+
+    Attributes:
+        ca: the controller's CA. cert, key: the router's client certificate and key ("" =
+            server authentication only).
+    """
+
+    ca: str
+    cert: str = ""
+    key: str = ""
+
+
+@dataclass(frozen=True)
+class RouterSettings:
+    """Everything ``mixfleet-router`` runs with.
+
+    Attributes:
+        instances: engine instances.
+        listen_host, listen_port: where the router listens (port 0 = any free port).
+        controller: controller ``HOST:PORT``; "" = no controller (static ranks only).
+        token: bearer token for the controller ("" = none).
+        tls: mutual TLS to the controller; None = plaintext.
+        default_tier: tier of a request that names none.
+        api_key_tiers: API key -> tier.
+        priority_tiers: ``X-Priority-Class`` value -> tier.
+        queue_limit: most requests open per DP rank; above it on every rank: 429.
+        retry_after_s: the ``Retry-After`` of a 429, seconds.
+        max_attempts: tries of a request (on different instances) while nothing was
+            streamed back.
+        default_output_tokens: expected output of a request that sets no limit, tokens.
+        tokenizer: Hugging Face tokenizer name or path ("" = characters / 4 estimate).
+        health_interval_s: period of the health checks, seconds.
+        health_timeout_s: timeout of one check, seconds.
+        eject_after: consecutive failed checks that eject an instance.
+        readmit_after: consecutive passed checks that re-admit it.
+        connect_timeout_s: connect timeout to an engine, seconds.
+        read_timeout_s: longest silence from an engine inside a response, seconds.
+        backoff_initial_s, backoff_max_s: reconnect backoff to the controller, seconds.
+        max_body_bytes: largest request body accepted, bytes.
+    """
+
+    instances: tuple[InstanceSpec, ...]
+    listen_host: str = "0.0.0.0"
+    listen_port: int = 8000
+    controller: str = ""
+    token: str = ""
+    tls: TlsClient | None = None
+    default_tier: str = "default"
+    api_key_tiers: Mapping[str, str] = field(default_factory=dict)
+    priority_tiers: Mapping[str, str] = field(default_factory=dict)
+    queue_limit: int = 256
+    retry_after_s: int = 1
+    max_attempts: int = 2
+    default_output_tokens: int = 256
+    tokenizer: str = ""
+    health_interval_s: float = 1.0
+    health_timeout_s: float = 1.0
+    eject_after: int = 2
+    readmit_after: int = 2
+    connect_timeout_s: float = 2.0
+    read_timeout_s: float = 300.0
+    backoff_initial_s: float = 0.2
+    backoff_max_s: float = 5.0
+    max_body_bytes: int = 32 << 20
+
+    @property
+    def tiers(self) -> frozenset[str]:
+        return frozenset(i.tier for i in self.instances)
+
+    @property
+    def deployments(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(i.deployment for i in self.instances if i.deployment))
+
+
+def parse_instance(text: str, default_tier: str) -> InstanceSpec:
+    """One ``--instance`` value (module docstring).
+
+    Raises:
+        InputError: naming ``--instance`` and the bad key.
+    """
+    fields: dict[str, str] = {}
+    for part in text.split(","):
+        key, sep, value = part.partition("=")
+        key = key.strip()
+        if not sep or key not in _KEYS:
+            raise InputError(
+                f"{part!r} is not KEY=VALUE with KEY one of {', '.join(_KEYS)}. To fix: e.g. "
+                "--instance url=http://10.0.0.1:30000,deployment=ds3,tier=batch",
+                field="--instance",
+            )
+        fields[key] = value.strip()
+    url = fields.get("url", "")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InputError(
+            f"url {url!r} is not http(s)://HOST:PORT. To fix: give url=http://HOST:PORT",
+            field="--instance",
+        )
+    engine = fields.get("engine", "")
+    if engine and engine not in ENGINES:
+        raise InputError(
+            f"engine {engine!r} is unknown; use one of {', '.join(ENGINES)}", field="--instance"
+        )
+    ranks = _positive_int(fields.get("ranks", "1"), "ranks")
+    share = fields.get("share")
+    share_v = None
+    if share is not None:
+        try:
+            share_v = float(share)
+        except ValueError:
+            share_v = -1.0
+        if not (share_v > 0 and math.isfinite(share_v)):
+            raise InputError(f"share {share!r} must be a number > 0", field="--instance")
+    weights = _weights(fields.get("weights", ""))
+    if weights and fields.get("deployment"):
+        raise InputError(
+            "weights= and deployment= exclude each other (the deployment's plan sets the weights)",
+            field="--instance",
+        )
+    return InstanceSpec(
+        name=fields.get("name") or f"{parts.hostname}:{parts.port or 80}",
+        url=url.rstrip("/"),
+        tier=fields.get("tier") or default_tier,
+        deployment=fields.get("deployment", ""),
+        engine=engine,
+        ranks=len(weights) or ranks,
+        share=share_v,
+        weights=weights,
+    )
+
+
+def _weights(text: str) -> tuple[float, ...]:
+    if not text:
+        return ()
+    try:
+        values = tuple(float(v) for v in text.split(":"))
+    except ValueError:
+        values = (-1.0,)
+    if not all(v >= 0 and math.isfinite(v) for v in values) or not any(values):
+        raise InputError(
+            f"weights {text!r} must be numbers >= 0 separated by ':' (not all 0)",
+            field="--instance",
+        )
+    return values
+
+
+def _positive_int(value: str, key: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise InputError(f"{key} {value!r} must be an integer >= 1", field="--instance")
+    return n
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` of ``--listen``.
+
+    Raises:
+        InputError: not HOST:PORT with a port in 0..65535.
+    """
+    host, sep, port = text.rpartition(":")
+    try:
+        p = int(port)
+    except ValueError:
+        p = -1
+    if not sep or not host or not 0 <= p <= 65535:
+        raise InputError(
+            f"{text!r} is not HOST:PORT. To fix: e.g. --listen 0.0.0.0:8000", field="--listen"
+        )
+    return host.strip("[]"), p
+
+
+def read_key_tiers(path: str) -> dict[str, str]:
+    """The ``--api-key-tiers`` file: a JSON object ``{api_key: tier}``.
+
+    Raises:
+        InputError: unreadable, not JSON, or not an object of strings.
+    """
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"cannot read {path!r}: {exc}", field="--api-key-tiers") from exc
+    if not isinstance(doc, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in doc.items()
+    ):
+        raise InputError(
+            f"{path!r} must hold a JSON object of API key -> tier name strings",
+            field="--api-key-tiers",
+        )
+    return doc
+
+
+def check(settings: RouterSettings) -> RouterSettings:
+    """Cross-field checks.
+
+    Raises:
+        InputError: no instance, duplicate names, a tier of a key map that no instance
+            serves, a deployment without a controller, non-positive limits.
+    """
+    if not settings.instances:
+        raise InputError(
+            "no engine instance. To fix: give --instance url=http://HOST:PORT (repeatable)",
+            field="--instance",
+        )
+    names = [i.name for i in settings.instances]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise InputError(
+            f"instance name(s) {', '.join(dup)} used twice. To fix: give each a name=",
+            field="--instance",
+        )
+    if settings.deployments and not settings.controller:
+        raise InputError(
+            "an instance names a deployment but no controller is set. To fix: give "
+            "--controller HOST:PORT (or env MIXFLEET_CONTROLLER)",
+            field="--controller",
+        )
+    if settings.default_tier not in settings.tiers:
+        raise InputError(
+            f"tier {settings.default_tier!r} has no instance. To fix: give an instance "
+            "tier=... of it, or set --default-tier to one of " + ", ".join(sorted(settings.tiers)),
+            field="--default-tier",
+        )
+    for flag, mapping in (
+        ("--api-key-tiers", settings.api_key_tiers),
+        ("--priority-tier", settings.priority_tiers),
+    ):
+        bad = sorted(set(mapping.values()) - settings.tiers)
+        if bad:
+            raise InputError(f"tier(s) {', '.join(bad)} have no instance", field=flag)
+    for name in ("queue_limit", "max_attempts", "eject_after", "readmit_after"):
+        if getattr(settings, name) < 1:
+            raise InputError("must be >= 1", field="--" + name.replace("_", "-"))
+    return settings

@@ -1,0 +1,240 @@
+"""The fleet scheduler in the standalone controller: which nodes each deployment may plan on.
+
+:class:`FleetScheduler` is the one writer of the assignment on a store whose plans the
+controller decides (``Store.plan_author == "controller"``; in Kubernetes mode the operator
+runs the same :func:`policies.scheduling.schedule`). Each tick it fingerprints what the
+assignment depends on (every live deployment's spec generation and the usable nodes each
+may use); when that changed it solves a new assignment in a thread (the estimates are
+cached between solves, so only new deployments or node make-ups are solved), records it in
+each deployment's status (``assigned_nodes``, ``assigned_gpus``, ``scheduling``: the reason
+and the decisions), logs every decision, and marks every deployment changed.
+
+What the decision sees (:meth:`FleetScheduler.view`): each deployment's assigned nodes less
+the nodes another *placed* deployment still holds in its committed plan or rollout - the
+graceful drain: a node moves only after its old holder committed a plan without it. A
+deployment the new assignment leaves Pending has its committed plan withdrawn (its parts
+removed from the agents) so its nodes free at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Mapping, Sequence
+
+from controlplane.server import reconcile as rc
+from controlplane.server.controller.common import AssignmentEvent, Context
+from controlplane.server.controller.nodes import NodeRegistry
+from controlplane.server.controller.rollout import Rollouts
+from controlplane.server.controller.watchers import Watchers
+from controlplane.store import PlanWithdrawal, StoredDeployment
+from policies.errors import InputError
+from policies.fleet import Fleet
+from policies.scheduling import schedule
+from policies.scheduling.explain import why_placed
+from policies.scheduling.table import EstimateCache
+from policies.scheduling.types import Schedule, ScheduleRequest
+from policies.spec import DeploymentSpec
+
+#: Status message of a deployment the scheduler has not assigned yet.
+WAITING = "waiting for the fleet scheduler"
+
+
+class FleetScheduler:
+    """Fleet-level assignment of nodes to deployments (see the module docstring)."""
+
+    def __init__(
+        self, ctx: Context, nodes: NodeRegistry, rollouts: Rollouts, watchers: Watchers
+    ) -> None:
+        self.ctx = ctx
+        self.nodes = nodes
+        self.rollouts = rollouts
+        self.watchers = watchers
+        self.cache = EstimateCache()
+        self.assigned: dict[str, tuple[str, ...]] = {}
+        self.reasons: dict[str, str] = {}
+        self.request: ScheduleRequest | None = None
+        self.schedule: Schedule | None = None
+        self._key = ""
+        self._task: asyncio.Task[None] | None = None
+        self._recovered = False
+
+    def view(
+        self,
+        nodes: Sequence[rc.NodeObs],
+        now_s: float,
+        settings: rc.ReconcileSettings,
+        deps: Sequence[StoredDeployment],
+    ) -> tuple[dict[str, tuple[str, ...]], dict[str, str]]:
+        """``(assigned, unscheduled)`` for :class:`~controlplane.server.reconcile.Observed`
+        of the live deployments ``deps`` (as last read); starts a new solve when its inputs
+        changed."""
+        if not self._recovered:
+            self._recover(deps)
+        eligible = {d.name: rc.usable_gpus(d.spec, nodes, now_s, settings)[0] for d in deps}
+        key = _fingerprint(deps, eligible)
+        if key != self._key and self._task is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # ticked outside a loop (tests): solve here
+                self._solve_now(key, deps, eligible)
+            else:
+                self._task = loop.create_task(self._solve(key, deps, eligible), name="schedule")
+        assigned: dict[str, tuple[str, ...]] = {}
+        unscheduled = {d.name: self.reasons.get(d.name, WAITING) for d in deps}
+        for name, mine in self.assigned.items():
+            assigned[name], why = self._drained(name, mine)
+            if why:
+                unscheduled[name] = why
+            else:
+                unscheduled.pop(name, None)
+        return assigned, unscheduled
+
+    def _drained(self, name: str, mine: Sequence[str]) -> tuple[tuple[str, ...], str]:
+        """The deployment's nodes it may plan on now: while another placed deployment still
+        holds one of them, only the nodes it already holds (it grows once they are free)."""
+        blocked: dict[str, list[str]] = {}
+        for n in mine:
+            for o in self.rollouts.serving(n):
+                if o != name and o in self.assigned and n not in self.assigned[o]:
+                    blocked.setdefault(n, []).append(o)
+        if not blocked:
+            return tuple(mine), ""
+        c = self.rollouts.committed_cached(name)
+        have = set(c.nodes()) if c is not None else set()
+        keep = tuple(n for n in mine if n in have and n not in blocked)
+        who = "; ".join(f"{n} by {', '.join(o)}" for n, o in sorted(blocked.items())[:5])
+        return keep, f"waiting for nodes to drain ({who})"
+
+    def _recover(self, deps: Sequence[StoredDeployment]) -> None:
+        """The previous assignment from the stored statuses (after a restart)."""
+        self._recovered = True
+        for d in deps:
+            nodes = d.status.get("assigned_nodes")
+            if isinstance(nodes, list) and nodes:
+                self.assigned[d.name] = tuple(str(n) for n in nodes)
+
+    async def _solve(
+        self, key: str, deps: Sequence[StoredDeployment], eligible: Mapping[str, tuple[str, ...]]
+    ) -> None:
+        try:
+            fleet, specs, previous = self._inputs(deps, eligible)
+            req, sched = await asyncio.to_thread(
+                schedule,
+                fleet,
+                specs,
+                previous=previous,
+                cache=self.cache,
+                quotas_gpus=self.ctx.settings.namespace_quotas_gpus,
+            )
+            self._adopt(key, deps, req, sched)
+        except InputError as exc:
+            self.ctx.log.warning("fleet schedule failed", error=str(exc))
+            self._key = key
+        except Exception:  # the scheduler's boundary: keep the old assignment, retry later
+            self.ctx.log.exception("fleet schedule failed")
+        finally:
+            self._task = None
+            self.ctx.wake()
+
+    def _solve_now(
+        self, key: str, deps: Sequence[StoredDeployment], eligible: Mapping[str, tuple[str, ...]]
+    ) -> None:
+        """:meth:`_solve` without an event loop (a tick called directly)."""
+        try:
+            fleet, specs, previous = self._inputs(deps, eligible)
+            req, sched = schedule(
+                fleet,
+                specs,
+                previous=previous,
+                cache=self.cache,
+                quotas_gpus=self.ctx.settings.namespace_quotas_gpus,
+            )
+            self._adopt(key, deps, req, sched)
+        except InputError as exc:
+            self.ctx.log.warning("fleet schedule failed", error=str(exc))
+            self._key = key
+
+    def _inputs(
+        self, deps: Sequence[StoredDeployment], eligible: Mapping[str, tuple[str, ...]]
+    ) -> tuple[Fleet, list[tuple[DeploymentSpec, tuple[str, ...]]], dict[str, frozenset[str]]]:
+        """The fleet of every usable node, each spec with its nodes, the previous assignment."""
+        names = sorted({n for ns in eligible.values() for n in ns})
+        fleet = self.nodes.fleet_for("fleet", names)
+        previous = {k: frozenset(v) for k, v in self.assigned.items()}
+        return fleet, [(d.spec, eligible[d.name]) for d in deps], previous
+
+    def _adopt(
+        self, key: str, deps: Sequence[StoredDeployment], req: ScheduleRequest, s: Schedule
+    ) -> None:
+        """Make ``s`` the assignment: record it, withdraw preempted plans, re-decide all."""
+        self._key, self.request, self.schedule = key, req, s
+        self.assigned = {k: p.nodes for k, p in s.placements.items()}
+        self.reasons = {k: p.message for k, p in s.pending.items()}
+        log = self.ctx.log
+        for dec in s.decisions:
+            log.info(
+                "fleet schedule decision",
+                deployment=dec.deployment,
+                kind=dec.kind,
+                added=list(dec.nodes_added),
+                removed=list(dec.nodes_removed),
+                reason=dec.reason,
+            )
+        reasons = {dec.deployment: dec.reason for dec in s.decisions}
+        now = self.ctx.clock()
+        for d in deps:
+            self._record(d, s, reasons.get(d.name, ""))
+            if d.name in s.pending and d.committed_version is not None:
+                self._withdraw(d, s.pending[d.name].message, now)
+            self.ctx.changed(d.name)
+
+    def _record(self, d: StoredDeployment, s: Schedule, decision: str) -> None:
+        """The deployment's assignment in its status (the store keeps it)."""
+        current = self.ctx.store.get_deployment(d.name)
+        if current is None:
+            return
+        status = dict(current.status)
+        p = s.placements.get(d.name)
+        pend = s.pending.get(d.name)
+        status["assigned_nodes"] = list(p.nodes) if p else []
+        status["assigned_gpus"] = p.gpus if p else 0
+        why = pend.message if pend else ""
+        if p is not None and self.request is not None:
+            demand = next(x for x in self.request.demands if x.name == d.name)
+            why = why_placed(self.request, s, demand, p)
+        status["scheduling"] = {
+            "placed": p is not None,
+            "reason": why,
+            "resource": pend.resource if pend else "",
+            "missing": pend.missing if pend else 0,
+            "missing_unit": pend.unit if pend else "",
+            "predicted_tokens_per_s": p.tokens_per_s if p else 0.0,
+            "decision": decision,
+            "solver": s.solver,
+        }
+        self.ctx.store.set_deployment_status(d.name, status)
+
+    def _withdraw(self, d: StoredDeployment, reason: str, now_s: float) -> None:
+        """Take the preempted deployment's committed plan off its nodes."""
+        store = self.ctx.store
+        c = self.rollouts.committed_state(d.name, d)
+        if not isinstance(store, PlanWithdrawal):
+            return
+        if not store.withdraw_plan(d.name, reason=f"preempted: {reason}"[:1024], now_s=now_s):
+            return
+        r, _ = self.rollouts.delete(d.name)
+        self.rollouts.deleted(d.name, r, c)
+        if c is not None:
+            for node in c.parts:
+                self.watchers.send(node, AssignmentEvent(d.name, c.plan.id, c.version, "remove"))
+        self.ctx.log.warning("plan withdrawn: deployment preempted", deployment=d.name)
+
+
+def _fingerprint(deps: Sequence[StoredDeployment], eligible: Mapping[str, tuple[str, ...]]) -> str:
+    """What the assignment depends on: each deployment's generation and usable nodes."""
+    text = "\n".join(
+        f"{d.name}:{d.generation}:{','.join(eligible[d.name])}"
+        for d in sorted(deps, key=lambda d: d.name)
+    )
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

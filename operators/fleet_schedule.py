@@ -1,0 +1,177 @@
+"""The fleet scheduler in the operator: which GPUNodes each ModelDeployment may plan on.
+
+In Kubernetes mode the operator decides the plans, so it is the one writer of the assignment
+(the controller's own scheduler is off there: ``ReconcileSettings.solves`` False). It runs
+the same :func:`policies.scheduling.schedule` the standalone controller runs, over every
+ModelDeployment it serves: each one's spec resolved against its PlacementPolicy
+(:func:`operators.inputs.effective_spec`) and its eligible GPUNodes
+(:func:`operators.inputs.eligible_fleet`). The answer is cached by a fingerprint of every
+deployment's generation and eligible nodes, so the workers' reconciles share one solve; a
+new answer re-queues every deployment. A deployment without nodes gets the Pending reason,
+which :mod:`operators.decide` reports as ``Solved=False``, reason ``Unschedulable`` (and its
+PartitionPlans are withdrawn, so its GPUNodes free at once).
+
+Quotas: a ModelDeployment's quota namespace is its own ``metadata.namespace``; the GPUs a
+namespace's deployments may hold together come from ``OperatorSettings.namespace_quotas_gpus``
+(``mixfleet-operator --namespace-quota NS=GPUS``).
+
+Graceful drain (:func:`drained`): a GPUNode moves to its new deployment only once every
+placed deployment it is taken from no longer has it in its current plan
+(``status.nodes``); until then the new holder plans on the assigned nodes it already has.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from apis.kube.errors import PermanentError
+from apis.kube.schema import from_wire
+from apis.kube.v1alpha1 import ModelDeploymentSpec, PlacementPolicySpec
+from operators.inputs import effective_spec, eligible_fleet
+from operators.observe import NodeView
+from policies.errors import InputError
+from policies.fleet import Fleet, Node
+from policies.scheduling.table import EstimateCache
+from policies.spec import DeploymentSpec, check_spec
+
+Key = tuple[str, str]
+Json = dict[str, Any]
+#: key, generation, resolved spec, eligible nodes, nodes of its current plan
+Entry = tuple[Key, int, DeploymentSpec, tuple[Node, ...], tuple[str, ...]]
+
+
+class FleetAssignments:
+    """One assignment of GPUNodes to the operator's ModelDeployments (thread-safe)."""
+
+    def __init__(self, quotas_gpus: Mapping[str, int] | None = None) -> None:
+        self.quotas_gpus = dict(quotas_gpus or {})
+        self.cache = EstimateCache()
+        self.assigned: dict[Key, tuple[str, ...]] = {}
+        self.reasons: dict[Key, str] = {}
+        self.unplaceable: set[Key] = set()
+        self._key = ""
+        self._held: dict[Key, tuple[str, ...]] = {}
+        self._lock = threading.Lock()
+
+    def of(
+        self,
+        key: Key,
+        deployments: Sequence[Json],
+        nodes: Sequence[NodeView],
+        policy_of: Callable[[str], PlacementPolicySpec],
+        now: datetime,
+        stale_after_s: float,
+    ) -> tuple[tuple[str, ...] | None, str, bool]:
+        """``(assigned nodes, Pending reason, changed)`` of ``key``; ``changed``: a new
+        assignment was solved or a current plan's nodes changed (re-queue every
+        deployment). None when ``key`` is not a deployment the scheduler could read (its
+        own reconcile reports why)."""
+        entries = _entries(deployments, nodes, policy_of, now, stale_after_s)
+        text = "\n".join(
+            f"{k}:{gen}:{','.join(n.name for n in ns)}" for k, gen, _, ns, _ in entries
+        )
+        fingerprint = hashlib.sha256(text.encode()).hexdigest()[:16]
+        changed = False
+        with self._lock:
+            if fingerprint != self._key:
+                self._solve(entries)
+                self._key, changed = fingerprint, True
+            held = {e[0]: e[4] for e in entries}
+            if held != self._held:  # a drain may have ended: re-queue the waiting ones
+                self._held, changed = held, True
+            if key not in {e[0] for e in entries} or key in self.unplaceable:
+                return None, "", changed
+            if key in self.reasons:
+                return (), self.reasons[key], changed
+            mine, why = drained(key, self.assigned, held)
+            return mine, why, changed
+
+    def _solve(self, entries: list[Entry]) -> None:
+        from policies.scheduling import schedule
+
+        by_name: dict[str, Node] = {}
+        for _, _, _, ns, _ in entries:
+            for n in ns:
+                by_name.setdefault(n.name, n)
+        fleet = Fleet("gpunodes", tuple(by_name[n] for n in sorted(by_name)))
+        # Deployment names repeat across namespaces: the scheduler (and its reasons) sees
+        # NAMESPACE/NAME.
+        internal = {e[0]: f"{e[0][0]}/{e[0][1]}" for e in entries}
+        back = {v: k for k, v in internal.items()}
+        previous = {internal[k]: frozenset(v) for k, v in self.assigned.items() if k in internal}
+        specs = [
+            (_renamed(spec, internal[k], k[0]), tuple(n.name for n in ns))
+            for k, _, spec, ns, _ in entries
+        ]
+        _, s = schedule(
+            fleet, specs, previous=previous, cache=self.cache, quotas_gpus=self.quotas_gpus
+        )
+        self.assigned = {back[d]: p.nodes for d, p in s.placements.items()}
+        self.reasons = {back[d]: p.message for d, p in s.pending.items()}
+        # Fits nowhere or has no eligible node: its own solve reports Infeasible or
+        # NoEligibleNodes, as without the scheduler.
+        self.unplaceable = {
+            back[d] for d, p in s.pending.items() if p.resource in ("memory", "nodes")
+        }
+
+
+def drained(
+    key: Key, assigned: Mapping[Key, tuple[str, ...]], held: Mapping[Key, tuple[str, ...]]
+) -> tuple[tuple[str, ...], str]:
+    """The GPUNodes of ``assigned[key]`` it may plan on now, and why fewer (or ""): while a
+    placed deployment whose new assignment leaves a node out still has it in its current
+    plan (``held``: key -> ``status.nodes``), ``key`` keeps only the assigned nodes it
+    already holds; it grows once they are free."""
+    mine = assigned.get(key, ())
+    blocked: dict[str, list[str]] = {}
+    for n in mine:
+        for other, nodes in held.items():
+            if other != key and other in assigned and n in nodes and n not in assigned[other]:
+                blocked.setdefault(n, []).append(f"{other[0]}/{other[1]}")
+    if not blocked:
+        return mine, ""
+    have = set(held.get(key, ()))
+    keep = tuple(n for n in mine if n in have and n not in blocked)
+    who = "; ".join(f"{n} by {', '.join(o)}" for n, o in sorted(blocked.items())[:5])
+    return keep, f"waiting for GPUNodes to drain ({who})"
+
+
+def _renamed(spec: DeploymentSpec, name: str, namespace: str) -> DeploymentSpec:
+    """The spec under its scheduler name, its quota namespace its Kubernetes namespace."""
+    from dataclasses import replace
+
+    return replace(spec, name=name, namespace=namespace or "default")
+
+
+def _entries(
+    deployments: Sequence[Json],
+    nodes: Sequence[NodeView],
+    policy_of: Callable[[str], PlacementPolicySpec],
+    now: datetime,
+    stale_after_s: float,
+) -> list[Entry]:
+    """Every readable, live deployment: key, generation, resolved spec, eligible nodes, the
+    nodes of its current plan (sorted by key). A spec that does not parse or validate is
+    left out."""
+    out = []
+    for obj in deployments:
+        meta = obj.get("metadata") or {}
+        if meta.get("deletionTimestamp"):
+            continue
+        key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+        try:
+            spec = from_wire(ModelDeploymentSpec, obj.get("spec") or {}, "spec", strict=True)
+            ref = spec.policy_ref.name if spec.policy_ref else ""
+            policy = policy_of(ref)
+            resolved = effective_spec(key[1], spec, policy)
+            check_spec(resolved)
+        except (InputError, PermanentError):  # reported by the deployment's own reconcile
+            continue
+        view = eligible_fleet(nodes, spec.node_selector, policy, now, stale_after_s)
+        held = tuple(str(n) for n in (obj.get("status") or {}).get("nodes") or ())
+        out.append((key, int(meta.get("generation") or 0), resolved, view.fleet.nodes, held))
+    return sorted(out, key=lambda e: e[0])

@@ -1,0 +1,148 @@
+"""``mixfleetctl schedule show|explain``, ``deploy get`` and ``nodes show`` against a real
+in-process controller (SQLite, gRPC, fake agents): the fleet scheduler's assignment as the
+gRPC Deployment status carries it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import yaml
+from agent_fakes import FakeAgent, small_inventories, wait_until
+from cli_builders import RunCli, cli_runner
+from test_schedule_e2e import SPECS
+
+from controlplane.server.inprocess import RunningController, start_controller
+
+#: A fourth deployment, lowest priority: three 2-GPU nodes, three placed, it stays Pending.
+EXTRA = replace(SPECS["low"], name="extra", priority=0)
+
+
+@pytest.fixture
+def run_cli(capsys: pytest.CaptureFixture[str]) -> RunCli:
+    return cli_runner(capsys)
+
+
+@pytest.fixture
+def controller(tmp_path: Path) -> Iterator[RunningController]:
+    """A controller with three fake agents and four deployments, on a thread's loop."""
+    ready = threading.Event()
+    stop: list[asyncio.Event] = []
+    box: list[RunningController] = []
+
+    async def serve() -> None:
+        async with start_controller(tmp_path) as ctl:
+            agents = [FakeAgent(ctl.address, inv) for inv in small_inventories(3)]
+            for a in agents:
+                await a.start()
+            for spec in (*SPECS.values(), EXTRA):
+                ctl.controller.apply_deployment(spec)
+            store = ctl.controller.store
+
+            def settled() -> bool:
+                deps = [store.get_deployment(n) for n in (*SPECS, "extra")]
+                return all(
+                    d is not None and "scheduling" in d.status and d.status.get("phase") == want
+                    for d, want in zip(deps, ("ready", "ready", "ready", "pending"), strict=True)
+                )
+
+            await wait_until(settled, timeout_s=30, what="three ready, extra pending")
+            box.append(ctl)
+            stop.append(asyncio.Event())
+            ready.set()
+            await stop[0].wait()
+            for a in agents:
+                await a.stop()
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_until_complete, args=(serve(),), daemon=True)
+    thread.start()
+    assert ready.wait(60)
+    yield box[0]
+    loop.call_soon_threadsafe(stop[0].set)
+    thread.join(30)
+
+
+def test_show_reads_the_controllers_assignment(
+    controller: RunningController, run_cli: RunCli
+) -> None:
+    addr = ["--controller", controller.address]
+    code, out, err = run_cli("schedule", "show", *addr, "-o", "json")
+    assert code == 0, err
+    doc = json.loads(out)
+    placed = {p["deployment"]: p for p in doc["placements"]}
+    assert list(placed) == ["high", "mid", "low"]  # by priority
+    nodes = [n for p in placed.values() for n in p["nodes"]]
+    assert sorted(nodes) == ["n0", "n1", "n2"]  # disjoint, all used
+    assert all(p["gpus"] == 2 and p["tokensPerS"] > 0 for p in placed.values())
+    store = controller.controller.store
+    for name, p in placed.items():  # the same as the store's record
+        d = store.get_deployment(name)
+        assert d is not None and p["nodes"] == d.status["assigned_nodes"]
+    assert doc["freeNodes"] == [] and doc["freeGpus"] == 0
+    (pend,) = doc["pending"]
+    assert pend["deployment"] == "extra" and pend["resource"] == "gpus"
+    assert pend["missing"] == 2 and pend["unit"] == "GPUs"
+    assert "held by" in pend["reason"]
+
+    code, out, _ = run_cli("schedule", "show", *addr, "-o", "yaml")
+    assert code == 0 and yaml.safe_load(out) == doc
+    code, out, _ = run_cli("schedule", "show", *addr)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split() == [
+        "deployment",
+        "priority",
+        "objective",
+        "nodes",
+        "GPUs",
+        "tokens/s",
+        "state",
+    ]
+    assert any(line.startswith("extra") and "Pending" in line for line in lines)
+    assert "free: 0 nodes, 0 GPUs (none)" in out
+    assert f"pending extra (0): {pend['reason']}" in out
+
+
+def test_explain_deploy_get_and_nodes_show(controller: RunningController, run_cli: RunCli) -> None:
+    addr = ["--controller", controller.address]
+    store = controller.controller.store
+    high = store.get_deployment("high")
+    assert high is not None
+    mine = high.status["assigned_nodes"]
+    code, out, err = run_cli("schedule", "explain", "high", *addr, "-o", "json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["nodes"] == mine and doc["gpus"] == 2 and doc["placed"]
+    assert doc["reason"] == high.status["scheduling"]["reason"]
+    assert doc["resolvedHere"]["sameAsController"]
+    # next best: high forbidden from its own node takes another one
+    nb = doc["resolvedHere"]["nextBest"]
+    assert nb["nodes"] and nb["nodes"] != mine
+    code, out, _ = run_cli("schedule", "explain", "high", *addr)
+    assert code == 0 and out.startswith(f"high: {mine[0]} (2 GPUs)")
+    assert "next best: high on" in out
+
+    code, _, err = run_cli("schedule", "explain", "nope", *addr)
+    assert code != 0 and "no deployment 'nope'" in err and "extra, high, low, mid" in err
+
+    code, out, _ = run_cli("deploy", "get", *addr)
+    assert code == 0 and "ASSIGNED" in out.splitlines()[0]
+    row = next(line for line in out.splitlines() if line.startswith("high "))
+    assert f"2 GPUs on {mine[0]}" in row
+    code, out, _ = run_cli("deploy", "get", "high", *addr, "-o", "json")
+    st = json.loads(out)["status"]
+    assert st["assignedNodes"] == mine and st["scheduling"]["placed"] is True
+
+    code, out, _ = run_cli("nodes", "show", mine[0], *addr)
+    assert code == 0 and "assigned:  high (fleet scheduler)" in out
+
+
+def test_offline_flags_are_checked(run_cli: RunCli, tmp_path: Path) -> None:
+    code, _, err = run_cli("schedule", "show", "--fleet", str(tmp_path / "f.yaml"))
+    assert code != 0 and "-f DEPLOYMENTS.yaml" in err
