@@ -23,7 +23,7 @@ fi
 "$VENV/bin/python" -m pip freeze > "$VENV/freeze.txt"
 "$VENV/bin/python" .ci/min_versions.py check "$VENV/constraints.txt" "$VENV/freeze.txt"
 "$VENV/bin/python" .ci/min_versions.py imports
-for cmd in mixfleetctl mixfleet-agent mixfleet-operator; do
+for cmd in mixfleetctl mixfleet-agent mixfleet-operator mixfleet-router; do
   "$VENV/bin/$cmd" --help > /dev/null
 done
 "$VENV/bin/python" -m pytest -q -x -p no:cacheprovider \

@@ -13,7 +13,7 @@ PartitionPlans are withdrawn, so its GPUNodes free at once).
 
 Quotas: a ModelDeployment's quota namespace is its own ``metadata.namespace``; the GPUs a
 namespace's deployments may hold together come from ``OperatorSettings.namespace_quotas_gpus``
-(``mixfleet-operator --namespace-quota NS=GPUS``).
+(``mixfleet-operator run --namespace-quota NS=GPUS``).
 
 Graceful drain (:func:`drained`): a GPUNode moves to its new deployment only once every
 placed deployment it is taken from no longer has it in its current plan

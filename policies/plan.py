@@ -18,11 +18,12 @@ import hashlib
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from policies.defaults import FORMS as FORMS  # one default: policies.defaults
 from policies.errors import InputError
+from policies.keys import check_keys
 
 PLAN_SCHEMA_VERSION = 1
 
@@ -338,6 +339,7 @@ def plan_from_dict(d: Any) -> Plan:
             f"{PLAN_SCHEMA_VERSION}. To fix: re-solve with this version",
             field="schema_version",
         )
+    check_keys(d, {*(f.name for f in fields(Plan)), "schema_version"}, "", what="plan field")
     try:
         gpus = [gpu_plan_from_dict(g, f"gpus[{i}]") for i, g in enumerate(_f(d, "gpus", "plan"))]
         return Plan(

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from controlplane.cli.connection import add_connection_args
-from controlplane.cli.output import Groups, add_leaf, emit, print_json, table
+from controlplane.cli.output import Groups, add_leaf, add_output_arg, emit, emit_document, table
 from policies.errors import InputError, MixfleetError
 
 
@@ -138,7 +138,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     import asyncio
 
-    from controlplane.router.proxy import Router
+    from controlplane.router.proxy import Router, tune_gc
     from controlplane.router.requests import chars_estimate, load_tokenizer
     from controlplane.server.logs import configure_logging
 
@@ -162,6 +162,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             await router.start()
         except OSError as exc:
             raise MixfleetError(f"cannot listen on {args.listen}: {exc}") from exc
+        tune_gc()
         try:
             await asyncio.Event().wait()
         finally:
@@ -183,8 +184,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         raise MixfleetError(
             f"cannot read {url}: {exc}. To fix: check --router and that the router runs"
         ) from exc
-    if args.output == "json":
-        print_json(doc)
+    if args.output != "table":
+        names = [f"instance/{i['name']}" for i in doc["instances"]]
+        emit_document(doc, args.output, names)
         return 0
     emit(
         table(
@@ -234,7 +236,7 @@ def register(groups: Groups) -> None:
     st = add_leaf(sub, "status", cmd_status, "instances, ranks, planned vs achieved shares")
     st.add_argument("--router", default="http://127.0.0.1:8000", metavar="URL")
     st.add_argument("--timeout", type=float, default=5.0, metavar="S")
-    st.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    add_output_arg(st)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -68,7 +68,14 @@ def _solve(args: argparse.Namespace) -> tuple[ScheduleRequest, Schedule]:
     settings = TableSettings(
         estimate_policy=args.estimate_policy, max_instances=args.replica_groups
     )
-    return schedule(fleet, pairs, quotas_gpus=_quotas(args.quota), settings=settings)
+    if args.workers < 1:
+        raise InputError(f"--workers {args.workers}: at least 1", field="--workers")
+    if args.workers == 1:
+        return schedule(fleet, pairs, quotas_gpus=_quotas(args.quota), settings=settings)
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(args.workers) as pool:
+        return schedule(fleet, pairs, quotas_gpus=_quotas(args.quota), settings=settings, pool=pool)
 
 
 def schedule_document(req: ScheduleRequest, s: Schedule) -> dict[str, Any]:
@@ -253,6 +260,13 @@ def _common(p: argparse.ArgumentParser) -> None:
         default=1,
         metavar="N",
         help="engine instances a deployment may be split into (default: %(default)s)",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="with --fleet: processes for the estimate solves (default: %(default)s)",
     )
     add_connection_args(p, suppress=True)
     add_output_arg(p)

@@ -83,6 +83,7 @@ def live_document(deps: list[Any], nodes: list[Any]) -> dict[str, Any]:
         "freeNodes": [n.inventory.node for n in free],
         "freeGpus": sum(n.healthy_gpus for n in free),
         "readyNodes": len(ready),
+        "scheduled": any(d.status.HasField("scheduling") for d in deps),
     }
 
 
@@ -114,6 +115,12 @@ def cmd_live_show(args: argparse.Namespace) -> int:
     for p in doc["pending"]:
         emit(f"pending {p['deployment']} ({p['priority']}): {p['reason']}")
     emit(f"total {doc['tokensPerS']:,.0f} tokens/s predicted by the controller's scheduler")
+    if doc["pending"] and not doc["placements"] and not doc["scheduled"]:
+        emit(
+            "note: the controller recorded no fleet schedule: its scheduler is off "
+            "(ControllerSettings.fleet_scheduler), or in Kubernetes mode the operator "
+            "schedules (kubectl get modeldeployments)"
+        )
     return 0
 
 

@@ -21,6 +21,8 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from concurrent.futures import Executor
+
     from policies.fleet import Fleet
     from policies.scheduling.table import EstimateCache, TableSettings
     from policies.scheduling.types import Schedule, ScheduleRequest
@@ -36,6 +38,7 @@ def schedule(
     settings: TableSettings | None = None,
     cache: EstimateCache | None = None,
     move_weight: float = 0.25,
+    pool: Executor | None = None,
 ) -> tuple[ScheduleRequest, Schedule]:
     """Assign ``fleet``'s nodes to deployments.
 
@@ -48,6 +51,8 @@ def schedule(
         settings: how candidates are estimated (:class:`~policies.scheduling.table.TableSettings`).
         cache: estimates kept between calls.
         move_weight: cost of moving one node, in average node values.
+        pool: the caller's executor for the estimate solves not cached (a process pool
+            runs them in parallel; the answer is the same without it).
 
     Returns:
         The request (the cost table, for :func:`policies.scheduling.explain.explain`) and
@@ -67,5 +72,6 @@ def schedule(
         previous=previous,
         quotas_gpus=quotas_gpus,
         move_weight=move_weight,
+        pool=pool,
     )
     return req, solve_schedule(req)

@@ -51,9 +51,8 @@ def _option(p: argparse.ArgumentParser, flag: str) -> argparse.Action | None:
 
 # ------------------------------------------------------------------------ -o, defaults
 
-#: Commands without -o: long-running servers and a script generator; ``router status``
-#: offers table|json only so far.
-NO_OUTPUT = {("controller", "run"), ("router", "run"), ("router", "status"), ("completion",)}
+#: Commands without -o: long-running servers and a script generator.
+NO_OUTPUT = {("controller", "run"), ("router", "run"), ("completion",)}
 
 
 def test_every_command_accepts_o_yaml_and_name() -> None:

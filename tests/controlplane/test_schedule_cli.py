@@ -73,6 +73,7 @@ def test_explain_names_the_nodes_and_the_next_best(run_cli: RunCli, inputs: list
     [
         (["--quota", "team"], "--quota"),
         (["--quota", "team=x"], "NAMESPACE=GPUS"),
+        (["--workers", "0"], "--workers 0: at least 1"),
     ],
 )
 def test_bad_flags_are_one_error_line(
@@ -91,3 +92,13 @@ def test_an_unknown_deployment_or_a_bad_field_is_named(
     bad.write_text(DEPLOYMENTS.replace("priority: 5", "priority: 5, memoryFraction: 2"))
     code, _, err = run_cli("schedule", "show", "--fleet", inputs[1], "-f", str(bad))
     assert code == 2 and "spec.memoryFraction" in err and "Traceback" not in err
+
+
+def test_workers_give_the_same_schedule(run_cli: RunCli, inputs: list[str]) -> None:
+    code, one, _ = run_cli("schedule", "show", *inputs, "-o", "json")
+    code2, two, err = run_cli("schedule", "show", *inputs, "-o", "json", "--workers", "2")
+    assert code == code2 == 0, err
+    a, b = json.loads(one), json.loads(two)
+    a.pop("solveS")
+    b.pop("solveS")
+    assert a == b

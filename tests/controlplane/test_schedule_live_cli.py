@@ -84,7 +84,7 @@ def test_show_reads_the_controllers_assignment(
     for name, p in placed.items():  # the same as the store's record
         d = store.get_deployment(name)
         assert d is not None and p["nodes"] == d.status["assigned_nodes"]
-    assert doc["freeNodes"] == [] and doc["freeGpus"] == 0
+    assert doc["freeNodes"] == [] and doc["freeGpus"] == 0 and doc["scheduled"] is True
     (pend,) = doc["pending"]
     assert pend["deployment"] == "extra" and pend["resource"] == "gpus"
     assert pend["missing"] == 2 and pend["unit"] == "GPUs"
@@ -146,3 +146,24 @@ def test_explain_deploy_get_and_nodes_show(controller: RunningController, run_cl
 def test_offline_flags_are_checked(run_cli: RunCli, tmp_path: Path) -> None:
     code, _, err = run_cli("schedule", "show", "--fleet", str(tmp_path / "f.yaml"))
     assert code != 0 and "-f DEPLOYMENTS.yaml" in err
+
+
+def test_without_a_recorded_schedule_the_show_says_so() -> None:
+    """A controller whose scheduler is off (or in Kubernetes mode) records no schedule."""
+    from mixfleet.v1 import plan_pb2
+
+    from controlplane.cli.schedule_live import live_document
+
+    d = plan_pb2.Deployment(
+        spec=plan_pb2.DeploymentSpec(name="mx", priority=3),
+        status=plan_pb2.DeploymentStatus(
+            phase=plan_pb2.DEPLOYMENT_PHASE_READY, message="", nodes=["n0"]
+        ),
+    )
+    n = plan_pb2.NodeRecord(health=plan_pb2.NODE_HEALTH_READY, healthy_gpus=2)
+    n.inventory.node = "n0"
+    doc = live_document([d], [n])
+    assert doc["scheduled"] is False and doc["placements"] == []
+    (p,) = doc["pending"]
+    assert p["deployment"] == "mx" and p["reason"] == "not scheduled yet"
+    assert doc["freeNodes"] == ["n0"] and doc["freeGpus"] == 2

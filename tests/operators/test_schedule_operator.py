@@ -152,3 +152,15 @@ def test_namespace_quota_flags() -> None:
     assert namespace_quotas(["team-a=16", "team-b=0"]) == {"team-a": 16, "team-b": 0}
     with pytest.raises(InputError, match=r"--namespace-quota team-a=16"):
         namespace_quotas(["team-a"])
+
+
+def test_the_chart_passes_namespace_quotas_to_the_operator() -> None:
+    from test_chart import parsed_commands, render
+
+    from operators.cli import settings_from
+
+    docs = render({"operator": {"namespaceQuotasGpus": {"team-a": 16, "team-b": 0}}})
+    op = parsed_commands(docs)["Deployment/mixfleet-controller/operator"]
+    assert settings_from(op).namespace_quotas_gpus == {"team-a": 16, "team-b": 0}
+    op = parsed_commands(render({}))["Deployment/mixfleet-controller/operator"]
+    assert settings_from(op).namespace_quotas_gpus == {}

@@ -417,3 +417,11 @@ def test_each_refusal_is_one_error_line_and_exit_2(
         lines = [line for line in err.splitlines() if line.startswith("error:")]
         assert len(lines) == 1 and needle in lines[0], err
         assert "Traceback" not in err
+
+
+def test_a_plan_file_refuses_an_unknown_top_level_key() -> None:
+    from policies.plan import PLAN_SCHEMA_VERSION, plan_from_dict
+
+    with pytest.raises(InputError) as err:
+        plan_from_dict({"schema_version": PLAN_SCHEMA_VERSION, "gpuz": []})
+    assert err.value.field == "gpuz" and "did you mean 'gpus'?" in str(err.value)

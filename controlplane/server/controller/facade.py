@@ -207,6 +207,8 @@ class Controller:
         unscheduled: dict[str, str] = {}
         if settings.solves and self.settings.fleet_scheduler:
             assigned, unscheduled = self.scheduler.view(nodes, now, settings, self.views.records())
+        elif not settings.solves:  # the operator withdraws by deleting PartitionPlans
+            self.scheduler.sweep_withdrawn(self.views.records(), now)
         actions = rc.reconcile(rc.Observed(now, nodes, due, assigned, unscheduled), settings)
         for action in actions:
             try:

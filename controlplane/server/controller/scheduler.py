@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 from collections.abc import Mapping, Sequence
 
 from controlplane.server import reconcile as rc
@@ -38,6 +39,8 @@ from policies.spec import DeploymentSpec
 
 #: Status message of a deployment the scheduler has not assigned yet.
 WAITING = "waiting for the fleet scheduler"
+#: Kubernetes mode: how often to look for committed plans their author withdrew, s.
+WITHDRAWN_CHECK_S = 1.0
 
 
 class FleetScheduler:
@@ -58,6 +61,7 @@ class FleetScheduler:
         self._key = ""
         self._task: asyncio.Task[None] | None = None
         self._recovered = False
+        self._swept_s = -math.inf
 
     def view(
         self,
@@ -214,6 +218,31 @@ class FleetScheduler:
             "solver": s.solver,
         }
         self.ctx.store.set_deployment_status(d.name, status)
+
+    def sweep_withdrawn(self, deps: Sequence[StoredDeployment], now_s: float) -> list[str]:
+        """Kubernetes mode (the operator decides the plans and runs the fleet scheduler):
+        the operator withdraws a preempted deployment by deleting its PartitionPlans. A
+        deployment whose committed plan (as loaded) is gone from the store has its parts
+        taken off the agents (REMOVE) and its rollout in flight aborted; returns their
+        names. Checked every :data:`WITHDRAWN_CHECK_S` at most (one plan read per
+        deployment with a loaded committed plan)."""
+        if now_s - self._swept_s < WITHDRAWN_CHECK_S:
+            return []
+        self._swept_s = now_s
+        gone = []
+        for d in deps:
+            c = self.rollouts.committed_cached(d.name)
+            if c is None:
+                continue
+            if self.ctx.store.get_plan(d.name, c.version, with_plan=False) is not None:
+                continue
+            r, _ = self.rollouts.delete(d.name)
+            self.rollouts.deleted(d.name, r, c)
+            self.ctx.log.warning(
+                "plan withdrawn by its author", deployment=d.name, version=c.version
+            )
+            gone.append(d.name)
+        return gone
 
     def _withdraw(self, d: StoredDeployment, reason: str, now_s: float) -> None:
         """Take the preempted deployment's committed plan off its nodes."""
