@@ -10,6 +10,15 @@ router (static instance, no controller; uvloop when installed, as ``--uvloop``) 
 client (this process). On a 2-core machine they compete for the cores: the figures are what
 the router costs on such a machine, client and engine included in the contention.
 
+``--baseline DIR`` also times the router of another checkout (DIR, e.g. a copy of an older
+tree) in the same processes' company, and ``--rounds N`` repeats every timed pass N times
+with the paths alternated (direct, baseline, router; then reversed), so both routers and
+the direct path see the same moments of the host. Per level: percentiles over all rounds'
+samples (``added_ms``), and the median over rounds of each round's added latency against
+that round's direct run (``round_added_ms``, robust to one round that other work
+disturbed). A negative added figure means the direct run was the disturbed one; the 500-
+stream target is then reported as not decided (``met: null``).
+
 * ``latency``: N concurrent SSE streams (100, 500, 2000), each ``chunks`` chunks spaced so
   the engine sends about ``chunk_rate`` chunks/s in all; once directly to the engine, once
   through the router, after a warm-up of one short request per stream (connections open,
@@ -34,6 +43,7 @@ import json
 import multiprocessing as mp
 import os
 import platform
+import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -93,8 +103,14 @@ def _router_main(q: Any, instance: str, queue_limit: int, tree: str = "") -> Non
     )
 
     async def serve() -> None:
+        from controlplane.router import proxy
+
         router = Router(settings)
-        q.put(await router.start())
+        port = await router.start()
+        tune = getattr(proxy, "tune_gc", None)  # as that checkout's console script runs it
+        if tune is not None:
+            tune()
+        q.put(port)
         await asyncio.Event().wait()
 
     asyncio.run(serve())
@@ -194,6 +210,20 @@ def _pooled(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         values = [v for r in runs for v in r["samples"][k]]
         out[k] = {"p50": _pct(values, 0.5) * 1e3, "p99": _pct(values, 0.99) * 1e3}
     return out
+
+
+def _round_added(runs: dict[str, list[dict[str, Any]]], path: str) -> dict[str, Any]:
+    """Added latency round by round (each round's path against that round's direct run)
+    and the median over the rounds: one round disturbed by other work on the host moves
+    the pooled percentiles, not this median."""
+    per = [
+        _added(_pooled([r]), _pooled([d])) for r, d in zip(runs[path], runs["direct"], strict=True)
+    ]
+    med = {
+        k: {q: round(statistics.median(x[k][q] for x in per), 3) for q in ("p50", "p99")}
+        for k in ("ttfb_ms", "chunk_lag_ms")
+    }
+    return {"median": med, "rounds": per}
 
 
 def _added(routed: dict[str, Any], direct: dict[str, Any]) -> dict[str, Any]:
@@ -332,12 +362,14 @@ def _latency(
         row: dict[str, Any] = {"streams": streams, "load_average_1m": loads}
         row.update({name: _pooled(r) for name, r in runs.items()})
         row["added_ms"] = _added(row["router"], row["direct"])
+        row["round_added_ms"] = _round_added(runs, "router")
         if baseline:
             row["baseline_added_ms"] = _added(row["baseline"], row["direct"])
+            row["baseline_round_added_ms"] = _round_added(runs, "baseline")
         rows.append(row)
-        log(f"latency {streams:5d} streams: added {row['added_ms']}")
+        log(f"latency {streams:5d} streams: added {row['round_added_ms']['median']}")
         if baseline:
-            log(f"latency {streams:5d} streams: baseline added {row['baseline_added_ms']}")
+            log(f"{streams:5d} streams, baseline: added {row['baseline_round_added_ms']['median']}")
     return rows, uv
 
 
@@ -441,13 +473,21 @@ def measure(args: argparse.Namespace, weights: Sequence[float]) -> dict[str, Any
 
 def _targets(doc: dict[str, Any]) -> dict[str, Any]:
     at500 = next((r for r in doc["latency"] if r["streams"] == 500), None)
-    p99 = None
+    p99: float | None = None
+    latency: dict[str, Any] = {"target": 5.0, "value": None, "met": False}
     if at500 is not None:
-        p99 = max(at500["added_ms"]["ttfb_ms"]["p99"], at500["added_ms"]["chunk_lag_ms"]["p99"])
+        added = at500["added_ms"]
+        values = (added["ttfb_ms"]["p99"], added["chunk_lag_ms"]["p99"])
+        p99 = max(values)
+        latency.update(value=p99, met=p99 <= 5)
+        if min(values) < 0:
+            # the direct run was the slower one: other work on the host disturbed it, and
+            # the difference says nothing about the router
+            latency.update(met=None, note="not decided: an added p99 is negative")
     rps = doc["short"]["router"]["requests_per_s"]
     err = doc["shares"]["max_abs_error"]
     return {
-        "p99_added_ms_at_500": {"target": 5.0, "value": p99, "met": p99 is not None and p99 <= 5},
+        "p99_added_ms_at_500": latency,
         "short_requests_per_s": {"target": 2000.0, "value": rps, "met": rps >= 2000.0},
         "share_error": {"target": 0.02, "value": err, "met": err <= 0.02},
     }
