@@ -1,4 +1,4 @@
-"""A pytest plugin for every test (pyproject addopts ``-p support.client_isolation``): no
+"""A pytest plugin for every test (loaded by the root conftest.py): no
 test reads the client config of the machine it runs on. A developer's
 ``~/.config/mixfleet/config.yaml`` (a current context with TLS files, a token) or a
 ``MIXFLEET_*`` variable must not change what a ``mixfleetctl`` under test connects to."""
