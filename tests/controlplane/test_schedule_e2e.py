@@ -13,26 +13,13 @@ from typing import Any
 import grpc
 from agent_fakes import FakeAgent, small_inventories, wait_until
 from mixfleet.v1 import plan_pb2, plan_pb2_grpc
+from test_rebalance import MINI_MOE  # the small Qwen3-MoE-shaped model
 
 from apis.wire.deployment import spec_to_proto
 from controlplane.server.inprocess import start_controller
 from controlplane.store import Store
 from policies.spec import DeploymentSpec, WorkloadSpec
 
-MINI_MOE = {
-    "model_type": "qwen3_moe",
-    "num_hidden_layers": 4,
-    "hidden_size": 2048,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 4,
-    "head_dim": 128,
-    "num_experts": 32,
-    "num_experts_per_tok": 4,
-    "moe_intermediate_size": 768,
-    "intermediate_size": 6144,
-    "vocab_size": 151936,
-    "torch_dtype": "bfloat16",
-}
 BASE = DeploymentSpec(
     name="x",
     model_config=MINI_MOE,
