@@ -10,15 +10,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import threading
 import zlib
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from mixfleet.v1 import agent_pb2, agent_pb2_grpc
 
 from apis.wire.inventory import inventory_to_proto
 from policies.inventory import NodeInventory
+
+if TYPE_CHECKING:
+    from controlplane.server.inprocess import RunningController
 
 
 @dataclass
@@ -216,3 +222,43 @@ def small_inventories(nodes: int = 3, gpus_per_node: int = 2) -> list[NodeInvent
 
     fleet = parse_fleet(small_fleet_doc(nodes, gpus_per_node))
     return [inventory_from_node(n) for n in fleet.nodes]
+
+
+def controller_in_thread(
+    tmp_path: Path,
+    inventories: list[NodeInventory],
+    setup: Callable[[RunningController], Awaitable[None]] | None = None,
+    ready_timeout_s: float = 30.0,
+) -> Iterator[RunningController]:
+    """A real in-process controller with one :class:`FakeAgent` per inventory, on its own
+    event loop in a thread (for tests that call the synchronous CLI against it). ``setup``
+    runs once the agents are up; the controller is yielded after it, and stopped after the
+    ``yield`` returns. Use it as the body of a pytest fixture: ``yield from
+    controller_in_thread(...)``."""
+    from controlplane.server.inprocess import start_controller
+
+    ready = threading.Event()
+    stop: list[asyncio.Event] = []
+    box: list[RunningController] = []
+
+    async def serve() -> None:
+        async with start_controller(tmp_path) as ctl:
+            agents = [FakeAgent(ctl.address, inv) for inv in inventories]
+            for a in agents:
+                await a.start()
+            if setup is not None:
+                await setup(ctl)
+            box.append(ctl)
+            stop.append(asyncio.Event())
+            ready.set()
+            await stop[0].wait()
+            for a in agents:
+                await a.stop()
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_until_complete, args=(serve(),), daemon=True)
+    thread.start()
+    assert ready.wait(ready_timeout_s)
+    yield box[0]
+    loop.call_soon_threadsafe(stop[0].set)
+    thread.join(30)

@@ -5,16 +5,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from agent_fakes import FakeAgent, small_inventories, wait_until
+from agent_fakes import controller_in_thread, small_inventories, wait_until
 
 from controlplane.cli import certs, connection, deploy, nodes, plans, watch
 from controlplane.cli import controller as controller_cli
-from controlplane.server.inprocess import RunningController, start_controller
+from controlplane.server.inprocess import RunningController
 from policies.errors import InputError, MixfleetError
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "deployments" / "mixtral-small.yaml"
@@ -38,29 +37,7 @@ def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
 @pytest.fixture
 def controller(tmp_path: Path) -> Iterator[RunningController]:
     """A controller with three fake agents on its own event loop in a thread."""
-    ready = threading.Event()
-    stop: list[asyncio.Event] = []
-    box: list[RunningController] = []
-
-    async def serve() -> None:
-        async with start_controller(tmp_path) as ctl:
-            agents = [FakeAgent(ctl.address, inv) for inv in small_inventories()]
-            for a in agents:
-                await a.start()
-            box.append(ctl)
-            stop.append(asyncio.Event())
-            ready.set()
-            await stop[0].wait()
-            for a in agents:
-                await a.stop()
-
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_until_complete, args=(serve(),), daemon=True)
-    thread.start()
-    assert ready.wait(30)
-    yield box[0]
-    loop.call_soon_threadsafe(stop[0].set)
-    thread.join(30)
+    yield from controller_in_thread(tmp_path, small_inventories())
 
 
 def test_nodes_deploy_plans_watch(

@@ -4,20 +4,18 @@ gRPC Deployment status carries it."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import yaml
-from agent_fakes import FakeAgent, small_inventories, wait_until
+from agent_fakes import controller_in_thread, small_inventories, wait_until
 from cli_builders import RunCli, cli_runner
 from test_schedule_e2e import SPECS
 
-from controlplane.server.inprocess import RunningController, start_controller
+from controlplane.server.inprocess import RunningController
 
 #: A fourth deployment, lowest priority: three 2-GPU nodes, three placed, it stays Pending.
 EXTRA = replace(SPECS["low"], name="extra", priority=0)
@@ -31,41 +29,22 @@ def run_cli(capsys: pytest.CaptureFixture[str]) -> RunCli:
 @pytest.fixture
 def controller(tmp_path: Path) -> Iterator[RunningController]:
     """A controller with three fake agents and four deployments, on a thread's loop."""
-    ready = threading.Event()
-    stop: list[asyncio.Event] = []
-    box: list[RunningController] = []
 
-    async def serve() -> None:
-        async with start_controller(tmp_path) as ctl:
-            agents = [FakeAgent(ctl.address, inv) for inv in small_inventories(3)]
-            for a in agents:
-                await a.start()
-            for spec in (*SPECS.values(), EXTRA):
-                ctl.controller.apply_deployment(spec)
-            store = ctl.controller.store
+    async def setup(ctl: RunningController) -> None:
+        for spec in (*SPECS.values(), EXTRA):
+            ctl.controller.apply_deployment(spec)
+        store = ctl.controller.store
 
-            def settled() -> bool:
-                deps = [store.get_deployment(n) for n in (*SPECS, "extra")]
-                return all(
-                    d is not None and "scheduling" in d.status and d.status.get("phase") == want
-                    for d, want in zip(deps, ("ready", "ready", "ready", "pending"), strict=True)
-                )
+        def settled() -> bool:
+            deps = [store.get_deployment(n) for n in (*SPECS, "extra")]
+            return all(
+                d is not None and "scheduling" in d.status and d.status.get("phase") == want
+                for d, want in zip(deps, ("ready", "ready", "ready", "pending"), strict=True)
+            )
 
-            await wait_until(settled, timeout_s=30, what="three ready, extra pending")
-            box.append(ctl)
-            stop.append(asyncio.Event())
-            ready.set()
-            await stop[0].wait()
-            for a in agents:
-                await a.stop()
+        await wait_until(settled, timeout_s=30, what="three ready, extra pending")
 
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_until_complete, args=(serve(),), daemon=True)
-    thread.start()
-    assert ready.wait(60)
-    yield box[0]
-    loop.call_soon_threadsafe(stop[0].set)
-    thread.join(30)
+    yield from controller_in_thread(tmp_path, small_inventories(3), setup, ready_timeout_s=60)
 
 
 def test_show_reads_the_controllers_assignment(
