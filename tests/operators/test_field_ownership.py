@@ -6,7 +6,6 @@ and the writers apply without ``force`` where the object is the user's."""
 from __future__ import annotations
 
 import dataclasses
-import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -106,11 +105,10 @@ def test_kubectl_server_side_apply_of_the_cordon_example_needs_no_force(
     ]
 
 
-def _conflict_message(exc: ConflictError) -> str:
-    return re.sub(r" at \d{4}-\d\d-\d\dT[\d:]+Z", " at T", str(exc))
-
-
 def test_a_conflicting_apply_is_refused_as_kube_apiserver_words_it(cluster: Cluster) -> None:
+    """The 409 of a conflicting apply, word for word as kube-apiserver v1.36 writes it: the
+    manager is named with its API version and no time (the server strips the time from the
+    manager identifier before it prints one), one cause per field."""
     name = cluster.name("h100-9")
     creator = cluster.kube("mixfleet-old")
     creator.create(  # a create (an Update operation) owns every field it set, defaults too
@@ -131,28 +129,24 @@ def test_a_conflicting_apply_is_refused_as_kube_apiserver_words_it(cluster: Clus
     }
     with pytest.raises(ConflictError) as two:
         admin.apply(GPUNODES, body)
-    assert _conflict_message(two.value).startswith(
-        '409 Conflict: Apply failed with 2 conflicts: conflicts with "mixfleet-old" using '
-        f"{API_VERSION} at T:\n- .spec.cordon\n- .spec.tier"
+    who = f'"mixfleet-old" using {API_VERSION}'
+    assert str(two.value).startswith(
+        f"409 Conflict: Apply failed with 2 conflicts: conflicts with {who}:\n"
+        "- .spec.cordon\n- .spec.tier\n  - "
     )
-    assert sorted(_conflict_message_causes(two.value)) == [
-        f'.spec.cordon: conflict with "mixfleet-old" using {API_VERSION} at T',
-        f'.spec.tier: conflict with "mixfleet-old" using {API_VERSION} at T',
+    assert sorted(two.value.causes) == [
+        f".spec.cordon: conflict with {who}",
+        f".spec.tier: conflict with {who}",
     ]
     with pytest.raises(ConflictError) as one:
         admin.apply(GPUNODES, {**body, "spec": {"cordon": True}})
-    assert _conflict_message(one.value).startswith(
-        '409 Conflict: Apply failed with 1 conflict: conflict with "mixfleet-old" using '
-        f"{API_VERSION} at T: .spec.cordon"
+    assert str(one.value).startswith(
+        f"409 Conflict: Apply failed with 1 conflict: conflict with {who}: .spec.cordon\n  - "
     )
     # The same value is no conflict (the field is then shared); force takes it over.
     admin.apply(GPUNODES, {**body, "spec": {"tier": ""}})
     out = admin.apply(GPUNODES, body, force=True)
     assert out["spec"] == {"cordon": True, "tier": "hopper"}
-
-
-def _conflict_message_causes(exc: ConflictError) -> list[str]:
-    return [re.sub(r" at \d{4}-\d\d-\d\dT[\d:]+Z", " at T", c) for c in exc.causes]
 
 
 def test_the_controller_owns_only_the_deployment_fields_it_sets(cluster: Cluster) -> None:

@@ -112,16 +112,19 @@ def applied_configuration(rt: ResourceType, body: Json, sub: str) -> Json:
     return applied
 
 
-def manager_text(manager: Manager, api_version: str, time: str | None) -> str:
+def manager_text(manager: Manager, api_version: str) -> str:
     """A manager as kube-apiserver names it in a conflict (``printManager`` of its field
     manager): ``"admin"``, ``"x" with subresource "status"``, and for an ``Update``
-    (create, PUT, PATCH) ``... using mixfleet.io/v1alpha1 at 2026-03-01T10:00:00Z``."""
+    (create, PUT, PATCH) ``... using mixfleet.io/v1alpha1``. Never a time: the server
+    builds the manager identifier without it (apimachinery's
+    ``managedfields/internal/managedfields.go``, ``BuildManagerIdentifier``: "Never include
+    the time in the manager identifier"), so ``printManager`` has none to print."""
     name, operation, sub = manager
     out = f'"{name}"'
     if sub:
         out += f' with subresource "{sub}"'
     if operation == "Update":
-        out += f" using {api_version}" + (f" at {time}" if time else "")
+        out += f" using {api_version}"
     return out
 
 
@@ -133,11 +136,10 @@ def claim_fields(
     managers: Managers,
     mine: Manager,
     force: bool,
-    times: Mapping[Manager, str] | None = None,
 ) -> None:
     """Check the applied leaves against the live values: a leaf another manager owns with
     a different value is a conflict; with ``force`` it is taken from that manager instead
-    (``managers`` is changed in place). ``times``: when each manager last wrote.
+    (``managers`` is changed in place).
 
     Raises:
         ApiStatusError: 409 Conflict as kube-apiserver words it (its ``conflict.go``): one
@@ -156,7 +158,7 @@ def claim_fields(
                 if force:
                     paths.discard(p)
                 else:
-                    conflicts.append((manager_text(k, rt.api_version, (times or {}).get(k)), p))
+                    conflicts.append((manager_text(k, rt.api_version), p))
     if conflicts:
         causes = [
             Cause(dotted(p), f"conflict with {who}", "FieldManagerConflict") for who, p in conflicts

@@ -493,9 +493,7 @@ class FakeApiServer:
             if rt.namespaced:
                 live["metadata"]["namespace"] = ns
             managers = {k: set(v) for k, v in (st.managers.items() if st else [])}
-            claim_fields(
-                rt, applied, applied_fields, live, managers, mine, force, st.times if st else {}
-            )
+            claim_fields(rt, applied, applied_fields, live, managers, mine, force)
             merged = merge_configuration(rt, live, applied)
             drop_unapplied(merged, managers, mine, applied_fields)
             managers[mine] = applied_fields
