@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH_STAMP := $(VENV)/.torch-installed
 
-.PHONY: install install-torch test-min-versions demo test lint typecheck layers pytest bench bench-placement bench-strategies bench-controlplane bench-determinism bench-engines bench-hostile bench-schedule bench-router proto crds e2e-k8s clean
+.PHONY: install install-torch test-min-versions demo test lint typecheck layers pytest bench bench-placement bench-strategies bench-controlplane bench-determinism bench-engines bench-hostile bench-schedule bench-router proto crds e2e-k8s test-kube clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -94,8 +94,21 @@ bench-schedule: install
 crds: install
 	$(BIN)/python -m operators.crdgen
 
+# The real-cluster variants of tests/operators against the cluster of KUBECONFIG (or
+# MIXFLEET_E2E_KUBECONFIG): kind, k3s, a cloud cluster (docs/kubernetes.md). Fails when none
+# is given. test-kube starts a throwaway API server from ../shared/kube/up.sh (UP_SH=...) and
+# runs them with its token and its client-certificate kubeconfig, as CI does (.ci/kube.sh).
 e2e-k8s: install
-	MIXFLEET_E2E_KUBECONFIG=$(KUBECONFIG) $(BIN)/pytest -q tests/operators -k real
+	@kc="$${MIXFLEET_E2E_KUBECONFIG:-$(KUBECONFIG)}"; \
+	if [ -z "$$kc" ]; then \
+	  echo "error: e2e-k8s needs a cluster: run 'make e2e-k8s KUBECONFIG=/path/to/kubeconfig'" \
+	    "(docs/kubernetes.md), or 'make test-kube' to start a throwaway API server" >&2; exit 2; fi; \
+	if [ ! -f "$$kc" ]; then echo "error: kubeconfig $$kc: no such file" >&2; exit 2; fi; \
+	echo "real-cluster suite against $$kc"; \
+	MIXFLEET_E2E_KUBECONFIG="$$kc" $(BIN)/pytest -q tests/operators -k real
+
+test-kube: install
+	bash .ci/kube.sh
 
 proto: install
 	$(BIN)/python proto/protogen.py
