@@ -83,6 +83,21 @@ class StepCurve:
             return self.prefill_us[i]
         return self.prefill_us[i] + (self.prefill_us[i + 1] - self.prefill_us[i]) * f
 
+    def mixed_step_us(self, batch: float, context: float, prefill_tokens: float) -> float:
+        """One step that decodes ``batch`` sequences (mean ``context`` tokens) and
+        prefills ``prefill_tokens`` prompt tokens in the same forward (chunked prefill), us.
+
+        The two times add, less the fixed cost of one forward counted once (the weights
+        are read once): ``decode_us + prefill_time_us - min(decode_us(1, context_grid[0]),
+        prefill_us[0])``, which is never below either part alone on monotone curves.
+        """
+        if batch <= 0:
+            return self.prefill_time_us(prefill_tokens)
+        if prefill_tokens <= 0:
+            return self.decode_us(batch, context)
+        overhead = min(self.decode_step_us[0][0], self.prefill_us[0])
+        return self.decode_us(batch, context) + self.prefill_time_us(prefill_tokens) - overhead
+
     def capacity_tokens(self) -> int:
         """KV tokens the instance holds (``kv_capacity_tokens`` or its default), tokens."""
         return self.kv_capacity_tokens or self.max_batch * self.context_grid[-1]
