@@ -35,6 +35,13 @@ from agents.discovery.static import StaticDiscovery, load_fleet_file
 from agents.discovery.sysfs import SysfsNicDiscovery
 from agents.logs import LEVELS, configure_logging
 from agents.simulate import SimulatedFleet
+from apis.cliargs import (
+    StrictParser,
+    add_version_arg,
+    non_negative_float,
+    positive_float,
+    positive_int,
+)
 from apis.documents import read_limited
 from policies.errors import InputError, MixfleetError
 from policies.inventory import NodeInventory
@@ -50,7 +57,9 @@ class _UsageError(Exception):
     """A bad command line, worded for the user."""
 
 
-class _Parser(argparse.ArgumentParser):
+class _Parser(StrictParser):
+    """A :class:`apis.cliargs.StrictParser` whose usage errors are one ``error:`` line."""
+
     def error(self, message: str) -> NoReturn:
         raise _UsageError(f"{message}. To fix: see '{self.prog} --help'")
 
@@ -81,13 +90,13 @@ def _add_connection_flags(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--heartbeat-interval",
-        type=float,
+        type=non_negative_float,
         default=0.0,
         metavar="S",
         help="heartbeat period in seconds (default: the controller's)",
     )
     g.add_argument(
-        "--max-backoff", type=float, default=4.0, metavar="S", help="longest retry delay"
+        "--max-backoff", type=positive_float, default=4.0, metavar="S", help="longest retry delay"
     )
     p.add_argument("--log-level", choices=LEVELS, default="info")
 
@@ -97,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="mixfleet-agent",
         description="mixfleet node agent: reports the node's GPUs and applies plans.",
     )
+    add_version_arg(parser, "mixfleet-agent")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     run = sub.add_parser("run", help="run the agent of this node")
@@ -127,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--default-fabric", default="default", metavar="NAME")
     d.add_argument(
         "--rediscover-interval",
-        type=float,
+        type=positive_float,
         default=None,
         metavar="S",
         help="refresh GPU health this often (default 30 with nvml, never with static)",
@@ -135,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     a = run.add_argument_group("plan applier")
     a.add_argument("--plan-dir", type=Path, required=True, metavar="DIR")
     a.add_argument("--hook", default="", metavar="CMD", help="run after staging and commit")
-    a.add_argument("--hook-timeout", type=float, default=30.0, metavar="S")
+    a.add_argument("--hook-timeout", type=positive_float, default=30.0, metavar="S")
     a.add_argument(
         "--hook-phases",
         default=",".join(HOOK_PHASES),
@@ -153,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--plan-dir", type=Path, default=None, metavar="DIR", help="write plans under DIR/<node>"
     )
     sim.add_argument("--hook", default="", metavar="CMD")
-    sim.add_argument("--agents-per-channel", type=int, default=100, metavar="N")
+    sim.add_argument("--agents-per-channel", type=positive_int, default=100, metavar="N")
     sim.set_defaults(handler=_cmd_simulate)
 
     # Listed for --help only: main() hands "calibrate ..." to _cmd_calibrate, which lets

@@ -191,7 +191,9 @@ class LoadReporter:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m agents.loadreport``: flags in ``--help``."""
-    p = argparse.ArgumentParser(prog="python -m agents.loadreport", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m agents.loadreport", description=__doc__, allow_abbrev=False
+    )
     p.add_argument("--engine-url", required=True)
     p.add_argument("--dump-dir", required=True, type=Path)
     p.add_argument("--deployment", required=True)

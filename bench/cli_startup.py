@@ -103,7 +103,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: print the result, and write it to ``--out``."""
-    p = argparse.ArgumentParser(prog="python -m bench.cli_startup", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.cli_startup", description=__doc__, allow_abbrev=False
+    )
     p.add_argument("--repeats", type=int, default=15, help="runs per command (default 15)")
     p.add_argument("--out", type=Path, help="JSON file to write")
     p.add_argument(

@@ -307,7 +307,9 @@ async def _measure_all(ns: Sequence[int], args: argparse.Namespace) -> list[dict
 
 def _parser() -> argparse.ArgumentParser:
     """Options of ``python -m bench.controlplane``."""
-    p = argparse.ArgumentParser(prog="python -m bench.controlplane", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.controlplane", description=__doc__, allow_abbrev=False
+    )
     p.add_argument("--agents", default="100,500,2000", help="comma-separated N values")
     p.add_argument("--heartbeat-interval", type=float, default=1.0, metavar="S")
     p.add_argument("--node-lost-after", type=float, default=10.0, metavar="S")

@@ -156,6 +156,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m bench.determinism",
         description="the same ILP request idle and beside CPU hogs: same plan, limit kept",
+        allow_abbrev=False,
     )
     p.add_argument("--scenario", default="mixed-24-decode", metavar="NAME")
     p.add_argument("--form", default="engine", choices=("engine", "native"))

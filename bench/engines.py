@@ -231,7 +231,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.engines", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.engines", description=__doc__, allow_abbrev=False
+    )
     add_arguments(p, docs_help="Markdown page to write (docs/engines-benchmark.md)")
     return run_main(p, run, argv)
 

@@ -343,7 +343,7 @@ def _fidelity_cases(repeats: int) -> tuple[dict[str, Any], list[dict[str, Any]]]
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("--out", required=True, help="folder for gpu-h200-runtime.json")
     p.add_argument("--repeats", type=int, default=3, help="calibrations per model shape")
     p.add_argument("--skip-before", action="store_true", help="skip the plan executor runs")

@@ -227,7 +227,9 @@ def run_rpcs(examples: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.hostile", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.hostile", description=__doc__, allow_abbrev=False
+    )
     p.add_argument("--out", metavar="PATH", help="results JSON file")
     p.add_argument("--examples", type=int, default=200, help="requests per RPC (default 200)")
     p.add_argument("--part", choices=("all", "files", "rpcs"), default="all")

@@ -439,7 +439,9 @@ def _write(
 def parser() -> argparse.ArgumentParser:
     """Options of ``python -m bench.placement``."""
     p = argparse.ArgumentParser(
-        prog="python -m bench.placement", description="placement benchmark scenarios"
+        prog="python -m bench.placement",
+        description="placement benchmark scenarios",
+        allow_abbrev=False,
     )
     add_arguments(p, docs_help="Markdown table to write")
     return p

@@ -535,7 +535,9 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     from bench.common import run_main
 
-    p = argparse.ArgumentParser(prog="python -m bench.router", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m bench.router", description=__doc__.split("\n")[0], allow_abbrev=False
+    )
     p.add_argument("--streams", default=",".join(map(str, LEVELS)), metavar="N,N,...")
     p.add_argument("--chunks", type=int, default=10, help="chunks per stream")
     p.add_argument(

@@ -259,7 +259,9 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m bench.schedule", description="fleet scheduling benchmark"
+        prog="python -m bench.schedule",
+        description="fleet scheduling benchmark",
+        allow_abbrev=False,
     )
     add_arguments(p)
     p.add_argument(

@@ -318,7 +318,9 @@ def _write(report: dict[str, Any], args: argparse.Namespace, name: str) -> None:
 def parser() -> argparse.ArgumentParser:
     """Options of ``python -m bench.strategies``."""
     p = argparse.ArgumentParser(
-        prog="python -m bench.strategies", description="deployment-strategy scenarios"
+        prog="python -m bench.strategies",
+        description="deployment-strategy scenarios",
+        allow_abbrev=False,
     )
     add_arguments(p)
     return p

@@ -25,6 +25,14 @@ from typing import Any
 
 import structlog
 
+from apis.cliargs import (
+    RawDescriptionDefaultsHelpFormatter,
+    StrictParser,
+    add_version_arg,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
 from apis.kube.client import Kube, api_client_from
 from apis.kube.leader import LeaderSettings
 from apis.logsink import stderr_logger
@@ -72,17 +80,19 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         default="default",
         help="PlacementPolicy for deployments without policyRef",
     )
-    p.add_argument("--workers", type=int, default=2, help="reconciles at once")
+    p.add_argument("--workers", type=positive_int, default=2, help="reconciles at once")
     p.add_argument(
         "--field-manager", default="mixfleet-operator", help="server-side apply field manager"
     )
     p.add_argument(
         "--node-stale-after-s",
-        type=float,
+        type=positive_float,
         default=90.0,
         help="GPUNode heartbeat age that excludes a node, s",
     )
-    p.add_argument("--plan-history", type=int, default=3, help="PartitionPlans kept per deployment")
+    p.add_argument(
+        "--plan-history", type=positive_int, default=3, help="PartitionPlans kept per deployment"
+    )
     p.add_argument(
         "--namespace-quota",
         action="append",
@@ -91,7 +101,10 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         help="most GPUs a namespace's ModelDeployments may hold together (repeatable)",
     )
     p.add_argument(
-        "--resync-period-s", type=float, default=300.0, help="reconcile everything this often, s"
+        "--resync-period-s",
+        type=positive_float,
+        default=300.0,
+        help="reconcile everything this often, s",
     )
     p.add_argument("--no-leader-election", action="store_true", help="run alone (one replica only)")
     p.add_argument("--lease-name", default="mixfleet-operator")
@@ -106,13 +119,15 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         help="this replica's id in the Lease (default $POD_NAME, else host name and a "
         "random suffix)",
     )
-    p.add_argument("--lease-duration-s", type=float, default=15.0)
-    p.add_argument("--renew-deadline-s", type=float, default=10.0)
-    p.add_argument("--retry-period-s", type=float, default=2.0)
+    p.add_argument("--lease-duration-s", type=positive_float, default=15.0)
+    p.add_argument("--renew-deadline-s", type=positive_float, default=10.0)
+    p.add_argument("--retry-period-s", type=positive_float, default=2.0)
     p.add_argument(
         "--health-listen", default="0.0.0.0:8081", help="gRPC health address; '' to disable"
     )
-    p.add_argument("--metrics-port", type=int, default=9090, help="Prometheus port; 0 to disable")
+    p.add_argument(
+        "--metrics-port", type=non_negative_int, default=9090, help="Prometheus port; 0 to disable"
+    )
     p.add_argument("--log-level", default="info", choices=LEVELS)
 
 
@@ -219,11 +234,12 @@ def run(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The operator's command line (``run`` and its options)."""
-    parser = argparse.ArgumentParser(
+    parser = StrictParser(
         prog="python -m operators",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=RawDescriptionDefaultsHelpFormatter,
     )
+    add_version_arg(parser, "mixfleet-operator")
     sub = parser.add_subparsers(dest="command", required=True)
     run_p = sub.add_parser("run", help="reconcile ModelDeployments until stopped")
     add_run_arguments(run_p)

@@ -74,7 +74,9 @@ def write(directory: Path) -> list[Path]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point; returns the exit status (0 ok, 1 stale with --check)."""
-    parser = argparse.ArgumentParser(prog="python -m operators.crdgen", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m operators.crdgen", description=__doc__, allow_abbrev=False
+    )
     parser.add_argument("--check", action="store_true", help="only check, write nothing")
     parser.add_argument("--out", type=Path, default=CRD_DIR, help="directory (chart crds/)")
     args = parser.parse_args(argv)

@@ -95,7 +95,9 @@ def stale_files() -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m protogen", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m protogen", description=__doc__, allow_abbrev=False
+    )
     parser.add_argument("--check", action="store_true", help="only check; exit 1 when stale")
     args = parser.parse_args(argv)
     if args.check:

@@ -42,7 +42,7 @@ def recording_main(
     import json
     import sys
 
-    parser = argparse.ArgumentParser(description=description)
+    parser = argparse.ArgumentParser(description=description, allow_abbrev=False)
     parser.add_argument("--node", default="", help="node name (default: host name)")
     parser.add_argument("--out", default="", help="write JSON here instead of stdout")
     args = parser.parse_args(argv)

@@ -493,7 +493,7 @@ def _gpu_problem() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the measurements and write ``DIR/gpu-bench.json`` (and the discovery record)."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("--out", required=True, help="folder for the results")
     p.add_argument("--cpu", action="store_true", help="tiny CPU run (gloo), made-up figures")
     p.add_argument("--slowdown", default="sm_hog", choices=("sm_hog", "gemm_load", "none"))

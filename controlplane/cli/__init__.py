@@ -15,31 +15,13 @@ error line); 130 interrupted.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from controlplane.cli import (
-    advise,
-    certs,
-    clientconfig,
-    connection,
-    controller,
-    deploy,
-    fleet,
-    gpu,
-    habits,
-    model,
-    nodes,
-    plan,
-    plans,
-    router,
-    schedule,
-    store,
-    watch,
-)
-from controlplane.cli.output import Groups
+from apis.cliargs import StrictParser, program_version
 from policies.errors import InfeasibleError, InputError, MixfleetError
 
 EXIT_OK = 0
@@ -48,26 +30,26 @@ EXIT_USAGE = 2
 EXIT_INFEASIBLE = 3
 EXIT_INTERRUPTED = 130
 
-Register = Callable[[Groups], None]
-
-#: Command groups, in ``--help`` order. One line per module.
-COMMAND_MODULES: tuple[Register, ...] = (
-    fleet.register,
-    gpu.register,
-    model.register,
-    plan.register,
-    advise.register,
-    controller.register,
-    certs.register,
-    nodes.register,
-    deploy.register,
-    plans.register,
-    store.register,
-    watch.register,
-    clientconfig.register,
-    habits.register,
-    router.register,
-    schedule.register,
+#: Command groups, in ``--help`` order: modules of this package, each with
+#: ``register(groups)``. One line per module; imported when the parser is built, so that
+#: ``mixfleetctl --version`` imports none of them.
+COMMAND_MODULES: tuple[str, ...] = (
+    "fleet",
+    "gpu",
+    "model",
+    "plan",
+    "advise",
+    "controller",
+    "certs",
+    "nodes",
+    "deploy",
+    "plans",
+    "store",
+    "watch",
+    "clientconfig",
+    "habits",
+    "router",
+    "schedule",
 )
 
 
@@ -75,8 +57,8 @@ class _UsageError(Exception):
     """argparse found a bad command line; the message is already worded for the user."""
 
 
-class _Parser(argparse.ArgumentParser):
-    """An ArgumentParser that reports usage errors as one ``error:`` line and lets
+class _Parser(StrictParser):
+    """A :class:`apis.cliargs.StrictParser` (no prefix matching, defaults in ``--help``) that reports usage errors as one ``error:`` line and lets
     :func:`main` return the exit status instead of calling ``sys.exit`` itself."""
 
     def error(self, message: str) -> NoReturn:
@@ -92,18 +74,26 @@ def build_parser() -> argparse.ArgumentParser:
     # Sub-parsers are _Parser too (argparse uses the parent's class); register functions
     # only need the ArgumentParser interface.
     groups = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    from controlplane.cli import connection, habits
+
     connection.add_connection_args(parser)
     habits.add_global_args(parser)
-    for register in COMMAND_MODULES:
-        register(groups)
+    for name in COMMAND_MODULES:
+        importlib.import_module(f"controlplane.cli.{name}").register(groups)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns the exit status (see module docstring)."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words == ["--version"]:  # answered before any command module is imported
+        print(program_version("mixfleetctl"))
+        return EXIT_OK
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(words)
+        from controlplane.cli import habits
+
         habits.apply_global_args(args)
         handler: Callable[[argparse.Namespace], int] | None = getattr(args, "handler", None)
         if handler is None:  # a registered group without leaf commands

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 
+from apis.cliargs import positive_float, positive_int
 from controlplane.cli.output import (
     Groups,
     add_group,
@@ -196,8 +197,12 @@ def cmd_advise_tiers(args: argparse.Namespace) -> int:
 
 
 def _add_targets(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tpot-ms", type=float, metavar="MS", help="time-per-output-token target")
-    p.add_argument("--ttft-ms", type=float, metavar="MS", help="time-to-first-token target")
+    p.add_argument(
+        "--tpot-ms", type=positive_float, metavar="MS", help="time-per-output-token target"
+    )
+    p.add_argument(
+        "--ttft-ms", type=positive_float, metavar="MS", help="time-to-first-token target"
+    )
 
 
 def register(groups: Groups) -> None:
@@ -209,13 +214,15 @@ def register(groups: Groups) -> None:
     add_deployment_args(p, policy=defaults.DEFAULT_SWEEP_POLICY)
     _add_targets(p)
     p.add_argument(
-        "--max-tokens", type=int, metavar="N", help="largest batch to try, tokens per GPU"
+        "--max-tokens", type=positive_int, metavar="N", help="largest batch to try, tokens per GPU"
     )
     p.add_argument("--png", metavar="OUT.png", help="also draw the throughput curve")
 
     p = add_leaf(advise, "context", cmd_advise_context, "long-context capacity of each policy")
     add_deployment_args(p, policy=defaults.DEFAULT_SWEEP_POLICY)
-    p.add_argument("--tokens", type=int, required=True, metavar="N", help="batch, tokens/GPU")
+    p.add_argument(
+        "--tokens", type=positive_int, required=True, metavar="N", help="batch, tokens/GPU"
+    )
     p.add_argument(
         "--contexts",
         default=",".join(f"{c // 1024}k" for c in defaults.DEFAULT_CONTEXTS),
@@ -247,14 +254,19 @@ def _register_tiers(advise: Groups) -> None:
     )
     add_deployment_args(p, policy=defaults.DEFAULT_POLICY)
     _add_targets(p)
-    p.add_argument("--rate", type=float, required=True, metavar="R", help="requests/s")
-    p.add_argument("--prompt-tokens", type=int, default=2048, metavar="N")
-    p.add_argument("--output-tokens", type=int, default=256, metavar="N")
-    p.add_argument("--max-utilisation", type=float, default=0.8, metavar="U")
+    p.add_argument("--rate", type=positive_float, required=True, metavar="R", help="requests/s")
+    p.add_argument("--prompt-tokens", type=positive_int, default=2048, metavar="N")
+    p.add_argument("--output-tokens", type=positive_int, default=256, metavar="N")
+    p.add_argument("--max-utilisation", type=positive_float, default=0.8, metavar="U")
     p.add_argument(
-        "--tokens", type=int, metavar="N", help="batch tier: tokens per GPU (phase default)"
+        "--tokens",
+        type=positive_int,
+        metavar="N",
+        help="batch tier: tokens per GPU (phase default)",
     )
-    p.add_argument("--batch-min-tokens-per-s", type=float, metavar="X", help="batch target")
+    p.add_argument(
+        "--batch-min-tokens-per-s", type=positive_float, metavar="X", help="batch target"
+    )
     p.add_argument(
         "--preference",
         choices=defaults.PREFERENCES,

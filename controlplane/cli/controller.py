@@ -13,6 +13,7 @@ import signal
 import sys
 from pathlib import Path
 
+from apis.cliargs import non_negative_int, positive_float, positive_int
 from controlplane.cli.ha import add_ha_arguments
 from controlplane.cli.output import Groups, add_group, add_leaf
 from policies.errors import InputError
@@ -141,25 +142,28 @@ def register(groups: Groups) -> None:
         "--insecure", action="store_true", help="plaintext without TLS (loopback addresses only)"
     )
     p.add_argument(
-        "--metrics-port", type=int, metavar="PORT", help="serve Prometheus metrics on this port"
+        "--metrics-port",
+        type=positive_int,
+        metavar="PORT",
+        help="serve Prometheus metrics on this port",
     )
     p.add_argument(
         "--heartbeat-interval",
-        type=float,
+        type=positive_float,
         default=5.0,
         metavar="S",
         help="agent heartbeat period, s (default %(default)s)",
     )
     p.add_argument(
         "--node-lost-after",
-        type=float,
+        type=positive_float,
         default=15.0,
         metavar="S",
         help="heartbeat silence before a node is lost, s (default %(default)s)",
     )
     p.add_argument(
         "--contingency-max-nodes",
-        type=int,
+        type=non_negative_int,
         default=32,
         metavar="N",
         help="keep a plan per single-node loss, solved in the background, for deployments on 2 "
@@ -167,7 +171,7 @@ def register(groups: Groups) -> None:
     )
     p.add_argument(
         "--max-message-mib",
-        type=int,
+        type=positive_int,
         default=16,
         metavar="MIB",
         help="largest request accepted, MiB (default %(default)s)",

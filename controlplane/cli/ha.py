@@ -31,6 +31,7 @@ import socket
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from apis.cliargs import positive_float
 from policies.errors import InputError
 
 if TYPE_CHECKING:  # asyncio is imported when the controller runs, not for --help
@@ -71,7 +72,11 @@ def add_ha_arguments(p: argparse.ArgumentParser) -> None:
         ("--retry-period-s", 2.0, "time between two election attempts"),
     ):
         p.add_argument(
-            flag, type=float, default=default, metavar="S", help=f"{what}, s (default {default})"
+            flag,
+            type=positive_float,
+            default=default,
+            metavar="S",
+            help=f"{what}, s (default {default})",
         )
 
 

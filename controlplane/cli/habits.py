@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Iterator, Sequence
-from typing import Any
 
+from apis.cliargs import add_version_arg
 from controlplane.cli.output import Groups, add_leaf
 
 #: ``-v`` count -> log level.
@@ -22,32 +22,9 @@ _VERBOSITY = {0: "warning", 1: "info", 2: "debug"}
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
-def version() -> str:
-    """``mixfleetctl X.Y.Z`` from the installed package's metadata."""
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as dist_version
-
-    try:
-        return f"mixfleetctl {dist_version('mixfleet')}"
-    except PackageNotFoundError:  # run from a tree that is not installed
-        return "mixfleetctl (not installed: version unknown)"
-
-
-class _VersionAction(argparse.Action):
-    """``--version``: print the version and exit 0 (read only when asked: it costs an
-    import of importlib.metadata)."""
-
-    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
-        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
-
-    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
-        print(version())
-        parser.exit(0)
-
-
 def add_global_args(parser: argparse.ArgumentParser) -> None:
     """``--version``, ``-v`` (repeatable) and ``--log-level`` on the main parser."""
-    parser.add_argument("--version", action=_VersionAction, help="print the version and exit")
+    add_version_arg(parser, "mixfleetctl")
     parser.add_argument(
         "-v",
         "--verbose",

@@ -22,6 +22,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from apis.cliargs import non_negative_int, positive_float, positive_int
 from controlplane.cli import files, launch, plancompare
 from controlplane.cli.output import (
     Groups,
@@ -467,7 +468,7 @@ def _register_export_render(plan: Groups) -> None:
     p.add_argument("--fleet", metavar="FILE", help="the plan's fleet: links and exact GPU figures")
     p.add_argument(
         "--layer",
-        type=int,
+        type=non_negative_int,
         metavar="N",
         help="model layer of the expert panel (default: the MoE layer that takes longest)",
     )
@@ -480,7 +481,7 @@ def _register_cost(plan: Groups) -> None:
     """``plan cost`` and ``plan min-cost``."""
     p = add_leaf(plan, "cost", cmd_plan_cost, "compare policies with cost per million tokens")
     add_deployment_args(p, policy=defaults.DEFAULT_POLICY)
-    p.add_argument("--tokens", type=int, metavar="N", help="tokens per step per GPU")
+    p.add_argument("--tokens", type=positive_int, metavar="N", help="tokens per step per GPU")
     p.add_argument("--previous", metavar="PLAN", help="plan to stay close to (re-planning)")
     p.add_argument(
         "--policies",
@@ -492,15 +493,15 @@ def _register_cost(plan: Groups) -> None:
 
     p = add_leaf(plan, "min-cost", cmd_plan_min_cost, "cheapest node subset for a throughput")
     add_deployment_args(p, policy=defaults.DEFAULT_POLICY)
-    p.add_argument("--target-tokens-per-s", type=float, required=True, metavar="X")
-    p.add_argument("--tokens", type=int, metavar="N", help="tokens per step per GPU")
+    p.add_argument("--target-tokens-per-s", type=positive_float, required=True, metavar="X")
+    p.add_argument("--tokens", type=positive_int, metavar="N", help="tokens per step per GPU")
     p.add_argument(
         "--layout",
         choices=defaults.LAYOUTS,
         default=defaults.DEFAULT_LAYOUT,
         help="one EP group, replicas, or the better (default: %(default)s)",
     )
-    p.add_argument("--finalists", type=int, default=3, metavar="K")
+    p.add_argument("--finalists", type=positive_int, default=3, metavar="K")
     p.add_argument("--prices", metavar="FILE", help="price file (default: built-in assumptions)")
     p.add_argument("--allow-cross-vendor", action="store_true")
     p.add_argument("--save-plans", metavar="DIR", help="save the chosen plans in DIR")

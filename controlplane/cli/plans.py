@@ -11,6 +11,7 @@ import argparse
 import json
 from typing import TYPE_CHECKING, Any
 
+from apis.cliargs import positive_int
 from controlplane.cli.connection import add_client, age, call, ms, to_json
 from controlplane.cli.output import Groups, add_group, emit_document, table
 
@@ -180,22 +181,26 @@ def register(groups: Groups) -> None:
     plans = add_group(groups, "plans", "plan versions held by the controller", required=False)
     p = add_client(plans, "list", cmd_plans_list, "list plan versions, newest first")
     p.add_argument("-d", "--deployment", metavar="NAME")
-    p.add_argument("--limit", type=int, default=50)
+    p.add_argument("--limit", type=positive_int, default=50)
     p = add_client(plans, "show", cmd_plans_show, "show one plan version (default: committed)")
     p.add_argument("deployment", metavar="DEPLOYMENT")
-    p.add_argument("--version", type=int, metavar="V", help="version (default: committed)")
+    p.add_argument("--version", type=positive_int, metavar="V", help="version (default: committed)")
     p = add_client(plans, "diff", cmd_plans_diff, "expert moves and GPU changes between versions")
     p.add_argument("deployment", metavar="DEPLOYMENT")
     p.add_argument(
         "--from",
         dest="from_version",
-        type=int,
+        type=positive_int,
         metavar="V",
         help="older version (default: the served one before --to)",
     )
     p.add_argument(
-        "--to", dest="to_version", type=int, metavar="V", help="newer version (default: committed)"
+        "--to",
+        dest="to_version",
+        type=positive_int,
+        metavar="V",
+        help="newer version (default: committed)",
     )
     p = add_client(plans, "history", cmd_plans_history, "every version of one deployment")
     p.add_argument("deployment", metavar="DEPLOYMENT")
-    p.add_argument("--limit", type=int, default=100)
+    p.add_argument("--limit", type=positive_int, default=100)

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from apis.cliargs import non_negative_float, non_negative_int, positive_float, positive_int
 from controlplane.cli import files
 from controlplane.cli.output import (
     Note,
@@ -361,14 +362,14 @@ def _add_solver(p: argparse.ArgumentParser) -> None:
     """ILP options, the engine and the progress options."""
     p.add_argument(
         "--time-limit",
-        type=float,
+        type=positive_float,
         default=defaults.DEFAULT_SOLVER_TIME_LIMIT_S,
         metavar="S",
         help="ilp wall-clock limit per solve, seconds (default: %(default)s)",
     )
     p.add_argument(
         "--mip-gap",
-        type=float,
+        type=non_negative_float,
         default=defaults.DEFAULT_MIP_GAP,
         metavar="G",
         help="ilp relative MIP gap per layer (default: %(default)s)",
@@ -381,7 +382,7 @@ def _add_solver(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--workers",
-        type=int,
+        type=non_negative_int,
         default=defaults.DEFAULT_WORKERS,
         metavar="N",
         help="processes solving layers in parallel; 0 = one per CPU (default: %(default)s)",
@@ -395,7 +396,7 @@ def add_problem_args(p: argparse.ArgumentParser, *, required: bool = True) -> No
     _add_inputs(p, required=required)
     p.add_argument(
         "--tokens",
-        type=int,
+        type=positive_int,
         metavar="N",
         help=f"tokens per step per GPU on average (default: {_TOKENS_HELP})",
     )
@@ -466,8 +467,6 @@ def deployment_from_args(args: argparse.Namespace) -> Deployment:
     fleet = read_fleet_args(args)
     model = read_model(args)
     rows, source = read_load(args.load, model)
-    if args.time_limit <= 0:
-        raise InputError(f"must be > 0 seconds, got {args.time_limit}", field="--time-limit")
     return Deployment(
         fleet=fleet,
         model=model,

@@ -18,6 +18,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from apis.cliargs import positive_float, positive_int, program_version
 from controlplane.cli.connection import add_connection_args
 from controlplane.cli.output import Groups, add_leaf, add_output_arg, emit, emit_document, table
 from policies.errors import InputError, MixfleetError
@@ -44,15 +45,15 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
         help="X-Priority-Class value -> tier (repeatable)",
     )
     p.add_argument(
-        "--queue-limit", type=int, default=256, metavar="N", help="open requests per rank"
+        "--queue-limit", type=positive_int, default=256, metavar="N", help="open requests per rank"
     )
-    p.add_argument("--retry-after-s", type=int, default=1, metavar="S")
-    p.add_argument("--max-attempts", type=int, default=2, metavar="N")
-    p.add_argument("--default-output-tokens", type=int, default=256, metavar="N")
+    p.add_argument("--retry-after-s", type=positive_int, default=1, metavar="S")
+    p.add_argument("--max-attempts", type=positive_int, default=2, metavar="N")
+    p.add_argument("--default-output-tokens", type=positive_int, default=256, metavar="N")
     p.add_argument("--tokenizer", default="", metavar="NAME", help="HF tokenizer (else chars/4)")
-    p.add_argument("--health-interval-s", type=float, default=1.0, metavar="S")
-    p.add_argument("--eject-after", type=int, default=2, metavar="N")
-    p.add_argument("--readmit-after", type=int, default=2, metavar="N")
+    p.add_argument("--health-interval-s", type=positive_float, default=1.0, metavar="S")
+    p.add_argument("--eject-after", type=positive_int, default=2, metavar="N")
+    p.add_argument("--readmit-after", type=positive_int, default=2, metavar="N")
     p.add_argument("--log-format", choices=("json", "console"), default="json")
     p.add_argument("--log-level", default="info")
     p.add_argument(
@@ -235,12 +236,17 @@ def register(groups: Groups) -> None:
     add_run_args(run)
     st = add_leaf(sub, "status", cmd_status, "instances, ranks, planned vs achieved shares")
     st.add_argument("--router", default="http://127.0.0.1:8000", metavar="URL")
-    st.add_argument("--timeout", type=float, default=5.0, metavar="S")
+    st.add_argument("--timeout", type=positive_float, default=5.0, metavar="S")
     add_output_arg(st)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``mixfleet-router``: the same as ``mixfleetctl router run``."""
+    """``mixfleet-router``: the same as ``mixfleetctl router run``; ``--version`` prints
+    ``mixfleet-router X.Y.Z``."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    if "--version" in words:
+        print(program_version("mixfleet-router"))
+        return 0
     from controlplane.cli import main as ctl_main
 
-    return ctl_main(["router", "run", *(sys.argv[1:] if argv is None else argv)])
+    return ctl_main(["router", "run", *words])

@@ -20,6 +20,7 @@ import argparse
 import math
 from typing import TYPE_CHECKING, Any
 
+from apis.cliargs import positive_int
 from controlplane.cli import files
 from controlplane.cli.connection import add_connection_args
 from controlplane.cli.output import Groups, add_group, add_leaf, add_output_arg, emit, emit_document
@@ -256,14 +257,14 @@ def _common(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--replica-groups",
-        type=int,
+        type=positive_int,
         default=1,
         metavar="N",
         help="engine instances a deployment may be split into (default: %(default)s)",
     )
     p.add_argument(
         "--workers",
-        type=int,
+        type=positive_int,
         default=1,
         metavar="N",
         help="with --fleet: processes for the estimate solves (default: %(default)s)",

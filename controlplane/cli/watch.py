@@ -21,6 +21,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from apis.cliargs import non_negative_int, positive_float
 from controlplane.cli.connection import add_client, channel, metadata, ms, rpc_error, to_json
 from controlplane.cli.output import Groups, emit_document, notes
 
@@ -106,8 +107,12 @@ def register(groups: Groups) -> None:
     """Add the ``watch`` command."""
     p = add_client(groups, "watch", cmd_watch, "stream plan changes as they happen")
     p.add_argument("-d", "--deployment", metavar="NAME")
-    p.add_argument("--count", type=int, default=0, help="stop after N events (0 = never)")
-    p.add_argument("--timeout", type=float, default=None, metavar="S", help="stop after S seconds")
+    p.add_argument(
+        "--count", type=non_negative_int, default=0, help="stop after N events (0 = never)"
+    )
+    p.add_argument(
+        "--timeout", type=positive_float, default=None, metavar="S", help="stop after S seconds"
+    )
     p.add_argument(
         "--no-reconnect",
         dest="reconnect",

@@ -129,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     requests to its DP ranks by the plan, a load shift and the migration-aware re-plan). ``--compare``: the four policies side by side on the
     mixed-24-decode scenario, with the picture of the ilp plan.
     """
-    parser = argparse.ArgumentParser(prog="python -m demo", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m demo", description=__doc__, allow_abbrev=False)
     parser.add_argument(
         "--compare",
         action="store_true",

@@ -106,7 +106,7 @@ async def _run(workdir: Path, time_limit_s: float) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the demo; returns the exit status (0 success, 1 a step failed)."""
-    parser = argparse.ArgumentParser(prog="python -m demo.e2e")
+    parser = argparse.ArgumentParser(prog="python -m demo.e2e", allow_abbrev=False)
     parser.add_argument("--keep", type=Path, default=None, help="keep state and files here")
     parser.add_argument(
         "--time-limit", type=float, default=25.0, help="ILP time limit per solve, seconds"
