@@ -11,7 +11,8 @@ and the decisions), logs every decision, and marks every deployment changed.
 
 What the decision sees (:meth:`FleetScheduler.view`): each deployment's assigned nodes less
 the nodes another *placed* deployment still holds in its committed plan or rollout - the
-graceful drain: a node moves only after its old holder committed a plan without it. A
+graceful drain: a node moves only after its old holder committed a plan without it (the
+waiting deployment is marked changed when its view changes, so it is decided then). A
 deployment the new assignment leaves Pending has its committed plan withdrawn (its parts
 removed from the agents) so its nodes free at once.
 """
@@ -62,6 +63,8 @@ class FleetScheduler:
         self._task: asyncio.Task[None] | None = None
         self._recovered = False
         self._swept_s = -math.inf
+        #: Deployment -> what :meth:`_drained` gave it at the last view (nodes, reason).
+        self._drain_view: dict[str, tuple[tuple[str, ...], str]] = {}
 
     def view(
         self,
@@ -86,12 +89,18 @@ class FleetScheduler:
                 self._task = loop.create_task(self._solve(key, deps, eligible), name="schedule")
         assigned: dict[str, tuple[str, ...]] = {}
         unscheduled = {d.name: self.reasons.get(d.name, WAITING) for d in deps}
+        drain_view: dict[str, tuple[tuple[str, ...], str]] = {}
         for name, mine in self.assigned.items():
-            assigned[name], why = self._drained(name, mine)
+            assigned[name], why = drain_view[name] = self._drained(name, mine)
             if why:
                 unscheduled[name] = why
             else:
                 unscheduled.pop(name, None)
+            if name in self._drain_view and self._drain_view[name] != drain_view[name]:
+                # A holder committed without a node (or took one again): nothing else marks
+                # the waiting deployment, so decide it again now.
+                self.ctx.changed(name)
+        self._drain_view = drain_view
         return assigned, unscheduled
 
     def _drained(self, name: str, mine: Sequence[str]) -> tuple[tuple[str, ...], str]:
