@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from controlplane.errors import StoreError
+from controlplane.store.sqlite.connection import text_or_bytes
 from controlplane.store.sqlite.guard import FILE_MODE, check_file
 from controlplane.store.sqlite.rows import (
     DECODE_ERRORS,
@@ -72,6 +73,7 @@ def check_store(path: Path) -> CheckReport:
     except sqlite3.Error as exc:
         raise StoreError(f"cannot open {path}: {exc}", field="store") from exc
     db.row_factory = sqlite3.Row
+    db.text_factory = text_or_bytes  # a non-UTF-8 row is reported, not a failed query
     try:
         _sqlite_checks(db, report)
         if report.ok or all(p.startswith("foreign key") for p in report.problems):

@@ -168,6 +168,19 @@ def _window(r: sqlite3.Row) -> LoadWindow:
     )
 
 
+def text_or_bytes(raw: bytes) -> str | bytes:
+    """The ``text_factory`` of every store connection: a TEXT value as ``str``, or its raw
+    bytes when it is not UTF-8. SQLite's default decoding raises inside the fetch, so one
+    damaged row would fail the whole query before :class:`~.rows.Quarantine` sees it; raw
+    bytes instead fail in the row's decoder (``json.loads`` and the protobuf JSON parser
+    raise :class:`UnicodeDecodeError`, a :class:`ValueError`), which quarantines that row
+    alone."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw
+
+
 def connect(
     path: Path, busy_timeout_s: float, synchronous: str, *, read_only: bool
 ) -> sqlite3.Connection:
@@ -186,6 +199,7 @@ def connect(
             uri=read_only,
         )
         db.row_factory = sqlite3.Row
+        db.text_factory = text_or_bytes
         if not read_only:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute(f"PRAGMA synchronous={synchronous}")
