@@ -1,7 +1,8 @@
 """The two baselines the integer program is measured against.
 
-* :func:`first_fit`: deployments in priority order (then name); each takes the largest
-  candidate instance that fits on the free nodes it may use, within its quota and GPU
+* :func:`first_fit`: deployments in priority order (within a priority running ones first,
+  so a newcomer never takes a node from a running deployment of its priority; then name);
+  each takes the largest candidate instance that fits on the free nodes it may use, within its quota and GPU
   bounds, keeping the nodes it held before where it can. Exclusive, one instance each, no
   look-ahead. It is also the integer program's warm start.
 * :func:`every_on_every`: what mixfleet did before the scheduler: every deployment on every
@@ -15,7 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from policies.scheduling.scoring import Choice, build_schedule, candidate_values
+from policies.scheduling.scoring import (
+    Choice,
+    build_schedule,
+    candidate_values,
+    priority_level,
+)
 from policies.scheduling.types import Demand, Schedule, ScheduleRequest
 
 
@@ -30,7 +36,7 @@ def first_fit_choice(req: ScheduleRequest) -> Choice:
     gpus_of = {n: g.gpus_per_node for g in req.groups for n in g.nodes}
     used_quota: dict[str, float] = {}
     choice: dict[str, tuple[tuple[int, tuple[str, ...]], ...]] = {}
-    for d in sorted(req.demands, key=lambda d: (-d.priority, d.name)):
+    for d in sorted(req.demands, key=lambda d: (*priority_level(req, d), d.name)):
         cands = req.candidates.get(d.name, ())
         vals = candidate_values(d, cands)
         order = sorted(

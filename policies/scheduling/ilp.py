@@ -13,6 +13,8 @@ Variables::
 Maximise (the score of :mod:`policies.scheduling.scoring`)::
 
     sum_d P_d p_d + (sum_dc v_dc z_dc - mu * vbar * moves) / V
+    (P_d: priority weight, lexicographic by priority, then running above new at one
+    priority - only a strictly higher priority preempts; scoring.priority_weights)
     moves = sum_{d held before} [ sum_{n in prev_d} (1 - x_dn) + g * sum_{n not in prev_d} x_dn ]
     (g = GROW_WEIGHT: growing onto a node disturbs less than giving one up)
 
@@ -94,7 +96,7 @@ def _model(
 ) -> tuple[pulp.LpProblem, _Vars, _XVars]:
     """Build the program of the module docstring (a minimisation of the negated score)."""
     prob = pulp.LpProblem("fleet_schedule", pulp.LpMinimize)
-    weights = priority_weights(req.demands)
+    weights = priority_weights(req)
     vbar, bound = scales(req)
     gpus_of = {n: g.gpus_per_node for g in req.groups for n in g.nodes}
     names = {d.name for d in req.demands}

@@ -10,6 +10,8 @@ number)::
 
 * ``P_d``: priority weight; a level's weight is one more than the weights of every
   deployment below it, so placing one deployment beats placing any set of lower ones.
+  Within a priority a running deployment (one that held nodes before) ranks above a new
+  one (:func:`priority_level`): only a strictly higher priority preempts.
 * ``value_d``: sum of :func:`candidate_values` of its instances (tokens per second as its
   objective weighs them).
 * ``moves``: for each deployment holding nodes before, nodes it gives up plus
@@ -60,13 +62,23 @@ def candidate_values(demand: Demand, cands: Sequence[Candidate]) -> list[float |
     return out
 
 
-def priority_weights(demands: Sequence[Demand]) -> dict[str, float]:
-    """``P_d``: one more than the sum of every lower-priority deployment's weight."""
+def priority_level(req: ScheduleRequest, d: Demand) -> tuple[int, int]:
+    """``d``'s rank, highest first (sort ascending): its priority, then running (it held
+    nodes before) above new. Only a strictly higher priority preempts: a deployment of the
+    same priority that arrives later never takes the place of a running one."""
+    return (-d.priority, 0 if req.previous.get(d.name) else 1)
+
+
+def priority_weights(req: ScheduleRequest) -> dict[str, float]:
+    """``P_d``: one more than the sum of the weights of every deployment ranked below ``d``
+    (:func:`priority_level`: a lower priority, or the same priority and new while ``d``
+    runs)."""
     weights: dict[str, float] = {}
     below = 0.0
-    for level in sorted({d.priority for d in demands}):
+    levels = {d.name: priority_level(req, d) for d in req.demands}
+    for level in sorted(set(levels.values()), reverse=True):
         w = 1.0 + below
-        at = [d for d in demands if d.priority == level]
+        at = [d for d in req.demands if levels[d.name] == level]
         for d in at:
             weights[d.name] = w
         below += w * len(at)
@@ -111,7 +123,7 @@ def moves(
 
 def score(req: ScheduleRequest, choice: Choice) -> float:
     """The objective of a choice (higher is better)."""
-    weights = priority_weights(req.demands)
+    weights = priority_weights(req)
     vbar, bound = scales(req)
     by_name = {d.name: d for d in req.demands}
     placed = 0.0

@@ -100,12 +100,17 @@ def test_higher_priorities_are_placed_as_if_the_lower_did_not_exist(seed: int) -
     s = solve_schedule(req)
     for level in sorted({d.priority for d in req.demands}):
         top = tuple(d for d in req.demands if d.priority >= level)
-        alone = solve_schedule(
-            ScheduleRequest(
-                req.groups, top, req.candidates, quotas_gpus=req.quotas_gpus, move_weight=0
-            )
+        held = {d.name: req.previous[d.name] for d in top if d.name in req.previous}
+        top_req = ScheduleRequest(
+            req.groups,
+            top,
+            req.candidates,
+            previous=held,
+            quotas_gpus=req.quotas_gpus,
+            move_weight=0,
         )
-        w = priority_weights(top)
+        alone = solve_schedule(top_req)
+        w = priority_weights(top_req)
         assert sum(w[n] for n in s.placements if n in w) == sum(w[n] for n in alone.placements)
 
 
@@ -232,3 +237,29 @@ def test_the_move_penalty_keeps_a_running_deployment_on_its_nodes() -> None:
     assert set(s.placements["x"].nodes) & {"b", "c"}
     assert s.nodes_moved <= 1
     assert violations(ScheduleRequest(g, demands, {d.name: cands for d in demands}), s) == []
+
+
+def test_a_newcomer_of_equal_priority_never_takes_a_running_deployments_place() -> None:
+    """Only a strictly higher priority preempts. ``new`` is worth twice as much on the one
+    node ``run`` holds; at priority 0 both, ``run`` keeps it (first fit too); at priority
+    1, ``new`` takes it and ``run`` is preempted."""
+    g = (NodeGroup("g", ("a",), 8, 10.0),)
+    slow = (Candidate((1,), 8, 100.0, 10.0, 10.0),)
+    fast = (Candidate((1,), 8, 200.0, 5.0, 10.0),)
+    for priority, placed in ((0, "run"), (1, "new")):
+        demands = (
+            Demand("new", frozenset({"a"}), priority=priority),
+            Demand("run", frozenset({"a"})),
+        )
+        req = ScheduleRequest(
+            g, demands, {"new": fast, "run": slow}, previous={"run": frozenset({"a"})}
+        )
+        for s in (solve_schedule(req), first_fit(req)):
+            assert set(s.placements) == {placed}, (priority, s.solver)
+            assert violations(req, s) == []
+        decided = {d.deployment: d.kind for d in solve_schedule(req).decisions}
+        assert decided == ({} if placed == "run" else {"new": "placed", "run": "preempted"})
+    # Without a previous holder the faster one wins, as before.
+    both = (Demand("new", frozenset({"a"})), Demand("run", frozenset({"a"})))
+    fresh = ScheduleRequest(g, both, {"new": fast, "run": slow})
+    assert set(solve_schedule(fresh).placements) == {"new"}
