@@ -149,15 +149,12 @@ def channel(args: argparse.Namespace) -> grpc.Channel:
     ]
     if ca is None:
         return grpc.insecure_channel(address(args), options=options)
-    cert, key = s["tlsCert"], s["tlsKey"]
-    try:
-        creds = grpc.ssl_channel_credentials(
-            root_certificates=Path(ca).expanduser().read_bytes(),
-            private_key=Path(key).expanduser().read_bytes() if key else None,
-            certificate_chain=Path(cert).expanduser().read_bytes() if cert else None,
-        )
-    except OSError as exc:
-        raise InputError(f"cannot read TLS files: {exc}", field="--tls-ca") from exc
+    from controlplane.cli.tlsfiles import client_credentials
+
+    files = client_credentials(ca, s["tlsCert"], s["tlsKey"])
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=files.ca, private_key=files.key, certificate_chain=files.cert
+    )
     return grpc.secure_channel(address(args), creds, options=options)
 
 
@@ -184,6 +181,29 @@ def call(args: argparse.Namespace, fn: Callable[[plan_pb2_grpc.PlanServiceStub, 
 _PLAINTEXT_TO_TLS = ("socket closed", "connection reset", "end of file", "eof", "recvmsg")
 #: ... and when a TLS client meets a plaintext server (the reply is not a TLS record).
 _TLS_TO_PLAINTEXT = ("ssl", "handshake", "wrong_version", "tsi_", "record")
+#: ... and when a TLS server closes the connection after the client's part of the handshake:
+#: it wanted a client certificate, or did not accept the one it was given.
+_TLS_CLOSED = ("socket closed", "connection reset", "end of file", "eof")
+
+
+def _refused_client_certificate(args: argparse.Namespace, where: str, details: str) -> str:
+    """The message for a TLS controller that closed the handshake."""
+    cert = settings(args)["tlsCert"]
+    if not cert:
+        return (
+            f"the controller at {where} closed the TLS connection: it requires a client "
+            f"certificate (mutual TLS) and none was given ({details}). To fix: pass "
+            "--tls-cert and --tls-key (e.g. admin.pem and admin-key.pem from 'mixfleetctl "
+            "certs init'), or set tlsCert and tlsKey in the client config's context"
+        )
+    from controlplane.cli.tlsfiles import certificate_summary
+
+    summary = certificate_summary(Path(cert).expanduser().read_bytes())
+    return (
+        f"the controller at {where} refused the client certificate {cert} ({summary}): it "
+        f"accepts only certificates signed by the CA it was started with (its --tls-ca) "
+        f"({details}). To fix: give a certificate and key issued by that CA"
+    )
 
 
 def rpc_error(args: argparse.Namespace, exc: grpc.RpcError) -> MixfleetError:
@@ -210,6 +230,8 @@ def rpc_error(args: argparse.Namespace, exc: grpc.RpcError) -> MixfleetError:
                 "To fix: drop --tls-ca for a plaintext controller, or give the CA that "
                 "signed its certificate"
             )
+        if tls and any(w in low for w in _TLS_CLOSED):
+            return MixfleetError(_refused_client_certificate(args, where, details))
         return MixfleetError(
             f"cannot reach the controller at {where} ({details}). To fix: check --controller "
             "(or the client config's context) and that 'mixfleetctl controller run' is up"

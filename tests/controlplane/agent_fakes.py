@@ -229,12 +229,15 @@ def controller_in_thread(
     inventories: list[NodeInventory],
     setup: Callable[[RunningController], Awaitable[None]] | None = None,
     ready_timeout_s: float = 30.0,
+    **controller_options: Any,
 ) -> Iterator[RunningController]:
     """A real in-process controller with one :class:`FakeAgent` per inventory, on its own
     event loop in a thread (for tests that call the synchronous CLI against it). ``setup``
     runs once the agents are up; the controller is yielded after it, and stopped after the
     ``yield`` returns. Use it as the body of a pytest fixture: ``yield from
-    controller_in_thread(...)``."""
+    controller_in_thread(...)``. ``controller_options`` go to ``start_controller`` (e.g.
+    ``tls=`` and ``token_file=``; the fake agents speak plaintext, so pass no inventories
+    with TLS)."""
     from controlplane.server.inprocess import start_controller
 
     ready = threading.Event()
@@ -242,7 +245,7 @@ def controller_in_thread(
     box: list[RunningController] = []
 
     async def serve() -> None:
-        async with start_controller(tmp_path) as ctl:
+        async with start_controller(tmp_path, **controller_options) as ctl:
             agents = [FakeAgent(ctl.address, inv) for inv in inventories]
             for a in agents:
                 await a.start()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -200,3 +201,28 @@ def test_every_console_script_prints_its_version(script: str, code: str) -> None
 def test_router_version_in_process(capsys: pytest.CaptureFixture[str]) -> None:
     assert router_main(["--version"]) == 0
     assert capsys.readouterr().out.startswith("mixfleet-router ")
+
+
+#: What ``mixfleetctl --version`` may import of the project: the dispatcher, the parser
+#: conventions and the error types (no command module, no solver, no gRPC, no YAML).
+VERSION_MODULES = {"apis", "apis.cliargs", "controlplane", "controlplane.cli", "policies"}
+VERSION_MODULES |= {"policies.errors"}
+
+
+def test_version_imports_only_what_it_needs() -> None:
+    code = (
+        "import json, sys; before = set(sys.modules); sys.argv = ['mixfleetctl', '--version']\n"
+        "from controlplane.cli import main\n"
+        "status = main()\n"
+        "print(json.dumps(sorted(set(sys.modules) - before)), file=sys.stderr)\n"
+        "sys.exit(status)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and done.stdout.startswith("mixfleetctl ")
+    loaded = set(json.loads(done.stderr))
+    project = {m for m in loaded if m.split(".")[0] in {*SOURCE_DIRS, "mixfleet"}}
+    assert project == VERSION_MODULES
+    heavy = {"grpc", "yaml", "numpy", "pulp", "highspy", "google.protobuf", "structlog"}
+    assert loaded.isdisjoint(heavy)
