@@ -46,7 +46,14 @@ from policies.inventory import NodeInventory
 from policies.models import ModelSpec, from_hf_config, preset
 from policies.plan import Plan
 from policies.request import PlacementRequest
-from policies.spec import DeploymentSpec, Measured, SolverPolicy, redundancy_note, to_request
+from policies.spec import (
+    DeploymentSpec,
+    Measured,
+    SolverPolicy,
+    redundancy_note,
+    serving_from_doc,
+    to_request,
+)
 from policies.spec import RebalanceSpec as SpecRebalance
 from policies.spec import WorkloadSpec as SpecWorkload
 from policies.tiers import BatchTier, InteractiveTier, TierRequest
@@ -291,7 +298,26 @@ def effective_spec(
         slo_step_time_ms=spec.slo_step_time_ms,
         memory_fraction=spec.memory_fraction,
         namespace=spec.namespace,
+        **deployment_serving(spec),
     )
+
+
+def deployment_serving(spec: ModelDeploymentSpec) -> dict[str, Any]:
+    """The deployment's demand fields (traffic, slo, disaggregation, budget) through the
+    document's one parser (:func:`policies.spec.serving_from_doc`).
+
+    Raises:
+        PermanentError: ``InvalidSpec`` naming the field (``spec.traffic.inputTokens.p90``).
+    """
+    doc = {
+        k: v
+        for k, v in to_wire(spec).items()
+        if k in ("traffic", "slo", "disaggregation", "budget")
+    }
+    try:
+        return serving_from_doc(doc)
+    except InputError as exc:
+        raise PermanentError("InvalidSpec", str(exc)) from exc
 
 
 def deployment_engine(spec: ModelDeploymentSpec) -> EngineSpec:
@@ -310,9 +336,10 @@ def deployment_engine(spec: ModelDeploymentSpec) -> EngineSpec:
 def workload_spec(w: WorkloadSpec) -> SpecWorkload:
     """The CR's workload as the one spec type, an unset ``tokensPerGpu`` resolved to the
     phase's default (:func:`policies.defaults.default_tokens_per_gpu`)."""
-    same = _same_fields(SpecWorkload, replace(w, tokens_per_gpu=0))
+    shared = {f.name for f in _fields(w)}
+    same = SpecWorkload(**{n: getattr(w, n) for n in shared if n != "tokens_per_gpu"})
     tokens = w.tokens_per_gpu or default_tokens_per_gpu(w.phase)
-    return replace(same, tokens_per_gpu=tokens)
+    return replace(same, tokens_per_gpu=tokens, tokens_per_gpu_set=w.tokens_per_gpu is not None)
 
 
 def _same_fields(cls: type[_T], source: object) -> _T:

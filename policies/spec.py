@@ -27,6 +27,17 @@ A deployment document (YAML, ``examples/deployments/*.yaml``)::
       gpuHourPrices: {H100-SXM5-80GB: 2.5}   # optional; USD per GPU-hour, catalog names
       engine: {name: sglang, version: "", # optional; native (default) | sglang | vllm | trtllm
                options: {a2aBackend: auto, dispatch: auto, dpBalance: auto}}
+      traffic: {requestsPerS: 20,   # optional demand (policies.serving.traffic), or
+                outputTokensPerS: 10240 instead of requestsPerS
+                inputTokens: {mean: 4096, p90: 6000}, outputTokens: {mean: 512, p90: 800},
+                arrival: poisson}   # poisson | bursty (with burstCv > 1)
+      slo: {ttftMs: 2000, tpotMs: 50, percentile: 90}   # optional latency targets
+      disaggregation: auto          # auto | off | on (prefill/decode pools)
+      budget: {usdPerHour: 400, gpus: 64}   # optional; either or both
+
+Without ``tokensPerGpu`` in ``workload`` the phase's default fills it and
+``WorkloadSpec.tokens_per_gpu_set`` is False: with traffic and an SLO the fleet planner then
+chooses the batch the SLO allows; a stated ``tokensPerGpu`` is an explicit override.
 
 The same document (as JSON) is what the store keeps; :mod:`apis.wire.deployment` carries it
 over PlanService.
@@ -68,6 +79,16 @@ from policies.plan import FORMS, Plan
 from policies.request import POLICIES, PlacementRequest, SolverOptions
 from policies.scheduling.fields import KEYS as SCHEDULING_KEYS
 from policies.scheduling.fields import check_fields, fields_from_doc, fields_to_doc
+from policies.serving.traffic import (
+    check_slo,
+    check_traffic,
+    slo_from_doc,
+    slo_to_doc,
+    traffic_from_doc,
+    traffic_to_doc,
+)
+from policies.spec_types import DISAGGREGATION as DISAGGREGATION
+from policies.spec_types import Budget as Budget
 from policies.spec_types import DeploymentSpec as DeploymentSpec
 from policies.spec_types import RebalanceSpec as RebalanceSpec
 from policies.spec_types import WorkloadSpec as WorkloadSpec
@@ -172,7 +193,56 @@ def check_spec(spec: DeploymentSpec, *, path: str = "spec") -> ModelSpec:
         raise InputError(f"must be an engine spec, got {spec.engine!r}", field=f"{path}.engine")
     check_engine(spec.engine, f"{path}.engine")
     check_fields(spec, path)
+    check_serving(spec, path)
     return model
+
+
+def check_serving(spec: DeploymentSpec, path: str = "spec") -> None:
+    """Validate the demand fields (``traffic``, ``slo``, ``disaggregation``, ``budget``) and
+    refuse the ones that contradict each other or an older field.
+
+    Raises:
+        InputError: naming the field and how to fix it.
+    """
+    if spec.traffic is not None:
+        check_traffic(spec.traffic, f"{path}.traffic")
+    if spec.slo is not None:
+        check_slo(spec.slo, f"{path}.slo")
+        tpot = spec.slo.tpot_ms
+        if spec.slo_step_time_ms and tpot and spec.slo_step_time_ms != tpot:
+            raise InputError(
+                f"sloStepTimeMs {spec.slo_step_time_ms:g} contradicts slo.tpotMs {tpot:g} "
+                "(both are the time per output token). To fix: drop sloStepTimeMs",
+                field=f"{path}.sloStepTimeMs",
+            )
+    if spec.disaggregation not in DISAGGREGATION:
+        raise InputError(
+            f"must be one of {', '.join(DISAGGREGATION)}, got {spec.disaggregation!r}",
+            field=f"{path}.disaggregation",
+        )
+    if spec.disaggregation == "on" and spec.traffic is None:
+        raise InputError(
+            "disaggregation on needs traffic (its prompt lengths size the prefill pool). "
+            "To fix: give spec.traffic or set disaggregation: auto",
+            field=f"{path}.disaggregation",
+        )
+    b = spec.budget
+    if not isinstance(b, Budget):
+        raise InputError(f"must be a budget, got {b!r}", field=f"{path}.budget")
+    _number(b.usd_per_hour, f"{path}.budget.usdPerHour", allow_zero=True)
+    gpus = _int(b.gpus, f"{path}.budget.gpus", minimum=0)
+    if gpus and spec.max_gpus and gpus != spec.max_gpus:
+        raise InputError(
+            f"budget.gpus {gpus} contradicts maxGpus {spec.max_gpus} (both cap its GPUs). "
+            "To fix: keep one of the two",
+            field=f"{path}.budget.gpus",
+        )
+    if gpus and spec.min_gpus > gpus:
+        raise InputError(
+            f"minGpus {spec.min_gpus} is above budget.gpus {gpus}. To fix: lower minGpus or "
+            "raise the budget",
+            field=f"{path}.budget.gpus",
+        )
 
 
 def price_table(spec: DeploymentSpec, *, path: str = "spec") -> PriceTable:
@@ -415,6 +485,7 @@ _SPEC_FIELDS = (
     frozenset({"model", "modelConfig", "workload", "nodeSelector", "gpuHourPrices"})
     | {"allowCrossVendor", "policy", "form", "redundantExperts", "solverTimeLimitS"}
     | {"prepareTimeoutS", "rebalance", "engine"}
+    | {"traffic", "slo", "disaggregation", "budget"}  # demand (policies.serving)
     | set(SCHEDULING_KEYS)  # the fleet scheduler's (policies.scheduling.fields)
     | {"policyRef", "engineFormat"}  # Kubernetes operator fields: read there, ignored here
 )
@@ -422,7 +493,10 @@ _SPEC_FIELDS = (
 #: (``status`` is what the controller reports: accepted on apply and not read, as kubectl).
 _DOCUMENT_FIELDS = ("apiVersion", "kind", "metadata", "spec", "status")
 _METADATA_FIELDS = ("name", "namespace", "labels", "annotations")
-_WORKLOAD_FIELDS = tuple(_camel(f.name) for f in fields(WorkloadSpec))
+_WORKLOAD_FIELDS = tuple(
+    _camel(f.name) for f in fields(WorkloadSpec) if f.name != "tokens_per_gpu_set"
+)
+_BUDGET_FIELDS = ("usdPerHour", "gpus")
 _REBALANCE_FIELDS = tuple(_camel(f.name) for f in fields(RebalanceSpec))
 
 
@@ -488,8 +562,64 @@ def parse_deployment(doc: Any) -> DeploymentSpec:
         gpu_hour_prices={str(k): v for k, v in prices.items()},
         engine=parse_engine(_or_empty(spec.get("engine")), "spec.engine"),
         **fields_from_doc(spec),
+        **serving_from_doc(spec),
     )
     check_spec(out)
+    return out
+
+
+def serving_from_doc(spec: Mapping[str, Any], path: str = "spec") -> dict[str, Any]:
+    """The demand fields of a ``spec`` mapping as DeploymentSpec keyword arguments, each
+    block read by its one parser (:mod:`policies.serving.traffic`); absent keys take the
+    defaults.
+
+    Raises:
+        InputError: naming the field.
+    """
+    out: dict[str, Any] = {}
+    if spec.get("traffic") is not None:
+        out["traffic"] = traffic_from_doc(spec["traffic"], f"{path}.traffic")
+    if spec.get("slo") is not None:
+        out["slo"] = slo_from_doc(spec["slo"], f"{path}.slo")
+    if spec.get("disaggregation") is not None:
+        out["disaggregation"] = spec["disaggregation"]
+    if spec.get("budget") is not None:
+        out["budget"] = budget_from_doc(spec["budget"], f"{path}.budget")
+    return out
+
+
+def budget_from_doc(doc: Any, path: str) -> Budget:
+    """A budget of ``{usdPerHour, gpus}`` (at least one of the two).
+
+    Raises:
+        InputError: naming the field.
+    """
+    if not isinstance(doc, Mapping):
+        raise InputError("must be a mapping: {usdPerHour: USD, gpus: N}", field=path)
+    check_keys(doc, _BUDGET_FIELDS, path)
+    if not doc.get("usdPerHour") and not doc.get("gpus"):
+        raise InputError(
+            "gives no limit. To fix: set usdPerHour and/or gpus (> 0), or drop budget",
+            field=path,
+        )
+    usd = _number(doc.get("usdPerHour", 0.0), f"{path}.usdPerHour", allow_zero=True)
+    gpus = _int(doc.get("gpus", 0), f"{path}.gpus", minimum=0)
+    return Budget(usd_per_hour=usd, gpus=gpus)
+
+
+def serving_to_doc(spec: DeploymentSpec) -> dict[str, Any]:
+    """The demand fields of a spec away from their defaults, as document keys (inverse of
+    :func:`serving_from_doc`)."""
+    out: dict[str, Any] = {}
+    if spec.traffic is not None:
+        out["traffic"] = traffic_to_doc(spec.traffic)
+    if spec.slo is not None:
+        out["slo"] = slo_to_doc(spec.slo)
+    if spec.disaggregation != "auto":
+        out["disaggregation"] = spec.disaggregation
+    b = spec.budget
+    if b != Budget():
+        out["budget"] = {k: v for k, v in (("usdPerHour", b.usd_per_hour), ("gpus", b.gpus)) if v}
     return out
 
 
@@ -513,6 +643,7 @@ def _workload_spec(w: Mapping[str, Any]) -> WorkloadSpec:
     return WorkloadSpec(
         phase=w.get("phase", d.phase),
         tokens_per_gpu=w.get("tokensPerGpu", default_tokens_per_gpu(w.get("phase", d.phase))),
+        tokens_per_gpu_set=w.get("tokensPerGpu") is not None,
         context_len=w.get("contextLen", d.context_len),
         kv_cache_dtype=w.get("kvCacheDtype", d.kv_cache_dtype),
         load=str(w.get("load", d.load)),
@@ -534,9 +665,10 @@ def load_matrix(v: Any, path: str) -> tuple[tuple[float, ...], ...]:
 def spec_to_doc(spec: DeploymentSpec) -> dict[str, Any]:
     """The ModelDeployment document of a spec (inverse of :func:`parse_deployment`)."""
     w = spec.workload
-    workload: dict[str, Any] = {
-        "phase": w.phase,
-        "tokensPerGpu": w.tokens_per_gpu,
+    workload: dict[str, Any] = {"phase": w.phase}
+    if w.tokens_per_gpu_set:
+        workload["tokensPerGpu"] = w.tokens_per_gpu
+    workload |= {
         "contextLen": w.context_len,
         "kvCacheDtype": w.kv_cache_dtype,
         "load": w.load,
@@ -572,4 +704,5 @@ def spec_to_doc(spec: DeploymentSpec) -> dict[str, Any]:
     if spec.engine != EngineSpec():
         body["engine"] = engine_to_doc(spec.engine)
     body.update(fields_to_doc(spec))
+    body.update(serving_to_doc(spec))
     return {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": spec.name}, "spec": body}

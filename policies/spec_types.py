@@ -15,6 +15,10 @@ from typing import Any
 
 from policies import defaults as d
 from policies.engines import EngineSpec
+from policies.serving.traffic import Slo, Traffic
+
+DISAGGREGATION = ("auto", "off", "on")
+"""Values of ``DeploymentSpec.disaggregation``."""
 
 
 @dataclass(frozen=True)
@@ -25,6 +29,10 @@ class WorkloadSpec:
         phase: ``prefill`` or ``decode``.
         tokens_per_gpu: tokens per step per GPU on average (default by phase:
             :data:`policies.defaults.DEFAULT_TOKENS_PER_GPU`).
+        tokens_per_gpu_set: whether the deployment states ``tokens_per_gpu`` (the document,
+            the CRD or the wire gave it); False when the phase's default filled it in. A
+            stated batch is an explicit override; otherwise, for a deployment with traffic
+            and an SLO, the fleet planner chooses the batch the SLO allows.
         context_len: KV cache length per sequence, tokens.
         kv_cache_dtype: ``bf16`` or ``fp8``.
         load: ``uniform``, ``synthetic:zipf:S[:seed=N]`` or ``measured`` (load windows the
@@ -34,6 +42,7 @@ class WorkloadSpec:
 
     phase: str = d.DEFAULT_PHASE
     tokens_per_gpu: int = d.DEFAULT_TOKENS_PER_GPU[d.DEFAULT_PHASE]
+    tokens_per_gpu_set: bool = False
     context_len: int = d.DEFAULT_CONTEXT_LEN
     kv_cache_dtype: str = d.DEFAULT_KV_CACHE_DTYPE
     load: str = "uniform"
@@ -59,6 +68,19 @@ class RebalanceSpec:
     sustain_s: float = 60.0
     min_interval_s: float = 300.0
     migration_weight_us: float = 0.0
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The most a deployment may take of the fleet (either limit or both; 0 = none).
+
+    Attributes:
+        usd_per_hour: most its instances may cost, USD per hour (at its GPU prices).
+        gpus: most GPUs it may take.
+    """
+
+    usd_per_hour: float = 0.0
+    gpus: int = 0
 
 
 @dataclass(frozen=True)
@@ -99,6 +121,13 @@ class DeploymentSpec:
             exclusively its own; below 1 it may share nodes with others that also declare
             a fraction (accounted: the fractions on a node sum to at most 1).
         namespace: quota namespace (the scheduler's per-namespace GPU quotas).
+        traffic: the demand it must serve (arrival rate, prompt and output lengths), or
+            None (then it is planned for its batch, ``workload.tokens_per_gpu``).
+        slo: its latency targets (TTFT and TPOT at a percentile), or None.
+        disaggregation: prefill/decode on separate instances: ``auto`` (the planner
+            decides), ``off`` (aggregated instances only) or ``on`` (prefill/decode pools
+            only; needs ``traffic``).
+        budget: the most it may cost or take; zeros = no limit.
     """
 
     name: str
@@ -122,3 +151,7 @@ class DeploymentSpec:
     slo_step_time_ms: float = 0.0
     memory_fraction: float = 1.0
     namespace: str = "default"
+    traffic: Traffic | None = None
+    slo: Slo | None = None
+    disaggregation: str = "auto"
+    budget: Budget = field(default_factory=Budget)

@@ -576,6 +576,136 @@ class PolicyRef:
 
 
 @dataclass(frozen=True)
+class LengthDistSpec:
+    """A token-length distribution: mean and p90 (a lognormal fitted to both), or a
+    histogram (policies.serving.traffic)."""
+
+    mean: float | None = field(
+        default=None,
+        metadata=k8s("Mean length, tokens.", minimum=1, maximum=16_777_216),
+    )
+    p90: float | None = field(
+        default=None,
+        metadata=k8s(
+            "90th percentile, tokens (>= mean, at most 2.27x mean); unset = the mean.",
+            minimum=1,
+            maximum=16_777_216,
+        ),
+    )
+    histogram: tuple[tuple[float, ...], ...] | None = field(
+        default=None,
+        metadata=k8s("[length tokens, weight] pairs; replaces mean and p90.", max_items=4096),
+    )
+
+    K8S_RULES: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            "has(self.mean) != has(self.histogram)",
+            "set mean (and p90) or a histogram, one of the two",
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class TrafficSpec:
+    """The demand a deployment must serve (policies.serving.traffic.Traffic)."""
+
+    requests_per_s: float | None = field(
+        default=None,
+        metadata=k8s(
+            "Mean arrival rate, requests per second.",
+            json_name="requestsPerS",
+            minimum=0,
+            exclusive_minimum=True,
+        ),
+    )
+    output_tokens_per_s: float | None = field(
+        default=None,
+        metadata=k8s(
+            "The demand as output tokens per second (instead of requestsPerS).",
+            json_name="outputTokensPerS",
+            minimum=0,
+            exclusive_minimum=True,
+        ),
+    )
+    input_tokens: LengthDistSpec = field(
+        default_factory=LengthDistSpec, metadata=k8s("Prompt length distribution.")
+    )
+    output_tokens: LengthDistSpec = field(
+        default_factory=LengthDistSpec, metadata=k8s("Output length distribution.")
+    )
+    arrival: str = field(
+        default="poisson",
+        metadata=k8s(
+            "poisson (exponential gaps) or bursty (gamma gaps with burstCv).",
+            enum=("poisson", "bursty"),
+        ),
+    )
+    burst_cv: float | None = field(
+        default=None,
+        metadata=k8s(
+            "Bursty: coefficient of variation of the gaps between arrivals (> 1); unset = 2.",
+            json_name="burstCv",
+            minimum=1,
+            exclusive_minimum=True,
+            maximum=100,
+        ),
+    )
+
+    K8S_RULES: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            "has(self.requestsPerS) != has(self.outputTokensPerS)",
+            "set requestsPerS or outputTokensPerS, one of the two",
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class SloSpec:
+    """Latency targets at a percentile of requests (policies.serving.traffic.Slo)."""
+
+    ttft_ms: float | None = field(
+        default=None,
+        metadata=k8s(
+            "Time to first token, ms; unset = no target.",
+            json_name="ttftMs",
+            minimum=0,
+            exclusive_minimum=True,
+        ),
+    )
+    tpot_ms: float | None = field(
+        default=None,
+        metadata=k8s(
+            "Time per output token after the first, ms; unset = no target.",
+            json_name="tpotMs",
+            minimum=0,
+            exclusive_minimum=True,
+        ),
+    )
+    percentile: float = field(
+        default=90.0,
+        metadata=k8s(
+            "Percentile of requests the targets hold for, in (0, 100).",
+            minimum=0,
+            exclusive_minimum=True,
+            rules=(Rule("self < 100.0", "percentile must be below 100"),),
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class BudgetSpec:
+    """The most a deployment may cost or take; either limit or both."""
+
+    usd_per_hour: float | None = field(
+        default=None,
+        metadata=k8s(
+            "Most its instances may cost, USD per hour.", json_name="usdPerHour", minimum=0
+        ),
+    )
+    gpus: int | None = field(default=None, metadata=k8s("Most GPUs it may take.", minimum=1))
+
+
+@dataclass(frozen=True)
 class ModelDeploymentSpec:
     """A model to place on the GPU fleet. The same document mixfleetctl deploy apply reads,
     plus policyRef and engineFormat."""
@@ -746,6 +876,27 @@ class ModelDeploymentSpec:
             pattern=DNS_LABEL,
             max_length=63,
         ),
+    )
+    traffic: TrafficSpec | None = field(
+        default=None,
+        metadata=k8s(
+            "Demand to serve: requestsPerS or outputTokensPerS, inputTokens and outputTokens "
+            "({mean, p90} or {histogram}), arrival. Unset: planned for workload.tokensPerGpu."
+        ),
+    )
+    slo: SloSpec | None = field(
+        default=None, metadata=k8s("Latency targets (TTFT, TPOT) at a percentile.")
+    )
+    disaggregation: str = field(
+        default="auto",
+        metadata=k8s(
+            "Prefill and decode on separate instances: auto (the planner decides), off or on "
+            "(needs traffic).",
+            enum=("auto", "off", "on"),
+        ),
+    )
+    budget: BudgetSpec | None = field(
+        default=None, metadata=k8s("Most it may cost (usdPerHour) or take (gpus).")
     )
 
     K8S_RULES: ClassVar[tuple[Rule, ...]] = (

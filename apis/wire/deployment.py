@@ -13,13 +13,16 @@ from apis.documents import load_json_field
 from policies.defaults import default_tokens_per_gpu
 from policies.engines import EngineOptions, EngineSpec, parse_engine
 from policies.errors import InputError
+from policies.serving.traffic import LengthDist, Slo, Traffic
 from policies.spec import (
+    Budget,
     DeploymentSpec,
     RebalanceSpec,
     WorkloadSpec,
     check_spec,
     load_matrix,
     resolve_model,
+    serving_from_doc,
 )
 from policies.workload import load_from_json
 
@@ -35,7 +38,7 @@ def spec_to_proto(spec: DeploymentSpec) -> plan_pb2.DeploymentSpec:
         else b"",
         workload=plan_pb2.WorkloadSpec(
             phase=w.phase,
-            tokens_per_gpu=w.tokens_per_gpu,
+            tokens_per_gpu=w.tokens_per_gpu if w.tokens_per_gpu_set else 0,
             context_len=w.context_len,
             kv_cache_dtype=w.kv_cache_dtype,
             load=w.load,
@@ -65,10 +68,88 @@ def spec_to_proto(spec: DeploymentSpec) -> plan_pb2.DeploymentSpec:
         slo_step_time_ms=spec.slo_step_time_ms,
         memory_fraction=spec.memory_fraction,
         namespace=spec.namespace,
+        disaggregation=spec.disaggregation,
+        budget=plan_pb2.BudgetSpec(usd_per_hour=spec.budget.usd_per_hour, gpus=spec.budget.gpus),
     )
     if spec.redundant_experts is not None:
         msg.redundant_experts = spec.redundant_experts
+    if spec.traffic is not None:
+        msg.traffic.CopyFrom(traffic_to_proto(spec.traffic))
+    if spec.slo is not None:
+        msg.slo.CopyFrom(plan_pb2.SloSpec(**_slo_fields(spec.slo)))
     return msg
+
+
+def _slo_fields(slo: Slo) -> dict[str, float]:
+    return {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms, "percentile": slo.percentile}
+
+
+def _length_to_proto(dist: LengthDist) -> plan_pb2.LengthDistSpec:
+    if dist.histogram:
+        return plan_pb2.LengthDistSpec(
+            histogram=[plan_pb2.LengthBin(tokens=n, weight=w) for n, w in dist.histogram]
+        )
+    return plan_pb2.LengthDistSpec(mean=dist.mean, p90=dist.p90)
+
+
+def traffic_to_proto(traffic: Traffic) -> plan_pb2.TrafficSpec:
+    """``mixfleet.v1.TrafficSpec`` of traffic (the rate as the user stated it)."""
+    stated = traffic.stated_output_tokens_per_s
+    return plan_pb2.TrafficSpec(
+        requests_per_s=0.0 if stated else traffic.requests_per_s,
+        output_tokens_per_s=stated,
+        input_tokens=_length_to_proto(traffic.input_len),
+        output_tokens=_length_to_proto(traffic.output_len),
+        arrival=traffic.arrival,
+        burst_cv=traffic.burst_cv,
+    )
+
+
+def _length_doc(msg: plan_pb2.LengthDistSpec) -> dict[str, Any]:
+    if msg.histogram:
+        return {"histogram": [[b.tokens, b.weight] for b in msg.histogram]}
+    doc: dict[str, Any] = {"mean": msg.mean}
+    if msg.p90:
+        doc["p90"] = msg.p90
+    return doc
+
+
+def serving_from_proto(msg: plan_pb2.DeploymentSpec) -> dict[str, Any]:
+    """The demand fields of a message as DeploymentSpec keyword arguments, read by the
+    document's one parser (:func:`policies.spec.serving_from_doc`); zero values mean the
+    defaults, an unset message none.
+
+    Raises:
+        InputError: naming the field (``spec.traffic.inputTokens.p90``...).
+    """
+    doc: dict[str, Any] = {}
+    if msg.HasField("traffic"):
+        t = msg.traffic
+        traffic: dict[str, Any] = {
+            "inputTokens": _length_doc(t.input_tokens),
+            "outputTokens": _length_doc(t.output_tokens),
+        }
+        if t.requests_per_s:
+            traffic["requestsPerS"] = t.requests_per_s
+        if t.output_tokens_per_s:
+            traffic["outputTokensPerS"] = t.output_tokens_per_s
+        if t.arrival:
+            traffic["arrival"] = t.arrival
+        if t.burst_cv:
+            traffic["burstCv"] = t.burst_cv
+        doc["traffic"] = traffic
+    if msg.HasField("slo"):
+        slo = {"ttftMs": msg.slo.ttft_ms, "tpotMs": msg.slo.tpot_ms}
+        doc["slo"] = {k: v for k, v in slo.items() if v}
+        if msg.slo.percentile:
+            doc["slo"]["percentile"] = msg.slo.percentile
+    if msg.disaggregation:
+        doc["disaggregation"] = msg.disaggregation
+    out = serving_from_doc(doc)
+    b = msg.budget
+    if b.usd_per_hour or b.gpus:
+        out["budget"] = Budget(usd_per_hour=b.usd_per_hour, gpus=b.gpus)
+    return out
 
 
 def engine_to_proto(engine: EngineSpec) -> plan_pb2.EngineSpec:
@@ -144,6 +225,7 @@ def spec_from_proto(msg: plan_pb2.DeploymentSpec) -> DeploymentSpec:
         workload=WorkloadSpec(
             phase=w.phase or dw.phase,
             tokens_per_gpu=w.tokens_per_gpu or default_tokens_per_gpu(w.phase or dw.phase),
+            tokens_per_gpu_set=w.tokens_per_gpu != 0,
             context_len=w.context_len or dw.context_len,
             kv_cache_dtype=w.kv_cache_dtype or dw.kv_cache_dtype,
             load=w.load or dw.load,
@@ -172,6 +254,7 @@ def spec_from_proto(msg: plan_pb2.DeploymentSpec) -> DeploymentSpec:
         slo_step_time_ms=msg.slo_step_time_ms,
         memory_fraction=msg.memory_fraction or d.memory_fraction,
         namespace=msg.namespace or d.namespace,
+        **serving_from_proto(msg),
     )
     check_spec(spec, path="spec")
     return spec

@@ -439,8 +439,9 @@ def length_from_doc(doc: Any, path: str) -> LengthDist:
             raise InputError(
                 "must be a list of [length tokens, weight] pairs", field=f"{path}.histogram"
             )
-        _check_histogram([(b[0], b[1]) for b in raw], f"{path}.histogram")
-        dist = LengthDist.of_histogram([(b[0], b[1]) for b in raw])
+        bins = [(_whole_length(b[0]), b[1]) for b in raw]  # JSON may carry 1024.0
+        _check_histogram(bins, f"{path}.histogram")
+        dist = LengthDist.of_histogram(bins)
     else:
         if "mean" not in doc:
             raise InputError("missing. To fix: give mean (and p90) or a histogram", field=path)
@@ -449,6 +450,13 @@ def length_from_doc(doc: Any, path: str) -> LengthDist:
         dist = LengthDist(mean=mean, p90=p90)
     check_length_dist(dist, path)
     return dist
+
+
+def _whole_length(v: Any) -> Any:
+    """An integral float length as an int (anything else unchanged, for the check)."""
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    return v
 
 
 def length_to_doc(dist: LengthDist) -> dict[str, Any]:

@@ -19,7 +19,9 @@ from policies.engines import EngineOptions, EngineSpec
 from policies.errors import InputError
 from policies.fleet import parse_fleet
 from policies.models import preset
+from policies.serving.traffic import LengthDist, Slo, Traffic
 from policies.spec import (
+    Budget,
     DeploymentSpec,
     Measured,
     RebalanceSpec,
@@ -36,7 +38,13 @@ from policies.spec import (
 #: CRD fields that only the operator reads (it resolves them before building a spec).
 OPERATOR_ONLY = {"policy_ref", "engine_format"}
 #: DeploymentSpec field -> proto field where the wire carries it under another name.
-PROTO_NAMES = {"model_config": "model_config_json", "load_matrix": "load_json"}
+PROTO_NAMES = {
+    "model_config": "model_config_json",
+    "load_matrix": "load_json",
+    "tokens_per_gpu_set": "tokens_per_gpu",  # the wire's 0 means "not stated"
+}
+#: Spec fields the CRD carries as the presence of another field (tokensPerGpu unset).
+PRESENCE_ONLY = {"tokens_per_gpu_set"}
 
 
 def _camel(name: str) -> str:
@@ -54,7 +62,7 @@ def _proto_names(msg: type) -> set[str]:
 
 def test_the_crd_declares_exactly_the_spec_fields() -> None:
     assert _names(v1alpha1.ModelDeploymentSpec) - OPERATOR_ONLY == _names(DeploymentSpec) - {"name"}
-    assert _names(v1alpha1.WorkloadSpec) == _names(WorkloadSpec)
+    assert _names(v1alpha1.WorkloadSpec) == _names(WorkloadSpec) - PRESENCE_ONLY
     assert _names(v1alpha1.RebalanceSpec) == _names(RebalanceSpec)
     assert _names(v1alpha1.EngineSpec) == _names(EngineSpec)
     assert _names(v1alpha1.EngineOptions) == _names(EngineOptions)
@@ -79,6 +87,7 @@ def _full_spec() -> DeploymentSpec:
         workload=WorkloadSpec(
             phase="prefill",
             tokens_per_gpu=96,
+            tokens_per_gpu_set=True,
             context_len=2048,
             kv_cache_dtype="fp8",
             load="synthetic:zipf:0.5:seed=3",
@@ -101,6 +110,12 @@ def _full_spec() -> DeploymentSpec:
         slo_step_time_ms=50.0,
         memory_fraction=0.5,
         namespace="team-a",
+        traffic=Traffic.of_output_tokens(
+            10240.0, LengthDist(4096.0, 6000.0), LengthDist.of_histogram([(256, 1), (1024, 3)])
+        ),
+        slo=Slo(ttft_ms=2000.0, tpot_ms=50.0, percentile=99.0),
+        disaggregation="on",
+        budget=Budget(usd_per_hour=400.0, gpus=64),
     )
     default = DeploymentSpec(name="full")
     for f in dataclasses.fields(DeploymentSpec):

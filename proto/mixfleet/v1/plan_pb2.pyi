@@ -335,6 +335,10 @@ class DeploymentSpec(_message.Message):
     SLO_STEP_TIME_MS_FIELD_NUMBER: _builtins.int
     MEMORY_FRACTION_FIELD_NUMBER: _builtins.int
     NAMESPACE_FIELD_NUMBER: _builtins.int
+    TRAFFIC_FIELD_NUMBER: _builtins.int
+    SLO_FIELD_NUMBER: _builtins.int
+    DISAGGREGATION_FIELD_NUMBER: _builtins.int
+    BUDGET_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """[a-z0-9][a-z0-9-]*, at most 63 characters"""
     model: _builtins.str
@@ -367,6 +371,8 @@ class DeploymentSpec(_message.Message):
     """share of each GPU's memory; 0 = 1 (exclusive GPUs)"""
     namespace: _builtins.str
     """quota namespace; "" = "default" """
+    disaggregation: _builtins.str
+    """"" = "auto" | "off" | "on" (prefill/decode pools)"""
     @_builtins.property
     def workload(self) -> Global___WorkloadSpec: ...
     @_builtins.property
@@ -382,6 +388,18 @@ class DeploymentSpec(_message.Message):
     @_builtins.property
     def engine(self) -> Global___EngineSpec:
         """unset = native; INVALID_ARGUMENT naming spec.engine.* when bad"""
+
+    @_builtins.property
+    def traffic(self) -> Global___TrafficSpec:
+        """demand to serve; unset = planned for its batch"""
+
+    @_builtins.property
+    def slo(self) -> Global___SloSpec:
+        """latency targets; unset = none"""
+
+    @_builtins.property
+    def budget(self) -> Global___BudgetSpec:
+        """most it may cost or take; unset = no limit"""
 
     def __init__(
         self,
@@ -407,16 +425,172 @@ class DeploymentSpec(_message.Message):
         slo_step_time_ms: _builtins.float = ...,
         memory_fraction: _builtins.float = ...,
         namespace: _builtins.str = ...,
+        traffic: Global___TrafficSpec | None = ...,
+        slo: Global___SloSpec | None = ...,
+        disaggregation: _builtins.str = ...,
+        budget: Global___BudgetSpec | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_redundant_experts", b"_redundant_experts", "engine", b"engine", "rebalance", b"rebalance", "redundant_experts", b"redundant_experts", "workload", b"workload"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_redundant_experts", b"_redundant_experts", "budget", b"budget", "engine", b"engine", "rebalance", b"rebalance", "redundant_experts", b"redundant_experts", "slo", b"slo", "traffic", b"traffic", "workload", b"workload"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_redundant_experts", b"_redundant_experts", "allow_cross_vendor", b"allow_cross_vendor", "engine", b"engine", "form", b"form", "gpu_hour_prices", b"gpu_hour_prices", "max_gpus", b"max_gpus", "memory_fraction", b"memory_fraction", "min_gpus", b"min_gpus", "model", b"model", "model_config_json", b"model_config_json", "name", b"name", "namespace", b"namespace", "node_selector", b"node_selector", "objective", b"objective", "policy", b"policy", "prepare_timeout_s", b"prepare_timeout_s", "priority", b"priority", "rebalance", b"rebalance", "redundant_experts", b"redundant_experts", "slo_step_time_ms", b"slo_step_time_ms", "solver_time_limit_s", b"solver_time_limit_s", "workload", b"workload"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_redundant_experts", b"_redundant_experts", "allow_cross_vendor", b"allow_cross_vendor", "budget", b"budget", "disaggregation", b"disaggregation", "engine", b"engine", "form", b"form", "gpu_hour_prices", b"gpu_hour_prices", "max_gpus", b"max_gpus", "memory_fraction", b"memory_fraction", "min_gpus", b"min_gpus", "model", b"model", "model_config_json", b"model_config_json", "name", b"name", "namespace", b"namespace", "node_selector", b"node_selector", "objective", b"objective", "policy", b"policy", "prepare_timeout_s", b"prepare_timeout_s", "priority", b"priority", "rebalance", b"rebalance", "redundant_experts", b"redundant_experts", "slo", b"slo", "slo_step_time_ms", b"slo_step_time_ms", "solver_time_limit_s", b"solver_time_limit_s", "traffic", b"traffic", "workload", b"workload"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__redundant_experts: _TypeAlias = _typing.Literal["redundant_experts"]  # noqa: Y015
     _WhichOneofArgType__redundant_experts: _TypeAlias = _typing.Literal["_redundant_experts", b"_redundant_experts"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType__redundant_experts) -> _WhichOneofReturnType__redundant_experts | None: ...
 
 Global___DeploymentSpec: _TypeAlias = DeploymentSpec  # noqa: Y015
+
+@_typing.final
+class LengthDistSpec(_message.Message):
+    """A token-length distribution: mean and p90 (a lognormal fitted to both), or a histogram."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MEAN_FIELD_NUMBER: _builtins.int
+    P90_FIELD_NUMBER: _builtins.int
+    HISTOGRAM_FIELD_NUMBER: _builtins.int
+    mean: _builtins.float
+    """tokens; 0 with a histogram"""
+    p90: _builtins.float
+    """tokens; 0 = the mean (a constant length)"""
+    @_builtins.property
+    def histogram(self) -> _containers.RepeatedCompositeFieldContainer[Global___LengthBin]:
+        """set: the distribution (mean and p90 are its own)"""
+
+    def __init__(
+        self,
+        *,
+        mean: _builtins.float = ...,
+        p90: _builtins.float = ...,
+        histogram: _abc.Iterable[Global___LengthBin] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["histogram", b"histogram", "mean", b"mean", "p90", b"p90"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LengthDistSpec: _TypeAlias = LengthDistSpec  # noqa: Y015
+
+@_typing.final
+class LengthBin(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOKENS_FIELD_NUMBER: _builtins.int
+    WEIGHT_FIELD_NUMBER: _builtins.int
+    tokens: _builtins.int
+    """length, tokens"""
+    weight: _builtins.float
+    """relative weight"""
+    def __init__(
+        self,
+        *,
+        tokens: _builtins.int = ...,
+        weight: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tokens", b"tokens", "weight", b"weight"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LengthBin: _TypeAlias = LengthBin  # noqa: Y015
+
+@_typing.final
+class TrafficSpec(_message.Message):
+    """The demand of a deployment (policies.serving.traffic.Traffic); exactly one rate is set."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUESTS_PER_S_FIELD_NUMBER: _builtins.int
+    OUTPUT_TOKENS_PER_S_FIELD_NUMBER: _builtins.int
+    INPUT_TOKENS_FIELD_NUMBER: _builtins.int
+    OUTPUT_TOKENS_FIELD_NUMBER: _builtins.int
+    ARRIVAL_FIELD_NUMBER: _builtins.int
+    BURST_CV_FIELD_NUMBER: _builtins.int
+    requests_per_s: _builtins.float
+    """mean arrival rate, requests/s; 0 = given as tokens"""
+    output_tokens_per_s: _builtins.float
+    """the demand as output tokens/s; 0 = given as requests"""
+    arrival: _builtins.str
+    """"" = "poisson" | "bursty" """
+    burst_cv: _builtins.float
+    """bursty: coefficient of variation of gaps (> 1); 0 = default"""
+    @_builtins.property
+    def input_tokens(self) -> Global___LengthDistSpec: ...
+    @_builtins.property
+    def output_tokens(self) -> Global___LengthDistSpec: ...
+    def __init__(
+        self,
+        *,
+        requests_per_s: _builtins.float = ...,
+        output_tokens_per_s: _builtins.float = ...,
+        input_tokens: Global___LengthDistSpec | None = ...,
+        output_tokens: Global___LengthDistSpec | None = ...,
+        arrival: _builtins.str = ...,
+        burst_cv: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["input_tokens", b"input_tokens", "output_tokens", b"output_tokens"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arrival", b"arrival", "burst_cv", b"burst_cv", "input_tokens", b"input_tokens", "output_tokens", b"output_tokens", "output_tokens_per_s", b"output_tokens_per_s", "requests_per_s", b"requests_per_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TrafficSpec: _TypeAlias = TrafficSpec  # noqa: Y015
+
+@_typing.final
+class SloSpec(_message.Message):
+    """Latency targets at a percentile (policies.serving.traffic.Slo)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TTFT_MS_FIELD_NUMBER: _builtins.int
+    TPOT_MS_FIELD_NUMBER: _builtins.int
+    PERCENTILE_FIELD_NUMBER: _builtins.int
+    ttft_ms: _builtins.float
+    """time to first token, ms; 0 = no target"""
+    tpot_ms: _builtins.float
+    """time per output token after the first, ms; 0 = no target"""
+    percentile: _builtins.float
+    """of requests, in (0, 100); 0 = 90"""
+    def __init__(
+        self,
+        *,
+        ttft_ms: _builtins.float = ...,
+        tpot_ms: _builtins.float = ...,
+        percentile: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["percentile", b"percentile", "tpot_ms", b"tpot_ms", "ttft_ms", b"ttft_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SloSpec: _TypeAlias = SloSpec  # noqa: Y015
+
+@_typing.final
+class BudgetSpec(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USD_PER_HOUR_FIELD_NUMBER: _builtins.int
+    GPUS_FIELD_NUMBER: _builtins.int
+    usd_per_hour: _builtins.float
+    """most its instances may cost, USD/h; 0 = no limit"""
+    gpus: _builtins.int
+    """most GPUs it may take; 0 = no limit"""
+    def __init__(
+        self,
+        *,
+        usd_per_hour: _builtins.float = ...,
+        gpus: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gpus", b"gpus", "usd_per_hour", b"usd_per_hour"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BudgetSpec: _TypeAlias = BudgetSpec  # noqa: Y015
 
 @_typing.final
 class DeploymentStatus(_message.Message):
