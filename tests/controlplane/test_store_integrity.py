@@ -1,20 +1,30 @@
 """Damage a SQLite store can meet and how the controller copes: text that is not UTF-8 in a
-row (quarantined, the rest loads, the controller starts, ``store check`` names it)."""
+row (quarantined, the rest loads, the controller starts, ``store check`` names it); a second
+controller however it names the file (refused), or one that did not see the lock (the first
+stops writing, ``store check`` reports the split)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import sqlite3
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from agent_fakes import small_inventories
 from test_store import SPEC, _plan
 
+from controlplane.errors import StoreError
 from controlplane.server.inprocess import start_controller
 from controlplane.store import StoredNode
 from controlplane.store.sqlite import SqliteStore
 from controlplane.store.sqlite.check import check_store
+from controlplane.store.sqlite.guard import lock_path
 from policies.plan import Plan
 
 #: ``{"`` then two bytes that are not UTF-8, then ``"``.
@@ -94,3 +104,105 @@ def test_the_controller_starts_beside_a_row_that_is_not_utf8(tmp_path: Path, pla
             assert {("deployments", "ok"), ("nodes", "n0")} <= found
 
     asyncio.run(main())
+
+
+# ----------------------------------------------------------------------------- one writer
+
+#: A second process that opens the store at argv[1] for writing, says so, and holds it until
+#: its stdin closes. With argv[2] == "no-lock" the file system's locks are taken as absent
+#: (``flock`` does nothing, as on a network file system without lock support).
+HOLDER = textwrap.dedent(
+    """
+    import sys
+    from controlplane.store.sqlite import guard
+    if sys.argv[2] == "no-lock":
+        guard.fcntl.flock = lambda fd, op: None
+    from controlplane.store.sqlite import SqliteStore
+    from policies.spec import DeploymentSpec
+    s = SqliteStore(sys.argv[1], new=False)
+    if sys.argv[2] == "no-lock":
+        s.put_deployment(DeploymentSpec(name="b", model="mixtral-8x7b"), now_s=9.0)
+    print("holding", flush=True)
+    sys.stdin.read()
+    s.close()
+    """
+)
+
+
+@contextlib.contextmanager
+def _holder(path: Path, mode: str = "lock") -> Iterator[subprocess.Popen[str]]:
+    """Another process holding the store at ``path`` open for writing."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(path), mode],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.strip() == "holding", proc.stderr.read() if proc.stderr else ""
+        yield proc
+    finally:
+        proc.communicate(timeout=60)
+
+
+@pytest.mark.parametrize("way", ["symlink", "hard link", "symlinked directory", "lock deleted"])
+def test_a_second_writer_is_refused_however_it_names_the_file(tmp_path: Path, way: str) -> None:
+    path = tmp_path / "state.db"
+    SqliteStore(path, new=True).close()
+    with _holder(path) as proc:
+        other = path
+        if way == "symlink":
+            other = tmp_path / "link.db"
+            other.symlink_to(path)
+        elif way == "hard link":
+            other = tmp_path / "hard.db"
+            os.link(path, other)
+        elif way == "symlinked directory":
+            (tmp_path / "dir").symlink_to(tmp_path)
+            other = tmp_path / "dir" / "state.db"
+        else:
+            lock_path(path).unlink()
+        who = "another process" if way == "hard link" else f"pid {proc.pid} "
+        with pytest.raises(StoreError, match=rf"in use by the controller {who}"):
+            SqliteStore(other, new=False)
+    if way == "hard link":  # two names of one file: two write-ahead logs
+        with pytest.raises(StoreError, match=r"has 2 hard links.*To fix: remove the other"):
+            SqliteStore(path, new=False)
+        other.unlink()
+    SqliteStore(path, new=False).close()  # the holder is gone: the store opens again
+
+
+def test_two_store_objects_of_one_process_on_one_file(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    first = SqliteStore(path, new=True)
+    link = tmp_path / "link.db"
+    link.symlink_to(path)
+    with pytest.raises(StoreError, match=rf"in use by the controller pid {os.getpid()} "):
+        SqliteStore(link, new=False)
+    first.put_deployment(SPEC, now_s=1.0)  # the refusal left the holder's locks alone
+    assert [d.name for d in first.list_deployments()] == ["mx"]
+    first.close()
+    SqliteStore(link, new=False).close()
+
+
+def test_a_writer_whose_lock_was_side_stepped_stops_writing_and_check_says_split(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "state.db"
+    first = SqliteStore(path, new=True)
+    first.put_deployment(SPEC, now_s=1.0)
+    with _holder(path, "no-lock"):  # a second controller that did not see the lock
+        with pytest.raises(StoreError, match=r"taken over by the controller pid \d+ .*To fix"):
+            first.put_deployment(SPEC.__class__(name="a", model="mixtral-8x7b"), now_s=2.0)
+        with pytest.raises(StoreError, match="taken over"):  # every later write, too
+            first.delete_deployment("mx", now_s=3.0)
+    first.close()
+    reader = SqliteStore(path, read_only=True)
+    assert sorted(d.name for d in reader.list_deployments()) == ["b", "mx"]  # not "a"
+    reader.close()
+    report = check_store(path)
+    assert not report.ok
+    assert any("two controllers wrote this store" in p for p in report.problems), report.problems

@@ -28,7 +28,7 @@ from typing import TypeVar
 
 from controlplane.errors import StoreError
 from controlplane.store.sqlite.connection import text_or_bytes
-from controlplane.store.sqlite.guard import FILE_MODE, check_file
+from controlplane.store.sqlite.guard import FILE_MODE, check_file, holder_from_json
 from controlplane.store.sqlite.rows import (
     DECODE_ERRORS,
     deployment_from_row,
@@ -107,6 +107,9 @@ def _row_checks(db: sqlite3.Connection, report: CheckReport) -> None:
         report.problems.append("meta: no store identity (controller_id)")
     else:
         report.store_id = str(ident[0])
+    split = db.execute("SELECT value FROM meta WHERE key = 'split'").fetchone()
+    if split is not None:
+        report.problems.append(_split_problem(str(split[0])))
     for table in ("nodes", "deployments", "plans", "acks", "load_windows"):
         report.counts[table] = int(db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])
     for r in db.execute("SELECT * FROM nodes"):
@@ -153,6 +156,21 @@ def _plan_checks(
             )
         if pointer is None and versions:
             report.problems.append(f"deployment {name}: v{versions[0]} committed, no pointer")
+
+
+def _split_problem(text: str) -> str:
+    """The ``meta.split`` record (two writers found, :mod:`.guard`) as a problem line."""
+    try:
+        doc = json.loads(text)
+        writers = [holder_from_json(json.dumps(w)) for w in doc["writers"]]
+        who = " and ".join(w.describe() for w in writers if w is not None)
+    except (ValueError, KeyError, TypeError):
+        who = "(the record does not decode)"
+    return (
+        f"two controllers wrote this store: {who}; the agents may hold plans of either. To "
+        "fix: stop every controller of this store but one, check the plans it serves "
+        "(`mixfleetctl plans history`), then restart it once with --store-new to clear this note"
+    )
 
 
 def _decode(report: CheckReport, what: str, fn: Callable[[], T]) -> T | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any, cast
 
 from controlplane.errors import NotFoundError, StoreError
 from controlplane.store.base import AckState, LoadWindow, StoredAck
+from controlplane.store.sqlite.guard import Holder, holder_from_json, holder_json
 from controlplane.store.sqlite.rows import Quarantine
 
 
@@ -24,18 +26,27 @@ class SqliteBase:
     _lock: threading.RLock
     _closed: bool
     _quarantine: Quarantine
+    path: Path
+    #: This writer's holder record, once written to ``meta.writer`` (None: read-only).
+    _holder: Holder | None
+    #: Why this writer writes no more ("" while it may).
+    _fenced: str
 
     # ----------------------------------------------------------------- plumbing
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction (BEGIN IMMEDIATE ... COMMIT, ROLLBACK on error)."""
+        """One write transaction (BEGIN IMMEDIATE ... COMMIT, ROLLBACK on error), after
+        checking that this writer still holds the store (:meth:`_check_writer`)."""
         with self._lock:
             if self._closed:
                 raise StoreError("the store is closed", field="store")
+            if self._fenced:
+                raise StoreError(self._fenced, field="store")
             try:
                 self._db.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as exc:
                 raise StoreError(f"cannot start a transaction: {exc}", field="store") from exc
+            self._check_writer()
             try:
                 yield self._db
             except BaseException:
@@ -46,6 +57,44 @@ class SqliteBase:
             except sqlite3.Error as exc:
                 self._db.execute("ROLLBACK")
                 raise StoreError(f"commit failed: {exc}", field="store") from exc
+
+    def _check_writer(self) -> None:
+        """Inside a write transaction: refuse it when the holder record (``meta.writer``)
+        is no longer this writer's - another controller opened the store without seeing
+        its lock. The split is recorded (``meta.split``, for ``store check``) and this
+        writer writes no more.
+
+        Raises:
+            StoreError: another writer took the store over.
+        """
+        holder = self._holder
+        if holder is None:
+            return
+        try:
+            row = self._db.execute("SELECT value FROM meta WHERE key = 'writer'").fetchone()
+            other = holder_from_json(str(row[0])) if row is not None else None
+            if other is not None and other.token == holder.token:
+                return
+            split = {
+                "found_at_s": time.time(),
+                "writers": [json.loads(holder_json(h)) for h in (holder, other) if h],
+            }
+            self._db.execute(
+                "INSERT OR REPLACE INTO meta VALUES ('split', ?)", (json.dumps(split),)
+            )
+            self._db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            self._db.execute("ROLLBACK")
+            raise StoreError(f"cannot check the store's writer: {exc}", field="store") from exc
+        who = other.describe() if other is not None else "another process (its record is gone)"
+        mine = holder.describe()
+        self._fenced = (
+            f"the store {self.path} was taken over by the controller {who} while this "
+            f"controller ({mine}) held it: two controllers wrote one store, so this one "
+            "writes no more. To fix: stop every controller of this store but one, then run "
+            "`mixfleetctl store check`"
+        )
+        raise StoreError(self._fenced, field="store")
 
     def _query(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
         with self._lock:

@@ -1,18 +1,26 @@
 """What keeps one SQLite store safe to open: one writer at a time, and the right file.
 
-* **One writer.** A controller holds an exclusive ``fcntl.flock`` on ``PATH.lock`` (beside
-  the database) for as long as its store is open; a second controller on the same file is
-  refused at start with the holder's pid, host and start time, read from the holder record
-  the lock file carries. The kernel drops the lock when the holder dies (also on kill -9),
-  so a crashed controller never blocks its successor. The lock file is created 0600 and its
-  descriptor is not inherited by child processes.
+* **One writer.** A controller holds an exclusive ``fcntl.flock`` on the database file
+  itself (its resolved path: a symlink, a hard link or a symlinked directory names the same
+  file, and there is no separate lock file to delete) for as long as its store is open; a
+  second controller on the same file is refused at start with the holder's pid, host and
+  start time. The kernel drops the lock when the holder dies (also on kill -9), so a crashed
+  controller never blocks its successor. Two stores of one process on one file are refused
+  the same way (a per-process table of held files: opening and closing a second descriptor
+  of the file would drop SQLite's own locks). The descriptor is not inherited by child
+  processes.
+* **Fencing.** Where a lock does not hold (a network file system without lock support), the
+  holder record in the database (``meta.writer``: pid, host, start time and a random token)
+  catches a second writer: every write transaction checks that the record is still its own;
+  a writer that finds another's stops writing and records the split (``meta.split``), which
+  ``mixfleetctl store check`` reports.
 * **The right file.** Every store has an identity (``meta.controller_id``, made when the
-  store is created); the holder record remembers the identity the last writer used. A
-  missing or empty (0-byte) file, a file that is not a mixfleet store, or a file whose
-  identity differs from the one last used here (replaced, restored from another store) is
-  refused unless the caller says the store is new (``mixfleetctl controller run
-  --store-new``): starting a fresh store silently would make every running deployment look
-  deleted.
+  store is created); the holder record in ``PATH.lock`` beside the database remembers the
+  identity the last writer used. A missing or empty (0-byte) file, a file that is not a
+  mixfleet store, or a file whose identity differs from the one last used here (replaced,
+  restored from another store) is refused unless the caller says the store is new
+  (``mixfleetctl controller run --store-new``): starting a fresh store silently would make
+  every running deployment look deleted.
 """
 
 from __future__ import annotations
@@ -22,10 +30,11 @@ import datetime
 import json
 import os
 import socket
+import sqlite3
 import time
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import IO
 
 from controlplane.errors import StoreError
 
@@ -47,12 +56,14 @@ class Holder:
         host: host name.
         started_at_s: when it took the lock, Unix s.
         store_id: the identity of the store it opened ("" before it read it).
+        token: random, one per opening (``meta.writer``; "" in the ``PATH.lock`` record).
     """
 
     pid: int
     host: str
     started_at_s: float
     store_id: str = ""
+    token: str = ""
 
     def describe(self) -> str:
         """``pid 1234 on host-a since 2026-12-01T10:00:00Z``."""
@@ -68,84 +79,158 @@ def lock_path(db_path: Path) -> Path:
 def read_holder(path: Path) -> Holder | None:
     """The holder record in a lock file (None when absent or unreadable)."""
     try:
-        doc = json.loads(path.read_text(encoding="utf-8") or "null")
-        return Holder(
-            int(doc["pid"]), str(doc["host"]), float(doc["started_at_s"]), str(doc["store_id"])
-        )
-    except (OSError, ValueError, KeyError, TypeError):
+        return holder_from_json(path.read_text(encoding="utf-8"))
+    except OSError:
         return None
+
+
+def holder_from_json(text: str) -> Holder | None:
+    """A holder record from its JSON (None when it is not one)."""
+    try:
+        doc = json.loads(text or "null")
+        return Holder(
+            int(doc["pid"]),
+            str(doc["host"]),
+            float(doc["started_at_s"]),
+            str(doc.get("store_id", "")),
+            str(doc.get("token", "")),
+        )
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def holder_json(h: Holder) -> str:
+    """The JSON of a holder record (``PATH.lock``, ``meta.writer``)."""
+    return json.dumps(
+        {
+            "pid": h.pid,
+            "host": h.host,
+            "started_at_s": h.started_at_s,
+            "store_id": h.store_id,
+            "token": h.token,
+        },
+        sort_keys=True,
+    )
+
+
+def read_writer(db_path: Path) -> Holder | None:
+    """The holder record in the database (``meta.writer``), read without a lock (None when
+    absent or unreadable)."""
+    try:
+        db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=1.0)
+        try:
+            row = db.execute("SELECT value FROM meta WHERE key = 'writer'").fetchone()
+        finally:
+            db.close()
+    except sqlite3.Error:
+        return None
+    return holder_from_json(str(row[0])) if row else None
+
+
+def this_writer() -> Holder:
+    """A new holder record of this process (a fresh token)."""
+    return Holder(os.getpid(), socket.gethostname(), time.time(), token=uuid.uuid4().hex)
+
+
+#: The database files (device, inode) this process holds for writing, with their holders.
+_HELD: dict[tuple[int, int], Holder] = {}
 
 
 class WriterLock:
     """The exclusive lock one writer holds on a store (see the module docstring).
 
     Args:
-        db_path: the database file.
+        db_path: the database file (resolved: no symlink in it); it must exist.
     """
 
     def __init__(self, db_path: Path) -> None:
+        self.db_path = db_path
         self.path = lock_path(db_path)
-        self._file: IO[str] | None = None
-        #: The record the previous writer left (None for the first writer).
+        #: This writer's holder record (``meta.writer`` once the store is open).
+        self.holder = this_writer()
+        self._fd: int | None = None
+        self._key: tuple[int, int] | None = None
+        #: The record the previous writer left in ``PATH.lock`` (None for the first writer).
         self.previous: Holder | None = None
 
     def acquire(self) -> None:
         """Take the lock, or refuse.
 
         Raises:
-            StoreError: another process holds it (the message names the holder), or the
-            lock file cannot be made.
+            StoreError: another process (or another store of this one) holds it - the
+            message names the holder - or the file cannot be opened.
         """
         if fcntl is None:  # pragma: no cover - not POSIX
             raise StoreError("the SQLite store needs a POSIX system (fcntl)", field="store")
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+            st = os.stat(self.db_path)
+            key = (st.st_dev, st.st_ino)
+            if key in _HELD:  # never open a second descriptor: closing it drops SQLite's locks
+                self._refuse(_HELD[key], None)
+            fd = os.open(self.db_path, os.O_RDWR | os.O_CLOEXEC)
         except OSError as exc:
             raise StoreError(
-                f"cannot create the lock file {self.path}: {exc.strerror or exc}. To fix: "
+                f"cannot open the store file {self.db_path}: {exc.strerror or exc}. To fix: "
+                "check the file's and its directory's permissions",
+                field="store",
+            ) from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            # Through another hard link SQLite reads another write-ahead log: a stale record.
+            holder = read_writer(self.db_path) if st.st_nlink == 1 else None
+            self._refuse(holder or read_holder(self.path), exc)
+        if st.st_nlink > 1:
+            os.close(fd)
+            raise StoreError(
+                f"the store file {self.db_path} has {st.st_nlink} hard links: SQLite names its "
+                "write-ahead log after the path, so writers through two names corrupt the "
+                "store. To fix: remove the other links and use one name",
+                field="store",
+            )
+        self._fd, self._key = fd, key
+        _HELD[key] = self.holder
+        self.previous = read_holder(self.path)
+        self.record("")
+
+    def _refuse(self, holder: Holder | None, cause: OSError | None) -> None:
+        who = holder.describe() if holder is not None else "another process"
+        raise StoreError(
+            f"the store {self.db_path} is in use by the controller {who}. "
+            "Only one controller may write a store. To fix: stop that controller first, "
+            "or give this one another --store",
+            field="store",
+        ) from cause
+
+    def record(self, store_id: str) -> None:
+        """Write this process's holder record (with the store identity it opened) to
+        ``PATH.lock``, where the next writer reads the identity last used here."""
+        if self._fd is None:
+            return
+        doc = replace(self.holder, store_id=store_id, token="")
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(holder_json(doc) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as exc:
+            raise StoreError(
+                f"cannot write the holder record {self.path}: {exc.strerror or exc}. To fix: "
                 "check the directory's permissions",
                 field="store",
             ) from exc
-        f = os.fdopen(fd, "r+", encoding="utf-8")
-        try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            f.close()
-            holder = read_holder(self.path)
-            who = holder.describe() if holder is not None else "another process"
-            raise StoreError(
-                f"the store {self.path.with_suffix('')} is in use by the controller {who}. "
-                "Only one controller may write a store. To fix: stop that controller first, "
-                "or give this one another --store",
-                field="store",
-            ) from exc
-        self.previous = read_holder(self.path)
-        self._file = f
-        self.record("")
-
-    def record(self, store_id: str) -> None:
-        """Write this process's holder record (with the store identity it opened)."""
-        f = self._file
-        if f is None:
-            return
-        doc = {
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "started_at_s": time.time(),
-            "store_id": store_id,
-        }
-        f.seek(0)
-        f.truncate()
-        f.write(json.dumps(doc, sort_keys=True) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
 
     def release(self) -> None:
-        """Drop the lock (idempotent); the holder record stays for the next writer."""
-        f, self._file = self._file, None
-        if f is not None:
+        """Drop the lock (idempotent; after the database is closed); the holder record in
+        ``PATH.lock`` stays for the next writer."""
+        fd, self._fd = self._fd, None
+        if self._key is not None and _HELD.get(self._key) is self.holder:
+            del _HELD[self._key]
+        if fd is not None:
             with contextlib.suppress(OSError):
-                f.close()
+                os.close(fd)
 
 
 def check_file(path: Path, *, new: bool | None) -> bool:

@@ -7,9 +7,10 @@
   a plan.
 * Every write is one ``BEGIN IMMEDIATE`` transaction; a trigger makes inserting a version
   that is not above every version of the deployment fail, so versions only grow.
-* One writer: opening for writing takes ``PATH.lock`` (:mod:`.guard`); a second controller
-  is refused with the holder's pid, host and start time. A missing, empty or replaced file is
-  refused unless the caller says the store is new.
+* One writer: opening for writing locks the database file itself (:mod:`.guard`); a second
+  controller is refused with the holder's pid, host and start time, and every write checks
+  the holder record in the file (a writer that finds another's stops writing). A missing,
+  empty or replaced file is refused unless the caller says the store is new.
 * A row that does not decode is quarantined (:class:`.rows.Quarantine`): logged, skipped,
   listed by :meth:`SqliteStore.quarantined`; the rest loads.
 * Files are created 0600 (owner only).
@@ -37,10 +38,12 @@ from controlplane.store.base import (
 )
 from controlplane.store.sqlite.connection import AckAndLoadRows, connect
 from controlplane.store.sqlite.guard import (
+    Holder,
     WriterLock,
     check_file,
     check_identity,
     create_private,
+    holder_json,
 )
 from controlplane.store.sqlite.rows import (
     PLAN_COLUMNS,
@@ -100,10 +103,12 @@ class SqliteStore(AckAndLoadRows):
     ) -> None:
         if synchronous not in ("FULL", "NORMAL"):
             raise StoreError(f"synchronous must be FULL or NORMAL, got {synchronous!r}")
-        self.path = Path(path)
+        self.path = Path(path).resolve()  # one file, however it is named
         self._lock = threading.RLock()
         self._closed = True
         self._writer: WriterLock | None = None
+        self._holder: Holder | None = None
+        self._fenced = ""
         self._quarantine = Quarantine(str(self.path))
         create = check_file(self.path, new=False if read_only else new)
         if not read_only:
@@ -120,9 +125,20 @@ class SqliteStore(AckAndLoadRows):
             if self._writer is not None:
                 check_identity(self.path, store_id, self._writer.previous, new=new)
                 self._writer.record(store_id)
+                self._claim(self._writer.holder, adopt=bool(new))
         except BaseException:
             self.close()
             raise
+
+    def _claim(self, holder: Holder, *, adopt: bool) -> None:
+        """Write this writer's holder record into the store (``meta.writer``); every later
+        write checks it (:meth:`_tx`). ``adopt`` (a store said to be new here) also clears a
+        recorded split."""
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('writer', ?)", (holder_json(holder),))
+            if adopt:
+                db.execute("DELETE FROM meta WHERE key = 'split'")
+        self._holder = holder
 
     def schema_version(self) -> int:
         rows = self._query("SELECT MAX(version) AS v FROM schema_migrations")
