@@ -244,11 +244,67 @@ def rpc_error(args: argparse.Namespace, exc: grpc.RpcError) -> MixfleetError:
 # ------------------------------------------------------------------------ replies
 
 
-def to_json(msg: Message) -> dict[str, Any]:
-    """A reply as a dict with the proto's field names."""
+def to_json(msg: Message, *, proto_names: bool = True) -> dict[str, Any]:
+    """A reply as a document for ``-o json|yaml``, in the words users write: enum values as
+    their lower-case names without the enum's prefix (``committed``, not
+    ``PLAN_STATE_COMMITTED``), 64-bit integers as numbers (``version: 1``, not ``'1'``).
+    Field names are the proto's (``committed_version``), or with ``proto_names=False`` the
+    camelCase JSON names that ModelDeployment documents use."""
     from google.protobuf import json_format
 
-    return json_format.MessageToDict(msg, preserving_proto_field_name=True)
+    doc = json_format.MessageToDict(msg, preserving_proto_field_name=proto_names)
+    return _user_words(doc, msg.DESCRIPTOR, proto_names)
+
+
+def enum_word(enum: Any, number: int) -> str:
+    """``PLAN_STATE_COMMITTED`` of enum ``PlanState`` -> ``committed``: the value's name less
+    the prefix all the enum's names share, in lower case."""
+    names = [v.name for v in enum.values]
+    prefix = names[0]
+    for n in names[1:]:
+        while not n.startswith(prefix):
+            prefix = prefix[:-1]
+    prefix = prefix[: prefix.rfind("_") + 1]
+    value = enum.values_by_number.get(number)
+    return value.name.removeprefix(prefix).lower() if value is not None else str(number)
+
+
+def _user_value(value: Any, field: Any, proto_names: bool) -> Any:
+    if field.enum_type is not None:
+        if isinstance(value, str) and value in field.enum_type.values_by_name:
+            return enum_word(field.enum_type, field.enum_type.values_by_name[value].number)
+        return value
+    if field.message_type is not None and isinstance(value, dict):
+        return _user_words(value, field.message_type, proto_names)
+    from google.protobuf.descriptor import FieldDescriptor
+
+    int64 = (FieldDescriptor.CPPTYPE_INT64, FieldDescriptor.CPPTYPE_UINT64)
+    if field.cpp_type in int64 and isinstance(value, str):  # json_format writes them quoted
+        return int(value)
+    return value
+
+
+def _user_words(doc: dict[str, Any], descriptor: Any, proto_names: bool) -> dict[str, Any]:
+    """:func:`to_json`'s rewrite of one message's dict, recursively."""
+    out: dict[str, Any] = {}
+    for key, value in doc.items():
+        field = (
+            descriptor.fields_by_name.get(key)
+            if proto_names
+            else next((f for f in descriptor.fields if f.json_name == key), None)
+        )
+        if field is None:  # well-known types (Struct, Timestamp): as json_format wrote them
+            out[key] = value
+            continue
+        entry = field.message_type
+        if entry is not None and entry.GetOptions().map_entry:
+            inner = entry.fields_by_name["value"]
+            out[key] = {k: _user_value(v, inner, proto_names) for k, v in value.items()}
+        elif isinstance(value, list):
+            out[key] = [_user_value(v, field, proto_names) for v in value]
+        else:
+            out[key] = _user_value(value, field, proto_names)
+    return out
 
 
 def age(unix_s: float) -> str:

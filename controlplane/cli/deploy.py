@@ -13,8 +13,8 @@ import argparse
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from controlplane.cli.connection import add_client, call, ms
-from controlplane.cli.output import Groups, add_group, emit, emit_document, table
+from controlplane.cli.connection import add_client, call, ms, to_json
+from controlplane.cli.output import Groups, add_group, clip, emit, emit_document, table
 from policies.errors import InputError
 
 if TYPE_CHECKING:
@@ -50,13 +50,11 @@ def _without_status(doc: Any) -> Any:
 def deployment_document(d: plan_pb2.Deployment) -> dict[str, Any]:
     """A deployment as the ModelDeployment document ``deploy apply`` reads (camelCase),
     with the controller's ``status`` (dropped again on apply)."""
-    from google.protobuf import json_format
-
     from apis.wire.deployment import spec_from_proto
     from policies.spec import spec_to_doc
 
     doc = spec_to_doc(spec_from_proto(d.spec))
-    status = json_format.MessageToDict(d.status)
+    status = to_json(d.status, proto_names=False)
     status["generation"] = d.generation
     doc["status"] = status
     return doc
@@ -104,7 +102,7 @@ def _assigned(st: Any) -> str:
     """The fleet scheduler's nodes of a deployment (``-`` when none or the scheduler is off)."""
     if not st.assigned_nodes:
         return "-"
-    return f"{st.assigned_gpus} GPUs on {','.join(st.assigned_nodes)}"[:60]
+    return clip(f"{st.assigned_gpus} GPUs on {','.join(st.assigned_nodes)}", 60)
 
 
 def cmd_deploy_get(args: argparse.Namespace) -> int:
@@ -145,7 +143,7 @@ def cmd_deploy_get(args: argparse.Namespace) -> int:
                 f"{st.cost_per_million_tokens_usd:.3f}" if st.cost_per_million_tokens_usd else "-",
                 len(st.nodes) or "-",
                 _assigned(st),
-                st.message[:60],
+                clip(st.message, 60),
             ]
         )
     conditions = [(d.spec.name, c) for d in ds for c in d.status.conditions]

@@ -1,8 +1,9 @@
 """``mixfleetctl nodes list|show|delete``: the nodes registered with the controller.
 
 ``list``: one row per node (health, healthy GPUs, GPU models, labels, last heartbeat);
-``show NODE``: one node's inventory (GPUs, NVLinks, NICs) and the deployments its agent runs
-that the controller has no record of; ``delete NODE``: forget a node whose agent is gone
+``show NODE``: the node as YAML (health, agent, labels, applied plan versions, the deployments
+the fleet scheduler assigned it to, those its agent runs that the controller has no record
+of: left running), then its GPUs and NICs as tables; ``delete NODE``: forget a node whose agent is gone
 (refused while it serves a plan or still heartbeats, unless ``--force``). ``-o json`` for
 scripts.
 """
@@ -10,9 +11,11 @@ scripts.
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from controlplane.cli.connection import add_client, age, call, to_json
-from controlplane.cli.output import Groups, add_group, emit_document, table
+from controlplane.cli.files import dump_document
+from controlplane.cli.output import Groups, add_group, emit, emit_document, table
 
 
 def cmd_nodes_list(args: argparse.Namespace) -> int:
@@ -54,21 +57,22 @@ def cmd_nodes_show(args: argparse.Namespace) -> int:
     from controlplane.wire.plans import NODE_HEALTH_NAMES
 
     inv = n.inventory
-    print(f"node:      {inv.node}")
-    print(f"health:    {NODE_HEALTH_NAMES.get(n.health, '?')}  {n.message}".rstrip())
-    print(
-        f"agent:     {inv.agent_version}{' (simulated)' if inv.simulated else ''}"
-        f"  discovered by {','.join(inv.discovered_by) or '-'}"
-    )
-    print(f"labels:    {dict(inv.labels) or '-'}")
-    print(f"seen:      {age(n.last_heartbeat_unix_s)} ago")
-    print(f"applied:   {dict(n.applied) or '-'}")
-    print(f"assigned:  {_holders(args, inv.node)}")
+    header: dict[str, Any] = {
+        "node": inv.node,
+        "health": NODE_HEALTH_NAMES.get(n.health, "?"),
+    }
+    if n.message:
+        header["message"] = n.message
+    header["agent"] = inv.agent_version + (" (simulated)" if inv.simulated else "")
+    header["discoveredBy"] = list(inv.discovered_by)
+    header["labels"] = dict(sorted(inv.labels.items()))
+    header["seen"] = f"{age(n.last_heartbeat_unix_s)} ago"
+    header["applied"] = to_json(n, proto_names=False).get("applied", {})  # deployment: version
+    header["assignedTo"] = _holders(args, inv.node)  # by the fleet scheduler
     if n.unknown_deployments:
-        print(
-            f"unknown:   {', '.join(n.unknown_deployments)} (no record in the controller's "
-            "store; left running)"
-        )
+        # no record in the controller's store; left running
+        header["unknownDeployments"] = list(n.unknown_deployments)
+    emit(dump_document(header, "yaml"))
     rows = []
     for g in inv.gpus:
         nv = sum(1 for link in g.nvlinks if link.active)
@@ -104,15 +108,14 @@ def cmd_nodes_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _holders(args: argparse.Namespace, node: str) -> str:
-    """The deployments the fleet scheduler assigned ``node`` to, or ``-``."""
+def _holders(args: argparse.Namespace, node: str) -> list[str]:
+    """The deployments the fleet scheduler assigned ``node`` to."""
     from mixfleet.v1 import plan_pb2
 
     reply = call(
         args, lambda s, md: s.ListDeployments(plan_pb2.ListDeploymentsRequest(), metadata=md)
     )
-    held = [d.spec.name for d in reply.deployments if node in d.status.assigned_nodes]
-    return ", ".join(held) + " (fleet scheduler)" if held else "-"
+    return [d.spec.name for d in reply.deployments if node in d.status.assigned_nodes]
 
 
 def cmd_nodes_delete(args: argparse.Namespace) -> int:

@@ -159,6 +159,19 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return format_table([str(h) for h in headers], [[str(c) for c in r] for r in rows])
 
 
+def clip(text: str, width: int) -> str:
+    """``text`` in at most ``width`` characters for a table cell: whole, or cut at the last
+    word boundary that leaves room for ``...`` (mid-word only when the first word alone is
+    longer than the cell)."""
+    text = " ".join(text.split())
+    if len(text) <= width:
+        return text
+    room = width - 3
+    cut = text.rfind(" ", 0, room + 1)
+    head = text[:cut] if cut > 0 else text[:room]
+    return head.rstrip(" ,;:(") + "..."
+
+
 def fmt_opt(value: float | None, fmt: str, none: str = "-") -> str:
     """``value`` formatted with ``fmt``, or ``none`` when there is no value."""
     return none if value is None else format(value, fmt)

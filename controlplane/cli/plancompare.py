@@ -22,6 +22,7 @@ from controlplane.cli.output import (
     Groups,
     add_leaf,
     add_output_arg,
+    clip,
     emit,
     emit_document,
     fmt_opt,
@@ -81,7 +82,7 @@ def plans_table(rows: Sequence[PlanRow], prices: Any = None, label: str = "polic
     table = []
     for name, plan, error in rows:
         if plan is None:
-            cells = [name, "-", "-", "-", "-", "-", "-", "no: " + error[:60]]
+            cells = [name, "-", "-", "-", "-", "-", "-", clip("no: " + error, 64)]
             table.append(cells if prices is not None else cells[:4] + cells[5:])
             continue
         s = plan.summary

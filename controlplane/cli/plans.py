@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from apis.cliargs import positive_int
 from controlplane.cli.connection import add_client, age, call, ms, to_json
-from controlplane.cli.output import Groups, add_group, emit_document, table
+from controlplane.cli.output import Groups, add_group, clip, emit, emit_document, table
 
 if TYPE_CHECKING:
     from mixfleet.v1 import plan_pb2
@@ -36,7 +36,7 @@ def _plan_row(p: plan_pb2.PlanRecord, *, history: bool = False) -> list[Any]:
     ]
     if history:
         row += [age(p.created_unix_s), age(p.state_changed_unix_s)]
-    return [*row, p.reason[:70]]
+    return [*row, clip(p.reason, 70)]
 
 
 _PLAN_HEADERS = [
@@ -82,9 +82,36 @@ def cmd_plans_history(args: argparse.Namespace) -> int:
         names = [f"plan/{p.deployment}/v{p.version}" for p in reply.plans]
         emit_document([to_json(p) for p in reply.plans], args.output, names)
         return 0
+    if not reply.plans:
+        emit(_no_plan_yet(args))
+        return 0
     rows = [_plan_row(p, history=True) for p in reply.plans]
     print(table([*_PLAN_HEADERS, "CREATED", "CHANGED", "REASON"], rows))
     return 0
+
+
+def _no_plan_yet(args: argparse.Namespace) -> str:
+    """What ``plans history`` says of a deployment without a plan version: its phase and
+    message (right after ``deploy apply``: planning is under way)."""
+    from mixfleet.v1 import plan_pb2
+
+    from controlplane.wire.plans import DEPLOYMENT_PHASE_NAMES
+
+    d = call(
+        args,
+        lambda s, md: s.GetDeployment(
+            plan_pb2.GetDeploymentRequest(name=args.deployment), metadata=md
+        ),
+    )
+    phase = DEPLOYMENT_PHASE_NAMES.get(d.status.phase, "pending")
+    said = f"{phase}: {d.status.message}" if d.status.message else phase
+    line = f"{args.deployment}: no plan version yet ({said})"
+    if phase in ("pending", "planning"):
+        line += (
+            "; planning is under way. To follow it: mixfleetctl watch (prints each version "
+            "as it is committed)"
+        )
+    return line
 
 
 def cmd_plans_show(args: argparse.Namespace) -> int:

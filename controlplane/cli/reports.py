@@ -13,7 +13,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from controlplane.cli.output import format_table
+from controlplane.cli.output import clip, format_table
 from controlplane.cli.problem import CompareRow, plan_problems
 from policies.advise import BatchAdvice, BatchPoint, ContextAdvice
 from policies.cost import MinCostResult, PlanCost, PriceTable, plan_cost
@@ -118,7 +118,7 @@ def context_table(advice: ContextAdvice) -> str:
                     "yes" if p.ok else "NO",
                     _ms(p.step_time_us),
                     "-" if p.max_context_at_shares is None else f"{p.max_context_at_shares:,}",
-                    shares or p.reason[:70],
+                    shares or clip(p.reason, 70),
                 ]
             )
     lines = [
@@ -333,7 +333,7 @@ def cost_table(rows: Sequence[CompareRow], prices: PriceTable) -> str:
     table = []
     for (policy, cost), r in zip(cost_rows(rows, prices), rows, strict=True):
         if r.result is None or cost is None:
-            table.append([policy, "-", "-", "-", "-", "-", "no: " + r.error[:50]])
+            table.append([policy, "-", "-", "-", "-", "-", clip("no: " + r.error, 54)])
             continue
         s = r.result.plan.summary
         table.append(
@@ -403,7 +403,7 @@ def min_cost_table(res: MinCostResult) -> str:
                 "-"
                 if f is None or f.final_tokens_per_s is None
                 else f"{f.final_tokens_per_s:,.0f}",
-                "CHOSEN" if c.counts == res.best.counts else (c.reason[:40] if c.reason else ""),
+                "CHOSEN" if c.counts == res.best.counts else clip(c.reason, 40),
             ]
         )
     lines = [

@@ -112,7 +112,7 @@ def test_deploy_get_yaml_applies_back(controller: Background, tmp_path: Path) ->
     assert code == 0, err
     doc = yaml.safe_load(out)
     assert doc["kind"] == "ModelDeployment" and "tokensPerGpu" in doc["spec"]["workload"]
-    assert doc["status"]["committedVersion"] == "1"
+    assert doc["status"]["committedVersion"] == 1
     saved = tmp_path / "got.yaml"
     saved.write_text(out)
     code, out, err = run(*addr, "deploy", "apply", "-f", str(saved), "-o", "yaml")

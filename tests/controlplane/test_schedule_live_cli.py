@@ -119,7 +119,7 @@ def test_explain_deploy_get_and_nodes_show(controller: RunningController, run_cl
     assert st["assignedNodes"] == mine and st["scheduling"]["placed"] is True
 
     code, out, _ = run_cli("nodes", "show", mine[0], *addr)
-    assert code == 0 and "assigned:  high (fleet scheduler)" in out
+    assert code == 0 and "assignedTo: [high]" in out
 
 
 def test_offline_flags_are_checked(run_cli: RunCli, tmp_path: Path) -> None:
