@@ -308,7 +308,9 @@ def openapi_schema(cls: type, *, constraints: Constraints | None = None) -> Json
 
     Defaults of scalar and empty-collection fields become schema ``default`` values, so the
     API server and :func:`from_wire` fill in the same values. A class attribute
-    ``K8S_RULES: ClassVar[tuple[Rule, ...]]`` adds object-level CEL rules.
+    ``K8S_RULES: ClassVar[tuple[Rule, ...]]`` adds object-level CEL rules;
+    ``K8S_DEFAULT_EMPTY: ClassVar[bool] = False`` keeps a field of that class from the
+    ``default: {}`` it would get (when the empty object fails those rules).
     """
     cons = constraints or {}
     props: dict[str, Json] = {}
@@ -320,8 +322,11 @@ def openapi_schema(cls: type, *, constraints: Constraints | None = None) -> Json
         if _has_default(f):
             default = _default_value(f)
             if dataclasses.is_dataclass(default):
-                # The API server applies the nested defaults inside an empty object.
-                s["default"] = {}
+                # The API server applies the nested defaults inside an empty object - unless
+                # the class says the empty object fails its rules (``K8S_DEFAULT_EMPTY``):
+                # the API server validates defaults against the CEL rules too.
+                if getattr(type(default), "K8S_DEFAULT_EMPTY", True):
+                    s["default"] = {}
             elif default is not None:
                 wire = _to_wire_value(default)
                 if wire != {} or shape.kind != "free":

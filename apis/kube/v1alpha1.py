@@ -603,6 +603,9 @@ class LengthDistSpec:
             "set mean (and p90) or a histogram, one of the two",
         ),
     )
+    #: No ``default: {}`` where it is a field: the empty object fails the rule above, and
+    #: kube-apiserver refuses a CRD whose defaults fail their own validation rules.
+    K8S_DEFAULT_EMPTY: ClassVar[bool] = False
 
 
 @dataclass(frozen=True)

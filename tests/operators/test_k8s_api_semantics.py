@@ -404,3 +404,62 @@ def test_crds_install_on_a_fresh_server_which_answers_conditions_null_first() ->
         assert [o["metadata"]["name"] for o in admin.list(GPUNODES)[0]] == ["n"]
     finally:
         fake.stop()
+
+
+def test_a_crd_whose_default_fails_its_own_rule_is_refused(cluster: Cluster) -> None:
+    """kube-apiserver validates a schema's defaults against the schema and its CEL rules
+    and refuses the CRD otherwise, naming each default; the fake does the same (the chart's
+    CRDs once shipped ``default: {}`` on an object whose rule the empty object fails)."""
+    plural = f"{cluster.prefix}widgets"
+    group = "e2e.mixfleet.io"
+    crd = {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{group}"},
+        "spec": {
+            "group": group,
+            "scope": "Namespaced",
+            "names": {"plural": plural, "singular": plural, "kind": "Widget"},
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "properties": {
+                                "spec": {
+                                    "type": "object",
+                                    "properties": {
+                                        "size": {
+                                            "type": "object",
+                                            "properties": {
+                                                "mean": {"type": "number"},
+                                                "histogram": {"type": "number"},
+                                            },
+                                            "x-kubernetes-validations": [
+                                                {
+                                                    "rule": "has(self.mean) != has(self.histogram)",
+                                                    "message": "set one of the two",
+                                                }
+                                            ],
+                                            "default": {},
+                                        }
+                                    },
+                                }
+                            },
+                        }
+                    },
+                }
+            ],
+        },
+    }
+    k = cluster.kube("mixfleet-e2e-setup")
+    with pytest.raises(InvalidError) as refused:
+        k.create(CRDS, crd)
+    where = "spec.validation.openAPIV3Schema.properties[spec].properties[size].default"
+    assert str(refused.value).startswith(
+        f'422 Invalid: CustomResourceDefinition.apiextensions.k8s.io "{plural}.{group}" is '
+        f"invalid: {where}: Invalid value: set one of the two\n"
+    ), refused.value

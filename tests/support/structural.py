@@ -70,7 +70,7 @@ def check_structural(schema: Mapping[str, Any], path: str = "") -> list[str]:
     type (unless it preserves unknown fields or is int-or-string), no logical junctors or
     forbidden keywords, ``properties`` and ``additionalProperties`` not both, ``metadata``
     restricted to ``name``/``generateName``, list-type annotations consistent, defaults
-    valid against their own schema.
+    valid against their own schema and its CEL rules.
     """
     problems: list[str] = []
     where = path or "<root>"
@@ -135,7 +135,9 @@ def check_structural(schema: Mapping[str, Any], path: str = "") -> list[str]:
         sub = dict(schema)
         sub.pop("default")
         value = apply_defaults(copy.deepcopy(schema["default"]), sub)
-        causes = validate(value, sub, path=path, rules=False)
+        # CEL rules included: kube-apiserver refuses a CRD whose default fails them
+        # ("...default: Invalid value: <the rule's message>").
+        causes = validate(value, sub, path=path)
         problems += [f"{where}: default {schema['default']!r} is invalid: {c}" for c in causes]
     return problems
 

@@ -15,9 +15,10 @@ from __future__ import annotations
 import copy
 import re
 
+from apis.kube.schema import apply_defaults
 from support.fakeapi.errors import ApiStatusError, Json
 from support.fakeapi.resources import ResourceType
-from support.structural import Cause, admit
+from support.structural import Cause, admit, validate
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
@@ -69,7 +70,46 @@ def admit_object(
     admitted, _dropped, causes = admit(body, rt.schema)
     if causes:
         raise ApiStatusError(422, "Invalid", "; ".join(str(c) for c in causes[:10]), causes)
+    if rt.plural == "customresourcedefinitions" and scope == "main":
+        _check_crd_defaults(admitted, name)
     return {"metadata": meta, **admitted}, []
+
+
+def _check_crd_defaults(crd: Json, name: str) -> None:
+    """A CRD whose schema defaults fail validation (their own schema or its CEL rules) is
+    refused, as kube-apiserver refuses it: ``CustomResourceDefinition.apiextensions.k8s.io
+    "NAME" is invalid: spec.validation.openAPIV3Schema.properties[spec]...default: Invalid
+    value: MESSAGE`` (several: ``[A, B]``)."""
+    causes: list[Cause] = []
+    for version in (crd.get("spec") or {}).get("versions") or []:
+        schema = (version.get("schema") or {}).get("openAPIV3Schema")
+        if isinstance(schema, dict):
+            causes += _default_causes(schema, "spec.validation.openAPIV3Schema")
+    if causes:
+        # Go's error aggregate: one error as it is, several in brackets.
+        detail = str(causes[0]) if len(causes) == 1 else f"[{', '.join(map(str, causes))}]"
+        raise ApiStatusError(
+            422,
+            "Invalid",
+            f'CustomResourceDefinition.apiextensions.k8s.io "{name}" is invalid: {detail}',
+            causes,
+        )
+
+
+def _default_causes(schema: Json, where: str) -> list[Cause]:
+    """``default: Invalid value`` causes of every default below ``schema`` that fails it."""
+    causes: list[Cause] = []
+    if "default" in schema:
+        sub = {k: v for k, v in schema.items() if k != "default"}
+        value = apply_defaults(copy.deepcopy(schema["default"]), sub)
+        for c in validate(value, sub):
+            causes.append(Cause(f"{where}.default", f"Invalid value: {c.message}"))
+    for key, sub in (schema.get("properties") or {}).items():
+        causes += _default_causes(sub, f"{where}.properties[{key}]")
+    for key in ("items", "additionalProperties"):
+        if isinstance(schema.get(key), dict):
+            causes += _default_causes(schema[key], f"{where}.{key}")
+    return causes
 
 
 def _carry_over(rt: ResourceType, new: Json, old: Json, scope: str) -> Json:
