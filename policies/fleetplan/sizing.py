@@ -1,0 +1,307 @@
+"""What one engine instance serves within an SLO: its batch limit, its capacity in requests
+per second, and the latencies it is predicted to give - read from its step curve
+(:class:`policies.serving.curves.StepCurve`) and the deployment's length distributions.
+
+The model is the serving simulator's (:mod:`policies.serving.simulate`) in steady state,
+without queueing beyond one step:
+
+**Aggregated** (continuous batching with chunked prefill). With ``B`` sequences decoding, a
+request leaves every ``OSL`` steps on average, so each step also prefills ``B x ISL / OSL``
+prompt tokens (at most the chunk budget ``C``) of the requests that replace them::
+
+    t(B)     = mixed_step_us(B, ISL + OSL/2, min(C, B ISL / OSL))        (mean lengths)
+    TPOT(B)  = t(B)
+    TTFT(B)  = t(B) + ceil((ISL_q + P(B)) / C) * mixed_step_us(B, ., min(C, P(B) + ISL_q))
+    rate(B)  = B / (OSL t(B))   [and B <= C OSL / ISL: the chunk budget limits the prompts]
+
+(``ISL_q`` the prompt length at the SLO's percentile: the wait for the running step, then
+the steps that run the prompt's chunks). The **batch limit** is the largest ``B`` with
+``TPOT(B) <= tpot``, ``TTFT(B) <= ttft`` and ``B (ISL + OSL) <= KV capacity`` (the
+simulator reserves prompt + output per admitted sequence); the **capacity** is
+``rate(B) x utilisation``: an instance planned at its full rate queues without bound.
+
+**Prefill** (a batched forward of up to ``T`` prompt tokens): ``TTFT = 2 P(T) + KV transfer
++ one decode step`` (the running forward, its own, the transfer of ``ISL_q`` tokens' KV, the
+wait for a decode slot) must meet the target with ``T >= ISL_q``; ``T`` is the largest such
+budget (larger forwards amortise the fixed cost), and ``rate = T / (ISL P(T))``, no more
+than the instance's NICs move: ``bandwidth / (ISL x KV bytes per token)``.
+
+**Decode**: ``TPOT(B) = decode_us(B, ISL + OSL/2) <= tpot``, ``B (ISL + OSL) <=`` KV
+capacity, ``rate = B / (OSL TPOT(B))``, and no more than its NICs receive.
+
+Units: microseconds (``_us``), milliseconds (``_ms``), tokens, requests per second, bytes,
+GB/s (1e9 bytes per second). Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from policies.serving.curves import StepCurve
+from policies.serving.plan import DEFAULT_CHUNK_TOKENS
+from policies.serving.traffic import Slo, Traffic
+
+UTILISATION = 0.85
+"""Share of an instance's rate at its batch limit the planner fills (headroom for the
+bursts of Poisson arrivals)."""
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """What one instance of a variant serves within the SLO.
+
+    Attributes:
+        batch_limit: most sequences it runs at once (aggregated, decode), or its prompt-token
+            budget per forward (prefill), tokens.
+        requests_per_s: requests per second it serves within the SLO (its capacity).
+        ttft_ms: predicted TTFT at the SLO's percentile at its capacity, ms.
+        tpot_ms: predicted TPOT at its capacity, ms (prefill: 0, decode sets it).
+        reason: why it serves nothing within the SLO ("" when it does).
+    """
+
+    batch_limit: int
+    requests_per_s: float
+    ttft_ms: float
+    tpot_ms: float
+    reason: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """It serves some traffic within the SLO."""
+        return self.requests_per_s > 0 and not self.reason
+
+
+@dataclass(frozen=True)
+class Lengths:
+    """The length figures sizing uses, tokens.
+
+    Attributes:
+        isl: mean prompt length.
+        osl: mean output length.
+        isl_q: prompt length at the SLO's percentile.
+        osl_q: output length at the SLO's percentile.
+        quantiles: ``(q, prompt length at q)`` for :data:`_QUANTILES`.
+    """
+
+    isl: float
+    osl: float
+    isl_q: float
+    osl_q: float
+
+    @staticmethod
+    def of(traffic: Traffic, slo: Slo) -> Lengths:
+        """The lengths of ``traffic`` at ``slo``'s percentile."""
+        q = slo.percentile / 100.0
+        return Lengths(
+            isl=traffic.input_len.mean,
+            osl=max(1.0, traffic.output_len.mean),
+            isl_q=traffic.input_len.quantile(q),
+            osl_q=traffic.output_len.quantile(q),
+            quantiles=tuple((x, traffic.input_len.quantile(x)) for x in _QUANTILES),
+        )
+
+    quantiles: tuple[tuple[float, float], ...] = ()
+
+    def quantile_isl(self, q: float) -> float:
+        """The prompt length at quantile ``q`` (one of :data:`_QUANTILES`), tokens."""
+        return dict(self.quantiles).get(q, self.isl)
+
+    @property
+    def context(self) -> float:
+        """Mean context of a decoding sequence, tokens."""
+        return self.isl + self.osl / 2.0
+
+
+def _limit(slo_ms: float) -> float:
+    """An SLO target in us (inf when there is none)."""
+    return slo_ms * 1000.0 if slo_ms > 0 else math.inf
+
+
+def _largest(ok: Callable[[int], bool], hi: int) -> int:
+    """The largest ``b`` in ``[1, hi]`` with ``ok(b)`` (monotone: true up to a point), or 0."""
+    if hi < 1 or not ok(1):
+        return 0
+    lo = 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _mem_batch(curve: StepCurve, n: Lengths) -> int:
+    """Sequences whose reserved KV (prompt + output, mean lengths) fit, at most 2^20."""
+    return min(1 << 20, int(curve.capacity_tokens() // max(1.0, n.isl + n.osl)))
+
+
+_QUANTILES = (0.1, 0.3, 0.5, 0.7, 0.9)
+"""Prompt-length quantiles one arriving prompt's prefill cost is averaged over."""
+
+
+def prefill_extra_us(curve: StepCurve, n: Lengths, arrivals: float, chunk: int) -> float:
+    """Mean time a step gains from the prompts that arrive in it, us: ``k`` prompts arrive
+    (Poisson with mean ``arrivals``) and are prefilled in the step (at most ``chunk``
+    tokens), which costs ``mixed_step_us - decode_us`` (the forward's fixed cost once).
+    Averaging the step over the arrivals, not the step of the mean arrivals: the prefill
+    cost per token grows with the chunk."""
+    if arrivals <= 0:
+        return 0.0
+    over = min(curve.decode_step_us[0][0], curve.prefill_us[0])
+    one = sum(curve.prefill_time_us(min(chunk, n.quantile_isl(q))) for q in _QUANTILES)
+    total = 0.0
+    p = math.exp(-arrivals)
+    for k in range(1, 64):
+        p *= arrivals / k
+        cost = one / len(_QUANTILES) if k == 1 else curve.prefill_time_us(min(chunk, k * n.isl))
+        total += p * (cost - over)
+        if p < 1e-6 and k > arrivals:
+            break
+    return total
+
+
+def aggregated_step_us(curve: StepCurve, n: Lengths, batch: float, chunk: int) -> float:
+    """Mean step time of an aggregated instance decoding ``batch`` sequences, us: the
+    decode step plus the prefill of the ``batch / OSL`` prompts arriving per step."""
+    return curve.decode_us(batch, n.context) + prefill_extra_us(curve, n, batch / n.osl, chunk)
+
+
+def aggregated_ttft_us(curve: StepCurve, n: Lengths, batch: float, chunk: int) -> float:
+    """Queueing-free TTFT of an aggregated instance at ``batch``, at the percentile, us:
+    the running step, then the step(s) that run the prompt's chunks."""
+    steps = math.ceil(n.isl_q / chunk)
+    own = curve.mixed_step_us(batch, n.context, min(float(chunk), n.isl_q))
+    return aggregated_step_us(curve, n, batch, chunk) + steps * own
+
+
+def size_aggregated(
+    curve: StepCurve,
+    traffic: Traffic,
+    slo: Slo,
+    *,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    utilisation: float = UTILISATION,
+) -> Sizing:
+    """Batch limit and capacity of one aggregated instance (see the module docstring)."""
+    n = Lengths.of(traffic, slo)
+    tpot, ttft = _limit(slo.tpot_ms), _limit(slo.ttft_ms)
+    hi = min(_mem_batch(curve, n), int(chunk_tokens * n.osl / max(1.0, n.isl)) or 1)
+    if hi < 1:
+        return Sizing(0, 0.0, 0.0, 0.0, "one request's KV does not fit in the instance")
+
+    def ok(b: int) -> bool:
+        return (
+            aggregated_step_us(curve, n, b, chunk_tokens) <= tpot
+            and aggregated_ttft_us(curve, n, b, chunk_tokens) <= ttft
+        )
+
+    b = _largest(ok, hi)
+    t1 = aggregated_step_us(curve, n, 1, chunk_tokens)
+    if b == 0:
+        return Sizing(
+            0,
+            0.0,
+            aggregated_ttft_us(curve, n, 1, chunk_tokens) / 1e3,
+            t1 / 1e3,
+            f"even one sequence misses the SLO (TPOT {t1 / 1e3:.1f} ms, TTFT "
+            f"{aggregated_ttft_us(curve, n, 1, chunk_tokens) / 1e3:.0f} ms)",
+        )
+    t = aggregated_step_us(curve, n, b, chunk_tokens)
+    rate = b / (n.osl * t * 1e-6) * utilisation
+    return Sizing(b, rate, aggregated_ttft_us(curve, n, b, chunk_tokens) / 1e3, t / 1e3)
+
+
+def decode_capacity(
+    curve: StepCurve, traffic: Traffic, slo: Slo, *, utilisation: float = UTILISATION
+) -> Sizing:
+    """Batch limit and capacity of one decode instance (KV arrives from a prefill pool;
+    the NIC limit is applied by :func:`size_pair`). ``ttft_ms`` is one decode step (the
+    wait for a slot)."""
+    n = Lengths.of(traffic, slo)
+    tpot = _limit(slo.tpot_ms)
+    hi = _mem_batch(curve, n)
+    b = _largest(lambda b: curve.decode_us(b, n.context) <= tpot, hi)
+    t1 = curve.decode_us(1, n.context)
+    if hi < 1:
+        return Sizing(0, 0.0, 0.0, 0.0, "one request's KV does not fit in the instance")
+    if b == 0:
+        return Sizing(0, 0.0, t1 / 1e3, t1 / 1e3, f"one decode step takes {t1 / 1e3:.1f} ms")
+    t = curve.decode_us(b, n.context)
+    return Sizing(b, b / (n.osl * t * 1e-6) * utilisation, t / 1e3, t / 1e3)
+
+
+@dataclass(frozen=True)
+class PairSizing:
+    """A prefill variant feeding a decode variant.
+
+    Attributes:
+        prefill: the prefill instance's sizing (``batch_limit`` = its prompt-token budget).
+        decode: the decode instance's sizing.
+        kv_transfer_ms: moving one prompt's KV (at the percentile length), ms.
+    """
+
+    prefill: Sizing
+    decode: Sizing
+    kv_transfer_ms: float
+
+
+def size_pair(
+    prefill: StepCurve,
+    decode: StepCurve,
+    traffic: Traffic,
+    slo: Slo,
+    *,
+    kv_gbytes_per_s: float,
+    kv_latency_us: float,
+    prefill_nic_gbytes_per_s: float,
+    decode_nic_gbytes_per_s: float,
+    utilisation: float = UTILISATION,
+) -> PairSizing:
+    """Sizing of a prefill/decode pair over a KV path of ``kv_gbytes_per_s`` (one transfer's
+    bandwidth) whose instances have NICs of ``*_nic_gbytes_per_s`` in all (see the module
+    docstring)."""
+    n = Lengths.of(traffic, slo)
+    d = decode_capacity(decode, traffic, slo, utilisation=utilisation)
+    kv_bytes = prefill.kv_bytes_per_token * n.isl
+    kv_us = kv_latency_us + prefill.kv_bytes_per_token * n.isl_q / (kv_gbytes_per_s * 1e3)
+    if d.ok:
+        # The decode side also receives every prompt's KV through its NICs.
+        nic = decode_nic_gbytes_per_s * 1e9 / kv_bytes * utilisation
+        d = Sizing(d.batch_limit, min(d.requests_per_s, nic), d.ttft_ms, d.tpot_ms)
+    ttft = _limit(slo.ttft_ms) - kv_us - d.ttft_ms * 1e3
+    lo_t = max(1, math.ceil(n.isl_q))
+    top = max(lo_t, prefill.prefill_grid[-1])
+
+    def ok(t: int) -> bool:
+        return 2.0 * prefill.prefill_time_us(t) <= ttft
+
+    budget = 0
+    if ok(lo_t):
+        # Budgets from ISL_q up, on a geometric ladder (the rate grows with the budget).
+        budget = lo_t
+        t = lo_t
+        while t < top:
+            t = min(top, int(t * 1.25) + 1)
+            if not ok(t):
+                break
+            budget = t
+    if budget == 0:
+        p = prefill.prefill_time_us(lo_t)
+        why = (
+            f"a {lo_t}-token prompt's prefill ({p / 1e3:.0f} ms, twice with the running "
+            f"forward) and KV transfer ({kv_us / 1e3:.0f} ms) exceed the TTFT target"
+        )
+        return PairSizing(Sizing(0, 0.0, (2 * p + kv_us) / 1e3, 0.0, why), d, kv_us / 1e3)
+    p = prefill.prefill_time_us(budget)
+    rate = budget / (n.isl * p * 1e-6)
+    nic = prefill_nic_gbytes_per_s * 1e9 / kv_bytes
+    sized = Sizing(
+        budget,
+        min(rate, nic) * utilisation,
+        (2 * p + kv_us) / 1e3 + d.ttft_ms,
+        0.0,
+    )
+    return PairSizing(sized, d, kv_us / 1e3)
