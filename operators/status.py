@@ -329,26 +329,31 @@ def _degraded(
 ) -> tuple[str, str, str]:
     """``(status, reason, message)`` of the Degraded condition: the current plan uses nodes
     no longer eligible, was solved for earlier inputs, or failed to roll out; or some of
-    the deployment's PartitionPlans do not parse (``unreadable``, left alone)."""
-    if current is not None:
-        eligible = {n.name for n in inputs.fleet_view.fleet.nodes} if inputs else set()
-        lost = [n for n in current.spec.nodes if inputs is not None and n not in eligible]
-        if lost:
-            why = inputs.fleet_view.excluded if inputs else {}
-            detail = ", ".join(f"{n} ({why.get(n, 'not selected')})" for n in lost[:10])
-            return (
-                "True",
-                "NodesUnavailable",
-                f"plan v{current.spec.version} uses nodes that are no longer eligible: {detail}",
-            )
+    the deployment's PartitionPlans do not parse (``unreadable``, left alone); or no plan
+    serves it (``NotServing``: True when it cannot be planned now - unschedulable,
+    preempted, a bad spec - Unknown while its first plan is being made)."""
+    if current is None:
         if solved[0] == "False":
-            return (
-                "True",
-                "ServingOutdatedPlan",
-                f"serving plan v{current.spec.version}, solved for earlier inputs: {solved[2]}",
-            )
-        if rolled[1] == "RolloutFailed":
-            return "True", "RolloutFailed", rolled[2]
+            return "True", "NotServing", f"no plan serves it: {solved[1]}: {solved[2]}"
+        return "Unknown", "NotServing", f"no plan serves it yet: {solved[2]}"
+    eligible = {n.name for n in inputs.fleet_view.fleet.nodes} if inputs else set()
+    lost = [n for n in current.spec.nodes if inputs is not None and n not in eligible]
+    if lost:
+        why = inputs.fleet_view.excluded if inputs else {}
+        detail = ", ".join(f"{n} ({why.get(n, 'not selected')})" for n in lost[:10])
+        return (
+            "True",
+            "NodesUnavailable",
+            f"plan v{current.spec.version} uses nodes that are no longer eligible: {detail}",
+        )
+    if solved[0] == "False":
+        return (
+            "True",
+            "ServingOutdatedPlan",
+            f"serving plan v{current.spec.version}, solved for earlier inputs: {solved[2]}",
+        )
+    if rolled[1] == "RolloutFailed":
+        return "True", "RolloutFailed", rolled[2]
     if unreadable:
         return (
             "True",

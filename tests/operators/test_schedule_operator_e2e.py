@@ -63,6 +63,16 @@ def test_higher_priority_preempts_the_lowest_and_its_plans_are_withdrawn(
         wait_for(lambda: not status(k, cluster, "low").get("nodes"), what="low's status cleared")
         st = status(k, cluster, "low")
         assert st.get("assignedGpus") == 0 and not st.get("currentPlan")
+        # Not "serving the plan": no plan serves it, and the condition says why.
+        degraded = wait_for(
+            lambda: (
+                (got := condition(k, cluster, "low", "Degraded")).get("reason") == "NotServing"
+                and got
+            ),
+            what="low Degraded NotServing",
+        )
+        assert degraded["status"] == "True"
+        assert degraded["message"].startswith("no plan serves it: Unschedulable: "), degraded
         # high takes the node low held; mid is not moved
         assert status(k, cluster, "high")["nodes"] == low_nodes
         assert status(k, cluster, "mid")["nodes"] == mid_nodes
@@ -87,5 +97,45 @@ def test_a_namespace_quota_leaves_a_deployment_unschedulable(cluster: Cluster, w
         assert f"namespace {cluster.namespace} quota is 2 GPUs, 2 in use" in c["message"]
         assert status(k, cluster, "first")["assignedGpus"] == 2
         assert not plans(k, cluster, "second")
+    finally:
+        op.stop()
+
+
+def test_newcomers_of_equal_priority_do_not_preempt_a_running_deployment(
+    cluster: Cluster, world: Kube
+) -> None:
+    """Only a strictly higher priority preempts: ``run`` (Mixtral, priority 0) keeps its
+    node when two priority-0 newcomers that the objective values more (Qwen3-30B-A3B, more
+    tokens/s per node) arrive for the two nodes; one of them gets the free node, the other
+    stays Unschedulable (and says it serves nothing)."""
+    k = world
+    op = start(cluster)
+    try:
+        deploy(cluster, k, "run", **ONE_NODE)
+        wait_for(lambda: solved(k, cluster, "run"), what="run solved")
+        run_nodes = status(k, cluster, "run")["nodes"]
+        run_plans = [p["metadata"]["name"] for p in plans(k, cluster, "run")]
+        for name in ("a-new", "b-new"):
+            deploy(cluster, k, name, model="qwen3-30b-a3b", **ONE_NODE)
+
+        def settled() -> tuple[str, str] | None:
+            reasons = {
+                n: condition(k, cluster, n, "Solved").get("reason") for n in ("a-new", "b-new")
+            }
+            done = sorted(reasons, key=lambda n: reasons[n] != "Solved")
+            if [reasons[n] for n in done] == ["Solved", "Unschedulable"]:
+                return done[0], done[1]
+            return None
+
+        placed, waiting = wait_for(settled, what="one newcomer placed, the other waiting")
+        assert solved(k, cluster, "run")
+        assert status(k, cluster, "run")["nodes"] == run_nodes
+        assert [p["metadata"]["name"] for p in plans(k, cluster, "run")] == run_plans
+        assert not set(status(k, cluster, placed)["nodes"]) & set(run_nodes)
+        why = condition(k, cluster, waiting, "Solved")["message"]
+        assert f"held by {cluster.namespace}/" in why, why
+        degraded = condition(k, cluster, waiting, "Degraded")
+        assert (degraded["status"], degraded["reason"]) == ("True", "NotServing"), degraded
+        assert not plans(k, cluster, waiting)
     finally:
         op.stop()
