@@ -50,6 +50,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "habits",
     "router",
     "schedule",
+    "serve",
 )
 
 

@@ -14,6 +14,25 @@ Pure: no I/O.
 """
 
 from policies.serving.curves import StepCurve, check_curve
+from policies.serving.plan import (
+    InstanceGroup,
+    KvPath,
+    Pool,
+    ServingPlan,
+    check_plan,
+    plan_from_doc,
+    plan_to_doc,
+)
+from policies.serving.simulate import (
+    GroupReport,
+    Percentiles,
+    PoolReport,
+    RequestRecord,
+    SimOptions,
+    SimReport,
+    report_to_doc,
+    simulate,
+)
 from policies.serving.traffic import (
     ARRIVALS,
     LengthDist,
@@ -32,16 +51,31 @@ from policies.serving.traffic import (
 
 __all__ = [
     "ARRIVALS",
+    "GroupReport",
+    "InstanceGroup",
+    "KvPath",
     "LengthDist",
+    "Percentiles",
+    "Pool",
+    "PoolReport",
+    "RequestRecord",
+    "ServingPlan",
+    "SimOptions",
+    "SimReport",
     "Slo",
     "StepCurve",
     "Traffic",
     "check_curve",
     "check_length_dist",
+    "check_plan",
     "check_slo",
     "check_traffic",
     "length_from_doc",
     "length_to_doc",
+    "plan_from_doc",
+    "plan_to_doc",
+    "report_to_doc",
+    "simulate",
     "slo_from_doc",
     "slo_to_doc",
     "traffic_from_doc",

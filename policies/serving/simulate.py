@@ -50,7 +50,9 @@ import random
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from policies.cost import usd_per_million_tokens
 from policies.errors import InputError
 from policies.serving.plan import InstanceGroup, KvPath, ServingPlan, check_plan
 from policies.serving.traffic import Slo, Traffic, check_slo, check_traffic
@@ -613,8 +615,8 @@ class _Sim:
             throughput_rps=len(done) / served_s if served_s > 0 else 0.0,
             throughput_tokens_per_s=thr_tokens,
             usd_per_hour=usd_h,
-            usd_per_million_tokens=_usd_per_million(usd_h, thr_tokens),
-            usd_per_million_good_tokens=_usd_per_million(usd_h, good_tps),
+            usd_per_million_tokens=usd_per_million_tokens(usd_h, thr_tokens),
+            usd_per_million_good_tokens=usd_per_million_tokens(usd_h, good_tps),
             pools=self.pool_reports(measured),
             records=records,
         )
@@ -656,12 +658,6 @@ class _Sim:
                 )
             )
         return tuple(out)
-
-
-def _usd_per_million(usd_per_hour: float, tokens_per_s: float) -> float:
-    if tokens_per_s <= 0:
-        return math.inf
-    return usd_per_hour / 3600.0 / tokens_per_s * 1e6
 
 
 def percentiles(values: Sequence[float]) -> Percentiles:
@@ -731,3 +727,58 @@ def simulate(
     sim = _Sim(plan, traffic, slo, options)
     sim.run()
     return sim.report()
+
+
+def _finite_or_none(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def report_to_doc(report: SimReport) -> dict[str, Any]:
+    """The JSON document of a report (``mixfleetctl serve simulate -o json``): every field
+    but the per-request records; infinities (no tokens served) as null."""
+
+    def pct(p: Percentiles) -> dict[str, float]:
+        return {"p50": p.p50, "p90": p.p90, "p99": p.p99, "mean": p.mean}
+
+    return {
+        "requests": report.requests,
+        "completed": report.completed,
+        "met": report.met,
+        "windowS": report.window_s,
+        "durationS": report.duration_s,
+        "offeredRequestsPerS": report.offered_rps,
+        "ttftMs": pct(report.ttft_ms),
+        "tpotMs": pct(report.tpot_ms),
+        "attainment": report.attainment,
+        "sloMet": report.slo_met,
+        "goodputRequestsPerS": report.goodput_rps,
+        "goodputOutputTokensPerS": report.goodput_tokens_per_s,
+        "throughputRequestsPerS": report.throughput_rps,
+        "throughputOutputTokensPerS": report.throughput_tokens_per_s,
+        "usdPerHour": report.usd_per_hour,
+        "usdPerMillionTokens": _finite_or_none(report.usd_per_million_tokens),
+        "usdPerMillionGoodTokens": _finite_or_none(report.usd_per_million_good_tokens),
+        "pools": [
+            {
+                "name": p.name,
+                "requests": p.requests,
+                "attainment": p.attainment,
+                "ttftP90Ms": p.ttft_p90_ms,
+                "tpotP90Ms": p.tpot_p90_ms,
+                "usdPerHour": p.usd_per_hour,
+                "groups": [
+                    {
+                        "role": g.role,
+                        "instances": g.instances,
+                        "utilisation": g.utilisation,
+                        "meanRunning": g.mean_running,
+                        "meanWaitMs": g.mean_wait_ms,
+                        "maxQueue": g.max_queue,
+                        "steps": g.steps,
+                    }
+                    for g in p.groups
+                ],
+            }
+            for p in report.pools
+        ],
+    }
