@@ -98,7 +98,7 @@ def spec(name: str, model: str, tr: Traffic, slo: Slo = SLO, priority: int = 0) 
         name,
         model=model,
         workload=WorkloadSpec(kv_cache_dtype="fp8"),
-        engine=EngineSpec(name="sglang"),
+        engine=EngineSpec(name="vllm" if model.startswith("mixtral") else "sglang"),
         priority=priority,
         traffic=tr,
         slo=slo,

@@ -44,7 +44,7 @@ from policies.solve import PLACE, fits_at_all, solve
 from policies.spec import DeploymentSpec, SolverPolicy, to_request, workload_for
 from policies.tensor_parallel import tp_cost_table
 
-CURVE_VERSION = "fleetplan-curve-1"
+CURVE_VERSION = "fleetplan-curve-2"
 """Bumped whenever the cost model or the way a curve is filled changes: a cached curve of
 another version is never read."""
 
@@ -63,8 +63,8 @@ class CurveGrid:
             ``uniform``; ``greedy``).
     """
 
-    batch_per_gpu: tuple[int, ...] = (1, 4, 16, 64, 256)
-    context_tokens: tuple[int, ...] = (1024, 4096, 16384)
+    batch_per_gpu: tuple[int, ...] = (1, 8, 32, 96, 256)
+    context_tokens: tuple[int, ...] = (1024, 8192)
     prefill_per_gpu: tuple[int, ...] = (64, 512, 2048, 8192)
     reference_batch_per_gpu: int = 16
     reference_context_tokens: int = 2048

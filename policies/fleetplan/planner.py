@@ -192,60 +192,109 @@ def _eligible(fleet: Fleet, d: FleetDeployment) -> set[str]:
     }
 
 
-def _makeups(
-    groups: Sequence[NodeGroup], eligible: Sequence[int], instance_nodes: Sequence[int], mixed: bool
-) -> list[tuple[int, ...]]:
-    """Count vectors of the candidate make-ups (one group x k nodes; two groups x 1)."""
-    out: list[tuple[int, ...]] = []
-    for t, cap in enumerate(eligible):
-        for k in instance_nodes:
-            if k <= cap:
-                out.append(tuple(k if i == t else 0 for i in range(len(groups))))
-    if mixed:
-        for a in range(len(groups)):
-            for b in range(a + 1, len(groups)):
-                if eligible[a] and eligible[b]:
-                    out.append(tuple(1 if i in (a, b) else 0 for i in range(len(groups))))
-    return out
+def _unit(n: int, t: int, k: int) -> tuple[int, ...]:
+    """The count vector of ``k`` nodes of group ``t`` among ``n`` groups."""
+    return tuple(k if i == t else 0 for i in range(n))
 
 
 def candidates(req: PlanRequest, cache: CurveCache, pool: Executor | None) -> Candidates:
     """Every deployment's variants and pairs, their curves from ``cache`` or computed (on
-    ``pool`` when given) and stored in it."""
+    ``pool`` when given) and stored in it.
+
+    Make-ups are chosen in rounds (each round's curves computed together): per deployment
+    and node group the sizes of ``settings.instance_nodes`` from the smallest up, until
+    ``settings.sizes_per_group`` of them hold the model (the first two sizes in the first
+    round); and, on fleets of at most ``settings.mixed_max_groups`` groups, one node each of
+    two groups when one node of either cannot hold the model alone (a mix that uses a
+    generation no single-group instance can)."""
     s = req.settings
     fleet = req.fleet
     groups = fleet_groups(fleet)
-    mixed = 0 < len(groups) <= s.mixed_max_groups
+    ng = len(groups)
+    mixed = 0 < ng <= s.mixed_max_groups
     elig: dict[str, tuple[int, ...]] = {}
-    jobs: dict[str, tuple[FleetDeployment, Fleet]] = {}
+    entries: dict[str, CurveEntry] = {}
     wanted: dict[str, list[tuple[tuple[int, ...], str, Fleet]]] = {}
+    stats = [0, 0]  # computed, cached
+
+    def part_of(d: FleetDeployment, vec: tuple[int, ...]) -> tuple[str, Fleet]:
+        picked = [n for g, k in zip(groups, vec, strict=True) for n in g.nodes[:k]]
+        part = sub_fleet(fleet, picked, name=f"{fleet.name}-{d.name}")
+        return curve_key(d.spec, part, s.grid), part
+
+    def run(round_jobs: Sequence[tuple[FleetDeployment, tuple[int, ...]]]) -> None:
+        todo: dict[str, tuple[FleetDeployment, Fleet]] = {}
+        for d, vec in round_jobs:
+            key, part = part_of(d, vec)
+            wanted[d.name].append((vec, key, part))
+            if key in entries or key in todo:
+                continue
+            got = cache.get(key)
+            if got is not None:
+                entries[key] = got
+                stats[1] += 1
+            else:
+                todo[key] = (d, part)
+        keys = list(todo)
+        specs = [todo[k][0].spec for k in keys]
+        parts = [todo[k][1] for k in keys]
+        grids = [s.grid] * len(keys)
+        mapper: Callable[..., Iterable[CurveEntry]] = (
+            pool.map if pool is not None and len(keys) > 1 else map
+        )
+        for key, entry in zip(keys, mapper(compute_curve, specs, parts, grids), strict=True):
+            cache.put(key, entry)
+            entries[key] = entry
+            stats[0] += 1
+
+    ladder = sorted(set(s.instance_nodes))
+    tried: dict[tuple[str, int], int] = {}  # (deployment, group) -> ladder steps tried
     for d in req.deployments:
         names = _eligible(fleet, d)
         elig[d.name] = tuple(sum(1 for n in g.nodes if n in names) for g in groups)
         wanted[d.name] = []
-        for vec in _makeups(groups, elig[d.name], s.instance_nodes, mixed):
-            picked = [n for g, k in zip(groups, vec, strict=True) for n in g.nodes[:k]]
-            part = sub_fleet(fleet, picked, name=f"{fleet.name}-{d.name}")
-            key = curve_key(d.spec, part, s.grid)
-            wanted[d.name].append((vec, key, part))
-            jobs.setdefault(key, (d, part))
-    entries: dict[str, CurveEntry] = {}
-    todo: list[str] = []
-    for key in jobs:
-        got = cache.get(key)
-        if got is None:
-            todo.append(key)
-        else:
-            entries[key] = got
-    specs = [jobs[k][0].spec for k in todo]
-    parts = [jobs[k][1] for k in todo]
-    grids = [s.grid] * len(todo)
-    mapper: Callable[..., Iterable[CurveEntry]] = (
-        pool.map if pool is not None and len(todo) > 1 else map
-    )
-    for key, entry in zip(todo, mapper(compute_curve, specs, parts, grids), strict=True):
-        cache.put(key, entry)
-        entries[key] = entry
+    first: list[tuple[FleetDeployment, tuple[int, ...]]] = []
+    for d in req.deployments:
+        for t, cap in enumerate(elig[d.name]):
+            sizes = [k for k in ladder[:2] if k <= cap]
+            first += [(d, _unit(ng, t, k)) for k in sizes]
+            tried[d.name, t] = min(2, len(ladder))
+    run(first)
+
+    def holds(d: FleetDeployment, vec: tuple[int, ...]) -> bool:
+        key, _ = part_of(d, vec)
+        return key in entries and entries[key].curve is not None
+
+    mixed_done = False
+    while True:
+        more: list[tuple[FleetDeployment, tuple[int, ...]]] = []
+        for d in req.deployments:
+            for t, cap in enumerate(elig[d.name]):
+                ok = sum(
+                    1 for k in ladder[: tried[d.name, t]] if k <= cap and holds(d, _unit(ng, t, k))
+                )
+                step = tried[d.name, t]
+                if ok >= s.sizes_per_group or step >= len(ladder) or ladder[step] > cap:
+                    continue
+                more.append((d, _unit(ng, t, ladder[step])))
+                tried[d.name, t] = step + 1
+        if mixed and not mixed_done:
+            mixed_done = True
+            for d in req.deployments:
+                alone = [bool(elig[d.name][t]) and holds(d, _unit(ng, t, 1)) for t in range(ng)]
+                for a_ in range(ng):
+                    for b_ in range(a_ + 1, ng):
+                        if elig[d.name][a_] and elig[d.name][b_] and not (alone[a_] and alone[b_]):
+                            more.append((d, tuple(1 if i in (a_, b_) else 0 for i in range(ng))))
+        if not more:
+            break
+        run(more)
+    # Only make-ups that exist once per deployment, in a stable order.
+    for name, rows in wanted.items():
+        seen: dict[tuple[int, ...], tuple[tuple[int, ...], str, Fleet]] = {}
+        for row in rows:
+            seen.setdefault(row[0], row)
+        wanted[name] = sorted(seen.values(), key=lambda r: (sum(r[0]), r[0]))
     aggregated: dict[str, tuple[Variant, ...]] = {}
     pairs: dict[str, tuple[Pair, ...]] = {}
     decodes: dict[str, tuple[Variant, ...]] = {}
@@ -263,8 +312,8 @@ def candidates(req: PlanRequest, cache: CurveCache, pool: Executor | None) -> Ca
         decodes,
         elig,
         reasons,
-        computed=len(todo),
-        cached=len(jobs) - len(todo),
+        computed=stats[0],
+        cached=stats[1],
     )
 
 

@@ -90,10 +90,12 @@ class PlannerSettings:
 
     Attributes:
         grid: where curves are sampled (:class:`~policies.fleetplan.curves.CurveGrid`).
-        instance_nodes: node counts of one-group instances (each group gets those that fit
-            in it; a count below the smallest that holds the model gives no variant).
-        mixed_max_groups: two-group instances (one node of each of two groups) are
-            candidates when the fleet has at most this many node groups (0 = never).
+        instance_nodes: the ladder of node counts of one-group instances, smallest first.
+        sizes_per_group: sizes of the ladder kept per group: the smallest that hold the
+            model (the ladder is climbed until this many do, or it ends).
+        mixed_max_groups: two-group instances (one node of each of two groups, when one node
+            of either cannot hold the model alone) are candidates when the fleet has at most
+            this many node groups (0 = never).
         utilisation: share of an instance's rate at its batch limit that is planned.
         chunk_tokens: chunked-prefill budget of an aggregated step, tokens.
         pairs_per_decode: prefill variants kept per decode variant (cheapest per request).
@@ -106,7 +108,8 @@ class PlannerSettings:
     """
 
     grid: CurveGrid = field(default_factory=CurveGrid)
-    instance_nodes: tuple[int, ...] = (1, 2, 4)
+    instance_nodes: tuple[int, ...] = (1, 2, 4, 8)
+    sizes_per_group: int = 2
     mixed_max_groups: int = 4
     utilisation: float = UTILISATION
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS
