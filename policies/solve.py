@@ -43,6 +43,7 @@ from policies.request import (
     count_moves,
 )
 from policies.solvers import eplb, greedy, ilp, locality, portfolio, uniform
+from policies.solvers.milp import work_only
 from policies.topology import Channel
 
 PLACE: dict[PolicyName, PolicyFn] = {
@@ -164,7 +165,7 @@ def _later_stages(
             )
         )
     if runtime.dispatch in ("static", "dynamic"):
-        if time.perf_counter() - t0 > 0.7 * req.options.time_limit_s:
+        if not work_only() and time.perf_counter() - t0 > 0.7 * req.options.time_limit_s:
             note = "time limit: the nearest-replica stage was skipped"
             return replace(best, plan=replace(best.plan, notes=(*best.plan.notes, note)))
         layers = locality.refine(table, runtime, share, best_raw.layers)

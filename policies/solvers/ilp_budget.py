@@ -5,10 +5,13 @@ why).
 Every limit here is derived from the request alone (time limit, layer count, model size),
 never from the clock or the worker count, so the same request gives the same plan on any
 machine; the wall-clock deadlines are safety nets whose use the plan's notes report.
+Under :func:`policies.solvers.milp.work_only` there are no wall-clock safety nets at all:
+the work limits alone end the solve, however slow or busy the machine.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -26,6 +29,7 @@ from policies.solvers.ilp_bound import (
     global_bound,
 )
 from policies.solvers.ilp_layers import LayerSolution
+from policies.solvers.milp import work_only
 
 LAYER_FRACTION = 0.8
 """Share of ``time_limit_s`` after which no stage-2 layer starts (wall clock, from the start
@@ -74,10 +78,13 @@ def work_budget(req: PlacementRequest, table: CostTable, started: float) -> Work
     """The stage-2 budget: ``MILP_FRACTION`` of the time limit spread over the layers (the
     first counted ``FIRST_WEIGHT`` times), in reference seconds. It depends on neither the
     worker count nor the machine, so neither changes the plan; the wall-clock limits are
-    safety nets that only a machine about twice slower than planned reaches."""
+    safety nets that only a machine about twice slower than planned reaches (none at all
+    under :func:`work_only`)."""
     limit = req.options.time_limit_s
     per_layer_s = limit * MILP_FRACTION / max(1.0, table.num_moe_layers - 1 + FIRST_WEIGHT)
     boxes = max(8, min(MAX_BOXES, round(BOXES_PER_S * limit)))
+    if work_only():
+        return WorkBudget(per_layer_s, boxes, math.inf, math.inf, math.inf, limit * MILP_FRACTION)
     return WorkBudget(
         per_layer_s,
         boxes,

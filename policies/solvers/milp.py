@@ -33,6 +33,18 @@ SEED = 20240611
 
 _NO_LIMIT = 2**31 - 1
 
+WORK_ONLY_ENV = "MIXFLEET_SOLVER_WORK_ONLY"
+"""Environment variable: ``1`` drops every wall-clock safety net of the solvers (each
+solve's clock limit here; the ``ilp`` policy's layer deadlines,
+:func:`policies.solvers.ilp_budget.work_budget`), so that a plan depends on its request
+alone even on a machine many times slower than the reference one: the solve takes as long
+as its work takes. The test suite sets it (tests assert behaviour, never the clock)."""
+
+
+def work_only() -> bool:
+    """Whether :data:`WORK_ONLY_ENV` asks for work limits alone (no wall-clock limit)."""
+    return os.environ.get(WORK_ONLY_ENV, "") == "1"
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -109,7 +121,7 @@ def _highs_options(limits: Limits) -> dict[str, Any]:
         "mip_rel_gap": float(limits.mip_gap),
         "mip_max_nodes": int(min(limits.max_nodes, _NO_LIMIT)),
     }
-    if math.isfinite(limits.wall_s):
+    if math.isfinite(limits.wall_s) and not work_only():
         opts["time_limit"] = max(0.01, float(limits.wall_s))
     return opts
 
@@ -302,7 +314,7 @@ def _cbc(prob: pulp.LpProblem, limits: Limits, relax: bool, warm: bool) -> MilpO
         cbc = pulp.PULP_CBC_CMD(
             mip=not relax,
             msg=False,
-            timeLimit=None if math.isinf(limits.wall_s) else max(1.0, limits.wall_s),
+            timeLimit=None if math.isinf(limits.wall_s) or work_only() else max(1.0, limits.wall_s),
             gapRel=limits.mip_gap,
             warmStart=warm,
             threads=1,

@@ -14,6 +14,7 @@ from typing import Any, cast
 import grpc
 from grpc import aio
 from mixfleet.v1 import agent_pb2, agent_pb2_grpc
+from support.waits import hang_guard_s
 
 Ctx = aio.ServicerContext[Any, Any]
 
@@ -115,10 +116,11 @@ async def start_fake(service: FakeAgentService, port: int = 0) -> tuple[aio.Serv
 
 
 async def wait_for(predicate: object, timeout_s: float = 5.0, what: str = "") -> None:
-    """Poll ``predicate()`` every 10 ms until it is true or ``timeout_s`` passes."""
+    """Poll ``predicate()`` every 10 ms until it is true or ``timeout_s`` passes (at least
+    :data:`support.waits.HANG_GUARD_S`: a hang guard, not a speed claim)."""
     assert callable(predicate)
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
+    deadline = loop.time() + hang_guard_s(timeout_s)
     while not predicate():
         if loop.time() > deadline:
             raise AssertionError(f"timed out waiting for {what or predicate}")

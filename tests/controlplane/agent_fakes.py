@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 from mixfleet.v1 import agent_pb2, agent_pb2_grpc
+from support.waits import hang_guard_s
 
 from apis.wire.inventory import inventory_to_proto
 from policies.inventory import NodeInventory
@@ -183,8 +184,10 @@ class FakeAgent:
 
 
 async def wait_until(predicate: Any, timeout_s: float = 20.0, what: str = "condition") -> None:
-    """Poll ``predicate()`` every 20 ms until it is true (AssertionError after timeout)."""
+    """Poll ``predicate()`` every 20 ms until it is true (AssertionError after ``timeout_s``,
+    at least :data:`support.waits.HANG_GUARD_S`: a hang guard, not a speed claim)."""
     loop = asyncio.get_running_loop()
+    timeout_s = hang_guard_s(timeout_s)
     end = loop.time() + timeout_s
     while not predicate():
         if loop.time() > end:

@@ -124,9 +124,13 @@ def test_sustained_load_shift_triggers_a_migration_aware_rebalance(tmp_path: Pat
                     fleet = parse_fleet(small_fleet_doc())
                     scratch = solve(build_request(SPEC, fleet, measured=skew)).plan
                     scratch_moves = diff_plans(v1.plan, scratch).expert_moves
-                    # The ILP is time-limited, so exact figures vary from run to run; typically
-                    # about half the moves of a fresh plan within a few percent of its step time.
-                    assert moves <= 0.75 * scratch_moves, (moves, scratch_moves)
+                    # Work limits alone end the solves here (root conftest.py): on a busy
+                    # machine a clock-cut re-plan kept the greedy warm start of its layers
+                    # and moved nearly as many experts as a fresh plan (94 of 119). Now the
+                    # figures are the same on any machine: about a fifth of a fresh plan's
+                    # moves, within a few percent of its step time.
+                    assert not any("machine's speed" in n for n in v2.plan.notes), v2.plan.notes
+                    assert moves <= 0.5 * scratch_moves, (moves, scratch_moves)
                     step, best = v2.plan.summary.step_time_us, scratch.summary.step_time_us
                     assert step <= 1.12 * best, (step, best)
                     fleet_v1 = ctl.controller.fleet_for("mini", ["n0", "n1", "n2"])

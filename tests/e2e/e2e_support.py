@@ -12,6 +12,7 @@ from typing import Any
 import grpc
 from grpc import aio
 from mixfleet.v1 import engine_pb2, engine_pb2_grpc, plan_pb2, plan_pb2_grpc
+from support.waits import hang_guard_s
 
 from agents.agent import AgentSettings, TlsFiles
 from agents.applier import parse_env
@@ -84,9 +85,10 @@ def spec(
 async def eventually(
     probe: Callable[[], Awaitable[Any]], *, timeout_s: float = 20.0, what: str = ""
 ) -> Any:
-    """Call ``probe`` every 50 ms until it returns something truthy; return that."""
+    """Call ``probe`` every 50 ms until it returns something truthy; return that. Gives up
+    after ``timeout_s``, at least :data:`support.waits.HANG_GUARD_S` (a hang guard)."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
+    deadline = loop.time() + hang_guard_s(timeout_s)
     last: Any = None
     while loop.time() < deadline:
         try:

@@ -150,9 +150,7 @@ def test_sigkill_at_each_point_of_a_rollout_converges(tmp_path: Path) -> None:
         report = check_store(tmp_path / "state.db")
         assert report.ok, report.problems
 
-    t0 = time.monotonic()
     asyncio.run(go())
-    assert time.monotonic() - t0 < 60
 
 
 def test_a_second_controller_on_the_same_store_is_refused(tmp_path: Path) -> None:
@@ -200,11 +198,13 @@ def test_agents_that_backed_off_are_not_declared_lost_after_a_restart(tmp_path: 
             def back() -> bool:
                 return all(a.stats.heartbeats > beats[n] + 2 for n, a in sim.agents.items())
 
-            while not back() and time.monotonic() - t0 < 15:
+            while not back() and time.monotonic() - t0 < 120:  # a hang guard only
                 assert not c.nodes.lost, "a node that only backed off was declared lost"
                 await asyncio.sleep(0.05)
             assert back() and not c.nodes.lost
-            assert time.monotonic() - t0 > settings.node_lost_after_s  # they took longer
+            # the scenario held: they took longer than a node may stay silent (a lower
+            # bound, which a slower machine only makes truer)
+            assert time.monotonic() - t0 > settings.node_lost_after_s
             await sim.stop()
 
     asyncio.run(go())

@@ -24,6 +24,7 @@ import urllib3
 import yaml
 from kubernetes import client as k8s_client
 from support.fakeapi import FakeApiServer, crd_manifests
+from support.waits import hang_guard_s
 
 from apis.kube.client import (
     GPUNODES,
@@ -127,7 +128,9 @@ class Cluster:
 def wait_for(
     fn: Callable[[], Any], *, timeout_s: float = 90.0, interval_s: float = 0.1, what: str = ""
 ) -> Any:
-    """Poll ``fn`` until it returns a truthy value; fail with ``what`` after ``timeout_s``."""
+    """Poll ``fn`` until it returns a truthy value; fail with ``what`` after ``timeout_s``
+    (at least :data:`support.waits.HANG_GUARD_S`: a hang guard, not a speed claim)."""
+    timeout_s = hang_guard_s(timeout_s)
     deadline = time.monotonic() + timeout_s
     last: Any = None
     while time.monotonic() < deadline:

@@ -6,8 +6,11 @@ machine.
   placement with the plan's attention shares - on random fleets, on the benchmark
   scenarios' fleets, and against exhaustive search on instances small enough to enumerate.
 * The gap is measured against the global bound and is never negative.
-* ``time_limit_s`` bounds the whole solve's wall clock.
-* The same request gives the same plan id with one worker or several.
+* When the clock cuts the solve short (the layers' deadline passed), the plan is still a valid one no worse than the greedy plan and its notes
+  say that the answer depends on the machine's speed. How long solves take against their
+  limit is measured by ``make bench-determinism``, never asserted here.
+* The same request gives the same plan id with one worker or several (work limits alone:
+  the test run sets ``MIXFLEET_SOLVER_WORK_ONLY``, see the root conftest.py).
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ import dataclasses
 import itertools
 import math
 import random
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -36,6 +38,7 @@ from policies.models import preset
 from policies.plan import Plan
 from policies.request import POLICIES, PlacementRequest, SolverOptions
 from policies.solve import solve
+from policies.solvers import ilp_budget
 from policies.solvers.common import engine_layer
 from policies.solvers.ilp_bound import (
     conditional_bound,
@@ -44,6 +47,7 @@ from policies.solvers.ilp_bound import (
     global_bound,
     tangent_lines,
 )
+from policies.solvers.milp import WORK_ONLY_ENV
 from policies.workload import make_workload, synthetic_zipf
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -310,14 +314,26 @@ def test_equitable_classes_split_gpus_that_see_the_fleet_differently() -> None:
 # ------------------------------------------------------------------ time limit, determinism
 
 
-def test_time_limit_bounds_the_whole_solve() -> None:
-    s = dataclasses.replace(SCENARIOS["mixed-24-decode"], time_limit_s=3.0)
-    req = _request(s, read_fleet(FLEETS / s.fleet), "ilp", "engine")
-    t0 = time.perf_counter()
-    result = solve(req)
-    wall = time.perf_counter() - t0
-    assert wall <= 1.1 * 3.0 + 1.0, wall
-    _check_summary(result.plan)
+def test_a_solve_the_clock_cuts_short_is_valid_and_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The clock is simulated: every layer's deadline has passed before the first one starts,
+    # as on a machine far slower than the reference one, whatever this machine's speed.
+    monkeypatch.delenv(WORK_ONLY_ENV, raising=False)
+    real = ilp_budget.work_budget
+
+    def late(req: PlacementRequest, table: CostTable, started: float) -> ilp_budget.WorkBudget:
+        return dataclasses.replace(real(req, table, started), deadline=started - 1.0)
+
+    monkeypatch.setattr("policies.solvers.ilp.work_budget", late)
+    req = _mixed_fleet_request(3, 20.0, 1)
+    plan = solve(req).plan
+    assert plan.summary.feasible
+    _check_summary(plan)
+    cut = "time limit: 3 layer(s) not solved before the deadline kept the greedy warm start"
+    assert any(n.startswith(cut) and "machine's speed" in n for n in plan.notes), plan.notes
+    greedy_plan = solve(dataclasses.replace(req, policy="greedy")).plan
+    assert plan.summary.step_time_us <= greedy_plan.summary.step_time_us * (1 + 1e-9)
 
 
 def test_same_plan_with_one_worker_or_two() -> None:

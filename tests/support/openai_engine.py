@@ -81,6 +81,9 @@ class LoopbackEngine:
         port: bound port (0 before :meth:`start`, kept after a kill for a new start).
         stamp: put ``"mono_s": time.monotonic()`` (the sending time, a clock shared by the
             processes of one host) into every streamed chunk, for latency benchmarks.
+        held: ranks that hold every request they receive, generating nothing until
+            :meth:`release` (a rank stalled as far as the router can see, whatever the
+            machine's speed).
     """
 
     engine: str = "sglang"
@@ -92,7 +95,9 @@ class LoopbackEngine:
     dump_dir: Path | None = None
     port: int = 0
     stamp: bool = False
+    held: frozenset[int] = frozenset()
     records: list[Record] = field(default_factory=list)
+    _released: asyncio.Event = field(default_factory=asyncio.Event)
     _server: asyncio.AbstractServer | None = None
     _runner: web.AppRunner | None = None
     _protocols: set[Any] = field(default_factory=set)
@@ -155,6 +160,15 @@ class LoopbackEngine:
             await self._runner.cleanup()
             self._runner = None
 
+    def hold(self, ranks: frozenset[int]) -> None:
+        """From now on ``ranks`` hold the requests they receive until :meth:`release`."""
+        self.held = ranks
+        self._released = asyncio.Event()
+
+    def release(self) -> None:
+        """Let the :attr:`held` ranks generate (held requests, then every new one)."""
+        self._released.set()
+
     # ----------------------------------------------------------------- serving
 
     def _rank_of(self, request: web.Request, body: dict[str, Any]) -> int | None:
@@ -195,6 +209,8 @@ class LoopbackEngine:
             tokens = int(sp.get("max_new_tokens", 16))
         else:
             tokens = int(body.get("max_completion_tokens", body.get("max_tokens", 16)))
+        if rank in self.held:
+            await self._released.wait()  # the event of the hold in force on arrival
         delay = 1.0 / self.tokens_per_s[rank]
         if not body.get("stream"):
             await asyncio.sleep(delay * tokens)

@@ -19,6 +19,7 @@ from mixfleet.v1 import plan_pb2, plan_pb2_grpc
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/controlplane helpers
 
 from agent_fakes import FakeAgent, small_inventories, wait_until
+from support.waits import hang_guard_s
 
 from apis.wire.deployment import spec_to_proto
 from controlplane.router.proxy import Router
@@ -118,8 +119,10 @@ async def running_router(**kw: Any) -> AsyncIterator[Router]:
 
 
 async def until(cond: Any, timeout_s: float = 5.0, what: str = "") -> float:
-    """Wait for ``cond()``; returns the seconds it took."""
+    """Wait for ``cond()``; returns the seconds it took. Gives up after ``timeout_s``, at
+    least :data:`support.waits.HANG_GUARD_S` (a hang guard, not a speed claim)."""
     t0 = time.perf_counter()
+    timeout_s = hang_guard_s(timeout_s)
     while not cond():
         if time.perf_counter() - t0 > timeout_s:
             raise AssertionError(f"timed out waiting for {what}")
