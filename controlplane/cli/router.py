@@ -12,6 +12,7 @@ Heavy modules (aiohttp, grpc, the router package) are imported inside the handle
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -54,15 +55,59 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--health-interval-s", type=positive_float, default=1.0, metavar="S")
     p.add_argument("--eject-after", type=positive_int, default=2, metavar="N")
     p.add_argument("--readmit-after", type=positive_int, default=2, metavar="N")
+    _add_limit_args(p)
     p.add_argument("--log-format", choices=("json", "console"), default="json")
     p.add_argument("--log-level", default="info")
     p.add_argument(
         "--uvloop",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="run on uvloop (default: when installed; --no-uvloop: asyncio's own loop)",
+        help="run on uvloop (default, a dependency; --no-uvloop: asyncio's own loop)",
     )
     add_connection_args(p, suppress=True)
+
+
+#: Flags of the router's limits and timeouts: (flag, settings field, type, what, unit).
+_LIMITS = (
+    ("--connect-timeout-s", "connect_timeout_s", positive_float, "connect to an engine", "S"),
+    ("--read-timeout-s", "read_timeout_s", positive_float, "longest silence of an engine", "S"),
+    ("--health-timeout-s", "health_timeout_s", positive_float, "one health check", "S"),
+    ("--header-timeout-s", "header_timeout_s", positive_float, "a request's headers", "S"),
+    ("--body-timeout-s", "body_timeout_s", positive_float, "a request's body", "S"),
+    ("--idle-timeout-s", "idle_timeout_s", positive_float, "an idle client connection", "S"),
+    ("--max-body-bytes", "max_body_bytes", positive_int, "one request body (413)", "BYTES"),
+    (
+        "--max-inflight-body-bytes",
+        "max_inflight_body_bytes",
+        positive_int,
+        "request bodies held at once (429)",
+        "BYTES",
+    ),
+    ("--max-output-tokens", "max_output_tokens", positive_int, "a request's max_tokens", "N"),
+    ("--max-json-depth", "max_json_depth", positive_int, "nesting of a request's JSON", "N"),
+)
+
+
+def _add_limit_args(p: argparse.ArgumentParser) -> None:
+    """The limits and timeouts (defaults: :class:`RouterSettings`, docs/security.md)."""
+    from controlplane.router.settings import RouterSettings
+
+    defaults = {f.name: f.default for f in dataclasses.fields(RouterSettings)}
+    for flag, name, kind, what, unit in _LIMITS:
+        p.add_argument(
+            flag,
+            type=kind,
+            default=defaults[name],
+            metavar=unit,
+            help=f"{what} (default {defaults[name]})",
+        )
+    p.add_argument(
+        "--tier-headers",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="honour X-Mixfleet-Tier and X-Priority-Class (default: only without "
+        "--api-key-tiers, where API keys define tiers)",
+    )
 
 
 def _env(args: argparse.Namespace, name: str, env: str) -> str:
@@ -120,6 +165,8 @@ def settings_from_args(args: argparse.Namespace) -> Any:
             health_interval_s=max(args.health_interval_s, 0.05),
             eject_after=args.eject_after,
             readmit_after=args.readmit_after,
+            tier_headers=args.tier_headers,
+            **{name: getattr(args, name) for _, name, *_ in _LIMITS},
         )
     )
 

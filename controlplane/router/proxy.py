@@ -21,18 +21,19 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import json
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import structlog
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
 from mixfleet.v1 import engine_pb2
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from controlplane.router.balance import RankState, choose
-from controlplane.router.health import HealthBook, check_loop
+from controlplane.router.health import CheckThread, HealthBook
 from controlplane.router.metrics import RouterMetrics
 from controlplane.router.requests import (
     RANK_HEADER,
@@ -40,6 +41,7 @@ from controlplane.router.requests import (
     Work,
     chars_estimate,
     estimate_work,
+    parse_body,
     pick_tier,
     pinned_body,
 )
@@ -99,12 +101,152 @@ def tune_gc() -> None:
 
 
 class _UnreachableError(Exception):
-    """The engine failed before anything was sent back: the request may be tried again."""
+    """The engine failed before anything was sent back: the request may be tried again.
+
+    Attributes:
+        refused: nothing listens at the engine's address (it is down, not slow).
+    """
+
+    def __init__(self, message: str, *, refused: bool = False) -> None:
+        super().__init__(message)
+        self.refused = refused
+
+
+class _RefusedError(Exception):
+    """A request refused before routing; carries the answer.
+
+    Attributes:
+        response: what the client gets.
+        reason: the ``reason`` label of ``mixfleet_router_rejects_total``.
+    """
+
+    def __init__(self, response: web.Response, reason: str) -> None:
+        super().__init__(reason)
+        self.response = response
+        self.reason = reason
+
+
+class _ClientGoneError(Exception):
+    """The client closed its connection before its request was in."""
 
 
 def _error(status: int, message: str, **headers: str) -> web.Response:
     body = {"error": {"message": message, "type": "mixfleet_router", "code": status}}
     return web.json_response(body, status=status, headers=headers)
+
+
+def _closing(status: int, message: str, **headers: str) -> web.Response:
+    """An error answer after which the connection is closed (its body was not read)."""
+    resp = _error(status, message, **headers)
+    resp.force_close()
+    return resp
+
+
+@dataclass
+class BodyBudget:
+    """Bytes of request bodies held at once, all requests together, bounded.
+
+    Attributes:
+        limit_bytes: the bound, bytes.
+        held_bytes: bytes taken and not yet given back.
+    """
+
+    limit_bytes: int
+    held_bytes: int = 0
+
+    def take(self, n: int) -> bool:
+        """Take ``n`` bytes if that stays within the bound; False (nothing taken) if not."""
+        if self.held_bytes + n > self.limit_bytes:
+            return False
+        self.held_bytes += n
+        return True
+
+    def give(self, n: int) -> None:
+        """Give back ``n`` bytes taken earlier."""
+        self.held_bytes -= n
+
+
+class _GuardedHandler(RequestHandler):
+    """aiohttp's connection handler, plus a deadline on request heads.
+
+    aiohttp's keep-alive timer bounds a connection that sends nothing; a client that
+    trickles the bytes of a request head (slowloris) would keep the connection until that
+    timer ends. Here the first bytes of a head, arriving while the connection waits for a
+    request, start a timer of ``header_timeout_s`` seconds; a head still incomplete when it
+    fires closes the connection (one log line).
+    """
+
+    def __init__(self, manager: web.Server, *, header_timeout_s: float, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._head_timeout_s = header_timeout_s
+        self._head_timer: asyncio.TimerHandle | None = None
+
+    def data_received(self, data: bytes) -> None:
+        count = self._request_count
+        super().data_received(data)
+        if self._request_count != count:  # a head completed
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+            return
+        waiter = self._waiter
+        if self._head_timer is None and waiter is not None and not waiter.done():
+            self._head_timer = self._loop.call_later(
+                self._head_timeout_s, self._head_expired, count
+            )
+
+    def _head_expired(self, count: int) -> None:
+        self._head_timer = None
+        if self._request_count == count and self.transport is not None:
+            log.info(
+                "client connection closed: request head incomplete",
+                peer=_peer(self.transport),
+                header_timeout_s=self._head_timeout_s,
+            )
+            self.force_close()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+        super().connection_lost(exc)
+
+
+def _peer(transport: asyncio.BaseTransport | None) -> str:
+    peer = transport.get_extra_info("peername") if transport is not None else None
+    return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else "?"
+
+
+class _Site(web.TCPSite):
+    """A TCP site whose connections get :class:`_GuardedHandler`."""
+
+    def __init__(self, runner: web.AppRunner, *, header_timeout_s: float, **kw: Any) -> None:
+        super().__init__(runner, **kw)
+        self._header_timeout_s = header_timeout_s
+
+    async def start(self) -> None:
+        self._runner._reg_site(self)
+        loop = asyncio.get_running_loop()
+        server = self._runner.server
+        assert server is not None
+        # What web.Server.__call__ does, with the guarded handler class.
+        kwargs = server._kwargs
+
+        def factory() -> RequestHandler:
+            return _GuardedHandler(
+                server, loop=loop, header_timeout_s=self._header_timeout_s, **kwargs
+            )
+
+        self._server = await loop.create_server(
+            factory,
+            self._host,
+            self._port,
+            backlog=self._backlog,
+            reuse_address=self._reuse_address,
+            reuse_port=self._reuse_port,
+        )
+        socks = self._server.sockets
+        self._bound_port = socks[0].getsockname()[1] if socks else self._port
 
 
 class Router:
@@ -124,6 +266,9 @@ class Router:
         self.metrics = RouterMetrics(self.state.tier_ranks)
         self.health = HealthBook(settings.eject_after, settings.readmit_after)
         self.health.on_change = self._health_changed
+        self.bodies = BodyBudget(settings.max_inflight_body_bytes)
+        self._tier_headers = settings.honour_tier_headers
+        self.checks: CheckThread | None = None
         self.connected: dict[str, bool] = dict.fromkeys(settings.deployments, False)
         self.watcher: RoutingWatcher | None = None
         self.session: aiohttp.ClientSession | None = None
@@ -143,8 +288,12 @@ class Router:
         app.router.add_get("/router/status", self._status)
         return app
 
-    async def start(self) -> int:
-        """Start serving; returns the bound port."""
+    async def start(self, *, reuse_port: bool = False) -> int:
+        """Start serving; returns the bound port.
+
+        Args:
+            reuse_port: listen with ``SO_REUSEPORT`` (several router processes on one port).
+        """
         s = self.settings
         self.session = aiohttp.ClientSession(
             # One pool for every request: no cap on connections (the per-rank queue limit
@@ -160,35 +309,42 @@ class Router:
             auto_decompress=False,
         )
         self.health.admit_all(self.state.instances)
-        urls = {n: i.spec.url for n, i in self.state.instances.items()}
-        self._tasks.append(
-            asyncio.create_task(
-                check_loop(
-                    self.health,
-                    self.session,
-                    urls,
-                    interval_s=s.health_interval_s,
-                    timeout_s=s.health_timeout_s,
-                ),
-                name="health",
-            )
+        self.checks = CheckThread(
+            self.health,
+            {n: i.spec.url for n, i in self.state.instances.items()},
+            interval_s=s.health_interval_s,
+            timeout_s=s.health_timeout_s,
+            home=asyncio.get_running_loop(),
         )
+        self.checks.start()
         if s.deployments:  # gRPC only when a controller is used (static routers need none)
             from controlplane.router.routing import RoutingWatcher
 
             self.watcher = RoutingWatcher(s, self._on_routing, self._on_connected)
             self.watcher.start()
-        self.runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
+        self.runner = web.AppRunner(
+            self.app(),
+            access_log=None,
+            handle_signals=False,
+            keepalive_timeout=s.idle_timeout_s,
+        )
         await self.runner.setup()
-        site = web.TCPSite(self.runner, s.listen_host, s.listen_port, backlog=4096)
+        site = _Site(
+            self.runner,
+            header_timeout_s=s.header_timeout_s,
+            host=s.listen_host,
+            port=s.listen_port,
+            backlog=4096,
+            reuse_port=reuse_port or None,
+        )
         await site.start()
-        server = site._server
-        sockets = getattr(server, "sockets", None) or []
-        self.port = sockets[0].getsockname()[1] if sockets else s.listen_port
+        self.port = site.port
         log.info("router listening", host=s.listen_host, port=self.port)
         return self.port
 
     async def stop(self) -> None:
+        if self.checks is not None:
+            await asyncio.to_thread(self.checks.stop)
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -231,23 +387,126 @@ class Router:
         arrived = time.perf_counter()
         s = self.settings
         tier = s.default_tier
+        held = 0
         try:
-            raw = await request.read()
-            body = json.loads(raw)
-            if not isinstance(body, dict):
-                raise InputError("must be a JSON object", field="body")
+            raw = await self._read_body(request)
+            held = len(raw) if request.content_length is None else request.content_length
+            body = parse_body(raw, s.max_json_depth)
             tier = pick_tier(
                 request.headers,
                 tiers=self.state.tiers,
                 api_key_tiers=s.api_key_tiers,
                 priority_tiers=s.priority_tiers,
                 default_tier=s.default_tier,
+                tier_headers=self._tier_headers,
             )
-            work = estimate_work(request.path, body, self.count_tokens, s.default_output_tokens)
-        except (ValueError, InputError) as exc:  # JSONDecodeError is a ValueError
+            work = estimate_work(
+                request.path,
+                body,
+                self.count_tokens,
+                s.default_output_tokens,
+                s.max_output_tokens,
+            )
+            return await self._dispatch(request, raw, body, work, tier, arrived)
+        except InputError as exc:
             self.metrics.rejects.labels(tier, "bad_request").inc()
-            where = exc.field if isinstance(exc, InputError) and exc.field else "body"
-            return _error(400, f"{where}: {exc}")
+            return _error(400, str(exc) if exc.field else f"body: {exc}")
+        except _RefusedError as exc:
+            self.metrics.rejects.labels(tier, exc.reason).inc()
+            return exc.response
+        except _ClientGoneError:
+            return web.Response(status=400)  # nobody is there to read it
+        except Exception as exc:  # the handler's boundary: one line, never a traceback
+            log.error(
+                "request failed",
+                path=request.path,
+                error=type(exc).__name__,
+                detail=str(exc)[:200],
+            )
+            return _error(500, "internal error of the router (logged)")
+        finally:
+            self.bodies.give(held)
+
+    async def _read_body(self, request: web.Request) -> bytes:
+        """The request's body, within the size, time and in-flight bounds; the bytes stay
+        counted in :attr:`bodies` (as the declared length, else the length read) until
+        :meth:`_route` gives them back.
+
+        Raises:
+            _RefusedError: 413 (larger than ``max_body_bytes``), 429 (the in-flight bound),
+                408 (not in within ``body_timeout_s``).
+            _ClientGoneError: the client went away (logged as one line).
+        """
+        s = self.settings
+        declared = request.content_length
+        if declared is not None:
+            if declared > s.max_body_bytes:
+                raise _RefusedError(
+                    _closing(413, f"body of {declared} bytes is over {s.max_body_bytes}"),
+                    "too_large",
+                )
+            if not self.bodies.take(declared):
+                raise self._busy()
+        taken = declared or 0
+        try:
+            async with asyncio.timeout(s.body_timeout_s):
+                if declared is not None:
+                    return await request.read()
+                parts: list[bytes] = []
+                while chunk := await request.content.readany():
+                    if taken + len(chunk) > s.max_body_bytes:
+                        raise _RefusedError(
+                            _closing(413, f"body is over {s.max_body_bytes} bytes"), "too_large"
+                        )
+                    if not self.bodies.take(len(chunk)):
+                        raise self._busy()
+                    taken += len(chunk)
+                    parts.append(chunk)
+                return b"".join(parts)
+        except TimeoutError:
+            self.bodies.give(taken)
+            log.info(
+                "client too slow: body not in time",
+                peer=_peer(request.transport),
+                body_timeout_s=s.body_timeout_s,
+            )
+            raise _RefusedError(
+                _closing(408, f"body not received within {s.body_timeout_s} s"), "slow_client"
+            ) from None
+        except (ConnectionError, aiohttp.ClientPayloadError, web.HTTPException) as exc:
+            self.bodies.give(taken)
+            log.info(
+                "client went away while sending its body",
+                peer=_peer(request.transport),
+                error=type(exc).__name__,
+            )
+            raise _ClientGoneError from None
+        except BaseException:
+            self.bodies.give(taken)
+            raise
+
+    def _busy(self) -> _RefusedError:
+        s = self.settings
+        return _RefusedError(
+            _closing(
+                429,
+                f"request bodies in flight are at the router's bound "
+                f"({s.max_inflight_body_bytes} bytes)",
+                **{"Retry-After": str(s.retry_after_s)},
+            ),
+            "bodies_in_flight",
+        )
+
+    async def _dispatch(
+        self,
+        request: web.Request,
+        raw: bytes,
+        body: dict[str, Any],
+        work: Work,
+        tier: str,
+        arrived: float,
+    ) -> web.StreamResponse:
+        s = self.settings
         tried: set[str] = set()
         last = ""
         for attempt in range(s.max_attempts):
@@ -276,7 +535,10 @@ class Router:
             except _UnreachableError as exc:
                 last = str(exc)
                 tried.add(rank.instance)
-                self.health.eject(rank.instance)
+                if exc.refused:
+                    self.health.eject(rank.instance)
+                else:
+                    self.health.record(rank.instance, False)
         if last:
             self.metrics.rejects.labels(tier, "upstream").inc()
             return _error(502, f"no engine answered: {last}")
@@ -307,10 +569,14 @@ class Router:
                     inst.spec.url + request.path, data=data, headers=headers
                 )
             except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-                raise _UnreachableError(f"{rank.instance}: {exc!r}") from exc
+                refused = isinstance(exc, aiohttp.ClientConnectorError) and isinstance(
+                    exc.os_error, ConnectionRefusedError
+                )
+                raise _UnreachableError(f"{rank.instance}: {exc!r}", refused=refused) from exc
             async with upstream:
                 if upstream.status in _RETRYABLE_STATUS:
                     raise _UnreachableError(f"{rank.instance}: HTTP {upstream.status}")
+                self.health.answered(rank.instance)
                 return await self._relay(request, upstream, rank, arrived)
         finally:
             rank.release(work.tokens)
@@ -342,6 +608,11 @@ class Router:
                 try:
                     await resp.write(chunk)
                 except (ConnectionError, RuntimeError):  # the client went away
+                    log.info(
+                        "client went away during its stream",
+                        peer=_peer(request.transport),
+                        instance=rank.instance,
+                    )
                     return resp
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             if first:  # nothing sent yet: another rank may take it

@@ -26,18 +26,26 @@ Where each engine reads the rank (read from the engines' own source):
 
 Work estimate: prompt tokens plus expected output tokens (``max_tokens``,
 ``max_completion_tokens`` or SGLang's ``sampling_params.max_new_tokens``, else the
-configured default). Prompt tokens come from the model's tokenizer when one is configured,
-else the estimate ``ceil(characters / 4)``; token-id prompts count exactly.
+configured default). An output limit must be an integer from 0 to ``--max-output-tokens``
+(a larger one would hold its rank's stride pass ahead of every other rank's until the
+weights change: the rank would get no traffic). A body is refused before it is parsed when
+its JSON nests deeper than ``--max-json-depth`` (:func:`parse_body`). Prompt tokens come
+from the model's tokenizer when one is configured, else the estimate
+``ceil(characters / 4)``; token-id prompts count exactly.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable, Container, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
+from controlplane.router.settings import MAX_OUTPUT_TOKENS
 from policies.errors import InputError
 
 #: The header of the rank for vLLM and the native runtime.
@@ -115,24 +123,110 @@ def _text_of(value: Any) -> tuple[str, int]:
     return "", 0
 
 
+def _output_tokens(value: Any, field: str, default: int, cap: int) -> int:
+    """The expected output of a request from its limit field ``value`` (None: not set).
+
+    Raises:
+        InputError: not an integer (JSON ``10.0`` counts as one), or outside 0..``cap``.
+    """
+    if value is None:
+        return default
+    integral = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    if isinstance(value, bool) or not integral:
+        raise InputError(f"must be an integer, got {_show(value)}", field=field)
+    if not 0 <= value <= cap:
+        raise InputError(
+            f"must be between 0 and {cap} (the router's --max-output-tokens), got {_show(value)}",
+            field=field,
+        )
+    return int(value)
+
+
+def _show(value: Any) -> str:
+    """A client's value for an error message, at most 40 characters."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**30:
+        return f"an integer of {len(str(abs(value)))} digits"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def estimate_work(
-    path: str, body: Mapping[str, Any], count: TokenCounter, default_output_tokens: int
+    path: str,
+    body: Mapping[str, Any],
+    count: TokenCounter,
+    default_output_tokens: int,
+    max_output_tokens: int = MAX_OUTPUT_TOKENS,
 ) -> Work:
     """The work of a request to ``path`` (``/v1/chat/completions``, ``/v1/completions``,
-    ``/generate``) with JSON ``body``."""
+    ``/generate``) with JSON ``body``.
+
+    Raises:
+        InputError: an output limit (``max_tokens``, ``max_completion_tokens``,
+            ``sampling_params.max_new_tokens``) that is not an integer in
+            0..``max_output_tokens``; the message names the field.
+    """
     if path.endswith("/chat/completions"):
         text, ids = _text_of(body.get("messages", []))
-        out = body.get("max_completion_tokens", body.get("max_tokens"))
+        key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+        out = body.get(key)
     elif path == "/generate":
         text, ids = _text_of(body.get("text", body.get("input_ids", "")))
         sp = body.get("sampling_params")
+        key = "sampling_params.max_new_tokens"
         out = sp.get("max_new_tokens") if isinstance(sp, dict) else None
     else:
         text, ids = _text_of(body.get("prompt", ""))
-        out = body.get("max_tokens")
-    output = out if isinstance(out, int) and out >= 0 else default_output_tokens
+        key = "max_tokens"
+        out = body.get(key)
+    output = _output_tokens(out, key, default_output_tokens, max_output_tokens)
     prompt = ids + (count(text) if text else 0)
-    return Work(prompt, output, bool(body.get("stream", False)))
+    return Work(prompt, output, body.get("stream", False) is True)
+
+
+#: Bytes of a JSON string literal (escapes included), for :func:`json_too_deep`.
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+#: Every byte but the four brackets, deleted by :func:`json_too_deep`.
+_NOT_BRACKET = bytes(sorted(set(range(256)) - set(b"[]{}")))
+#: Opening brackets to +1, closing ones to -1 (as int8).
+_BRACKET_STEP = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")
+
+
+def json_too_deep(raw: bytes, limit: int) -> bool:
+    """Whether the JSON text ``raw`` nests arrays and objects more than ``limit`` levels
+    deep, read without parsing it, in C-speed passes.
+
+    Bytes inside string literals do not count. A text with at most ``limit`` opening
+    brackets is answered from two counts alone (a chat request has a handful). Malformed
+    JSON gets some answer (the parser refuses it afterwards).
+    """
+    if raw.count(b"[") + raw.count(b"{") <= limit:
+        return False
+    brackets = _JSON_STRING.sub(b"", raw).translate(None, _NOT_BRACKET)
+    if len(brackets) <= limit:
+        return False
+    steps = np.frombuffer(brackets.translate(_BRACKET_STEP), dtype=np.int8)
+    return int(np.cumsum(steps, dtype=np.int64).max()) > limit
+
+
+def parse_body(raw: bytes, max_depth: int) -> dict[str, Any]:
+    """The JSON object of a request body, refused before parsing when it nests deeper
+    than ``max_depth`` (the standard library's parser recurses once per level).
+
+    Raises:
+        InputError: too deep, not JSON, or not an object (field ``body``).
+    """
+    if json_too_deep(raw, max_depth):
+        raise InputError(
+            f"JSON nests more than {max_depth} levels deep (the router's --max-json-depth)",
+            field="body",
+        )
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError
+        raise InputError(f"is not JSON: {_show(str(exc))}", field="body") from None
+    if not isinstance(body, dict):
+        raise InputError("must be a JSON object", field="body")
+    return body
 
 
 def pick_tier(
@@ -142,26 +236,30 @@ def pick_tier(
     api_key_tiers: Mapping[str, str],
     priority_tiers: Mapping[str, str],
     default_tier: str,
+    tier_headers: bool = True,
 ) -> str:
     """The tier of a request: the ``X-Mixfleet-Tier`` header, else the tier of its API key
     (``Authorization: Bearer KEY``), else of its ``X-Priority-Class``, else the default.
 
+    With ``tier_headers`` False the two headers are ignored (the API key or the default
+    decides): where API keys define tiers, a client must not pick its own.
+
     Raises:
         InputError: the header names a tier the router does not serve.
     """
-    tier = headers.get(TIER_HEADER)
+    tier = headers.get(TIER_HEADER) if tier_headers else None
     if tier is not None:
         if tier not in tiers:
             raise InputError(
-                f"names tier {tier!r}, which this router does not serve. To fix: use one "
-                "of the tiers of the router's --instance flags",
+                f"names tier {_show(tier)}, which this router does not serve. To fix: use "
+                "one of the tiers of the router's --instance flags",
                 field=TIER_HEADER,
             )
         return tier
     auth = headers.get("Authorization", "")
     if auth.startswith("Bearer ") and auth[7:] in api_key_tiers:
         return api_key_tiers[auth[7:]]
-    cls = headers.get(PRIORITY_HEADER)
+    cls = headers.get(PRIORITY_HEADER) if tier_headers else None
     if cls is not None and cls in priority_tiers:
         return priority_tiers[cls]
     return default_tier

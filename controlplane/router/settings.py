@@ -28,6 +28,9 @@ from urllib.parse import urlsplit
 from policies.errors import InputError
 
 ENGINES = ("sglang", "vllm", "trtllm", "native")
+#: Default cap on a request's output tokens (``--max-output-tokens``): 128 Ki, the context
+#: of the largest models served (a limit above it cannot be generated anyway).
+MAX_OUTPUT_TOKENS = 131_072
 _KEYS = ("url", "name", "deployment", "tier", "engine", "ranks", "share", "weights")
 
 
@@ -96,7 +99,21 @@ class RouterSettings:
         connect_timeout_s: connect timeout to an engine, seconds.
         read_timeout_s: longest silence from an engine inside a response, seconds.
         backoff_initial_s, backoff_max_s: reconnect backoff to the controller, seconds.
-        max_body_bytes: largest request body accepted, bytes.
+        max_body_bytes: largest request body accepted, bytes (above it: 413).
+        max_inflight_body_bytes: most bytes of request bodies held at once, all requests
+            together, bytes (a body that would pass it: 429).
+        max_output_tokens: largest output limit a request may set (``max_tokens`` ...),
+            tokens (above it: 400).
+        max_json_depth: deepest nesting of a request's JSON (arrays and objects), levels;
+            checked before parsing (above it: 400).
+        header_timeout_s: longest time from a request's first byte to the end of its
+            headers, seconds (then the connection is closed).
+        body_timeout_s: longest time to receive a request's body once its headers are
+            in, seconds (then 408 and the connection is closed).
+        idle_timeout_s: longest time a client connection may sit with no request,
+            seconds (keep-alive; also bounds a connection that sends nothing at all).
+        tier_headers: honour ``X-Mixfleet-Tier`` and ``X-Priority-Class``; None = only
+            when no API key defines tiers (see :attr:`honour_tier_headers`).
     """
 
     instances: tuple[InstanceSpec, ...]
@@ -122,6 +139,19 @@ class RouterSettings:
     backoff_initial_s: float = 0.2
     backoff_max_s: float = 5.0
     max_body_bytes: int = 32 << 20
+    max_inflight_body_bytes: int = 256 << 20
+    max_output_tokens: int = MAX_OUTPUT_TOKENS
+    max_json_depth: int = 64
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    idle_timeout_s: float = 60.0
+    tier_headers: bool | None = None
+
+    @property
+    def honour_tier_headers(self) -> bool:
+        """Whether a client may name its tier by header: as set, else only when there is
+        no ``--api-key-tiers`` (where API keys define tiers, a header would bypass them)."""
+        return not self.api_key_tiers if self.tier_headers is None else self.tier_headers
 
     @property
     def tiers(self) -> frozenset[str]:
@@ -290,7 +320,35 @@ def check(settings: RouterSettings) -> RouterSettings:
         bad = sorted(set(mapping.values()) - settings.tiers)
         if bad:
             raise InputError(f"tier(s) {', '.join(bad)} have no instance", field=flag)
-    for name in ("queue_limit", "max_attempts", "eject_after", "readmit_after"):
+    for name in (
+        "queue_limit",
+        "max_attempts",
+        "eject_after",
+        "readmit_after",
+        "max_body_bytes",
+        "max_inflight_body_bytes",
+        "max_output_tokens",
+        "max_json_depth",
+    ):
         if getattr(settings, name) < 1:
             raise InputError("must be >= 1", field="--" + name.replace("_", "-"))
+    for name in (
+        "health_timeout_s",
+        "connect_timeout_s",
+        "read_timeout_s",
+        "header_timeout_s",
+        "body_timeout_s",
+        "idle_timeout_s",
+    ):
+        value = getattr(settings, name)
+        if not (value > 0 and math.isfinite(value)):
+            raise InputError(
+                f"must be > 0 seconds, got {value}", field="--" + name.replace("_", "-")
+            )
+    if settings.max_inflight_body_bytes < settings.max_body_bytes:
+        raise InputError(
+            f"{settings.max_inflight_body_bytes} is below --max-body-bytes "
+            f"({settings.max_body_bytes}): no body of the largest size could be accepted",
+            field="--max-inflight-body-bytes",
+        )
     return settings
