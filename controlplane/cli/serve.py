@@ -229,10 +229,9 @@ def _plan_file(path: str, deployment: str | None) -> _PlanInput:
         raise wrapped from exc
 
 
-def _inputs(args: argparse.Namespace) -> tuple[_PlanInput, Traffic, Slo]:
-    """The plan, traffic and SLO of the command line (exactly one source of each)."""
-    from policies.serving.traffic import Slo
-
+def _inputs(args: argparse.Namespace) -> tuple[_PlanInput, Traffic, Slo | None]:
+    """The plan, traffic and SLO (None: no targets) of the command line (exactly one source
+    of each)."""
     given = _plan_file(args.plan, args.deployment)
     flags = _given(args, _TRAFFIC_FLAGS)
     slo_flags = _given(args, _SLO_FLAGS)
@@ -270,8 +269,6 @@ def _inputs(args: argparse.Namespace) -> tuple[_PlanInput, Traffic, Slo]:
                 check_slo(slo, "slo")
             except InputError as exc:
                 raise InputError(str(exc).split(": ", 1)[-1], field="--percentile") from exc
-    if slo is None:
-        slo = Slo(ttft_ms=0.0, tpot_ms=0.0)  # no targets: every request counts as met
     return given, traffic, slo
 
 
@@ -283,7 +280,7 @@ def _usd(v: float) -> str:
     return "-" if not math.isfinite(v) else f"{v:,.3f}"
 
 
-def _table(r: SimReport, slo: Slo, given: _PlanInput) -> str:
+def _table(r: SimReport, slo: Slo | None, given: _PlanInput) -> str:
     lat = table(
         ["", "P50", "P90", "P99", "MEAN"],
         [
@@ -297,8 +294,8 @@ def _table(r: SimReport, slo: Slo, given: _PlanInput) -> str:
             ],
         ],
     )
-    targets = [f"TTFT <= {slo.ttft_ms:g} ms"] if slo.ttft_ms else []
-    targets += [f"TPOT <= {slo.tpot_ms:g} ms"] if slo.tpot_ms else []
+    targets = [f"TTFT <= {slo.ttft_ms:g} ms"] if slo and slo.ttft_ms else []
+    targets += [f"TPOT <= {slo.tpot_ms:g} ms"] if slo and slo.tpot_ms else []
     lines = []
     if given.deployment:
         lines.append(f"deployment {given.deployment}")
@@ -313,7 +310,7 @@ def _table(r: SimReport, slo: Slo, given: _PlanInput) -> str:
             f"planner    predicted TTFT {pred.get('ttftMs', '-')} ms, "
             f"TPOT {pred.get('tpotMs', '-')} ms"
         )
-    if targets:
+    if slo is not None:
         verdict = "met" if r.slo_met else "MISSED"
         lines.append(
             f"SLO        {', '.join(targets)} for {slo.percentile:g}% of requests: "
@@ -367,7 +364,7 @@ def _table(r: SimReport, slo: Slo, given: _PlanInput) -> str:
     return "\n".join(lines)
 
 
-def render_latencies(r: SimReport, slo: Slo, out: str | Path, title: str = "") -> Path:
+def render_latencies(r: SimReport, slo: Slo | None, out: str | Path, title: str = "") -> Path:
     """Write the TTFT and TPOT distributions (cumulative, with the SLO targets) as a PNG
     (or SVG) and return its path.
 
@@ -386,8 +383,8 @@ def render_latencies(r: SimReport, slo: Slo, out: str | Path, title: str = "") -
     FigureCanvasAgg(fig)
     for k, (name, values, target, pct) in enumerate(
         (
-            ("TTFT", ttft, slo.ttft_ms, r.ttft_ms),
-            ("TPOT", tpot, slo.tpot_ms, r.tpot_ms),
+            ("TTFT", ttft, slo.ttft_ms if slo else 0.0, r.ttft_ms),
+            ("TPOT", tpot, slo.tpot_ms if slo else 0.0, r.tpot_ms),
         )
     ):
         ax = fig.add_subplot(1, 2, k + 1)
@@ -398,7 +395,7 @@ def render_latencies(r: SimReport, slo: Slo, out: str | Path, title: str = "") -
             ax.axvline(v, color="#7f7f7f", linestyle=style, label=f"p{q} {v:,.1f} ms")
         if target:
             ax.axvline(target, color="#d62728", linewidth=2, label=f"SLO {target:g} ms")
-        if slo.percentile and target:
+        if slo is not None and target:
             ax.axhline(slo.percentile / 100, color="#d62728", linestyle=":", linewidth=1)
         ax.set_xlabel(f"{name}, ms")
         ax.set_ylabel("fraction of requests")
@@ -444,7 +441,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if given.deployment:
         doc["deployment"] = given.deployment
     doc["traffic"] = traffic_to_doc(traffic)
-    if slo.ttft_ms or slo.tpot_ms:
+    if slo is not None:
         doc["slo"] = slo_to_doc(slo)
     doc["options"] = {
         "requests": options.requests,
@@ -467,9 +464,11 @@ def register(groups: Groups) -> None:
         "simulate",
         cmd_simulate,
         "simulate requests through a serving plan: TTFT/TPOT percentiles, goodput, cost",
-        description=__doc__,
+        description="Simulate requests through a serving plan (or one deployment of a fleet "
+        "plan from `schedule show -o json`): TTFT/TPOT percentiles, goodput within the SLOs, "
+        "throughput and USD per million output tokens. Traffic comes from --traffic FILE, "
+        "from the flags, or from the fleet plan.",
     )
-    p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.add_argument(
         "plan",
         metavar="PLAN",

@@ -99,7 +99,7 @@ def build() -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, allow_abbrev=False)
     parser.add_argument("--check", action="store_true", help="only check, write nothing")
     args = parser.parse_args()
     text = build()

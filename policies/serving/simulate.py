@@ -331,10 +331,12 @@ class _Instance:
 class _Sim:
     """One run of :func:`simulate` (mutable state kept off the public types)."""
 
-    def __init__(self, plan: ServingPlan, traffic: Traffic, slo: Slo, options: SimOptions) -> None:
+    def __init__(
+        self, plan: ServingPlan, traffic: Traffic, slo: Slo | None, options: SimOptions
+    ) -> None:
         self.plan = plan
         self.traffic = traffic
-        self.slo = slo
+        self.slo = slo if slo is not None else Slo(ttft_ms=0.0, tpot_ms=0.0, percentile=100.0)
         self.options = options
         self.rng = random.Random(options.seed)
         self.input_len = traffic.input_len.sampler(self.rng)
@@ -712,17 +714,19 @@ def check_options(options: SimOptions, path: str = "options") -> None:
 
 
 def simulate(
-    plan: ServingPlan, traffic: Traffic, slo: Slo, options: SimOptions = SimOptions()
+    plan: ServingPlan, traffic: Traffic, slo: Slo | None, options: SimOptions = SimOptions()
 ) -> SimReport:
     """Simulate ``options.requests`` requests of ``traffic`` through ``plan`` (the module
-    docstring gives the semantics); deterministic for ``options.seed``.
+    docstring gives the semantics); deterministic for ``options.seed``. Without an SLO
+    (None) every finished request counts as within it, and ``slo_met`` means all finished.
 
     Raises:
         InputError: an invalid plan, traffic, SLO or option (the field is named).
     """
     check_plan(plan)
     check_traffic(traffic, "traffic")
-    check_slo(slo, "slo")
+    if slo is not None:
+        check_slo(slo, "slo")
     check_options(options)
     sim = _Sim(plan, traffic, slo, options)
     sim.run()

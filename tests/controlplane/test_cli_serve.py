@@ -1,0 +1,253 @@
+"""``mixfleetctl serve simulate``: a serving plan or a fleet plan's deployment, traffic from a
+file, a ModelDeployment or flags; the table, the documents, the plot; one error line per bad
+input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from cli_builders import RunCli, cli_runner
+
+from policies.serving.curves import StepCurve
+from policies.serving.plan import InstanceGroup, KvPath, Pool, ServingPlan, plan_to_doc
+from policies.serving.simulate import SimOptions, report_to_doc, simulate
+from policies.serving.traffic import LengthDist, Slo, Traffic
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _curve() -> StepCurve:
+    return StepCurve(
+        batch_grid=(1, 64),
+        context_grid=(1, 8192),
+        decode_step_us=((10_000.0, 10_050.0), (13_000.0, 16_000.0)),
+        prefill_grid=(1, 8192),
+        prefill_us=(2000.0, 60_000.0),
+        max_batch=64,
+        kv_bytes_per_token=70_000.0,
+    )
+
+
+def _plan() -> ServingPlan:
+    return ServingPlan(
+        pools=(
+            Pool("agg", 1.0, instances=InstanceGroup(1, _curve(), usd_per_hour=20.0)),
+            Pool(
+                "pd",
+                1.0,
+                prefill=InstanceGroup(1, _curve(), usd_per_hour=20.0),
+                decode=InstanceGroup(1, _curve(), usd_per_hour=20.0),
+                kv_path=KvPath(50.0, 10.0),
+            ),
+        )
+    )
+
+
+@pytest.fixture
+def run_cli(capsys: pytest.CaptureFixture[str]) -> RunCli:
+    return cli_runner(capsys)
+
+
+@pytest.fixture
+def plan_file(tmp_path: Path) -> Path:
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(plan_to_doc(_plan())))
+    return path
+
+
+FLAGS = ["--rps", "4", "--isl", "2048", "--isl-p90", "3000", "--osl", "256", "--osl-p90", "400"]
+SLO_FLAGS = ["--ttft-ms", "1000", "--tpot-ms", "40"]
+
+
+def test_the_json_is_the_simulator_s_report(run_cli: RunCli, plan_file: Path) -> None:
+    code, out, err = run_cli(
+        "serve",
+        "simulate",
+        plan_file,
+        *FLAGS,
+        *SLO_FLAGS,
+        "--requests",
+        "800",
+        "--seed",
+        "3",
+        "-o",
+        "json",
+    )
+    assert code == 0, err
+    doc = json.loads(out)
+    traffic = Traffic(4.0, LengthDist(2048.0, 3000.0), LengthDist(256.0, 400.0))
+    want = simulate(_plan(), traffic, Slo(1000.0, 40.0), SimOptions(requests=800, seed=3))
+    assert doc["simulated"] == json.loads(json.dumps(report_to_doc(want)))
+    assert doc["kind"] == "ServingSimulation"
+    assert doc["slo"] == {"ttftMs": 1000, "tpotMs": 40, "percentile": 90}
+    code, text, _ = run_cli(
+        "serve", "simulate", plan_file, *FLAGS, "--requests", "50", "-o", "yaml"
+    )
+    assert code == 0 and yaml.safe_load(text)["simulated"]["requests"] == 50
+
+
+def test_the_table_shows_percentiles_goodput_cost_and_pools(
+    run_cli: RunCli, plan_file: Path
+) -> None:
+    code, out, err = run_cli(
+        "serve", "simulate", plan_file, *FLAGS, *SLO_FLAGS, "--requests", "400"
+    )
+    assert code == 0, err
+    for needle in ("TTFT ms", "TPOT ms", "goodput", "USD per", "TTFT <= 1000 ms", "agg", "pd"):
+        assert needle in out, needle
+    assert [line.split()[0] for line in out.splitlines() if line.startswith(("agg", "pd"))] == [
+        "agg",
+        "pd",
+    ]
+
+
+def test_traffic_and_slo_come_from_a_file_or_a_deployment(
+    run_cli: RunCli, plan_file: Path, tmp_path: Path
+) -> None:
+    traffic = {
+        "requestsPerS": 4,
+        "inputTokens": {"mean": 2048, "p90": 3000},
+        "outputTokens": {"mean": 256, "p90": 400},
+    }
+    slo = {"ttftMs": 1000, "tpotMs": 40}
+    plain = tmp_path / "traffic.yaml"
+    plain.write_text(yaml.safe_dump({"traffic": traffic, "slo": slo}))
+    deployment = tmp_path / "dep.yaml"
+    deployment.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "mixfleet.io/v1alpha1",
+                "kind": "ModelDeployment",
+                "metadata": {"name": "m"},
+                "spec": {"model": "mixtral-8x7b", "traffic": traffic, "slo": slo},
+            }
+        )
+    )
+    runs = [
+        run_cli("serve", "simulate", plan_file, *args, "--requests", "300", "-o", "json")
+        for args in (["--traffic", plain], ["--traffic", deployment], [*FLAGS, *SLO_FLAGS])
+    ]
+    assert all(code == 0 for code, _, _ in runs), [err for _, _, err in runs]
+    docs = [json.loads(out)["simulated"] for _, out, _ in runs]
+    assert docs[0] == docs[1] == docs[2]
+    code, out, _ = run_cli(
+        "serve",
+        "simulate",
+        plan_file,
+        "--traffic",
+        plain,
+        "--percentile",
+        "99",
+        "--requests",
+        "100",
+        "-o",
+        "json",
+    )
+    assert code == 0 and json.loads(out)["slo"]["percentile"] == 99
+
+
+def test_a_fleet_plan_s_deployment_is_simulated_with_its_traffic(
+    run_cli: RunCli, tmp_path: Path
+) -> None:
+    traffic = Traffic(3.0, LengthDist(1024.0, 1500.0), LengthDist(128.0, 200.0))
+    fleet_plan = {
+        "kind": "FleetPlan",
+        "deployments": [
+            {
+                "name": "a",
+                "servingPlan": plan_to_doc(_plan()),
+                "traffic": {
+                    "requestsPerS": 3,
+                    "inputTokens": {"mean": 1024, "p90": 1500},
+                    "outputTokens": {"mean": 128, "p90": 200},
+                },
+                "slo": {"ttftMs": 800, "tpotMs": 30},
+                "predicted": {"ttftMs": 120.0, "tpotMs": 14.0},
+            },
+            {"name": "b", "pools": []},
+        ],
+    }
+    path = tmp_path / "fleet-plan.json"
+    path.write_text(json.dumps(fleet_plan))
+    code, out, err = run_cli("serve", "simulate", path, "--requests", "300", "-o", "json")
+    assert code == 0, err
+    doc = json.loads(out)
+    want = simulate(_plan(), traffic, Slo(800.0, 30.0), SimOptions(requests=300))
+    assert doc["deployment"] == "a" and doc["predicted"] == {"ttftMs": 120.0, "tpotMs": 14.0}
+    assert doc["simulated"] == json.loads(json.dumps(report_to_doc(want)))
+    code, out, _ = run_cli("serve", "simulate", path, "--requests", "100")
+    assert code == 0 and "planner    predicted TTFT 120.0 ms" in out
+    code, _, err = run_cli("serve", "simulate", path, "--deployment", "b")
+    assert code == 2 and "has no instances" in err
+    code, _, err = run_cli("serve", "simulate", path, "--deployment", "c")
+    assert code == 2 and "no deployment 'c'" in err and "a, b" in err
+
+
+def test_plot_writes_a_picture(run_cli: RunCli, plan_file: Path, tmp_path: Path) -> None:
+    out = tmp_path / "lat.png"
+    code, _, err = run_cli(
+        "serve", "simulate", plan_file, *FLAGS, *SLO_FLAGS, "--requests", "200", "--plot", out
+    )
+    assert code == 0, err
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_example_plan_and_traffic_run(run_cli: RunCli) -> None:
+    code, out, err = run_cli(
+        "serve",
+        "simulate",
+        REPO / "examples/serving/plan-dsv3-hopper-blackwell.yaml",
+        "--traffic",
+        REPO / "examples/serving/traffic-dsv3.yaml",
+        "--requests",
+        "300",
+        "-o",
+        "json",
+    )
+    assert code == 0, err
+    assert json.loads(out)["simulated"]["completed"] == 300
+
+
+def _plan_doc_with(**change: Any) -> dict[str, Any]:
+    doc = plan_to_doc(_plan())
+    doc["pools"][0] = {**doc["pools"][0], **change}
+    return doc
+
+
+@pytest.mark.parametrize(
+    ("plan", "args", "needle"),
+    [
+        (plan_to_doc(_plan()), ["--rps", "2", "--isl", "100"], "--osl"),
+        (plan_to_doc(_plan()), [], "no traffic"),
+        (plan_to_doc(_plan()), [*FLAGS, "--traffic", "x.yaml"], "--traffic and --rps"),
+        (plan_to_doc(_plan()), [*FLAGS, "--output-tokens-per-s", "9"], "both requestsPerS"),
+        (plan_to_doc(_plan()), [*FLAGS, "--arrival", "bursty", "--burst-cv", "0.5"], "--burst-cv"),
+        (
+            plan_to_doc(_plan()),
+            ["--rps", "1", "--isl", "100", "--isl-p90", "50", "--osl", "9"],
+            "--isl-p90",
+        ),
+        (plan_to_doc(_plan()), [*FLAGS, "--percentile", "90"], "--percentile needs a target"),
+        (plan_to_doc(_plan()), [*FLAGS, "--ttft-ms", "5", "--percentile", "100"], "--percentile"),
+        (plan_to_doc(_plan()), [*FLAGS, "--requests", "10", "--warmup", "10"], "--warmup"),
+        (plan_to_doc(_plan()), [*FLAGS, "--deployment", "x"], "--deployment"),
+        (_plan_doc_with(shares=2), FLAGS, "did you mean 'share'"),
+        (_plan_doc_with(share=-1), FLAGS, "plan.pools[0].share"),
+        ([1, 2], FLAGS, "serving plan"),
+    ],
+)
+def test_bad_input_is_one_error_line(
+    run_cli: RunCli, tmp_path: Path, plan: Any, args: list[str], needle: str
+) -> None:
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    code, out, err = run_cli("serve", "simulate", path, *args)
+    assert code == 2, (out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert needle in lines[0], lines[0]
+    assert "Traceback" not in err and out == ""
