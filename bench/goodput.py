@@ -384,7 +384,7 @@ def generated_fleet(nodes_per_type: int = 25) -> Fleet:
         "metadata": {"name": "generated-1000"},
         "spec": {
             "nodes": nodes,
-            "fabricLinks": [{"a": "ib0", "b": "roce0", "perDirectionGbitsPerS": 3200}],
+            "fabric_links": [{"between": ["ib0", "roce0"], "per_direction_gbits_per_s": 3200}],
         },
     }
     return parse_fleet(doc)
@@ -406,7 +406,7 @@ def twenty_deployments() -> tuple[FleetDeployment, ...]:
         interactive = i % 2 == 0
         isl, osl = (1024, 512) if interactive else (4096, 1024)
         slo = Slo(1000.0, 40.0, 90.0) if interactive else Slo(5000.0, 100.0, 90.0)
-        rps = 4.0 + (i % 5) * 3.0
+        rps = 20.0 + (i % 5) * 10.0
         out.append(
             FleetDeployment(
                 spec(

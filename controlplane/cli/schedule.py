@@ -27,7 +27,10 @@ from controlplane.cli.output import Groups, add_group, add_leaf, add_output_arg,
 from policies.errors import InputError
 
 if TYPE_CHECKING:
+    from policies.fleet import Fleet
+    from policies.fleetplan import FleetPlan
     from policies.scheduling.types import Schedule, ScheduleRequest
+    from policies.spec import DeploymentSpec
 
 
 def _usd(v: float) -> str:
@@ -47,16 +50,14 @@ def _quotas(items: list[str] | None) -> dict[str, int]:
     return out
 
 
-def _solve(args: argparse.Namespace) -> tuple[ScheduleRequest, Schedule]:
-    """Read the fleet and the deployments and schedule them."""
+def _read_specs(args: argparse.Namespace) -> tuple[Fleet, list[DeploymentSpec]]:
+    """The Fleet file and the deployments of ``-f``."""
     if not args.file:
         raise InputError(
             "--fleet needs the deployments. To fix: pass -f DEPLOYMENTS.yaml", field="-f"
         )
     from controlplane.cli.deploy import _read_docs
-    from policies.scheduling import schedule
-    from policies.scheduling.table import TableSettings
-    from policies.spec import parse_deployment, selects
+    from policies.spec import parse_deployment
 
     fleet = files.read_fleet(args.fleet)
     specs = [parse_deployment(doc) for path in args.file for doc in _read_docs(path)]
@@ -65,6 +66,17 @@ def _solve(args: argparse.Namespace) -> tuple[ScheduleRequest, Schedule]:
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
         raise InputError(f"deployment names repeat: {sorted(names)}", field="-f")
+    return fleet, specs
+
+
+def _solve(
+    args: argparse.Namespace, fleet: Fleet, specs: list[DeploymentSpec]
+) -> tuple[ScheduleRequest, Schedule]:
+    """Schedule ``specs`` on ``fleet`` (the fleet scheduler, whole nodes)."""
+    from policies.scheduling import schedule
+    from policies.scheduling.table import TableSettings
+    from policies.spec import selects
+
     pairs = [(s, [n.name for n in fleet.nodes if selects(s, n.labels)]) for s in specs]
     settings = TableSettings(
         estimate_policy=args.estimate_policy, max_instances=args.replica_groups
@@ -77,6 +89,35 @@ def _solve(args: argparse.Namespace) -> tuple[ScheduleRequest, Schedule]:
 
     with ProcessPoolExecutor(args.workers) as pool:
         return schedule(fleet, pairs, quotas_gpus=_quotas(args.quota), settings=settings, pool=pool)
+
+
+def _plan_and_schedule(
+    args: argparse.Namespace,
+) -> tuple[FleetPlan | None, tuple[ScheduleRequest, Schedule] | None]:
+    """Deployments with traffic and SLOs through the fleet planner; the others through the
+    fleet scheduler on the nodes the plan leaves free (either part None when empty)."""
+    from controlplane.cli.schedule_plan import planned, run_planner
+
+    fleet, specs = _read_specs(args)
+    mine = [s for s in specs if planned(s)]
+    rest = [s for s in specs if not planned(s)]
+    plan = run_planner(args, fleet, mine) if mine else None
+    if not rest:
+        return plan, None
+    if plan is not None:
+        from policies.fleet import Fleet as _Fleet
+
+        free = set(plan.free_nodes)
+        fleet = _Fleet(
+            fleet.name, tuple(n for n in fleet.nodes if n.name in free), fleet.fabric_links
+        )
+        if not fleet.nodes:
+            raise InputError(
+                f"the fleet planner's deployments take every node; nothing is left for "
+                f"{', '.join(s.name for s in rest)}. To fix: give them traffic and SLOs too",
+                field="-f",
+            )
+    return plan, _solve(args, fleet, rest)
 
 
 def schedule_document(req: ScheduleRequest, s: Schedule) -> dict[str, Any]:
@@ -129,7 +170,24 @@ def cmd_schedule_show(args: argparse.Namespace) -> int:
         from controlplane.cli.schedule_live import cmd_live_show
 
         return cmd_live_show(args)
-    req, s = _solve(args)
+    plan, both = _plan_and_schedule(args)
+    if plan is not None:
+        from controlplane.cli.schedule_plan import plan_document, print_plan
+
+        if args.output != "table":
+            doc = plan_document(plan)
+            if both is not None:
+                doc["schedule"] = schedule_document(*both)
+            names = [f"schedule/{n}" for n in plan.deployments]
+            names += [f"schedule/{n}" for n in (both[1].placements if both else {})]
+            emit_document(doc, args.output, names)
+            return 0
+        print_plan(plan)
+        if both is None:
+            return 0
+        emit("deployments without traffic and SLOs (fleet scheduler, on the nodes left free):")
+    assert both is not None
+    req, s = both
     if args.output != "table":
         emit_document(
             schedule_document(req, s), args.output, [f"schedule/{n}" for n in s.placements]
@@ -185,10 +243,27 @@ def cmd_schedule_explain(args: argparse.Namespace) -> int:
         from controlplane.cli.schedule_live import cmd_live_explain
 
         return cmd_live_explain(args)
-    req, s = _solve(args)
-    if args.deployment not in {d.name for d in req.demands}:
-        known = ", ".join(sorted(d.name for d in req.demands))
-        raise InputError(f"no deployment {args.deployment!r} (known: {known})", field="DEPLOYMENT")
+    plan, both = _plan_and_schedule(args)
+    if plan is not None and args.deployment in plan.deployments:
+        from controlplane.cli.schedule_plan import explain_document, print_explanation
+
+        doc = explain_document(plan, args.deployment)
+        if args.output != "table":
+            emit_document(doc, args.output, [f"schedule/{args.deployment}"])
+        else:
+            print_explanation(doc)
+        return 0
+    known_names = sorted(
+        [*(plan.deployments if plan else ()), *(d.name for d in both[0].demands)]
+        if both
+        else list(plan.deployments if plan else ())
+    )
+    if both is None or args.deployment not in {d.name for d in both[0].demands}:
+        raise InputError(
+            f"no deployment {args.deployment!r} (known: {', '.join(known_names)})",
+            field="DEPLOYMENT",
+        )
+    req, s = both
     e = explain(req, s, args.deployment)
     if args.output != "table":
         doc = {
@@ -267,7 +342,15 @@ def _common(p: argparse.ArgumentParser) -> None:
         type=positive_int,
         default=1,
         metavar="N",
-        help="with --fleet: processes for the estimate solves (default: %(default)s)",
+        help="with --fleet: processes for the estimate solves and the fleet planner's step "
+        "curves (default: %(default)s)",
+    )
+    p.add_argument(
+        "--curve-cache",
+        metavar="DIR",
+        help="where the fleet planner keeps step curves across runs (default: "
+        "$MIXFLEET_CURVE_CACHE, else $XDG_CACHE_HOME/mixfleet/curves, "
+        "~/.cache/mixfleet/curves)",
     )
     add_connection_args(p, suppress=True)
     add_output_arg(p)

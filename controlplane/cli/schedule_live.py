@@ -87,9 +87,40 @@ def live_document(deps: list[Any], nodes: list[Any]) -> dict[str, Any]:
     }
 
 
+def _local_fleet(nodes: list[Any]) -> Any:
+    """The controller's ready nodes (healthy GPUs) as a Fleet."""
+    from apis.wire.inventory import inventory_from_proto
+    from controlplane.wire.plans import NODE_HEALTH_NAMES
+    from policies.fleet import Fleet
+
+    ready = [n for n in nodes if NODE_HEALTH_NAMES.get(n.health) == "ready"]
+    fleet_nodes = [inventory_from_proto(n.inventory).to_node(healthy_only=True) for n in ready]
+    return Fleet("controller", tuple(n for n in fleet_nodes if n.gpus))
+
+
+def _local_plan(args: argparse.Namespace, deps: list[Any], nodes: list[Any]) -> Any:
+    """The fleet planner's plan, solved here on the controller's ready nodes, of the
+    deployments that state traffic and SLOs (None when none does)."""
+    from apis.wire.deployment import spec_from_proto
+    from controlplane.cli.schedule_plan import planned, run_planner
+
+    specs = [s for s in (spec_from_proto(d.spec) for d in deps) if planned(s)]
+    if not specs:
+        return None
+    return run_planner(args, _local_fleet(nodes), specs)
+
+
 def cmd_live_show(args: argparse.Namespace) -> int:
-    """``schedule show`` against the controller."""
-    doc = live_document(*_read(args))
+    """``schedule show`` against the controller; deployments with traffic and SLOs also get
+    the fleet planner's plan, solved here (the controller runs one instance per
+    deployment)."""
+    from controlplane.cli.schedule_plan import plan_document, print_plan
+
+    deps, nodes = _read(args)
+    doc = live_document(deps, nodes)
+    plan = _local_plan(args, deps, nodes)
+    if plan is not None:
+        doc["fleetPlan"] = plan_document(plan) | {"source": "resolvedHere"}
     if args.output != "table":
         emit_document(doc, args.output, [f"schedule/{p['deployment']}" for p in doc["placements"]])
         return 0
@@ -121,22 +152,23 @@ def cmd_live_show(args: argparse.Namespace) -> int:
             "(ControllerSettings.fleet_scheduler), or in Kubernetes mode the operator "
             "schedules (kubectl get modeldeployments)"
         )
+    if plan is not None:
+        emit(
+            "fleet plan of the deployments with traffic and SLOs, solved here on the "
+            "controller's ready nodes (the controller runs one instance per deployment):"
+        )
+        print_plan(plan)
     return 0
 
 
 def _local_request(args: argparse.Namespace, deps: list[Any], nodes: list[Any]) -> Any:
     """The controller's inputs solved here: ``(request, schedule)``."""
     from apis.wire.deployment import spec_from_proto
-    from apis.wire.inventory import inventory_from_proto
     from controlplane.cli.schedule import _quotas
-    from controlplane.wire.plans import NODE_HEALTH_NAMES
-    from policies.fleet import Fleet
     from policies.scheduling import schedule
     from policies.spec import selects
 
-    ready = [n for n in nodes if NODE_HEALTH_NAMES.get(n.health) == "ready"]
-    fleet_nodes = [inventory_from_proto(n.inventory).to_node(healthy_only=True) for n in ready]
-    fleet = Fleet("controller", tuple(n for n in fleet_nodes if n.gpus))
+    fleet = _local_fleet(nodes)
     specs = [spec_from_proto(d.spec) for d in deps]
     pairs = [(s, [n.name for n in fleet.nodes if selects(s, n.labels)]) for s in specs]
     previous = {
@@ -154,6 +186,18 @@ def cmd_live_explain(args: argparse.Namespace) -> int:
     if mine is None:
         known = ", ".join(sorted(d.spec.name for d in deps)) or "none"
         raise InputError(f"no deployment {args.deployment!r} (known: {known})", field="DEPLOYMENT")
+    from apis.wire.deployment import spec_from_proto
+    from controlplane.cli.schedule_plan import explain_document, planned, print_explanation
+
+    if planned(spec_from_proto(mine.spec)):
+        plan = _local_plan(args, deps, nodes)
+        pdoc = explain_document(plan, args.deployment) | {"source": "resolvedHere"}
+        if args.output != "table":
+            emit_document(pdoc, args.output, [f"schedule/{args.deployment}"])
+        else:
+            emit("fleet plan solved here on the controller's ready nodes:")
+            print_explanation(pdoc)
+        return 0
     st, sc = mine.status, mine.status.scheduling
     req, s = _local_request(args, deps, nodes)
     e = explain(req, s, args.deployment)

@@ -784,14 +784,14 @@ def _read_back(
         short = demand - served
         if short > demand * 1e-6:
             shortfalls[d.name] = _shortfall(req, c, d, plans, short)
-    variants = {
-        d.name: (
-            *c.aggregated[d.name],
-            *c.decode[d.name],
-            *(p.prefill for p in c.pairs[d.name]),
-        )
-        for d in req.deployments
-    }
+    variants: dict[str, tuple[Variant, ...]] = {}
+    for d in req.deployments:
+        best_prefill: dict[str, Variant] = {}
+        for pr in c.pairs[d.name]:
+            seen = best_prefill.get(pr.prefill.key)
+            if seen is None or pr.prefill.sizing.requests_per_s > seen.sizing.requests_per_s:
+                best_prefill[pr.prefill.key] = pr.prefill
+        variants[d.name] = (*c.aggregated[d.name], *c.decode[d.name], *best_prefill.values())
     return FleetPlan(
         deployments=plans,
         shortfalls=shortfalls,
