@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH_STAMP := $(VENV)/.torch-installed
 
-.PHONY: install install-torch test-min-versions demo test lint typecheck layers pytest bench bench-placement bench-strategies bench-controlplane bench-determinism bench-engines bench-hostile bench-schedule bench-router proto crds e2e-k8s test-kube clean
+.PHONY: install install-torch test-min-versions demo test lint typecheck layers pytest bench bench-placement bench-strategies bench-controlplane bench-determinism bench-engines bench-hostile bench-schedule bench-router bench-serving proto crds e2e-k8s test-kube clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -90,6 +90,10 @@ bench-strategies: install
 
 bench-schedule: install
 	$(BIN)/python -m bench.schedule --scenario all --out bench/results/schedule.json
+
+# The serving simulator's CPU time per 10,000 and 100,000 requests (docs/serving.md).
+bench-serving: install
+	$(BIN)/python -m bench.serving_sim --scenario all --out bench/results/serving-sim.json
 
 crds: install
 	$(BIN)/python -m operators.crdgen
