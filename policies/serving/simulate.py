@@ -36,8 +36,10 @@ microseconds, one seeded :class:`random.Random`, deterministic for a seed) of
   have none and are left out of its percentiles, and meet any TPOT target).
 
 Statistics cover the requests after the first ``warmup_requests``; the measured window
-runs from the last warm-up arrival (0 without warm-up) to the last arrival, so the offered
-rate is measured requests over that window and goodput is those within both SLOs over it.
+runs from the last warm-up arrival (0 without warm-up) to the last arrival (or to the time
+limit), so the offered rate is measured requests over that window, goodput is those within
+both SLOs over it, and throughput is the output tokens the instances produced inside it (a
+short run is not diluted by the drain after the last arrival).
 
 Pure: no I/O.
 """
@@ -208,9 +210,10 @@ class SimReport:
         slo_met: whether ``attainment`` reaches the SLO's percentile.
         goodput_rps: requests within both SLOs per second of the window.
         goodput_tokens_per_s: their output tokens per second of the window.
-        throughput_rps: finished requests per second, from the window's start to the last
-            finish.
-        throughput_tokens_per_s: their output tokens per second over the same time.
+        throughput_rps: requests (any, warm-up included) that finished inside the window, per
+            second of it.
+        throughput_tokens_per_s: output tokens the instances produced inside the window, per
+            second of it (in overload: what the plan can serve).
         usd_per_hour: price of every instance of the plan, USD per hour.
         usd_per_million_tokens: USD per million output tokens served
             (``usd_per_hour / 3600 / throughput_tokens_per_s * 1e6``; inf with no tokens).
@@ -367,6 +370,11 @@ class _Sim:
         self.weights = [p.share for p in plan.pools]
         self.current = [0.0] * len(plan.pools)
         self.now = 0.0
+        # the measured window (last warm-up arrival to last arrival) and the output tokens
+        # produced in it, us and tokens
+        self.win_start = 0.0 if options.warmup_requests == 0 else math.inf
+        self.win_end = math.inf
+        self.window_tokens = 0
 
     # -------------------------------------------------------------- events
 
@@ -403,6 +411,10 @@ class _Sim:
         r.finish.append(-1.0)
         p = self.route()
         r.pool.append(p)
+        if rid + 1 == self.options.warmup_requests:
+            self.win_start = self.now
+        if rid + 1 == self.options.requests:
+            self.win_end = self.now
         if rid + 1 < self.options.requests:
             self.push(self.now + self.traffic.gap_s(self.rng) * 1e6, _ARRIVAL, rid + 1, 0)
         gid = self.pool_groups[p][0]
@@ -503,8 +515,14 @@ class _Sim:
             inst.n_dec -= 1
             inst.ctx_sum -= context
 
+    def produced(self, tokens: int) -> None:
+        """``tokens`` output tokens came out now (counted when inside the window)."""
+        if self.win_start <= self.now <= self.win_end:
+            self.window_tokens += tokens
+
     def end_step(self, inst: _Instance) -> None:
         r = self.req
+        self.produced(inst.step_dec + len(inst.step_done))
         inst.ctx_sum += inst.step_dec
         for rid in inst.finish_at.pop(inst.step, ()):
             self.finish(inst, rid, r.inp[rid] + r.out[rid], joined=True)
@@ -549,6 +567,7 @@ class _Sim:
         p = self.groups[gid][0]
         path = self.kv_paths[p]
         assert path is not None
+        self.produced(len(inst.step_done))  # the first tokens
         for rid in inst.step_done:
             inst.prefill_tokens -= r.inp[rid]
             if r.out[rid] <= 1:  # nothing left to decode: the first token is the answer
@@ -574,7 +593,8 @@ class _Sim:
         n = len(r.arrival)
         w = min(o.warmup_requests, n)
         start = r.arrival[w - 1] if w else 0.0
-        end = r.arrival[-1] if n else 0.0
+        # the last arrival; the end of the run when the time limit came first
+        end = r.arrival[-1] if n == o.requests else self.now
         window_s = max(end - start, 0.0) / 1e6
         records = tuple(
             RequestRecord(
@@ -593,13 +613,11 @@ class _Sim:
         good = [x for x in done if self.slo.met(x.ttft_ms, x.tpot_ms)]
         ttfts = [x.ttft_ms for x in measured if x.first_token_us >= 0]
         tpots = [x.tpot_ms for x in done if x.output_tokens > 1]
-        last_finish = max((x.finish_us for x in done), default=start)
-        served_s = max(last_finish - start, 0.0) / 1e6
-        tokens = sum(x.output_tokens for x in done)
         good_tokens = sum(x.output_tokens for x in good)
         usd_h = self.plan.usd_per_hour()
         attainment = len(good) / len(measured) if measured else 0.0
-        thr_tokens = tokens / served_s if served_s > 0 else 0.0
+        thr_tokens = self.window_tokens / window_s if window_s > 0 else 0.0
+        finished_in = sum(1 for x in records if start <= x.finish_us <= end)
         good_tps = good_tokens / window_s if window_s > 0 else 0.0
         return SimReport(
             requests=len(measured),
@@ -614,7 +632,7 @@ class _Sim:
             slo_met=bool(measured) and attainment * 100.0 >= self.slo.percentile,
             goodput_rps=len(good) / window_s if window_s > 0 else 0.0,
             goodput_tokens_per_s=good_tps,
-            throughput_rps=len(done) / served_s if served_s > 0 else 0.0,
+            throughput_rps=finished_in / window_s if window_s > 0 else 0.0,
             throughput_tokens_per_s=thr_tokens,
             usd_per_hour=usd_h,
             usd_per_million_tokens=usd_per_million_tokens(usd_h, thr_tokens),

@@ -158,6 +158,13 @@ def test_overload_grows_the_queue_and_loses_attainment() -> None:
     assert not heavy[0].slo_met
     assert heavy[1].ttft_ms.p90 > heavy[0].ttft_ms.p90 > 10 * light.ttft_ms.p90
     assert heavy[1].goodput_rps < light.goodput_rps
+    # throughput saturates at what the instance serves; light load is served in full
+    offered = 40.0 * 200.0
+    assert heavy[1].throughput_tokens_per_s == pytest.approx(
+        heavy[0].throughput_tokens_per_s, rel=0.1
+    )
+    assert heavy[1].throughput_tokens_per_s < 0.5 * offered
+    assert light.throughput_tokens_per_s == pytest.approx(0.5 * 200.0, rel=0.15)
 
 
 def test_bursty_arrivals_wait_longer_than_poisson_at_the_same_rate() -> None:
