@@ -5,9 +5,11 @@ and every contradiction is refused naming the field."""
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from mixfleet.v1 import plan_pb2
 from support.structural import admit
 
@@ -179,3 +181,14 @@ def test_the_operator_refuses_what_only_the_parser_checks() -> None:
     crd = from_wire(ModelDeploymentSpec, admitted["spec"], "spec", strict=True)
     with pytest.raises(PermanentError, match=r"spec\.traffic\.inputTokens\.p90"):
         effective_spec("dsv3", crd, PlacementPolicySpec())
+
+
+def test_the_example_deployment_states_demand_and_slo() -> None:
+    path = Path(__file__).resolve().parents[3] / "examples/serving/deployment-dsv3.yaml"
+    doc = yaml.safe_load(path.read_text())
+    spec = parse_deployment(doc)
+    assert spec.traffic is not None and spec.slo is not None
+    assert spec.traffic.output_tokens_per_s() == pytest.approx(20 * 512)
+    assert not spec.workload.tokens_per_gpu_set
+    doc["metadata"]["namespace"] = "default"
+    assert admit(doc, MODEL_DEPLOYMENT.schema())[1:] == ([], [])
