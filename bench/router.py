@@ -493,8 +493,29 @@ def _targets(doc: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _run_peers(args: argparse.Namespace) -> int:
+    """``--peers``: mixfleet-router against sglang-router and vllm-router
+    (:mod:`bench.router_peers`)."""
+    from bench.router_peers import run as run_peers
+
+    if args.rounds < 1:
+        raise InputError("must be >= 1", field="--rounds")
+    args.streams = args.streams or "100,500"
+    doc = run_peers(args)
+    text = json.dumps(doc, indent=2) + "\n"
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     """Measure here (or read ``--measured``), then add the cost model (needs the solver)."""
+    if args.peers:
+        return _run_peers(args)
+    args.streams = args.streams or ",".join(map(str, LEVELS))
     if args.weights_file:
         doc_w = json.loads(Path(args.weights_file).read_text())
         weights = [float(w) for w in doc_w["weights"]]
@@ -538,7 +559,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m bench.router", description=__doc__.split("\n")[0], allow_abbrev=False
     )
-    p.add_argument("--streams", default=",".join(map(str, LEVELS)), metavar="N,N,...")
+    p.add_argument(
+        "--streams", default="", metavar="N,N,...", help="default 100,500,2000 (--peers: 100,500)"
+    )
     p.add_argument("--chunks", type=int, default=10, help="chunks per stream")
     p.add_argument(
         "--chunk-rate",
@@ -564,6 +587,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="DIR",
         help="also time the router of the checkout DIR, interleaved with this one",
     )
+    p.add_argument(
+        "--peers",
+        action="store_true",
+        help="compare with sglang-router and vllm-router in one run (bench/router_peers.py)",
+    )
+    p.add_argument(
+        "--peers-venv",
+        default="bench/.peers-venv",
+        metavar="DIR",
+        help="virtual environment of the peers (made from PyPI when a peer is missing)",
+    )
+    p.add_argument(
+        "--paths", default="mixfleet,sglang,vllm", metavar="A,B", help="--peers: routers to run"
+    )
+    p.add_argument("--seconds", type=float, default=10.0, metavar="S", help="--peers: per path")
+    p.add_argument("--log-dir", default="", metavar="DIR", help="--peers: the routers' logs")
     p.add_argument("--out", metavar="PATH")
     p.add_argument("--write-weights", metavar="PATH", help="solve, write the plan's weights, stop")
     p.add_argument("--weights-file", metavar="PATH", help="measure with these weights (no solve)")
