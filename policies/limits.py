@@ -77,6 +77,10 @@ MAX_DURATION_S = 7 * 86_400.0
 MAX_VERSION = (1 << 63) - 1
 #: Any integer in a user document (int64, the widest integer on the wire).
 MAX_ABS_INTEGER = (1 << 63) - 1
+#: Any integer of a user document that travels in a 32-bit wire field (protobuf ``int32``:
+#: a deployment's ``minGpus``, ``maxGpus``, ``budget.gpus``); checked where the document is
+#: parsed, so the wire encoder never meets a value it cannot hold.
+MAX_WIRE_INT32 = (1 << 31) - 1
 #: Plausible range of each GPU figure a fleet file or an agent may give, in the unit of the
 #: catalog field (:class:`policies.catalog.GpuSpec`); 0 keeps meaning "none" or "not
 #: reported". Beyond them the solvers' coefficients span more than floating point holds (an

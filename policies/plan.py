@@ -18,12 +18,23 @@ import hashlib
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import Any
 
 from policies.defaults import FORMS as FORMS  # one default: policies.defaults
 from policies.errors import InputError
 from policies.keys import check_keys
+from policies.limits import (
+    MAX_ABS_INTEGER,
+    MAX_EXPERTS,
+    MAX_FLEET_GPUS,
+    MAX_GPUS_PER_NODE,
+    MAX_LAYER_EXPERTS,
+    MAX_LAYERS,
+    MAX_VERSION,
+    bounded_int,
+    key_path,
+)
 
 PLAN_SCHEMA_VERSION = 1
 
@@ -264,16 +275,123 @@ def _f(d: Mapping[str, Any], key: str, path: str) -> Any:
     return d[key]
 
 
-_HINT_KEYS = frozenset(RuntimeHints.__dataclass_fields__)
+# ----------------------------------------------------------------- reading a plan document
+# A plan document comes from a file or a store row, so every field and nesting level is
+# checked before anything is sized by it (the limits of policies.limits, as for a model
+# config): a count sizes a table, a string where a number belongs fails late, a GPU whose
+# layers disagree with the plan's indexes past its end.
 
 
-def gpu_plan_from_dict(g: Any, path: str) -> GpuPlan:
+#: What a list of the document may be (JSON and YAML give lists; Plan.to_dict keeps tuples).
+_SEQ = (list, tuple)
+
+
+def _str(v: Any, path: str) -> str:
+    if not isinstance(v, str):
+        raise InputError(f"must be a string, got {v!r:.60}", field=path)
+    return v
+
+
+def _num(v: Any, path: str) -> float:
+    """A finite number (an integer is one; a boolean is not)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise InputError(f"must be a number, got {v!r:.60}", field=path)
+    x = float(v) if not isinstance(v, int) or abs(v) <= MAX_ABS_INTEGER else math.inf
+    if not math.isfinite(x):
+        raise InputError(f"must be a finite number, got {v!r:.60}", field=path)
+    return x
+
+
+def _int(v: Any, path: str) -> int:
+    return bounded_int(v, path, minimum=-MAX_ABS_INTEGER, maximum=MAX_ABS_INTEGER)
+
+
+def _bool(v: Any, path: str) -> bool:
+    if not isinstance(v, bool):
+        raise InputError(f"must be true or false, got {v!r:.60}", field=path)
+    return v
+
+
+_SCALARS = {"str": _str, "float": _num, "int": _int, "bool": _bool}
+
+
+def _typed(cls: type, doc: Any, path: str) -> dict[str, Any]:
+    """The fields of the dataclass ``cls`` from the mapping ``doc``, each checked against its
+    annotation (``str``, ``int``, ``float``, ``bool``, optionally ``| None``); fields with a
+    default may be left out; unknown keys are refused.
+
+    Raises:
+        InputError: naming the field.
+    """
+    if not isinstance(doc, Mapping):
+        raise InputError(f"must be an object, got {doc!r:.60}", field=path)
+    known = fields(cls)
+    check_keys(doc, {f.name for f in known}, path)
+    out: dict[str, Any] = {}
+    for f in known:
+        where = f"{path}.{f.name}"
+        if f.name not in doc:
+            if f.default is MISSING and f.default_factory is MISSING:
+                raise InputError(f"missing field {f.name!r}", field=path)
+            continue
+        v = doc[f.name]
+        kind = str(f.type)
+        if kind.endswith(" | None"):
+            if v is None:
+                out[f.name] = None
+                continue
+            kind = kind.removesuffix(" | None")
+        out[f.name] = _SCALARS[kind](v, where)
+    return out
+
+
+def _slots(layers: Any, path: str, num_experts: int) -> tuple[tuple[ExpertSlot, ...], ...]:
+    """A GPU's ``experts``: per MoE layer, ``[expert, share]`` pairs with experts below
+    ``num_experts`` and finite shares."""
+    if not isinstance(layers, _SEQ):
+        raise InputError(f"must be a list of MoE layers, got {layers!r:.60}", field=path)
+    out = []
+    for li, layer in enumerate(layers):
+        if not isinstance(layer, _SEQ) or len(layer) > MAX_EXPERTS:
+            raise InputError(
+                f"must be a list of at most {MAX_EXPERTS:,} [expert, share] slots, got "
+                f"{f'{len(layer):,} slots' if isinstance(layer, _SEQ) else repr(layer)[:60]}",
+                field=f"{path}[{li}]",
+            )
+        row = []
+        for si, slot in enumerate(layer):
+            if not isinstance(slot, _SEQ) or len(slot) != 2:
+                raise InputError(
+                    f"must be an [expert, share] pair, got {slot!r:.60}",
+                    field=f"{path}[{li}][{si}]",
+                )
+            e, share = slot
+            if type(e) is not int or not 0 <= e < num_experts:
+                raise InputError(
+                    f"expert must be an integer from 0 to {num_experts - 1:,} (the plan's "
+                    f"num_experts - 1), got {e!r:.60}",
+                    field=f"{path}[{li}][{si}]",
+                )
+            row.append(ExpertSlot(e, _num(share, f"{path}[{li}][{si}] share")))
+        out.append(tuple(row))
+    return tuple(out)
+
+
+def gpu_plan_from_dict(
+    g: Any, path: str, *, num_experts: int = MAX_EXPERTS, moe_layers: int | None = None
+) -> GpuPlan:
     """The one decoder of a :class:`GpuPlan` (:func:`gpu_plan_to_dict`'s form), used for
     whole plans and for node assignments alike.
 
     ``predicted_busy_us`` and ``memory_bytes`` may be omitted (0 and empty: assignments
     written before they were sent), and ``attention_tp`` and ``dp_group`` (1 and None: plans
-    from before tensor-parallel attention); every other field is required.
+    from before tensor-parallel attention); every other field is required. Every field is
+    checked (type, range; see :mod:`policies.limits`).
+
+    Args:
+        num_experts: experts per MoE layer of the plan (slots name experts below it).
+        moe_layers: MoE layers of the plan (the GPU must list exactly that many); None:
+            any number up to :data:`~policies.limits.MAX_LAYERS`.
 
     Raises:
         InputError: ``field`` is ``path`` plus the missing or malformed key.
@@ -284,83 +402,142 @@ def gpu_plan_from_dict(g: Any, path: str) -> GpuPlan:
             f"(malformed: got {type(g).__name__} {g!r:.40})",
             field=path,
         )
-    hints = _f(g, "hints", path)
-    if not isinstance(hints, Mapping) or set(hints) != _HINT_KEYS:
-        raise InputError(
-            f"must be an object with exactly the keys {sorted(_HINT_KEYS)}, got {hints!r}",
-            field=f"{path}.hints",
-        )
+    hints = RuntimeHints(**_typed(RuntimeHints, _f(g, "hints", path), f"{path}.hints"))
     heads = g.get("attention_heads")
-    if heads is not None and (isinstance(heads, bool) or not isinstance(heads, int)):
-        raise InputError(
-            f"must be an integer or null, got {heads!r}", field=f"{path}.attention_heads"
-        )
-    tp, group = g.get("attention_tp", 1), g.get("dp_group")
-    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
-        raise InputError(f"must be an integer >= 1, got {tp!r}", field=f"{path}.attention_tp")
-    if group is not None and (isinstance(group, bool) or not isinstance(group, int)):
-        raise InputError(f"must be an integer or null, got {group!r}", field=f"{path}.dp_group")
+    if heads is not None:
+        heads = bounded_int(heads, f"{path}.attention_heads", minimum=0, maximum=1 << 24)
+    tp = bounded_int(g.get("attention_tp", 1), f"{path}.attention_tp", maximum=MAX_GPUS_PER_NODE)
+    group = g.get("dp_group")
+    if group is not None:
+        group = bounded_int(group, f"{path}.dp_group", minimum=0, maximum=MAX_FLEET_GPUS)
     memory = g.get("memory_bytes", {})
     if not isinstance(memory, Mapping):
-        raise InputError(f"must be an object, got {memory!r}", field=f"{path}.memory_bytes")
-    try:
-        return GpuPlan(
-            gpu=str(_f(g, "gpu", path)),
-            node=str(_f(g, "node", path)),
-            model=str(_f(g, "model", path)),
-            attention_share=float(_f(g, "attention_share", path)),
-            attention_heads=heads,
-            dp_weight=float(_f(g, "dp_weight", path)),
-            experts=tuple(
-                tuple(ExpertSlot(int(e), float(s)) for e, s in layer)
-                for layer in _f(g, "experts", path)
-            ),
-            hints=RuntimeHints(**hints),
-            predicted_busy_us=float(g.get("predicted_busy_us", 0.0)),
-            memory_bytes={str(k): float(v) for k, v in memory.items()},
-            attention_tp=tp,
-            dp_group=group,
+        raise InputError(f"must be an object, got {memory!r:.60}", field=f"{path}.memory_bytes")
+    layers = _f(g, "experts", path)
+    count = len(layers) if isinstance(layers, _SEQ) else 0
+    if (moe_layers is not None and count != moe_layers) or count > MAX_LAYERS:
+        want = (
+            f"{moe_layers} (the plan's MoE layers)"
+            if moe_layers is not None
+            else f"at most {MAX_LAYERS}"
         )
-    except (TypeError, ValueError) as exc:
-        raise InputError(f"malformed GPU plan: {exc}", field=path) from exc
+        raise InputError(f"lists {count} MoE layers, must be {want}", field=f"{path}.experts")
+    return GpuPlan(
+        gpu=_str(_f(g, "gpu", path), f"{path}.gpu"),
+        node=_str(_f(g, "node", path), f"{path}.node"),
+        model=_str(_f(g, "model", path), f"{path}.model"),
+        attention_share=_num(_f(g, "attention_share", path), f"{path}.attention_share"),
+        attention_heads=heads,
+        dp_weight=_num(_f(g, "dp_weight", path), f"{path}.dp_weight"),
+        experts=_slots(layers, f"{path}.experts", num_experts),
+        hints=hints,
+        predicted_busy_us=_num(g.get("predicted_busy_us", 0.0), f"{path}.predicted_busy_us"),
+        memory_bytes={
+            _str(k, f"{path}.memory_bytes"): _num(v, key_path(f"{path}.memory_bytes", k))
+            for k, v in memory.items()
+        },
+        attention_tp=tp,
+        dp_group=group,
+    )
+
+
+def _strings(v: Any, path: str) -> tuple[str, ...]:
+    if not isinstance(v, _SEQ):
+        raise InputError(f"must be a list of strings, got {v!r:.60}", field=path)
+    return tuple(_str(x, f"{path}[{i}]") for i, x in enumerate(v))
 
 
 def plan_from_dict(d: Any) -> Plan:
-    """Rebuild a :class:`Plan` from :meth:`Plan.to_dict` output.
+    """Rebuild a :class:`Plan` from :meth:`Plan.to_dict` output, checking every field and
+    nesting level (types, ranges, the limits of :mod:`policies.limits`: at most
+    :data:`~policies.limits.MAX_EXPERTS` experts and :data:`~policies.limits.MAX_LAYERS`
+    layers, every GPU listing every MoE layer, slots naming experts of the plan).
 
     Raises:
-        InputError: not a plan document, or a field is missing or malformed.
+        InputError: not a plan document, or a field is missing or malformed (naming it).
     """
     if not isinstance(d, Mapping):
         raise InputError("a plan must be a JSON object", field="plan")
     if d.get("schema_version") != PLAN_SCHEMA_VERSION:
         raise InputError(
-            f"unsupported plan schema_version {d.get('schema_version')!r}; this mixfleet reads "
-            f"{PLAN_SCHEMA_VERSION}. To fix: re-solve with this version",
+            f"unsupported plan schema_version {d.get('schema_version')!r:.60}; this mixfleet "
+            f"reads {PLAN_SCHEMA_VERSION}. To fix: re-solve with this version",
             field="schema_version",
         )
     check_keys(d, {*(f.name for f in fields(Plan)), "schema_version"}, "", what="plan field")
-    try:
-        gpus = [gpu_plan_from_dict(g, f"gpus[{i}]") for i, g in enumerate(_f(d, "gpus", "plan"))]
-        return Plan(
-            id=str(_f(d, "id", "plan")),
-            version=int(_f(d, "version", "plan")),
-            fleet=str(_f(d, "fleet", "plan")),
-            model=str(_f(d, "model", "plan")),
-            workload=dict(_f(d, "workload", "plan")),
-            num_layers=int(_f(d, "num_layers", "plan")),
-            moe_layers=tuple(int(x) for x in _f(d, "moe_layers", "plan")),
-            num_experts=int(_f(d, "num_experts", "plan")),
-            num_redundant=int(_f(d, "num_redundant", "plan")),
-            slots_per_gpu=d.get("slots_per_gpu"),
-            gpus=tuple(gpus),
-            summary=PlanSummary(**_f(d, "summary", "plan")),
-            violations=tuple(d.get("violations", ())),
-            notes=tuple(d.get("notes", ())),
-            engine=PlanEngine(**d.get("engine", {})),
+    gpus = _f(d, "gpus", "plan")
+    if not isinstance(gpus, _SEQ) or not 0 < len(gpus) <= MAX_FLEET_GPUS:
+        raise InputError(
+            f"must be a list of 1 to {MAX_FLEET_GPUS:,} GPU entries, got "
+            f"{f'{len(gpus):,}' if isinstance(gpus, _SEQ) else repr(gpus)[:60]}",
+            field="gpus",
         )
-    except (TypeError, ValueError) as exc:
-        raise InputError(f"malformed plan: {exc}", field="plan") from exc
+    for i, g in enumerate(gpus):  # the shape of each entry before the counts that size it
+        if not isinstance(g, Mapping):
+            gpu_plan_from_dict(g, f"gpus[{i}]")
+    num_layers = bounded_int(_f(d, "num_layers", "plan"), "num_layers", maximum=MAX_LAYERS)
+    moe = _f(d, "moe_layers", "plan")
+    if not isinstance(moe, _SEQ) or len(moe) > num_layers:
+        raise InputError(
+            f"must be a list of at most num_layers ({num_layers}) layer indexes, got "
+            f"{f'{len(moe):,} entries' if isinstance(moe, _SEQ) else repr(moe)[:60]}",
+            field="moe_layers",
+        )
+    moe_layers = tuple(
+        bounded_int(x, f"moe_layers[{i}]", minimum=0, maximum=num_layers - 1)
+        for i, x in enumerate(moe)
+    )
+    if len(set(moe_layers)) != len(moe_layers):
+        raise InputError("lists a layer twice", field="moe_layers")
+    num_experts = bounded_int(
+        _f(d, "num_experts", "plan"), "num_experts", minimum=0, maximum=MAX_EXPERTS
+    )
+    if len(moe_layers) * num_experts > MAX_LAYER_EXPERTS:
+        raise InputError(
+            f"{len(moe_layers)} MoE layers x {num_experts} experts = "
+            f"{len(moe_layers) * num_experts:,} (layer, expert) pairs, over the limit of "
+            f"{MAX_LAYER_EXPERTS:,}",
+            field="num_experts",
+        )
+    slots = d.get("slots_per_gpu")
+    if slots is not None:
+        slots = bounded_int(slots, "slots_per_gpu", maximum=MAX_EXPERTS)
+    gpu_keys = {f.name for f in fields(GpuPlan)}
+    parts = []
+    for i, g in enumerate(gpus):
+        if isinstance(g, Mapping):
+            check_keys(g, gpu_keys, f"gpus[{i}]", what="GPU field")
+        parts.append(
+            gpu_plan_from_dict(g, f"gpus[{i}]", num_experts=num_experts, moe_layers=len(moe_layers))
+        )
+    workload = _f(d, "workload", "plan")
+    if not isinstance(workload, Mapping) or not all(
+        isinstance(k, str) and (v is None or isinstance(v, (str, int, float)))
+        for k, v in workload.items()
+    ):
+        raise InputError(
+            f"must be an object of names to strings or numbers, got {workload!r:.100}",
+            field="workload",
+        )
+    return Plan(
+        id=_str(_f(d, "id", "plan"), "id"),
+        version=bounded_int(_f(d, "version", "plan"), "version", minimum=0, maximum=MAX_VERSION),
+        fleet=_str(_f(d, "fleet", "plan"), "fleet"),
+        model=_str(_f(d, "model", "plan"), "model"),
+        workload=dict(workload),
+        num_layers=num_layers,
+        moe_layers=moe_layers,
+        num_experts=num_experts,
+        num_redundant=bounded_int(
+            _f(d, "num_redundant", "plan"), "num_redundant", minimum=0, maximum=MAX_LAYER_EXPERTS
+        ),
+        slots_per_gpu=slots,
+        gpus=tuple(parts),
+        summary=PlanSummary(**_typed(PlanSummary, _f(d, "summary", "plan"), "summary")),
+        violations=_strings(d.get("violations", []), "violations"),
+        notes=_strings(d.get("notes", []), "notes"),
+        engine=PlanEngine(**_typed(PlanEngine, d.get("engine", {}), "engine")),
+    )
 
 
 def dp_group_problems(plan: Plan, tolerance: float = 1e-6) -> list[str]:

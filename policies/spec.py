@@ -72,6 +72,7 @@ from policies.limits import (
     MAX_DURATION_S,
     MAX_EXPERTS,
     MAX_TOKENS_PER_GPU,
+    MAX_WIRE_INT32,
     bounded_int,
 )
 from policies.models import ModelSpec, from_hf_config, preset
@@ -230,7 +231,7 @@ def check_serving(spec: DeploymentSpec, path: str = "spec") -> None:
     if not isinstance(b, Budget):
         raise InputError(f"must be a budget, got {b!r}", field=f"{path}.budget")
     _number(b.usd_per_hour, f"{path}.budget.usdPerHour", allow_zero=True)
-    gpus = _int(b.gpus, f"{path}.budget.gpus", minimum=0)
+    gpus = _int(b.gpus, f"{path}.budget.gpus", minimum=0, maximum=MAX_WIRE_INT32)
     if gpus and spec.max_gpus and gpus != spec.max_gpus:
         raise InputError(
             f"budget.gpus {gpus} contradicts maxGpus {spec.max_gpus} (both cap its GPUs). "
@@ -603,7 +604,7 @@ def budget_from_doc(doc: Any, path: str) -> Budget:
             field=path,
         )
     usd = _number(doc.get("usdPerHour", 0.0), f"{path}.usdPerHour", allow_zero=True)
-    gpus = _int(doc.get("gpus", 0), f"{path}.gpus", minimum=0)
+    gpus = _int(doc.get("gpus", 0), f"{path}.gpus", minimum=0, maximum=MAX_WIRE_INT32)
     return Budget(usd_per_hour=usd, gpus=gpus)
 
 

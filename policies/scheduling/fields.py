@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from policies.errors import InputError
-from policies.limits import MAX_ABS_INTEGER, bounded_int
+from policies.limits import MAX_WIRE_INT32, bounded_int
 from policies.scheduling.types import OBJECTIVES
 
 #: Document key -> DeploymentSpec attribute.
@@ -69,8 +69,8 @@ def check_fields(spec: Any, path: str = "spec") -> None:
         InputError: naming the field and how to fix it.
     """
     bounded_int(spec.priority, f"{path}.priority", minimum=-MAX_PRIORITY, maximum=MAX_PRIORITY)
-    lo = bounded_int(spec.min_gpus, f"{path}.minGpus", minimum=0, maximum=MAX_ABS_INTEGER)
-    hi = bounded_int(spec.max_gpus, f"{path}.maxGpus", minimum=0, maximum=MAX_ABS_INTEGER)
+    lo = bounded_int(spec.min_gpus, f"{path}.minGpus", minimum=0, maximum=MAX_WIRE_INT32)
+    hi = bounded_int(spec.max_gpus, f"{path}.maxGpus", minimum=0, maximum=MAX_WIRE_INT32)
     if hi and lo > hi:
         raise InputError(
             f"minGpus {lo} is above maxGpus {hi}. To fix: lower minGpus or raise maxGpus "

@@ -56,6 +56,22 @@ EXPECTED = {  # what the message must say, per file
     "fleet-ambiguous-gpu.yaml": "'H100' is ambiguous: it may be H100-SXM5-80GB or H100-PCIe",
     "deploy-unknown-key.yaml": "spec.workload.tokensPerGpux: unknown field 'tokensPerGpux'; "
     "did you mean 'tokensPerGpu'?",
+    "deploy-min-gpus-2e31.yaml": "spec.minGpus: must be an integer from 0 to 2,147,483,647",
+    "plan-experts-3e8.json": "num_experts: must be an integer from 0 to 4,096, got 300,000,000",
+    "plan-experts-1e30.json": "num_experts: must be an integer from 0 to 4,096, got 1.000e+30",
+    "plan-layers-1e9.json": "num_layers: must be an integer from 1 to 1,024",
+    "plan-fewer-layers.json": "gpus[1].experts: lists 31 MoE layers, must be 32",
+    "plan-more-moe-layers.json": "moe_layers: must be a list of at most num_layers (32)",
+    "plan-expert-index.json": "expert must be an integer from 0 to 3",
+    "plan-step-string.json": "summary.step_time_us: must be a number, got 'fast'",
+    "plan-share-string.json": "gpus[1].experts[0][0] share: must be a number, got 'all'",
+    "plan-slot-triple.json": "must be an [expert, share] pair, got [0, 1.0, 2]",
+    "plan-hints-string.json": "gpus[0].hints.deepep_num_sms: must be an integer, got 'x'",
+    "plan-memory-nan.json": "NaN is not a number JSON allows",
+    "plan-gpus-none.json": "gpus: must be a list of 1 to 65,536 GPU entries, got 0",
+    "plan-version-float.json": "version: must be an integer, got 1.5",
+    "plan-engine-number.json": "engine.name: must be a string, got 7",
+    "plan-gpu-unknown-key.json": "gpus[1].rank: unknown GPU field 'rank'",
 }
 
 
@@ -110,13 +126,22 @@ def test_refusals_take_bounded_memory(files: list[HostileFile]) -> None:
         "tokens-empty",
         "fleet-unknown-key.yaml",
         "deploy-unknown-key.yaml",
+        "plan-experts-3e8.json",
+        "plan-step-string.json",
+        "plan-fewer-layers.json",
+        "export:plan-experts-1e30.json",
+        "export:plan-expert-index.json",
     ],
 )
 def test_the_command_line_prints_one_error_line_and_exits_2(
     files: list[HostileFile], name: str, tmp_path: Path
 ) -> None:
+    verb, _, name = name.rpartition(":")
     f = next(x for x in files if x.name == name)
-    run = subprocess.run(command(f, tmp_path), capture_output=True, text=True, timeout=60)
+    argv = command(f, tmp_path)
+    if verb == "export":  # plan export reads the plan the same way, then loops over its experts
+        argv = [*argv[: argv.index("show")], "export", "--format", "sglang", str(f.path)]
+    run = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert run.returncode == 2, run.stderr
     assert "Traceback" not in run.stderr
     errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]

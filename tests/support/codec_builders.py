@@ -12,6 +12,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from policies.inventory import GpuHealth, GpuInventory, NicInventory, NodeInventory, NvLinkInfo
+from policies.limits import MAX_EXPERTS, MAX_FLEET_GPUS, MAX_LAYER_EXPERTS, MAX_LAYERS
 from policies.plan import ExpertSlot, GpuPlan, Plan, PlanEngine, PlanSummary, RuntimeHints
 
 _EMPTY: tuple[Any, ...] = (None, 0, 0.0, "", (), False)
@@ -101,8 +102,25 @@ node_inventory = st.builds(
     discovered_by=st.lists(names, min_size=1, max_size=2).map(tuple),
 )
 
-# Shares are multiples of 1/8: exact in the 9 decimals the plan codec keeps.
-slot = st.builds(ExpertSlot, expert=small_ints, share=st.integers(1, 8).map(lambda k: k / 8))
+# Shares are multiples of 1/8: exact in the 9 decimals the plan codec keeps. Counts and
+# indexes stay within the limits a plan document is read with (policies.limits).
+experts_per_layer = st.integers(2, MAX_EXPERTS)
+
+
+def _slot(num_experts: int) -> st.SearchStrategy[ExpertSlot]:
+    return st.builds(
+        ExpertSlot,
+        expert=st.integers(1, num_experts - 1),
+        share=st.integers(1, 8).map(lambda k: k / 8),
+    )
+
+
+def _layers(num_experts: int, count: int | None) -> st.SearchStrategy[Any]:
+    rows = st.lists(_slot(num_experts), min_size=1, max_size=3).map(tuple)
+    sizes = {"min_size": count, "max_size": count} if count else {"min_size": 1, "max_size": 2}
+    return st.lists(rows, **sizes).map(tuple)  # type: ignore[arg-type]
+
+
 hints = st.builds(
     RuntimeHints,
     ep_backend=names,
@@ -114,23 +132,27 @@ hints = st.builds(
     attention_backend=names,
     decode_num_splits=small_ints,
 )
-gpu_plan = st.builds(
-    GpuPlan,
-    gpu=names,
-    node=names,
-    model=names,
-    attention_share=numbers,
-    attention_heads=small_ints,
-    dp_weight=numbers,
-    experts=st.lists(st.lists(slot, min_size=1, max_size=3).map(tuple), min_size=1, max_size=2).map(
-        tuple
-    ),
-    hints=hints,
-    predicted_busy_us=numbers,
-    memory_bytes=st.dictionaries(keys, numbers, min_size=1, max_size=3),
-    attention_tp=st.integers(2, 8),
-    dp_group=small_ints,
-)
+
+
+def _gpu_plan(num_experts: int = MAX_EXPERTS, layers: int | None = None) -> Any:
+    return st.builds(
+        GpuPlan,
+        gpu=names,
+        node=names,
+        model=names,
+        attention_share=numbers,
+        attention_heads=st.integers(1, 4096),
+        dp_weight=numbers,
+        experts=_layers(num_experts, layers),
+        hints=hints,
+        predicted_busy_us=numbers,
+        memory_bytes=st.dictionaries(keys, numbers, min_size=1, max_size=3),
+        attention_tp=st.integers(2, 8),
+        dp_group=st.integers(1, MAX_FLEET_GPUS),
+    )
+
+
+gpu_plan = _gpu_plan()
 summary = st.builds(
     PlanSummary,
     policy=names,
@@ -157,21 +179,33 @@ plan_engine = st.builds(
     gpus_per_node=small_ints,
     why=names,
 )
-plan = st.builds(
-    Plan,
-    id=names,
-    version=small_ints,
-    fleet=names,
-    model=names,
-    workload=st.dictionaries(keys, names, min_size=1, max_size=2),
-    num_layers=small_ints,
-    moe_layers=st.lists(small_ints, min_size=1, max_size=3).map(tuple),
-    num_experts=small_ints,
-    num_redundant=small_ints,
-    slots_per_gpu=small_ints,
-    gpus=st.lists(gpu_plan, min_size=1, max_size=2).map(tuple),
-    summary=summary,
-    engine=plan_engine,
-    violations=st.lists(names, min_size=1, max_size=2).map(tuple),
-    notes=st.lists(names, min_size=1, max_size=2).map(tuple),
-)
+
+
+@st.composite
+def _plan(draw: st.DrawFn) -> Plan:
+    num_layers = draw(st.integers(1, MAX_LAYERS))
+    moe = draw(st.lists(st.integers(0, num_layers - 1), min_size=1, max_size=3, unique=True))
+    num_experts = draw(experts_per_layer)
+    return draw(
+        st.builds(
+            Plan,
+            id=names,
+            version=small_ints,
+            fleet=names,
+            model=names,
+            workload=st.dictionaries(keys, names, min_size=1, max_size=2),
+            num_layers=st.just(num_layers),
+            moe_layers=st.just(tuple(moe)),
+            num_experts=st.just(num_experts),
+            num_redundant=st.integers(1, MAX_LAYER_EXPERTS),
+            slots_per_gpu=st.integers(1, MAX_EXPERTS),
+            gpus=st.lists(_gpu_plan(num_experts, len(moe)), min_size=1, max_size=2).map(tuple),
+            summary=summary,
+            engine=plan_engine,
+            violations=st.lists(names, min_size=1, max_size=2).map(tuple),
+            notes=st.lists(names, min_size=1, max_size=2).map(tuple),
+        )
+    )
+
+
+plan = _plan()

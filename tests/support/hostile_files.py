@@ -4,7 +4,9 @@ The corpus is the small files kept in tests/fixtures/hostile/ (named ``KIND-what
 text, an alias bomb, GPU counts of 1e9, 2e18 and 2^64, integers of 5,000 digits, NaN,
 numbers beyond any wire type, a Python tag, model configs with 1e8 layers...) plus the large
 ones :func:`corpus` writes at run time rather than keeping megabytes in the repository
-(nesting 100,000 deep, 50 MB files, 5,000 documents, a fleet of 96,000 GPUs).
+(nesting 100,000 deep, 50 MB files, 5,000 documents, a fleet of 96,000 GPUs), and plans made
+hostile one field at a time from a valid one (3e8 or 1e30 experts, layers that disagree, a
+string where a number belongs, at every nesting level).
 
 Each file goes through the reader of its kind, in this process (:func:`read_in_process`) or
 through the real command line (:func:`command`). Used by tests/hostile and bench/hostile.py.
@@ -84,6 +86,50 @@ def _generated(out: Path) -> list[HostileFile]:
     return made
 
 
+#: A valid plan (Mixtral 8x7B on one node of four H100, greedy, engine form), the base of the
+#: hostile plans below and a control itself.
+PLAN = FIXTURES.parent / "plan-mixtral-4gpu.json"
+
+
+def _hostile_plans(out: Path) -> list[HostileFile]:
+    """Plans that are valid JSON of the right shape with one field made hostile: counts
+    beyond the limits (a table of 3e8 experts, a loop over 1e30), inconsistent counts,
+    wrong types at every nesting level."""
+    import json
+
+    def edit(change: Callable[[dict[str, Any]], Any]) -> str:
+        doc = json.loads(PLAN.read_text())
+        change(doc)
+        return json.dumps(doc)
+
+    def gpu(key: str, value: Any) -> Callable[[dict[str, Any]], Any]:
+        return lambda d: d["gpus"][1].__setitem__(key, value)
+
+    files = {
+        "plan-experts-3e8.json": edit(lambda d: d.update(num_experts=300_000_000)),
+        "plan-experts-1e30.json": edit(lambda d: d.update(num_experts=10**30)),
+        "plan-layers-1e9.json": edit(lambda d: d.update(num_layers=10**9)),
+        "plan-fewer-layers.json": edit(lambda d: d["gpus"][1]["experts"].pop()),
+        "plan-more-moe-layers.json": edit(lambda d: d.update(moe_layers=[*range(32), 31])),
+        "plan-expert-index.json": edit(lambda d: d.update(num_experts=4)),
+        "plan-step-string.json": edit(lambda d: d["summary"].update(step_time_us="fast")),
+        "plan-share-string.json": edit(gpu("experts", [[[0, "all"]]] * 32)),
+        "plan-slot-triple.json": edit(gpu("experts", [[[0, 1.0, 2]]] * 32)),
+        "plan-hints-string.json": edit(lambda d: d["gpus"][0]["hints"].update(deepep_num_sms="x")),
+        "plan-memory-nan.json": edit(gpu("memory_bytes", {"total": float("nan")})),
+        "plan-gpus-none.json": edit(lambda d: d.update(gpus=[])),
+        "plan-version-float.json": edit(lambda d: d.update(version=1.5)),
+        "plan-engine-number.json": edit(lambda d: d["engine"].update(name=7)),
+        "plan-gpu-unknown-key.json": edit(gpu("rank", 3)),
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    made = []
+    for name, text in files.items():
+        (out / name).write_text(text)
+        made.append(HostileFile(name, "plan", out / name))
+    return made
+
+
 def _controls(out: Path) -> list[HostileFile]:
     """Valid files of each kind: the limits must let them through."""
     out.mkdir(parents=True, exist_ok=True)
@@ -99,6 +145,7 @@ def _controls(out: Path) -> list[HostileFile]:
         HostileFile("fleet-2000-nodes.yaml", "fleet", big, accepted=True),
         HostileFile("deploy-mixtral-small.yaml", "deploy", deploy, accepted=True),
         HostileFile("tokens-valid", "tokens", tokens, accepted=True),
+        HostileFile("plan-mixtral-4gpu.json", "plan", PLAN, accepted=True),
     ]
 
 
@@ -113,7 +160,12 @@ def corpus(out: Path, *, large: bool = True) -> list[HostileFile]:
         kept.append(HostileFile(p.name, _kind(p.name), dest))
         if p.name.startswith("fleet-"):  # the agent's static discovery reads fleets too
             kept.append(HostileFile(f"agent-{p.name}", "agent-fleet", dest))
-    return [*kept, *(_generated(out / "generated") if large else []), *_controls(out / "ok")]
+    return [
+        *kept,
+        *_hostile_plans(out / "plans"),
+        *(_generated(out / "generated") if large else []),
+        *_controls(out / "ok"),
+    ]
 
 
 # --------------------------------------------------------------------------- readers
