@@ -34,7 +34,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SHELL_LANGS = frozenset({"bash", "sh", "shell", "console"})
-BLOCK_TIMEOUT_S = 75.0
+BLOCK_TIMEOUT_S = 600.0
+"""A block still running after this many seconds has hung: a hang guard, not a speed limit
+(the "about a minute" rule above is for writers; a busy machine may take several times
+longer, and no test asserts how long a block takes)."""
 WORKERS = 2
 _FENCE = re.compile(r"^\s*(?P<fence>`{3,}|~{3,})\s*(?P<lang>[\w+-]*)")
 _MARKER = re.compile(r"<!--\s*doc-test:(?P<body>.*?)-->", re.DOTALL)
@@ -191,7 +194,7 @@ class Outcome:
 
     def message(self) -> str:
         what = (
-            f"took more than {BLOCK_TIMEOUT_S:.0f} s"
+            f"hung (still running after {BLOCK_TIMEOUT_S:.0f} s)"
             if self.returncode is None
             else f"failed (exit {self.returncode})"
         )
@@ -335,6 +338,7 @@ def test_blocks_that_install_are_marked() -> None:
 @pytest.mark.skipif(
     not (ROOT / ".venv" / "bin" / "mixfleetctl").exists(), reason="needs make install"
 )
+@pytest.mark.timeout(3 * BLOCK_TIMEOUT_S)
 def test_every_unmarked_shell_block_runs(repo_copy: Path) -> None:
     runnable = [
         b for b in shell_blocks()
