@@ -88,15 +88,24 @@ class StepCurve:
         prefills ``prefill_tokens`` prompt tokens in the same forward (chunked prefill), us.
 
         The two times add, less the fixed cost of one forward counted once (the weights
-        are read once): ``decode_us + prefill_time_us - min(decode_us(1, context_grid[0]),
-        prefill_us[0])``, which is never below either part alone on monotone curves.
+        are read once): ``decode_us + prefill_time_us - forward_overhead_us()``, which is
+        never below either part alone on monotone curves.
         """
         if batch <= 0:
             return self.prefill_time_us(prefill_tokens)
         if prefill_tokens <= 0:
             return self.decode_us(batch, context)
-        overhead = min(self.decode_step_us[0][0], self.prefill_us[0])
-        return self.decode_us(batch, context) + self.prefill_time_us(prefill_tokens) - overhead
+        return (
+            self.decode_us(batch, context)
+            + self.prefill_time_us(prefill_tokens)
+            - self.forward_overhead_us()
+        )
+
+    def forward_overhead_us(self) -> float:
+        """Fixed cost of one forward (reading the weights), us: the smaller of the cheapest
+        decode step and the cheapest prefill forward on the grids; a step that decodes and
+        prefills pays it once (:meth:`mixed_step_us`)."""
+        return min(self.decode_step_us[0][0], self.prefill_us[0])
 
     def capacity_tokens(self) -> int:
         """KV tokens the instance holds (``kv_capacity_tokens`` or its default), tokens."""

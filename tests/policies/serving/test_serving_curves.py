@@ -33,6 +33,7 @@ def test_a_mixed_step_counts_the_fixed_cost_once() -> None:
     c = linear_curve()
     d, p = c.decode_us(32, 4096), c.prefill_time_us(2048)
     overhead = min(c.decode_step_us[0][0], c.prefill_us[0])
+    assert c.forward_overhead_us() == overhead == 2010.0
     assert c.mixed_step_us(32, 4096, 2048) == pytest.approx(d + p - overhead)
     assert c.mixed_step_us(32, 4096, 2048) >= max(d, p)
     assert c.mixed_step_us(0, 0, 2048) == p
