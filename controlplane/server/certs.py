@@ -1,7 +1,8 @@
 """A development certificate authority for mutual TLS (``mixfleetctl certs init DIR``).
 
-Writes into DIR (private keys and the token file mode 0600, reset to 0600 by ``--force`` over
-existing files; certificates 0644):
+Writes into DIR (private keys and the token file mode 0600, certificates 0644; each file is
+written new and renamed into place, so ``--force`` resets the modes and replaces a link
+planted at a file's path instead of writing through it):
 
 * ``ca.pem`` / ``ca-key.pem`` - the CA (give ``ca.pem`` to every party);
 * ``server.pem`` / ``server-key.pem`` - the controller (SANs: localhost, 127.0.0.1, ::1 and
@@ -63,12 +64,33 @@ def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
 
 
 def _write_private(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` with mode 0600, also when the file exists (``--force``
-    over a file of mode 0644: ``os.open``'s mode applies only to a new file)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        os.fchmod(f.fileno(), 0o600)
-        f.write(data)
+    """Write ``data`` to ``path`` with mode 0600 (:func:`_write_new`)."""
+    _write_new(path, data, 0o600)
+
+
+def _write_public(path: Path, data: bytes) -> None:
+    """Write a certificate to ``path`` with mode 0644 (:func:`_write_new`)."""
+    _write_new(path, data, 0o644)
+
+
+def _write_new(path: Path, data: bytes, mode: int) -> None:
+    """Write ``data`` to a new file beside ``path`` (created exclusively, never through a
+    link, with ``mode``) and rename it over ``path``. Whatever was at ``path`` is replaced,
+    not written to: ``--force`` over a file of a looser mode leaves ``mode``, and a symlink
+    planted at a key path is replaced by the key instead of the link's target receiving it.
+    """
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), mode)  # the umask may have narrowed it
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _load_ca(out: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
@@ -109,7 +131,7 @@ def make_ca(out: Path, *, now: dt.datetime | None = None) -> Issued:
         )
         .sign(key, hashes.SHA256())
     )
-    (out / "ca.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    _write_public(out / "ca.pem", cert.public_bytes(serialization.Encoding.PEM))
     _write_key(out / "ca-key.pem", key)
     return Issued(out / "ca.pem", out / "ca-key.pem")
 
@@ -148,7 +170,7 @@ def issue(
                 names.append(x509.DNSName(san))
         builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
     cert = builder.sign(ca_key, hashes.SHA256())
-    (out / f"{stem}.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    _write_public(out / f"{stem}.pem", cert.public_bytes(serialization.Encoding.PEM))
     _write_key(out / f"{stem}-key.pem", key)
     return Issued(out / f"{stem}.pem", out / f"{stem}-key.pem")
 

@@ -74,6 +74,25 @@ def test_certs_init_force_resets_key_modes_to_0600(tmp_path: Path) -> None:
     assert (d / "ca.pem").stat().st_mode & 0o077 != 0o077  # certificates stay readable
 
 
+@pytest.mark.parametrize("name", ["server-key.pem", "tokens", "ca.pem"])
+def test_certs_init_force_replaces_a_planted_link_and_never_writes_through_it(
+    tmp_path: Path, name: str
+) -> None:
+    d = tmp_path / "pki"
+    init_dev_pki(d)
+    victim = tmp_path / "victim"
+    victim.write_text("not yours\n")
+    victim.chmod(0o644)
+    (d / name).unlink()
+    (d / name).symlink_to(victim)  # planted by someone who can write DIR
+    assert mixfleetctl(["certs", "init", str(d), "--force"]) == 0
+    assert victim.read_text() == "not yours\n"  # never written through the link
+    assert victim.stat().st_mode & 0o777 == 0o644
+    assert not (d / name).is_symlink() and (d / name).read_bytes() != b"not yours\n"
+    if name != "ca.pem":
+        assert (d / name).stat().st_mode & 0o777 == 0o600
+
+
 def test_the_sqlite_store_is_created_0600(tmp_path: Path) -> None:
     store = SqliteStore(tmp_path / "state" / "mixfleet.db")
     try:
