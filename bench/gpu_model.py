@@ -12,12 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from policies.catalog import lookup
-from policies.costmodel import CostSettings, build_cost_table, measured_from_dict
-from policies.evaluation import LayerPlacement, evaluate
-from policies.fleet import Fleet, Gpu, GpuId, Node
+from agents.calibrate.fit import layer_phase_times
 from policies.models import ModelSpec, preset
-from policies.workload import make_workload
 
 GPU_MODEL = "H200-SXM-141GB"
 
@@ -61,24 +57,10 @@ def predict(
     figures: Mapping[str, float],
 ) -> dict[str, float]:
     """The cost model's phase times for ``model``'s layer on one H200 holding every expert
-    once, serving ``tokens`` (decode: sequences with ``context`` cached tokens; prefill:
-    ``context`` is the sequence length), with calibrated ``figures``, microseconds."""
-    spec = lookup(GPU_MODEL)
-    gpu = Gpu(GpuId("h200/gpu0"), "h200", 0, spec)
-    fleet = Fleet("one-h200", (Node("h200", (gpu,), None, ()),))
-    settings = CostSettings(measured={gpu.id: measured_from_dict(figures)}, fp8_dispatch=False)
-    wl = make_workload(
-        model, phase="decode" if decode else "prefill", tokens_per_gpu=tokens, context_len=context
+    once (:func:`agents.calibrate.fit.layer_phase_times`), microseconds."""
+    return layer_phase_times(
+        model, decode=decode, tokens=tokens, context=context, figures=figures, gpu_model=GPU_MODEL
     )
-    table = build_cost_table(fleet, model, wl, settings)
-    layer = LayerPlacement((tuple((e, 1.0) for e in range(model.num_experts)),))
-    t = evaluate(table, [1.0], [layer]).moe_layers[0]
-    return {
-        "attention_us": t.attention_us[0],
-        "comm_us": t.comm_us[0],
-        "expert_us": t.expert_us[0],
-        "layer_us": t.layer_us,
-    }
 
 
 def _err(pred: float, meas: float) -> float:

@@ -18,6 +18,14 @@ Phases of a layer (each ends at a barrier, so each costs its slowest GPU)::
     expert FFNs      E_g = max(flop_us_per_token * n_g, replica_read_us * r_g + act_us_per_token * n_g)
                            + overhead_us             (n_g = token-expert pairs on g, r_g = replicas)
 
+    replica_read_us  = expert bytes / read bandwidth * (1 - exp(-p)), p = the step's pairs per
+                       expert: grouped GEMMs skip experts without rows, so at a few tokens
+                       only the experts that get some are read;
+    flop_us_per_token = 6 H F / rate(r), rate(r) = expert_gemm_tflops * (1 - exp(-r / s)),
+                       r = p / (1 - exp(-p)) rows per expert that gets any, s =
+                       expert_gemm_rows_scale (calibrated; grouped GEMMs are slow at a few
+                       hundred rows per expert).
+
     layer time = max_g A_g (+ max_g C_g + max_g E_g on MoE layers);  step time = sum over layers.
 
 The attention phase covers attention projections (a roofline over GEMM FLOPs and weight
@@ -124,6 +132,10 @@ class MeasuredFigures:
             permutations, the weighted sum of the combine), us; added to the expert phase.
         a2a_latency_us: fixed latency of one dispatch or one combine, us; replaces
             ``Efficiency.alpha_nvlink_us`` / ``alpha_rdma_us``.
+        expert_gemm_rows_scale: how fast the grouped expert GEMM's rate grows with the
+            rows each expert gets, rows per expert: at ``r`` rows it runs at
+            ``expert_gemm_tflops * (1 - exp(-r / expert_gemm_rows_scale))`` (fitted over a
+            prefill sweep); None: ``expert_gemm_tflops`` at every size.
     """
 
     gemm_bf16_tflops: float | None = None
@@ -140,6 +152,7 @@ class MeasuredFigures:
     expert_overhead_us: float | None = None
     expert_extra_us_per_pair: float | None = None
     a2a_latency_us: float | None = None
+    expert_gemm_rows_scale: float | None = None
 
 
 @dataclass(frozen=True)
@@ -414,6 +427,22 @@ def _comm_terms(
     return bw_by_channel, alpha
 
 
+def active_fraction(pairs_per_expert: float) -> float:
+    """Expected fraction of an expert's replicas that receive at least one pair when the
+    expert gets ``pairs_per_expert`` pairs per step, spread at random (Poisson): grouped
+    GEMMs read no weights for an expert without rows, so at a few tokens per step only
+    the experts that get tokens are read (``1 - exp(-pairs)``)."""
+    return 1.0 - math.exp(-pairs_per_expert) if pairs_per_expert > 0 else 1.0
+
+
+def expert_gemm_rate_tflops(peak_tflops: float, rows: float, rows_scale: float | None) -> float:
+    """The grouped expert GEMM's rate at ``rows`` rows per expert, TFLOPS:
+    ``peak * (1 - exp(-rows / rows_scale))`` (no ``rows_scale``: the peak)."""
+    if not rows_scale or rows <= 0:
+        return peak_tflops
+    return peak_tflops * max(1.0 - math.exp(-rows / rows_scale), 1e-3)
+
+
 def _gpu_cost(
     i: int,
     spec: GpuSpec,
@@ -423,8 +452,11 @@ def _gpu_cost(
     s: CostSettings,
     topo: Topology,
     terms: _ModelTerms,
+    pairs_per_expert: float = 0.0,
 ) -> GpuCost:
-    """The cost coefficients of GPU ``i`` (see :class:`GpuCost` for units)."""
+    """The cost coefficients of GPU ``i`` (see :class:`GpuCost` for units);
+    ``pairs_per_expert``: the step's token-expert pairs per routed expert (0: unknown),
+    which sets the grouped GEMM's rate and the share of replicas whose weights are read."""
     eff = s.efficiency
     hbm = (
         m.hbm_gbytes_per_s
@@ -434,7 +466,11 @@ def _gpu_cost(
     dense_rate = _peak_tflops(spec, model.weight_dtype, eff, m) * 1e6  # FLOP/us
     expert_rate = _peak_tflops(spec, model.expert_dtype, eff, m) * 1e6
     if m and m.expert_gemm_tflops:
-        expert_rate = m.expert_gemm_tflops * 1e6
+        # Rows per expert that gets any: at a few tokens an active expert has about one.
+        rows = pairs_per_expert / active_fraction(pairs_per_expert) if pairs_per_expert else 0.0
+        expert_rate = (
+            expert_gemm_rate_tflops(m.expert_gemm_tflops, rows, m.expert_gemm_rows_scale) * 1e6
+        )
     expert_read_bw = m.expert_read_gbytes_per_s * 1e3 if m and m.expert_read_gbytes_per_s else hbm
     launch = m.gemm_launch_us if m and m.gemm_launch_us is not None else eff.gemm_launch_us
     gemm_tok: dict[str, float] = {}
@@ -460,7 +496,9 @@ def _gpu_cost(
         attn_core_us_per_token=core,
         attn_overhead_us=(m.attn_overhead_us if m and m.attn_overhead_us else 4 * launch),
         expert_flop_us_per_pair=2.0 * model.expert_params / expert_rate + extra_pair,
-        expert_read_us_per_replica=model.expert_bytes / expert_read_bw,
+        expert_read_us_per_replica=model.expert_bytes
+        / expert_read_bw
+        * active_fraction(pairs_per_expert),
         expert_act_us_per_pair=terms.act_pair_bytes / hbm + extra_pair,
         expert_overhead_us=(m.expert_overhead_us if m and m.expert_overhead_us else 2 * launch),
         comm_bw_bytes_per_us=bw_by_channel,
@@ -518,8 +556,11 @@ def build_cost_table(
     # tensor cores; combine is BF16.
     dispatch = model.hidden * (1 + 4 / 128) if all_fp8 else model.hidden * 2.0
     bytes_per_copy = dispatch + model.hidden * 2.0
+    pairs_per_expert = total_tokens * model.top_k / model.num_experts if model.is_moe else 0.0
     costs = [
-        _gpu_cost(i, g.spec, s.measured.get(g.id), model, workload, s, topo, terms)
+        _gpu_cost(
+            i, g.spec, s.measured.get(g.id), model, workload, s, topo, terms, pairs_per_expert
+        )
         for i, g in enumerate(gpus)
     ]
     seg_of_gpu, segment_links = _segments(fleet, eff)

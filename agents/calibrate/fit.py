@@ -11,14 +11,28 @@ Units: microseconds (``_us``), TFLOPS, GB/s (1e9 B/s), bytes.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from policies.costmodel import CostSettings, Efficiency, MeasuredFigures, measured_from_dict
-from policies.fleet import Fleet, Gpu
+import numpy as np
+
+from policies.catalog import lookup
+from policies.costmodel import (
+    CostSettings,
+    Efficiency,
+    MeasuredFigures,
+    active_fraction,
+    build_cost_table,
+    measured_from_dict,
+)
+from policies.evaluation import LayerPlacement, evaluate
+from policies.fleet import Fleet, Gpu, GpuId, Node
 from policies.inventory import NodeInventory, gpu_spec
+from policies.models import ModelSpec
+from policies.workload import make_workload
 
 
 def figures_from_curves(
@@ -237,3 +251,215 @@ def planning_inputs(
                 measured[g.id] = measured_from_dict(m)
         nodes.append(replace(node, gpus=tuple(gpus)))
     return Fleet(name, tuple(nodes)), CostSettings(measured=measured, fp8_dispatch=fp8_dispatch)
+
+
+# ------------------------------------------------------- phase sweep: rates, fixed costs
+
+
+def layer_phase_times(
+    model: ModelSpec,
+    *,
+    decode: bool,
+    tokens: int,
+    context: int,
+    figures: Mapping[str, float],
+    gpu_model: str = "H200-SXM-141GB",
+) -> dict[str, float]:
+    """The cost model's phase times for one MoE layer of ``model`` on one GPU of
+    ``gpu_model`` holding every expert once, uniform load, serving ``tokens`` (decode:
+    sequences with ``context`` cached tokens each; prefill: sequences of ``context``), with
+    calibrated ``figures``, microseconds: ``attention_us``, ``expert_us``, ``comm_us`` (the
+    model's all-to-all latency) and ``layer_us`` (attention + experts: one GPU exchanges
+    nothing)."""
+    spec = lookup(gpu_model)
+    gpu = Gpu(GpuId("gpu/0"), "gpu", 0, spec)
+    fleet = Fleet("one-gpu", (Node("gpu", (gpu,), None, ()),))
+    settings = CostSettings(measured={gpu.id: measured_from_dict(figures)}, fp8_dispatch=False)
+    wl = make_workload(
+        model, phase="decode" if decode else "prefill", tokens_per_gpu=tokens, context_len=context
+    )
+    table = build_cost_table(fleet, model, wl, settings)
+    layer = LayerPlacement((tuple((e, 1.0) for e in range(model.num_experts)),))
+    t = evaluate(table, [1.0], [layer]).moe_layers[0]
+    return {
+        "attention_us": t.attention_us[0],
+        "comm_us": t.comm_us[0],
+        "expert_us": t.expert_us[0],
+        "layer_us": t.attention_us[0] + t.expert_us[0],
+    }
+
+
+@dataclass(frozen=True)
+class PhasePoint:
+    """One measured step of the fast runtime's layer on one GPU (all experts local).
+
+    Attributes:
+        model: the layer's model (:func:`bench.gpu_model.layer_model` form).
+        decode, tokens, context: the step (decode: sequences x cached tokens; prefill:
+            tokens in sequences of ``context``).
+        attention_us: the attention phase inside the step's graph, us.
+        expert_us: dispatch + experts + combine inside the step's graph, us.
+        kernels: per phase the kernel-time split (``gemm_us``, ``attention_us``,
+            ``other_us``) of :func:`agents.calibrate.runtime_figures.kernel_split`, or None.
+    """
+
+    model: ModelSpec
+    decode: bool
+    tokens: int
+    context: int
+    attention_us: float
+    expert_us: float
+    kernels: Mapping[str, Any] | None = None
+
+    @property
+    def pairs(self) -> float:
+        return float(self.tokens * self.model.top_k)
+
+    @property
+    def pairs_per_expert(self) -> float:
+        return self.pairs / self.model.num_experts
+
+
+def _dense_params(m: ModelSpec) -> float:
+    """Attention-phase weights of one MoE layer: projections, shared expert, router."""
+    return m.attn_params_per_layer + m.shared_expert_params + m.hidden * m.num_experts
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return float(statistics.median(values)) if values else None
+
+
+def kernel_rates(points: Sequence[PhasePoint]) -> dict[str, float]:
+    """The runtime's kernel rates from the points' kernel splits (each the median over
+    the points that exercise it): dense weights streamed by the attention phase's GEMMs
+    at <= 64 sequences (``hbm_gbytes_per_s``) and their prefill rate
+    (``gemm_bf16_tflops``); the decode attention kernel's KV bandwidth over caches of at
+    least 0.5 GB (``attn_decode_gbytes_per_s``) and its prefill rate
+    (``attn_prefill_tflops``); the expert GEMMs' weight streaming at <= 2 pairs per expert
+    over the experts that get pairs (``expert_read_gbytes_per_s``) and their prefill rate
+    against rows per expert, ``peak * (1 - exp(-rows / scale))`` fitted by least squares
+    (``expert_gemm_tflops``, ``expert_gemm_rows_scale``)."""
+    dense_read, dense_rate, kv_bw, attn_rate, exp_read = [], [], [], [], []
+    curve: list[tuple[float, float]] = []
+    for p in points:
+        k = p.kernels or {}
+        a, e = k.get("attention") or {}, k.get("experts") or {}
+        m = p.model
+        if p.decode:
+            if a.get("gemm_us") and p.tokens <= 64:
+                dense_read.append(_dense_params(m) * 2.0 / a["gemm_us"] / 1e3)
+            kv = p.tokens * m.kv_read_elements_per_token_per_layer(p.context) * 2.0
+            if a.get("attention_us") and kv >= 0.5e9:
+                kv_bw.append(kv / a["attention_us"] / 1e3)
+            if e.get("gemm_us") and p.pairs_per_expert <= 2.0:
+                read = m.num_experts * active_fraction(p.pairs_per_expert) * m.expert_bytes
+                exp_read.append(read / e["gemm_us"] / 1e3)
+        else:
+            if a.get("gemm_us"):
+                dense_rate.append(2.0 * p.tokens * _dense_params(m) / a["gemm_us"] / 1e6)
+            if a.get("attention_us"):
+                flops = p.tokens * m.attn_core_flops_per_token(p.context / 2.0, decode=False)
+                attn_rate.append(flops / a["attention_us"] / 1e6)
+            if e.get("gemm_us"):
+                rate = 2.0 * m.expert_params * p.pairs / e["gemm_us"] / 1e6
+                curve.append((p.pairs_per_expert, rate))
+    out: dict[str, float] = {}
+    for key, vals in (
+        ("hbm_gbytes_per_s", dense_read),
+        ("gemm_bf16_tflops", dense_rate),
+        ("attn_decode_gbytes_per_s", kv_bw),
+        ("attn_prefill_tflops", attn_rate),
+        ("expert_read_gbytes_per_s", exp_read),
+    ):
+        v = _median(vals)
+        if v:
+            out[key] = v
+    if curve:
+        out.update(_fit_rate_curve(curve))
+    return out
+
+
+def _fit_rate_curve(curve: Sequence[tuple[float, float]]) -> dict[str, float]:
+    """``peak * (1 - exp(-rows / scale))`` through (rows, TFLOPS) points: least squares in
+    relative error over scales from 1 to 10^4 rows (log grid), the peak in closed form."""
+    best: tuple[float, float, float] | None = None
+    for k in range(401):
+        scale = 10 ** (k / 100.0)
+        shape = [1.0 - math.exp(-r / scale) for r, _ in curve]
+        # minimise sum((peak * s_i - y_i) / y_i)^2: peak = sum(s/y) / sum((s/y)^2)
+        num = sum(s / y for s, (_, y) in zip(shape, curve, strict=True))
+        den = sum((s / y) ** 2 for s, (_, y) in zip(shape, curve, strict=True))
+        peak = num / den
+        err = sum((peak * s / y - 1.0) ** 2 for s, (_, y) in zip(shape, curve, strict=True))
+        if best is None or err < best[0]:
+            best = (err, peak, scale)
+    assert best is not None
+    if len(curve) < 2:
+        return {"expert_gemm_tflops": max(y for _, y in curve)}
+    return {"expert_gemm_tflops": best[1], "expert_gemm_rows_scale": best[2]}
+
+
+#: Figures that make the cost model's fixed costs vanish, for fitting them (a figure must
+#: be > 0, so a negligible value stands for none).
+NO_FIXED_COSTS = {
+    "attn_overhead_us": 1e-9,
+    "attn_extra_us_per_token": 1e-12,
+    "expert_overhead_us": 1e-9,
+    "expert_extra_us_per_pair": 1e-12,
+}
+
+
+def _line(xs: Sequence[float], ys: Sequence[float], ws: Sequence[float]) -> tuple[float, float]:
+    """Intercept and slope, both >= 0, of ``y = c0 + c1 x`` by weighted least squares
+    (weights ``ws`` on the residuals)."""
+    a = np.array([[w, w * x] for x, w in zip(xs, ws, strict=True)])
+    b = np.array([w * y for y, w in zip(ys, ws, strict=True)])
+    c0, c1 = (float(v) for v in np.linalg.lstsq(a, b, rcond=None)[0])
+    if c1 < 0:  # no growth with size: the intercept alone
+        c1 = 0.0
+        c0 = float(np.dot(a[:, 0], b) / np.dot(a[:, 0], a[:, 0]))
+    if c0 < 0:  # no fixed part: the slope alone
+        c0 = 0.0
+        c1 = max(0.0, float(np.dot(a[:, 1], b) / np.dot(a[:, 1], a[:, 1])))
+    return c0, c1
+
+
+def fixed_costs(
+    points: Sequence[PhasePoint], rates: Mapping[str, float]
+) -> tuple[dict[str, float], dict[str, Any]]:
+    """The fixed costs as intercept and slope over several sizes: per phase, what each
+    point measured beyond the cost model's prediction with ``rates`` and no fixed costs,
+    fitted as ``c0 + c1 x`` by least squares in relative terms (x: tokens for attention,
+    token-expert pairs for experts). Returns (figures ``attn_overhead_us``,
+    ``attn_extra_us_per_token``, ``expert_overhead_us``, ``expert_extra_us_per_pair``
+    (those > 0), the residuals the fit saw)."""
+    base = {**rates, **NO_FIXED_COSTS}
+    res_a, res_e, xa, xe, wa, we = [], [], [], [], [], []
+    for p in points:
+        pred = layer_phase_times(
+            p.model, decode=p.decode, tokens=p.tokens, context=p.context, figures=base
+        )
+        res_a.append(p.attention_us - pred["attention_us"])
+        res_e.append(p.expert_us - pred["expert_us"])
+        xa.append(float(p.tokens))
+        xe.append(p.pairs)
+        wa.append(1.0 / p.attention_us)
+        we.append(1.0 / p.expert_us)
+    a0, a1 = _line(xa, res_a, wa)
+    e0, e1 = _line(xe, res_e, we)
+    figures = {
+        "attn_overhead_us": a0,
+        "attn_extra_us_per_token": a1,
+        "expert_overhead_us": e0,
+        "expert_extra_us_per_pair": e1,
+    }
+    detail = {"attention_residual_us": res_a, "expert_residual_us": res_e}
+    return {k: v for k, v in figures.items() if v > 0}, detail
+
+
+def sweep_figures(points: Sequence[PhasePoint]) -> tuple[dict[str, float], dict[str, Any]]:
+    """:class:`MeasuredFigures` fields from a sweep of measured steps: the kernel rates
+    (:func:`kernel_rates`), then the fixed costs over the sizes (:func:`fixed_costs`)."""
+    rates = kernel_rates(points)
+    fixed, detail = fixed_costs(points, rates)
+    return {**rates, **fixed}, detail

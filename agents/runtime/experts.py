@@ -3,7 +3,8 @@ weights in BF16 or FP8 (:class:`ExpertWeights`, :func:`quantize_experts`), how r
 grouped for the GEMM kernels (:class:`ExpertPlan`, :func:`expert_plan`) and the FFNs over
 rows grouped by slot without any host synchronisation (:func:`expert_forward`).
 
-Kernels: ``torch._grouped_mm`` (BF16) and ``torch._scaled_grouped_mm`` (FP8 weights with
+Kernels: :func:`agents.runtime.triton_experts.moe_ffn` (``triton``: BF16 or FP8 weights,
+gather and activation fused into the GEMMs), ``torch._grouped_mm`` (BF16) and ``torch._scaled_grouped_mm`` (FP8 weights with
 one scale per output channel, activations quantised per row, groups padded to 16 rows);
 ``capacity``: one batched GEMM over a padded capacity per slot (``torch.bmm``) plus a
 grouped GEMM for the rows beyond it; ``loop``: one GEMM pair per slot with host-side counts
@@ -23,9 +24,12 @@ import torch.nn.functional as nnf
 
 Tensor = Any  # torch.Tensor; torch is untyped for mypy here
 
-EXPERT_KERNELS = ("auto", "grouped", "capacity", "loop")
+EXPERT_KERNELS = ("auto", "grouped", "capacity", "triton", "loop")
 """Expert GEMM kernels; ``auto`` takes ``capacity`` for BF16 at <= 32 rows per slot on
-average, else ``grouped``; ``loop`` (one GEMM per slot, host-side counts) is the CPU path."""
+average, else ``grouped`` (:meth:`agents.runtime.fast.FastLayer.tune_experts` times the
+candidates instead); ``triton`` is :mod:`agents.runtime.triton_experts` (gather and
+activation fused, empty slots not read); ``loop`` (one GEMM per slot, host-side counts) is
+the CPU path and the reference."""
 
 FP8_MAX = 448.0  # largest float8_e4m3fn value
 
@@ -78,11 +82,36 @@ def _rowwise_fp8(x: Tensor) -> tuple[Tensor, Tensor]:
     return (x / s[:, None]).to(torch.float8_e4m3fn), s.float()
 
 
-def _gemm(x: Tensor, w: Tensor, scale: Tensor | None, offs: Tensor, out_dtype: Any) -> Tensor:
-    """Grouped ``x @ w[s].T`` over row groups ending at ``offs``."""
+def _fused_quant() -> bool:
+    """Whether the one-pass Triton row quantisation can run here."""
+    try:
+        from agents.runtime import triton_experts
+
+        return triton_experts.available()
+    except ImportError:
+        return False
+
+
+def _gemm(
+    x: Tensor,
+    w: Tensor,
+    scale: Tensor | None,
+    offs: Tensor,
+    out_dtype: Any,
+    quantized: tuple[Tensor, Tensor] | None = None,
+) -> Tensor:
+    """Grouped ``x @ w[s].T`` over row groups ending at ``offs`` (FP8 weights: ``x``
+    quantised per row, or ``quantized`` given as (values, scales))."""
     if scale is None:
         return torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)
-    x8, sx = _rowwise_fp8(x)
+    if quantized is not None:
+        x8, sx = quantized
+    elif x.is_cuda and _fused_quant():
+        from agents.runtime.triton_experts import quantize_rows
+
+        x8, sx = quantize_rows(x)
+    else:
+        x8, sx = _rowwise_fp8(x)
     return torch._scaled_grouped_mm(
         x8, w.transpose(-2, -1), sx, scale, offs=offs, out_dtype=out_dtype
     )
@@ -98,6 +127,11 @@ def _act(h: Tensor, scale: Tensor | None) -> Tensor:
 
 def _ffn_grouped(x: Tensor, w: ExpertWeights, offs: Tensor, scale: Tensor | None) -> Tensor:
     h = _gemm(x, w.w13, w.s13, offs, x.dtype)
+    if w.s2 is not None and h.is_cuda and _fused_quant():  # activation and FP8 in one pass
+        from agents.runtime.triton_experts import quantize_rows
+
+        q = quantize_rows(h, act=True, scale=None if scale is None else scale.float())
+        return _gemm(h, w.w2, w.s2, offs, x.dtype, quantized=q)
     return _gemm(_act(h, scale), w.w2, w.s2, offs, x.dtype)
 
 
@@ -155,6 +189,8 @@ def expert_plan(kernel: str, rows: int, slots: int, dtype: str, cuda: bool) -> E
         kernel = "capacity" if dtype != "fp8" and rows <= 32 * slots else "grouped"
     if kernel == "capacity" and dtype == "fp8":
         kernel = "grouped"  # no batched FP8 GEMM in torch
+    if kernel == "triton":
+        return ExpertPlan("triton", rows)
     if kernel == "capacity":
         mean = rows / max(slots, 1)
         return ExpertPlan("capacity", rows, capacity=max(16, -(-int(2 * mean) // 16) * 16))
@@ -188,6 +224,14 @@ def expert_forward(
         out[order] = _ffn_loop(src[src_row], w, counts.tolist(), sorted_scale)
         return out
     inverse = torch.empty_like(order)
+    if plan.kernel == "triton":
+        from agents.runtime.triton_experts import moe_ffn
+
+        y = moe_ffn(
+            src, src_row, counts, w.w13, w.w2, w.s13, w.s2, sorted_scale, plan.rows / max(s, 1)
+        )
+        inverse[order] = torch.arange(n, device=dev)
+        return y[inverse]
     if plan.kernel == "grouped" and plan.align == 1:  # padding rows sort last, past offs
         offs = torch.cumsum(counts, 0).to(torch.int32)
         y = _ffn_grouped(src[src_row], w, offs, sorted_scale)

@@ -36,10 +36,12 @@ the tests and has not run on GPUs.
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import torch
@@ -266,6 +268,7 @@ class FastLayer:
     capacity: int = 0
     wqkv: Tensor = None
     w_router: Tensor = None
+    kernel_us: dict[str, float] = field(default_factory=dict)
     st: dict[str, Tensor] = field(default_factory=dict)
     graphs: dict[str, Any] = field(default_factory=dict)
     _keep: list[Any] = field(default_factory=list)
@@ -353,6 +356,123 @@ class FastLayer:
         if "shared" in self.st:
             out = out + self.st["shared"]
         self.st["out"] = out
+
+    def resized(
+        self, tokens: int, *, decode: bool, seq_len: int, context: int, seed: int = 1
+    ) -> FastLayer:
+        """A layer sharing these weights for a step of another size (world size 1): fresh
+        input and decode KV cache drawn on the device, the expert plan for the new number
+        of pairs, no graphs (capture again). For sweeps over batch sizes and contexts
+        without rebuilding the weights.
+
+        Raises:
+            ValueError: more than one rank; prefill tokens not whole sequences.
+        """
+        if self.world != 1:
+            raise ValueError("resized() is for world size 1")
+        if not decode and tokens % seq_len:
+            raise ValueError(f"prefill tokens {tokens} are not whole sequences of {seq_len}")
+        sh, dev, dt = self.shape, self.x.device, self.x.dtype
+        g = torch.Generator(device=dev).manual_seed(seed)
+        x = torch.randn((tokens, sh.hidden), generator=g, device=dev, dtype=dt)
+        kv = None
+        if decode:
+            dims = (tokens, sh.num_kv_heads, context, sh.head_dim)
+            kv = (
+                torch.randn(dims, generator=g, device=dev, dtype=dt),
+                torch.randn(dims, generator=g, device=dev, dtype=dt),
+            )
+        rows = tokens * sh.top_k
+        plan = expert_plan("auto", rows, self.experts.slots, self.experts.dtype, dev.type == "cuda")
+        layer = replace(
+            self,
+            tokens=tokens,
+            decode=decode,
+            seq_len=seq_len,
+            context=context,
+            plan=plan,
+            x=x,
+            kv=kv,
+            capacity=rows,
+            st={},
+            graphs={},
+            _keep=[],
+        )
+        layer.attn_backend = _first_backend(layer, _attn_backends(decode, dev.type == "cuda"))
+        layer.tune_experts()
+        return layer
+
+    def tune_experts(self, candidates: tuple[str, ...] = ("triton", "grouped", "capacity")) -> None:
+        """Keep the fastest expert kernel of ``candidates`` for this layer's rows (CUDA
+        only; a kernel that cannot run here, or ``capacity`` with FP8 weights, is skipped):
+        each replayed from a CUDA graph on the layer's own number of pairs with uniformly
+        drawn slots, as an engine picks its MoE kernel configuration per batch size. ``kernel_us`` records
+        the times, microseconds."""
+        if self.x.device.type != "cuda":
+            return
+        rows = self.plan.rows
+        dev = self.x.device
+        g = torch.Generator(device=dev).manual_seed(rows)
+        slot = torch.randint(0, self.experts.slots, (rows,), device=dev, generator=g)
+        row_of = torch.arange(rows, device=dev) % self.x.shape[0]
+        scale = torch.rand(rows, device=dev, generator=g)
+        times: dict[str, float] = {}
+        for k in candidates:
+            if k == "capacity" and self.experts.dtype == "fp8":
+                continue
+            plan = expert_plan(k, rows, self.experts.slots, self.experts.dtype, True)
+            try:
+                run = partial(expert_forward, self.x, row_of, slot, self.experts, plan, scale)
+                times[k] = _graph_time_us(run, reps=5)
+            except Exception:
+                continue
+        if times:
+            best = min(times, key=lambda k: times[k])
+            self.plan = expert_plan(best, rows, self.experts.slots, self.experts.dtype, True)
+        self.kernel_us = times
+
+    def time_layer_phases(self, iters: int) -> dict[str, float] | None:
+        """Each phase's time inside the whole-step graph, as an engine that replays one
+        graph per step runs it: each phase graph once, then the step graph ``iters``
+        times, under one ``torch.profiler`` session; the step's kernels cut into phases
+        by each phase graph's kernel count, a phase from its first kernel's start to the next phase's first kernel's
+        start (the last to its last kernel's end); the medians, scaled so that they sum to
+        the step graph's event-timed median, microseconds (``layer``, and ``profiled``:
+        the unscaled step). None when the kernels cannot be cut (the profiler does not
+        see the kernels inside graphs, or the counts differ). Call after :meth:`capture`."""
+        calls = [self.graphs[n].replay for n in PHASES]
+        calls += [self.graphs["layer"].replay] * iters
+        segments = _profiled_segments(calls)
+        if segments is None or len(segments) != len(calls):
+            return None
+        counts = {n: len(segments[i]) for i, n in enumerate(PHASES)}
+        per_rep = sum(counts.values())
+        layer_segs = segments[len(PHASES) :]
+        if per_rep == 0 or any(len(seg) != per_rep for seg in layer_segs):
+            return None
+        spans = [x for seg in layer_segs for x in seg]
+        per: dict[str, list[float]] = {k: [] for k in (*PHASES, "layer")}
+        for r in range(iters):
+            rep = spans[r * per_rep : (r + 1) * per_rep]
+            cuts: list[tuple[str, float]] = []
+            at = 0
+            for name in PHASES:
+                if counts[name]:
+                    cuts.append((name, rep[at][0]))
+                at += counts[name]
+            end = rep[-1][1]
+            ends = [c[1] for c in cuts[1:]] + [end]
+            span = {name: e - st for (name, st), e in zip(cuts, ends, strict=True)}
+            for name in PHASES:
+                per[name].append(span.get(name, 0.0))
+            per["layer"].append(end - rep[0][0])
+        med = {k: float(statistics.median(v)) for k, v in per.items()}
+        step = _event_time_us(self.graphs["layer"].replay, reps=iters)
+        f = step / med["layer"] if med["layer"] > 0 else 1.0
+        out = {k: med[k] * f for k in PHASES}
+        out["layer"] = step
+        out["profiled"] = med["layer"]
+        return out
 
     def phase_fns(self) -> dict[str, Callable[[], None]]:
         return {
@@ -442,6 +562,73 @@ class FastLayer:
         return float(statistics.median(times))
 
 
+def _event_time_us(fn: Callable[[], Any], reps: int, warmup: int = 2) -> float:
+    """Median time of ``fn`` between two CUDA events, microseconds."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3)
+    return float(statistics.median(times))
+
+
+def _graph_time_us(fn: Callable[[], Any], reps: int) -> float:
+    """Median replay time of ``fn`` captured in a CUDA graph (after two eager calls on a
+    side stream, which compile and warm it), microseconds."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    us = _event_time_us(g.replay, reps)
+    del g
+    return us
+
+
+def _profiled_segments(
+    calls: list[Callable[[], Any]], pause_s: float = 0.002
+) -> list[list[tuple[float, float]]] | None:
+    """(start, end) of every GPU activity of each of ``calls``, microseconds, from one
+    ``torch.profiler`` session: the calls run one at a time with ``pause_s`` of idle GPU
+    between them, so each call's activities are the run between two idle gaps longer than
+    half the pause. None when the profiler cannot see the GPU."""
+    import time
+
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    try:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for fn in calls:
+                fn()
+                torch.cuda.synchronize()
+                time.sleep(pause_s)
+    except RuntimeError:
+        return None
+    spans = sorted(
+        (float(e.time_range.start), float(e.time_range.end))
+        for e in prof.events()
+        if str(e.device_type).endswith("CUDA")
+    )
+    if not spans:
+        return None
+    out: list[list[tuple[float, float]]] = [[spans[0]]]
+    for prev, cur in itertools.pairwise(spans):
+        if cur[0] - prev[1] > pause_s * 0.5e6:
+            out.append([])
+        out[-1].append(cur)
+    return out
+
+
 def _attn_backends(decode: bool, cuda: bool) -> tuple[str, ...]:
     if not cuda:
         return ("math",)
@@ -518,15 +705,45 @@ def build_fast_layer(
     layer.wqkv = torch.cat([w.wq, w.wk, w.wv], dim=1)  # one projection GEMM, as engines run
     layer.w_router = w.w_router.to(dtype)  # router GEMM in the compute dtype, float32 logits
     candidates = _attn_backends(decode, cuda) if attn_backend == "auto" else (attn_backend,)
+    layer.attn_backend = _first_backend(layer, candidates)
+    if kernel == "auto" and cuda:
+        layer.tune_experts()
+    return layer
+
+
+def _first_backend(layer: FastLayer, candidates: tuple[str, ...]) -> str:
+    """The attention backend of ``candidates`` for ``layer``: in decode on a GPU the
+    fastest on this batch and context of those that run (cuDNN reads a long cache of a
+    few sequences with few thread blocks; flash splits it), else the first that runs.
+
+    Raises:
+        RuntimeError: none runs (the last one's error).
+    """
+    runs: list[str] = []
     for i, b in enumerate(candidates):
         layer.attn_backend = b
         try:
             layer.phase_attention()
-            break
+            runs.append(b)
+            if not (layer.decode and layer.x.device.type == "cuda"):
+                return b
         except RuntimeError:
-            if i == len(candidates) - 1:
+            if i == len(candidates) - 1 and not runs:
                 raise
-    return layer
+    if len(runs) == 1:
+        layer.attn_backend = runs[0]
+        return runs[0]
+    assert layer.kv is not None
+    sh, kc, vc = layer.shape, layer.kv[0], layer.kv[1]
+    q = torch.randn(
+        (layer.tokens, sh.num_kv_heads, sh.num_q_heads // sh.num_kv_heads, sh.head_dim),
+        device=kc.device,
+        dtype=kc.dtype,
+    )
+    times = {b: _event_time_us(partial(_sdpa, q, kc, vc, b, causal=False), 5) for b in runs}
+    best = min(times, key=lambda b: times[b])
+    layer.attn_backend = best
+    return best
 
 
 def _inputs(

@@ -24,7 +24,7 @@ from agents.calibrate import (
 )
 from agents.discovery.nvml import NvmlDiscovery
 from agents.runtime.bench_config import BenchConfig, bench_model, workloads
-from policies.costmodel import CostSettings, MeasuredFigures, build_cost_table
+from policies.costmodel import CostSettings, MeasuredFigures, active_fraction, build_cost_table
 from policies.request import PlacementRequest, SolverOptions
 from policies.solve import solve
 
@@ -89,7 +89,11 @@ def test_new_measured_fields_default_to_the_old_model() -> None:
     assert d.expert_overhead_us == 150.0
     assert d.comm_alpha_us == 500.0
     assert d.attn_core_us_per_token == pytest.approx(c.attn_core_us_per_token * 2500 / 2500 + 0.2)
-    assert d.expert_read_us_per_replica == pytest.approx(model.expert_bytes / 3050e3)
+    # Weights are read for the replicas that get pairs: 1 - exp(-pairs per expert) of them.
+    pairs_per_expert = b.total_tokens * model.top_k / model.num_experts
+    assert d.expert_read_us_per_replica == pytest.approx(
+        model.expert_bytes / 3050e3 * active_fraction(pairs_per_expert)
+    )
     assert d.expert_flop_us_per_pair == pytest.approx(2 * model.expert_params / 590e6 + 0.1)
     assert d.expert_act_us_per_pair == pytest.approx(c.expert_act_us_per_pair + 0.1)
     assert b.bytes_per_copy == model.hidden * 4.0  # BF16 dispatch and combine

@@ -1,0 +1,260 @@
+"""The cost model against the one-GPU sweep of :mod:`bench.gpu_sweep`: calibration from a
+few of the sweep's points, prediction of all of them, the tables and the figure. Pure
+(no torch); reruns on a results file: ``python -m bench.gpu_sweep --analyse FILE``.
+
+Per model, expert dtype and round: the figures come from :func:`agents.calibrate.fit.
+sweep_figures` over the :data:`CALIBRATION` points of that round (kernel rates from their
+kernel splits, then the fixed costs as intercept and slope over their sizes); every point
+of the round is then predicted by the cost model (:func:`agents.calibrate.fit.
+layer_phase_times`) and compared with its phases as measured inside the step's CUDA graph.
+A point's error is the worst of the three rounds.
+
+Units: microseconds (``_us``), fractions for errors.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from agents.calibrate.fit import PhasePoint, layer_phase_times, sweep_figures
+from bench.gpu_model import layer_model
+
+CALIBRATION = (
+    ("decode", 4, 4096),
+    ("decode", 64, 16384),
+    ("decode", 256, 1024),
+    ("prefill", 2048, 2048),
+    ("prefill", 16384, 2048),
+)
+"""(phase, tokens, context) of the points each round calibrates from: three decode sizes
+and two prefill sizes, none of them the issue's table points (128 x 4096, 8192 x 2048)."""
+
+TOLERANCE = 0.10
+"""The target: each phase within 10% of the measurement."""
+
+TABLE_POINTS = (("decode", 128, 4096), ("prefill", 8192, 2048))
+"""The issue's per-phase table: decode 128 sequences x 4096, prefill 8192 tokens of 2048."""
+
+
+def _key(p: Mapping[str, Any]) -> tuple[str, int, int]:
+    return (str(p["phase"]), int(p["tokens"]), int(p["context"]))
+
+
+def _measured(p: Mapping[str, Any]) -> tuple[float, float, float] | None:
+    """(attention, expert phase, step) inside the step graph, us; None if not measured."""
+    il = p.get("in_layer_us")
+    if not il:
+        return None
+    return (
+        float(il["attention"]),
+        float(il["dispatch"] + il["experts"] + il["combine"]),
+        float(il["layer"]),
+    )
+
+
+def _point(p: Mapping[str, Any], kernels: Mapping[str, Any] | None) -> PhasePoint | None:
+    m = _measured(p)
+    if m is None:
+        return None
+    return PhasePoint(
+        layer_model(str(p["model"]), str(p["expert_dtype"])),
+        p["phase"] == "decode",
+        int(p["tokens"]),
+        int(p["context"]),
+        m[0],
+        m[1],
+        kernels,
+    )
+
+
+def _err(pred: float, meas: float) -> float:
+    return (pred - meas) / meas
+
+
+def analyse(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """Calibrate per (model, dtype, round), predict every point, collect errors; returns
+    ``figures`` per case and round, ``points`` (measured medians, predicted, worst error
+    per phase), ``summary`` and the markdown ``table``."""
+    groups: dict[tuple[str, str], dict[int, list[Mapping[str, Any]]]] = defaultdict(
+        lambda: defaultdict(list)
+    )
+    for p in doc["points"]:
+        if "error" not in p:
+            groups[(p["model"], p["expert_dtype"])][int(p["round"])].append(p)
+    figures: dict[str, list[dict[str, float]]] = {}
+    rows: list[dict[str, Any]] = []
+    for (model, dt), rounds in groups.items():
+        case = f"{model}/{dt}"
+        kernels0 = {_key(p): p.get("kernels") for p in rounds.get(0, [])}
+        per_point: dict[tuple[str, int, int], list[tuple[tuple[float, ...], dict[str, float]]]]
+        per_point = defaultdict(list)
+        figures[case] = []
+        for _r, pts in sorted(rounds.items()):
+            cal = []
+            for p in pts:
+                if _key(p) in CALIBRATION:
+                    pt = _point(p, p.get("kernels") or kernels0.get(_key(p)))
+                    if pt is not None:
+                        cal.append(pt)
+            if not cal:
+                continue
+            figs, _ = sweep_figures(cal)
+            figures[case].append(figs)
+            m = layer_model(model, dt)
+            for p in pts:
+                meas = _measured(p)
+                if meas is None:
+                    continue
+                ph, t, c = _key(p)
+                pred = layer_phase_times(
+                    m, decode=ph == "decode", tokens=t, context=c, figures=figs
+                )
+                per_point[(ph, t, c)].append((meas, pred))
+        for (ph, t, c), vals in sorted(per_point.items()):
+            meas_med = [statistics.median(v[0][i] for v in vals) for i in range(3)]
+            errs = {
+                name: max(
+                    (_err(pred[key], meas[i]) for meas, pred in vals),
+                    key=abs,
+                )
+                for i, (name, key) in enumerate(
+                    (("attention", "attention_us"), ("experts", "expert_us"), ("layer", "layer_us"))
+                )
+            }
+            pred_med = {
+                k: statistics.median(v[1][k] for v in vals)
+                for k in ("attention_us", "expert_us", "layer_us")
+            }
+            rows.append(
+                {
+                    "case": case,
+                    "phase": ph,
+                    "tokens": t,
+                    "context": c,
+                    "calibration": (ph, t, c) in CALIBRATION,
+                    "measured_us": dict(
+                        zip(("attention", "experts", "layer"), meas_med, strict=True)
+                    ),
+                    "predicted_us": pred_med,
+                    "worst_error": errs,
+                    "rounds": len(vals),
+                }
+            )
+    summary = _summary(rows)
+    return {
+        "figures": figures,
+        "figure_spread": _spread(figures),
+        "points": rows,
+        "summary": summary,
+        "table": _table(rows, summary),
+    }
+
+
+def _spread(figures: Mapping[str, Sequence[Mapping[str, float]]]) -> dict[str, dict[str, float]]:
+    """Per case and figure, max / min - 1 over the rounds' calibrations."""
+    out: dict[str, dict[str, float]] = {}
+    for case, runs in figures.items():
+        keys = set().union(*(r.keys() for r in runs)) if runs else set()
+        out[case] = {
+            k: max(r[k] for r in runs) / min(r[k] for r in runs) - 1.0
+            for k in sorted(keys)
+            if all(k in r and r[k] > 0 for r in runs)
+        }
+    return out
+
+
+def _summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Per case and phase: points within :data:`TOLERANCE` in every round, of how many."""
+    out: dict[str, Any] = {}
+    for r in rows:
+        for name, e in r["worst_error"].items():
+            s = out.setdefault(
+                f"{r['case']} {r['phase']} {name}", {"within": 0, "of": 0, "worst": 0.0}
+            )
+            s["of"] += 1
+            s["within"] += abs(e) <= TOLERANCE
+            if abs(e) > abs(s["worst"]):
+                s["worst"] = e
+    return out
+
+
+def _table(rows: Sequence[Mapping[str, Any]], summary: Mapping[str, Any]) -> list[str]:
+    out = [
+        "| case | phase | tokens x context | attention us (pred, worst err) "
+        "| expert phase us (pred, worst err) | step us (pred, worst err) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        m, p, e = r["measured_us"], r["predicted_us"], r["worst_error"]
+        mark = " (cal)" if r["calibration"] else ""
+        out.append(
+            f"| {r['case']} | {r['phase']} | {r['tokens']} x {r['context']}{mark} "
+            f"| {m['attention']:.0f} ({p['attention_us']:.0f}, {e['attention']:+.1%}) "
+            f"| {m['experts']:.0f} ({p['expert_us']:.0f}, {e['experts']:+.1%}) "
+            f"| {m['layer']:.0f} ({p['layer_us']:.0f}, {e['layer']:+.1%}) |"
+        )
+    out += ["", "| case, phase, part | within 10% (all rounds) | worst |", "|---|---|---|"]
+    for k, s in summary.items():
+        out.append(f"| {k} | {s['within']} / {s['of']} | {s['worst']:+.1%} |")
+    return out
+
+
+def plot(report: Mapping[str, Any], path: str) -> None:
+    """Measured (markers) and predicted (lines) step time: decode against sequences per
+    GPU, one line per context, and prefill against tokens, one panel per case."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = sorted({r["case"] for r in report["points"]})
+    fig, axes = plt.subplots(len(cases), 2, figsize=(11, 3.4 * len(cases)), squeeze=False)
+    for row, case in enumerate(cases):
+        pts = [r for r in report["points"] if r["case"] == case]
+        ax = axes[row][0]
+        for k, ctx in enumerate(sorted({r["context"] for r in pts if r["phase"] == "decode"})):
+            sel = sorted(
+                (r for r in pts if r["phase"] == "decode" and r["context"] == ctx),
+                key=lambda r: r["tokens"],
+            )
+            xs = [r["tokens"] for r in sel]
+            colour = f"C{k}"
+            ax.plot(xs, [r["predicted_us"]["layer_us"] / 1e3 for r in sel], "-", color=colour)
+            ax.plot(
+                xs,
+                [r["measured_us"]["layer"] / 1e3 for r in sel],
+                "o",
+                color=colour,
+                label=f"ctx {ctx // 1024}k",
+            )
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("decode sequences per GPU")
+        ax.set_ylabel("step ms (one layer)")
+        ax.set_title(f"{case} decode: measured (o), model (-)", fontsize=9)
+        ax.legend(fontsize=7)
+        ax = axes[row][1]
+        for k, seq in enumerate(sorted({r["context"] for r in pts if r["phase"] == "prefill"})):
+            sel = sorted(
+                (r for r in pts if r["phase"] == "prefill" and r["context"] == seq),
+                key=lambda r: r["tokens"],
+            )
+            xs = [r["tokens"] for r in sel]
+            colour = f"C{k}"
+            ax.plot(xs, [r["predicted_us"]["layer_us"] / 1e3 for r in sel], "-", color=colour)
+            ax.plot(
+                xs,
+                [r["measured_us"]["layer"] / 1e3 for r in sel],
+                "s",
+                color=colour,
+                label=f"seq {seq}",
+            )
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("prefill tokens per GPU")
+        ax.set_title(f"{case} prefill: measured (s), model (-)", fontsize=9)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
