@@ -93,8 +93,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(words)
-        from controlplane.cli import habits
+        from controlplane.cli import habits, interrupt
 
+        if argv is None and not interrupt.handles_its_own_signals(args):
+            # a process of its own: Ctrl-C ends it in one line, workers and all
+            interrupt.exit_on_interrupt(workers=hasattr(args, "workers"))
         habits.apply_global_args(args)
         handler: Callable[[argparse.Namespace], int] | None = getattr(args, "handler", None)
         if handler is None:  # a registered group without leaf commands
