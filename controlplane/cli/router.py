@@ -56,6 +56,13 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eject-after", type=positive_int, default=2, metavar="N")
     p.add_argument("--readmit-after", type=positive_int, default=2, metavar="N")
     _add_limit_args(p)
+    p.add_argument(
+        "--workers",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="router processes on the one port (SO_REUSEPORT), each with its own stride state",
+    )
     p.add_argument("--log-format", choices=("json", "console"), default="json")
     p.add_argument("--log-level", default="info")
     p.add_argument(
@@ -184,39 +191,20 @@ def _token_from_file(path: str) -> str:
 
 def cmd_run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
-    import asyncio
-
-    from controlplane.router.proxy import Router, tune_gc
-    from controlplane.router.requests import chars_estimate, load_tokenizer
+    from controlplane.router import workers
     from controlplane.server.logs import configure_logging
 
     try:
         configure_logging(args.log_format, args.log_level)
     except ValueError as exc:
         raise InputError(str(exc), field="--log-level") from exc
-    count = load_tokenizer(settings.tokenizer) if settings.tokenizer else chars_estimate
-    if args.uvloop is not False:
-        try:
-            import uvloop
-        except ImportError as exc:
-            if args.uvloop:
-                raise InputError("uvloop is not installed", field="--uvloop") from exc
-        else:
-            uvloop.install()
-
-    async def serve() -> None:
-        router = Router(settings, count)
-        try:
-            await router.start()
-        except OSError as exc:
-            raise MixfleetError(f"cannot listen on {args.listen}: {exc}") from exc
-        tune_gc()
-        try:
-            await asyncio.Event().wait()
-        finally:
-            await router.stop()
-
-    asyncio.run(serve())
+    workers.run(
+        settings,
+        workers=args.workers,
+        log_format=args.log_format,
+        log_level=args.log_level,
+        uvloop=args.uvloop,
+    )
     return 0
 
 

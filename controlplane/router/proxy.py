@@ -31,6 +31,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 from mixfleet.v1 import engine_pb2
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from yarl import URL
 
 from controlplane.router.balance import RankState, choose
 from controlplane.router.health import CheckThread, HealthBook
@@ -268,6 +269,7 @@ class Router:
         self.health.on_change = self._health_changed
         self.bodies = BodyBudget(settings.max_inflight_body_bytes)
         self._tier_headers = settings.honour_tier_headers
+        self._urls: dict[tuple[str, str], URL] = {}
         self.checks: CheckThread | None = None
         self.connected: dict[str, bool] = dict.fromkeys(settings.deployments, False)
         self.watcher: RoutingWatcher | None = None
@@ -307,6 +309,7 @@ class Router:
                 total=None, sock_connect=s.connect_timeout_s, sock_read=s.read_timeout_s
             ),
             auto_decompress=False,
+            cookie_jar=aiohttp.DummyCookieJar(),  # a proxy keeps no cookies of its own
         )
         self.health.admit_all(self.state.instances)
         self.checks = CheckThread(
@@ -448,6 +451,8 @@ class Router:
             if not self.bodies.take(declared):
                 raise self._busy()
         taken = declared or 0
+        if declared is not None and request.content.is_eof():
+            return await request.read()  # all in already (the common case): no timer
         try:
             async with asyncio.timeout(s.body_timeout_s):
                 if declared is not None:
@@ -484,6 +489,13 @@ class Router:
         except BaseException:
             self.bodies.give(taken)
             raise
+
+    def _upstream_url(self, base: str, path: str) -> URL:
+        """The engine URL of ``path`` at ``base``, parsed once and kept."""
+        url = self._urls.get((base, path))
+        if url is None:
+            url = self._urls[(base, path)] = URL(base + path)
+        return url
 
     def _busy(self) -> _RefusedError:
         s = self.settings
@@ -566,7 +578,7 @@ class Router:
         try:
             try:
                 upstream = await self.session.post(
-                    inst.spec.url + request.path, data=data, headers=headers
+                    self._upstream_url(inst.spec.url, request.path), data=data, headers=headers
                 )
             except (aiohttp.ClientError, OSError, TimeoutError) as exc:
                 refused = isinstance(exc, aiohttp.ClientConnectorError) and isinstance(
