@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH_STAMP := $(VENV)/.torch-installed
 
-.PHONY: install install-torch test-min-versions demo static-checks test test-all lint typecheck layers pytest bench bench-placement bench-strategies bench-controlplane bench-determinism bench-engines bench-hostile bench-schedule bench-router bench-serving proto crds e2e-k8s test-kube clean
+.PHONY: install install-torch test-min-versions demo static-checks test test-all lint typecheck layers pytest bench bench-placement bench-strategies bench-controlplane bench-determinism bench-engines bench-hostile bench-schedule bench-goodput bench-router bench-serving proto crds e2e-k8s test-kube clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -99,6 +99,9 @@ bench-strategies: install
 
 bench-schedule: install
 	$(BIN)/python -m bench.schedule --scenario all --out bench/results/schedule.json
+
+bench-goodput: install
+	$(BIN)/python -m bench.goodput --scenario all --timing --out bench/results/goodput.json
 
 # The serving simulator's CPU time per 10,000 and 100,000 requests (docs/serving.md).
 bench-serving: install

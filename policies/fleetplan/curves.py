@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, cast
 
-from policies.costmodel import CostTable
+from policies.costmodel import CostSettings, CostTable
 from policies.deployment import node_make_up
 from policies.engines import engine_to_doc
 from policies.errors import InfeasibleError, InputError
@@ -44,9 +44,10 @@ from policies.solve import PLACE, fits_at_all, solve
 from policies.spec import DeploymentSpec, SolverPolicy, to_request, workload_for
 from policies.tensor_parallel import tp_cost_table
 
-CURVE_VERSION = "fleetplan-curve-2"
-"""Bumped whenever the cost model or the way a curve is filled changes: a cached curve of
-another version is never read."""
+CURVE_VERSION = "fleetplan-curve-3"
+"""Bumped whenever the way a curve is filled or the cost model's formulas change (the key
+also holds the cost model's default settings and efficiencies): a cached curve of another
+version is never read."""
 
 
 @dataclass(frozen=True)
@@ -54,8 +55,13 @@ class CurveGrid:
     """Where a curve is sampled.
 
     Attributes:
-        batch_per_gpu: decode sequences per GPU (the instance's batch is this times its GPUs).
-        context_tokens: mean context per sequence in a decode step, tokens.
+        batch_per_gpu: decode sequences per GPU (the instance's batch is this times its GPUs);
+            dense at small batches, where the step grows fastest (the experts read grows
+            with the experts that get tokens).
+        context_tokens: mean context per sequence in a decode step, tokens. Two points
+            suffice: per GPU the step is linear in the context (the KV read and the score
+            FLOPs grow with it); the maximum over GPUs makes it convex, so between the
+            points the curve errs high, and beyond the last it continues the last slope.
         prefill_per_gpu: prompt tokens per GPU in one prefill forward.
         reference_batch_per_gpu: batch per GPU of the one placement solve, sequences.
         reference_context_tokens: context of the placement solve, tokens.
@@ -63,7 +69,7 @@ class CurveGrid:
             ``uniform``; ``greedy``).
     """
 
-    batch_per_gpu: tuple[int, ...] = (1, 8, 32, 96, 256)
+    batch_per_gpu: tuple[int, ...] = (1, 4, 16, 48, 128, 256)
     context_tokens: tuple[int, ...] = (1024, 8192)
     prefill_per_gpu: tuple[int, ...] = (64, 512, 2048, 8192)
     reference_batch_per_gpu: int = 16
@@ -195,6 +201,7 @@ def curve_key(spec: DeploymentSpec, part: Fleet, grid: CurveGrid) -> str:
         "makeups": makeups,
         "links": links,
         "grid": repr(grid),
+        "costSettings": repr(CostSettings()),
     }
     text = json.dumps(doc, sort_keys=True, default=repr)
     return hashlib.sha256(text.encode()).hexdigest()

@@ -11,7 +11,8 @@ Estimate, then build, then solve:
    role (:mod:`policies.fleetplan.sizing`): an **aggregated** variant, a **decode** variant,
    and **prefill** variants paired with decode variants over the KV path between their
    nodes (:func:`kv_path`; a pair without an RDMA or NVLink path is not a candidate).
-2. **Integer program** (PuLP, HiGHS: one thread, fixed seed, a node limit). Variables:
+2. **Integer program** (HiGHS through :class:`policies.solvers.milp.Model`: one thread,
+   fixed seed, a node limit - the same inputs give the same plan on a busy machine). Variables:
    ``x_v`` in Z>=0 instances of aggregated variant ``v``; for a prefill/decode pair ``k =
    (p, q)``: ``y_k``, ``z_k`` in Z>=0 prefill and decode instances of its pool; served rates
    ``r_v, f_k >= 0`` and ``s_d`` per deployment. Constraints::
@@ -27,7 +28,9 @@ Estimate, then build, then solve:
    for the levels below; then minimise ``sum usd x + move_weight * sum usd |x - x_prev|``
    (the price of the GPUs, plus a penalty for every instance changed against the previous
    plan) with every level's served share kept. So a higher priority's demand is served
-   first, each deployment up to its demand, and at least cost.
+   first, each deployment up to its demand, and at least cost (within
+   ``settings.cost_gap``: the cost stage stops at a plan proven within that fraction of
+   the cheapest).
 3. **Read back.** Counts become pools with named nodes (previous nodes kept where the count
    allows), predicted latencies at each pool's load, and shortfalls with what would fix
    them.
@@ -43,10 +46,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, replace
 
-import pulp
-
 from policies.cost import fleet_usd_per_hour
-from policies.costmodel import Efficiency
+from policies.costmodel import GIB, Efficiency
 from policies.deployment import describe_nodes, sub_fleet
 from policies.errors import InputError
 from policies.fleet import Fleet, Node
@@ -78,7 +79,7 @@ from policies.fleetplan.types import (
 )
 from policies.scheduling.table import fleet_groups
 from policies.scheduling.types import NodeGroup
-from policies.solvers.milp import Limits, solve_milp
+from policies.solvers.milp import Limits, Model
 from policies.spec import check_spec, price_table, selects
 
 _EPS = 1e-9
@@ -202,11 +203,12 @@ def candidates(req: PlanRequest, cache: CurveCache, pool: Executor | None) -> Ca
     ``pool`` when given) and stored in it.
 
     Make-ups are chosen in rounds (each round's curves computed together): per deployment
-    and node group the sizes of ``settings.instance_nodes`` from the smallest up, until
-    ``settings.sizes_per_group`` of them hold the model (the first two sizes in the first
-    round); and, on fleets of at most ``settings.mixed_max_groups`` groups, one node each of
-    two groups when one node of either cannot hold the model alone (a mix that uses a
-    generation no single-group instance can)."""
+    and node group the sizes of ``settings.instance_nodes`` from the smallest up, until one
+    holds the model, and further (up to ``settings.sizes_per_group`` that hold it) while the
+    weights fill more than half of the instance's memory (a larger instance has room for a
+    larger batch); then, on fleets of at most ``settings.mixed_max_groups`` groups, one node
+    each of two groups where one of them cannot hold the model at any size it has (a mix
+    uses a generation no single-group instance can)."""
     s = req.settings
     fleet = req.fleet
     groups = fleet_groups(fleet)
@@ -248,40 +250,61 @@ def candidates(req: PlanRequest, cache: CurveCache, pool: Executor | None) -> Ca
             stats[0] += 1
 
     ladder = sorted(set(s.instance_nodes))
-    tried: dict[tuple[str, int], int] = {}  # (deployment, group) -> ladder steps tried
+    tried: dict[tuple[str, int], int] = {}  # (deployment, group) -> ladder sizes tried
     for d in req.deployments:
         names = _eligible(fleet, d)
         elig[d.name] = tuple(sum(1 for n in g.nodes if n in names) for g in groups)
         wanted[d.name] = []
-    first: list[tuple[FleetDeployment, tuple[int, ...]]] = []
+    run(
+        [
+            (d, _unit(ng, t, ladder[0]))
+            for d in req.deployments
+            for t, cap in enumerate(elig[d.name])
+            if ladder[0] <= cap
+        ]
+    )
     for d in req.deployments:
-        for t, cap in enumerate(elig[d.name]):
-            sizes = [k for k in ladder[:2] if k <= cap]
-            first += [(d, _unit(ng, t, k)) for k in sizes]
-            tried[d.name, t] = min(2, len(ladder))
-    run(first)
+        for t in range(ng):
+            tried[d.name, t] = 1
+
+    def entry(d: FleetDeployment, vec: tuple[int, ...]) -> CurveEntry | None:
+        key, _ = part_of(d, vec)
+        return entries.get(key)
 
     def holds(d: FleetDeployment, vec: tuple[int, ...]) -> bool:
-        key, _ = part_of(d, vec)
-        return key in entries and entries[key].curve is not None
+        e = entry(d, vec)
+        return e is not None and e.curve is not None
 
-    mixed_done = False
+    def tight(d: FleetDeployment, vec: tuple[int, ...]) -> bool:
+        """Weights fill more than half the instance's memory (a larger one has room for
+        a larger batch)."""
+        e = entry(d, vec)
+        if e is None or e.curve is None:
+            return False
+        _, part = part_of(d, vec)
+        memory = sum(g.spec.memory_gib for g in part.gpus) * GIB
+        return e.curve.kv_capacity_tokens * e.curve.kv_bytes_per_token < 0.5 * memory
+
+    mixed_done = not mixed
     while True:
         more: list[tuple[FleetDeployment, tuple[int, ...]]] = []
         for d in req.deployments:
             for t, cap in enumerate(elig[d.name]):
-                ok = sum(
-                    1 for k in ladder[: tried[d.name, t]] if k <= cap and holds(d, _unit(ng, t, k))
-                )
                 step = tried[d.name, t]
-                if ok >= s.sizes_per_group or step >= len(ladder) or ladder[step] > cap:
+                if step >= len(ladder) or ladder[step] > cap:
+                    continue
+                ok = [k for k in ladder[:step] if k <= cap and holds(d, _unit(ng, t, k))]
+                if ok and (len(ok) >= s.sizes_per_group or not tight(d, _unit(ng, t, ok[-1]))):
                     continue
                 more.append((d, _unit(ng, t, ladder[step])))
                 tried[d.name, t] = step + 1
-        if mixed and not mixed_done:
+        if not more and not mixed_done:
             mixed_done = True
             for d in req.deployments:
-                alone = [bool(elig[d.name][t]) and holds(d, _unit(ng, t, 1)) for t in range(ng)]
+                alone = [
+                    any(holds(d, _unit(ng, t, k)) for k in ladder[: tried[d.name, t]])
+                    for t in range(ng)
+                ]
                 for a_ in range(ng):
                     for b_ in range(a_ + 1, ng):
                         if elig[d.name][a_] and elig[d.name][b_] and not (alone[a_] and alone[b_]):
@@ -477,15 +500,15 @@ def kv_path(a: Node, b: Node, fleet: Fleet) -> tuple[float, float, str] | None:
 
 
 @dataclass
-class _Model:
-    prob: pulp.LpProblem
-    x: dict[tuple[str, str], pulp.LpVariable]  # (deployment, aggregated variant key)
-    r: dict[tuple[str, str], pulp.LpVariable]
-    y: dict[tuple[str, str], pulp.LpVariable]  # (deployment, pair key): prefill instances
-    z: dict[tuple[str, str], pulp.LpVariable]  # decode instances
-    f: dict[tuple[str, str], pulp.LpVariable]
-    served: dict[str, pulp.LpVariable]
-    cost: pulp.LpAffineExpression
+class _Program:
+    """The integer program's columns (indices into ``model``)."""
+
+    model: Model
+    x: dict[tuple[str, str], int]  # (deployment, aggregated variant key) -> instances
+    y: dict[tuple[str, str], int]  # (deployment, pair key) -> prefill instances
+    z: dict[tuple[str, str], int]  # (deployment, pair key) -> decode instances
+    served: dict[str, int]  # deployment -> requests/s served
+    cost: list[tuple[int, float]]  # instance column -> USD per hour
 
 
 Counts = dict[tuple[str, str, str], int]
@@ -493,72 +516,60 @@ Counts = dict[tuple[str, str, str], int]
 (pair key)."""
 
 
-def _build(req: PlanRequest, c: Candidates) -> _Model:
-    prob = pulp.LpProblem("fleet_plan", pulp.LpMaximize)
-    x: dict[tuple[str, str], pulp.LpVariable] = {}
-    r: dict[tuple[str, str], pulp.LpVariable] = {}
-    y: dict[tuple[str, str], pulp.LpVariable] = {}
-    z: dict[tuple[str, str], pulp.LpVariable] = {}
-    f: dict[tuple[str, str], pulp.LpVariable] = {}
-    served: dict[str, pulp.LpVariable] = {}
+def _build(req: PlanRequest, c: Candidates) -> _Program:
+    """Columns and constraints (1)-(5) of the module docstring."""
+    m = Model("fleet_plan")
+    x: dict[tuple[str, str], int] = {}
+    y: dict[tuple[str, str], int] = {}
+    z: dict[tuple[str, str], int] = {}
+    served: dict[str, int] = {}
     sizes = [len(g.nodes) for g in c.groups]
-    use: list[list[tuple[pulp.LpVariable, int]]] = [[] for _ in c.groups]
-    cost_terms: list[tuple[pulp.LpVariable, float]] = []
-    n = 0
+    use: list[list[tuple[int, float]]] = [[] for _ in c.groups]
+    cost: list[tuple[int, float]] = []
 
     def ub(vec: Sequence[int]) -> int:
         return min(sizes[t] // k for t, k in enumerate(vec) if k)
 
-    for di, d in enumerate(req.deployments):
-        placed: list[tuple[pulp.LpVariable, Variant]] = []
-        rates: list[pulp.LpVariable] = []
+    for d in req.deployments:
+        placed: list[tuple[int, Variant]] = []
+        rates: list[tuple[int, float]] = []
         for v in c.aggregated[d.name]:
-            n += 1
-            xv = pulp.LpVariable(f"x{n}", 0, ub(v.counts), cat="Integer")
-            rv = pulp.LpVariable(f"r{n}", 0)
-            prob += rv <= v.sizing.requests_per_s * xv  # (1)
-            x[d.name, v.key], r[d.name, v.key] = xv, rv
+            xv = m.var(0, ub(v.counts), integer=True)
+            rv = m.var(0)
+            m.le([(rv, 1.0), (xv, -v.sizing.requests_per_s)], 0.0)  # (1)
+            x[d.name, v.key] = xv
             placed.append((xv, v))
-            rates.append(rv)
+            rates.append((rv, 1.0))
         for k in c.pairs[d.name]:
-            n += 1
-            yk = pulp.LpVariable(f"y{n}", 0, ub(k.prefill.counts), cat="Integer")
-            zk = pulp.LpVariable(f"z{n}", 0, ub(k.decode.counts), cat="Integer")
-            fk = pulp.LpVariable(f"f{n}", 0)
-            prob += fk <= k.prefill.sizing.requests_per_s * yk  # (1)
-            prob += fk <= k.decode.sizing.requests_per_s * zk  # (1)
-            y[d.name, k.key], z[d.name, k.key], f[d.name, k.key] = yk, zk, fk
+            yk = m.var(0, ub(k.prefill.counts), integer=True)
+            zk = m.var(0, ub(k.decode.counts), integer=True)
+            fk = m.var(0)
+            m.le([(fk, 1.0), (yk, -k.prefill.sizing.requests_per_s)], 0.0)  # (1)
+            m.le([(fk, 1.0), (zk, -k.decode.sizing.requests_per_s)], 0.0)  # (1)
+            y[d.name, k.key], z[d.name, k.key] = yk, zk
             placed += [(yk, k.prefill), (zk, k.decode)]
-            rates.append(fk)
-        mine: list[list[tuple[pulp.LpVariable, int]]] = [[] for _ in c.groups]
-        for var, v in placed:
+            rates.append((fk, 1.0))
+        sd = m.var(0, d.traffic.requests_per_s)  # (2)
+        m.eq([(sd, 1.0), *((r, -1.0) for r, _ in rates)], 0.0)  # (2)
+        served[d.name] = sd
+        mine: list[list[tuple[int, float]]] = [[] for _ in c.groups]
+        for col, v in placed:
             for t, cnt in enumerate(v.counts):
                 if cnt:
-                    mine[t].append((var, cnt))
-                    use[t].append((var, cnt))
-            cost_terms.append((var, v.usd_per_hour))
-        usd = [(var, v.usd_per_hour) for var, v in placed]
-        gpus = [(var, v.gpus) for var, v in placed]
-        sd = pulp.LpVariable(f"s{di}", 0, d.traffic.requests_per_s)  # (2)
-        prob += sd == pulp.lpSum(rates)  # (2)
-        served[d.name] = sd
+                    mine[t].append((col, float(cnt)))
+                    use[t].append((col, float(cnt)))
+            cost.append((col, v.usd_per_hour))
         for t, terms in enumerate(mine):  # (4)
             if terms and c.eligible[d.name][t] < sizes[t]:
-                prob += pulp.lpSum(k * v for v, k in terms) <= c.eligible[d.name][t]
-        if d.budget_usd_per_hour > 0 and usd:  # (5)
-            prob += pulp.lpSum(u * v for v, u in usd) <= d.budget_usd_per_hour
-        if d.budget_gpus > 0 and gpus:  # (5)
-            prob += pulp.lpSum(g * v for v, g in gpus) <= d.budget_gpus
+                m.le(terms, c.eligible[d.name][t])
+        if d.budget_usd_per_hour > 0 and placed:  # (5)
+            m.le([(col, v.usd_per_hour) for col, v in placed], d.budget_usd_per_hour)
+        if d.budget_gpus > 0 and placed:  # (5)
+            m.le([(col, float(v.gpus)) for col, v in placed], d.budget_gpus)
     for t, terms in enumerate(use):  # (3)
         if terms:
-            prob += pulp.lpSum(k * v for v, k in terms) <= sizes[t]
-    cost = pulp.lpSum(u * v for v, u in cost_terms)
-    return _Model(prob, x, r, y, z, f, served, cost)
-
-
-def _limits(req: PlanRequest) -> Limits:
-    s = req.settings
-    return Limits(max_nodes=s.max_solver_nodes, mip_gap=s.mip_gap)
+            m.le(terms, sizes[t])
+    return _Program(m, x, y, z, served, cost)
 
 
 def _previous_counts(req: PlanRequest) -> Counts:
@@ -578,56 +589,67 @@ def _previous_counts(req: PlanRequest) -> Counts:
 
 
 def _solve(req: PlanRequest, c: Candidates) -> tuple[Counts, str]:
-    """Instance counts by the lexicographic integer programs (module docstring)."""
-    m = _build(req, c)
-    status = "not solved"
-    levels = sorted({d.priority for d in req.deployments}, reverse=True)
-    for level in levels:
+    """Instance counts by the lexicographic integer programs (module docstring); each solve
+    starts from the previous one's answer (which stays feasible), so a work-limited solve
+    never ends without one."""
+    p = _build(req, c)
+    m = p.model
+    status = "HiGHS optimal"
+    values: tuple[float, ...] = ()
+    ints = [col for col, _ in p.cost]
+
+    def run(gap: float) -> None:
+        nonlocal status, values
+        if values:
+            for col in ints:
+                m.set_start(col, round(values[col]))
+        limits = Limits(max_nodes=req.settings.max_solver_nodes, mip_gap=gap)
+        out = m.solve(solver="highs", limits=limits)
+        if out.values:
+            values = out.values
+        if out.status != "optimal":
+            status = f"{out.solver} {out.status}"
+
+    for level in sorted({d.priority for d in req.deployments}, reverse=True):
         at = [d for d in req.deployments if d.priority == level]
-        share = pulp.lpSum(m.served[d.name] * (1.0 / d.traffic.requests_per_s) for d in at)
-        m.prob.sense = pulp.LpMaximize
-        m.prob.setObjective(share)
-        # HiGHS minimises through solve_milp: negate.
-        m.prob.sense = pulp.LpMinimize
-        m.prob.setObjective(-share)
-        out = solve_milp(m.prob, solver="highs", limits=_limits(req))
-        status = f"{out.solver} {out.status}"
-        reached = -out.objective if math.isfinite(out.objective) else 0.0
-        m.prob += share >= reached - 1e-6 * max(1.0, len(at))
+        share = [(p.served[d.name], 1.0 / d.traffic.requests_per_s) for d in at]
+        m.minimise([(col, -w) for col, w in share])
+        run(req.settings.mip_gap)
+        reached = sum(values[col] * w for col, w in share) if values else 0.0
+        m.ge(share, reached - 1e-6 * max(1.0, len(at)))
     prev = _previous_counts(req)
-    moves: list[pulp.LpAffineExpression] = []
     w = req.settings.move_weight
+    terms = list(p.cost)
     if prev and w > 0:
-        groups: list[tuple[str, str, pulp.LpVariable, float]] = []
+        cols: list[tuple[tuple[str, str, str], int, float]] = []
         for d in req.deployments:
             for v in c.aggregated[d.name]:
-                groups.append((d.name, f"agg|{v.key}", m.x[d.name, v.key], v.usd_per_hour))
+                cols.append(((d.name, "agg", v.key), p.x[d.name, v.key], v.usd_per_hour))
             for k in c.pairs[d.name]:
-                groups.append((d.name, f"pre|{k.key}", m.y[d.name, k.key], k.prefill.usd_per_hour))
-                groups.append((d.name, f"dec|{k.key}", m.z[d.name, k.key], k.decode.usd_per_hour))
-        for i, (name, kk, var, usd) in enumerate(groups):
-            kind, key = kk.split("|", 1)
-            before = prev.get((name, kind, key), 0)
-            dev = pulp.LpVariable(f"mv{i}", 0)
-            m.prob += dev >= var - before
-            m.prob += dev >= before - var
-            moves.append(w * usd * dev)
-    m.prob.setObjective(m.cost + pulp.lpSum(moves))
-    out = solve_milp(m.prob, solver="highs", limits=_limits(req))
-    status = f"{out.solver} {out.status}"
+                cols.append(((d.name, "pre", k.key), p.y[d.name, k.key], k.prefill.usd_per_hour))
+                cols.append(((d.name, "dec", k.key), p.z[d.name, k.key], k.decode.usd_per_hour))
+        for ident, col, usd in cols:
+            before = prev.get(ident, 0)
+            dev = m.var(0)
+            m.ge([(dev, 1.0), (col, -1.0)], -before)
+            m.ge([(dev, 1.0), (col, 1.0)], before)
+            terms.append((dev, w * usd))
+            if values:
+                values = (*values, abs(round(values[col]) - before))
+    m.minimise(terms)
+    run(req.settings.cost_gap)
     counts: Counts = {}
-    for (name, key), var in m.x.items():
-        counts[name, "agg", key] = _int(var)
-    for (name, key), var in m.y.items():
-        counts[name, "pre", key] = _int(var)
-    for (name, key), var in m.z.items():
-        counts[name, "dec", key] = _int(var)
+
+    def count(col: int) -> int:
+        return round(values[col]) if values else 0
+
+    for (name, key), col in p.x.items():
+        counts[name, "agg", key] = count(col)
+    for (name, key), col in p.y.items():
+        counts[name, "pre", key] = count(col)
+    for (name, key), col in p.z.items():
+        counts[name, "dec", key] = count(col)
     return counts, status
-
-
-def _int(var: pulp.LpVariable) -> int:
-    v = var.value()
-    return round(v) if v is not None else 0
 
 
 # ---------------------------------------------------------------------- read back

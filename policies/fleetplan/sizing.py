@@ -154,11 +154,11 @@ def prefill_extra_us(curve: StepCurve, n: Lengths, arrivals: float, chunk: int) 
     one = sum(curve.prefill_time_us(min(chunk, n.quantile_isl(q))) for q in _QUANTILES)
     total = 0.0
     p = math.exp(-arrivals)
-    for k in range(1, 64):
+    for k in range(1, 256):
         p *= arrivals / k
         cost = one / len(_QUANTILES) if k == 1 else curve.prefill_time_us(min(chunk, k * n.isl))
         total += p * (cost - over)
-        if p < 1e-6 and k > arrivals:
+        if p < 1e-12 and k > arrivals:
             break
     return total
 
