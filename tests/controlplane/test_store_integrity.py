@@ -206,3 +206,86 @@ def test_a_writer_whose_lock_was_side_stepped_stops_writing_and_check_says_split
     report = check_store(path)
     assert not report.ok
     assert any("two controllers wrote this store" in p for p in report.problems), report.problems
+
+
+# ----------------------------------------------------------------------------- versions
+
+
+def test_a_next_version_below_a_stored_plan_is_repaired(tmp_path: Path, plan: Plan) -> None:
+    path = tmp_path / "state.db"
+    _filled(path, plan)  # mx has v1 committed
+    _damage(path, "UPDATE deployments SET next_version = 1 WHERE name = 'mx'")
+    s = SqliteStore(path, new=False)
+    p = s.add_plan("mx", plan, reason="r", inputs_key="k2", now_s=5.0)
+    assert p.version == 2
+    assert s.add_plan("mx", plan, reason="r", inputs_key="k3", now_s=6.0).version == 3
+    s.close()
+    assert check_store(path).ok
+
+
+def test_the_controller_plans_past_a_damaged_next_version(tmp_path: Path) -> None:
+    from agent_fakes import FakeAgent, wait_until
+    from test_schedule_e2e import BASE
+
+    path = tmp_path / "state.db"
+    s = SqliteStore(path, new=True)
+    s.put_deployment(BASE, now_s=1.0)
+    for k in range(3):  # three old attempts, aborted
+        v = s.add_plan("x", _plan(), reason="old", inputs_key=f"k{k}", now_s=2.0).version
+        s.set_plan_state("x", v, "aborted", reason="old", now_s=3.0)
+    s.close()
+    _damage(path, "UPDATE deployments SET next_version = 2 WHERE name = 'x'")
+
+    async def main() -> None:
+        async with start_controller(tmp_path) as ctl:
+            agent = FakeAgent(ctl.address, small_inventories(1)[0])
+            await agent.start()
+            store = ctl.controller.store
+            try:
+
+                def ready() -> bool:
+                    d = store.get_deployment("x")
+                    return d is not None and d.status.get("phase") == "ready"
+
+                await wait_until(ready, timeout_s=60, what="x ready")
+                d = store.get_deployment("x")
+                assert d is not None and d.committed_version == 4
+                assert [p.version for p in store.list_plans("x")] == [4, 3, 2, 1]
+            finally:
+                await agent.stop()
+
+    asyncio.run(main())
+
+
+def test_a_plan_the_store_refuses_is_a_failure_retried_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agent_fakes import FakeAgent, wait_until
+    from test_schedule_e2e import BASE
+
+    calls: list[str] = []
+
+    def refuse(self: SqliteStore, deployment: str, *args: object, **kwargs: object) -> None:
+        calls.append(deployment)
+        raise StoreError("the disk is full", field="store")
+
+    async def main() -> None:
+        async with start_controller(tmp_path) as ctl:
+            agent = FakeAgent(ctl.address, small_inventories(1)[0])
+            await agent.start()
+            store = ctl.controller.store
+            monkeypatch.setattr(SqliteStore, "add_plan", refuse)
+            try:
+                ctl.controller.apply_deployment(BASE)
+
+                def failed() -> bool:
+                    d = store.get_deployment("x")
+                    return d is not None and "cannot store the plan" in d.status.get("message", "")
+
+                await wait_until(failed, timeout_s=60, what="the failure in the status")
+                d = store.get_deployment("x")
+                assert d is not None and "the disk is full" in d.status["message"]
+            finally:
+                await agent.stop()
+
+    asyncio.run(main())

@@ -12,7 +12,7 @@ import asyncio
 import time
 from collections.abc import Callable, Mapping
 
-from controlplane.errors import PreconditionError
+from controlplane.errors import PreconditionError, StoreError
 from controlplane.server import reconcile as rc
 from controlplane.server.controller.common import Context
 from controlplane.server.controller.contingency import Contingencies
@@ -169,9 +169,16 @@ class Solves:
         self._failures.pop(name, None)
         # Storing serialises the whole plan and splitting builds every node's part: both
         # grow with the fleet (about a second at 2,000 GPUs), so they run in a thread.
-        stored, parts = await asyncio.to_thread(
-            self._persist, name, plan, a, self.nodes.uuids(plan), self.ctx.clock()
-        )
+        try:
+            stored, parts = await asyncio.to_thread(
+                self._persist, name, plan, a, self.nodes.uuids(plan), self.ctx.clock()
+            )
+        except StoreError as exc:  # recorded: retried after a pause, not at once in a loop
+            msg = f"cannot store the plan: {exc}"
+            self._failures[name] = rc.FailureObs(a.inputs_key, self.ctx.clock(), msg, False)
+            self.ctx.metrics.solve_failures.labels(name, "temporary").inc()
+            log.error("plan not stored", error=str(exc))
+            return
         assert stored.plan is not None
         self.rollouts.propose(name, stored.version, stored.plan, parts)
         s = plan.summary

@@ -6,7 +6,9 @@
 * Foreign keys are on: plans belong to deployments, acks to plans, the committed pointer to
   a plan.
 * Every write is one ``BEGIN IMMEDIATE`` transaction; a trigger makes inserting a version
-  that is not above every version of the deployment fail, so versions only grow.
+  that is not above every version of the deployment fail, so versions only grow. A stored
+  next version at or below an existing one (a damaged or hand-edited row) is repaired when
+  the next plan is added (logged ``next plan version repaired``).
 * One writer: opening for writing locks the database file itself (:mod:`.guard`); a second
   controller is refused with the holder's pid, host and start time, and every write checks
   the holder record in the file (a writer that finds another's stops writing). A missing,
@@ -25,6 +27,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+import structlog
 
 from controlplane.errors import AlreadyExistsError, NotFoundError, PreconditionError, StoreError
 from controlplane.store.base import (
@@ -58,6 +62,8 @@ from controlplane.store.sqlite.schema import migrate
 from policies.inventory import NodeInventory
 from policies.plan import Plan
 from policies.spec import DeploymentSpec, spec_to_doc
+
+_log = structlog.get_logger("mixfleet.store")
 
 _ALLOWED_MOVES: dict[str, set[str]] = {
     "proposed": {"preparing", "aborted"},
@@ -378,6 +384,18 @@ class SqliteStore(AckAndLoadRows):
             if row is None:
                 raise NotFoundError(f"no deployment {deployment!r}", field="deployment")
             version = int(row["next_version"])
+            top = db.execute(
+                "SELECT MAX(version) FROM plans WHERE deployment = ?", (deployment,)
+            ).fetchone()[0]
+            if top is not None and version <= int(top):  # a damaged or restored counter
+                _log.warning(
+                    "next plan version repaired",
+                    deployment=deployment,
+                    stored_next_version=version,
+                    highest_version=int(top),
+                    next_version=int(top) + 1,
+                )
+                version = int(top) + 1
             plan = replace(plan, version=version)
             doc = {**document, "version": version} if document is not None else plan.to_dict()
             nodes = plan_nodes(plan)
