@@ -27,8 +27,15 @@ from controlplane.cli.output import (
     emit_document,
     fmt_opt,
     format_table,
+    notes,
 )
-from controlplane.cli.problem import CompareRow, plan_problems, read_prices
+from controlplane.cli.problem import (
+    CompareRow,
+    check_same_question,
+    plan_context,
+    plan_problems,
+    read_prices,
+)
 from policies.errors import InputError
 
 if TYPE_CHECKING:
@@ -260,6 +267,7 @@ def cmd_plan_diff(args: argparse.Namespace) -> int:
     """``plan diff A B``: what changed between two saved plans (exit 1 when they differ,
     as ``diff`` does)."""
     a, b = files.read_plan(args.a), files.read_plan(args.b)
+    check_same_question(plan_context(a), plan_context(b), "plans A and B", "B", notes(args))
     d = diff_document(a, b)
     if args.output == "table":
         emit(diff_text(d))

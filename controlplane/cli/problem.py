@@ -15,9 +15,9 @@ Shared by the ``plan`` and ``advise`` groups (and the demo and benchmarks):
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from apis.cliargs import non_negative_float, non_negative_int, positive_float, positive_int
 from controlplane.cli import files
@@ -217,7 +217,25 @@ def problem_from_args(args: argparse.Namespace) -> Problem:
         solver=args.solver,
         workers=args.workers,
     )
+    engine = engine_from_args(args)
     previous = files.read_plan(args.previous) if args.previous else None
+    if previous is not None:
+        this = {
+            "fleet": fleet.name,
+            "model": model.name,
+            "phase": workload.phase,
+            "tokens_per_gpu": workload.tokens_per_gpu,
+            "context_len": workload.context_len,
+            "kv_cache_dtype": workload.kv_cache_dtype,
+            "engine": engine.name,
+        }
+        check_same_question(
+            plan_context(previous),
+            this,
+            "the --previous plan and this solve",
+            "--previous",
+            notes(args),
+        )
     return Problem(
         fleet,
         model,
@@ -227,9 +245,61 @@ def problem_from_args(args: argparse.Namespace) -> Problem:
         options,
         previous,
         allow_cross_vendor=bool(getattr(args, "allow_cross_vendor", False)),
-        engine=engine_from_args(args),
+        engine=engine,
         progress=show_progress(args),
     )
+
+
+#: What a plan answers besides its placement: fleet, model, workload and engine.
+CONTEXT_FIELDS = (
+    "fleet",
+    "model",
+    "phase",
+    "tokens_per_gpu",
+    "context_len",
+    "kv_cache_dtype",
+    "engine",
+)
+
+
+def plan_context(plan: Plan) -> dict[str, Any]:
+    """The question ``plan`` answers (:data:`CONTEXT_FIELDS`), from the plan file."""
+    w = plan.workload
+    return {
+        "fleet": plan.fleet,
+        "model": plan.model,
+        **{k: w.get(k) for k in ("phase", "tokens_per_gpu", "context_len", "kv_cache_dtype")},
+        "engine": plan.engine.name,
+    }
+
+
+def context_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    """``fleet mixed-24 -> mixed-64``, one per field of :data:`CONTEXT_FIELDS` that differs
+    between two contexts (:func:`plan_context`)."""
+    return [f"{k} {a[k]} -> {b[k]}" for k in CONTEXT_FIELDS if a.get(k) != b.get(k)]
+
+
+def check_same_question(
+    a: Mapping[str, Any], b: Mapping[str, Any], what: str, field: str, note: Note
+) -> None:
+    """Refuse two plans (or a plan and a solve) of different models or fleets: their experts
+    or GPUs are not the same ones, so moves between them mean nothing. Note (``warning:``)
+    the workload or engine fields that differ. ``what`` names the pair in the messages.
+
+    Raises:
+        InputError: the models or the fleets differ (on ``field``).
+    """
+    hard = [d for d in context_differences(a, b) if d.split(" ", 1)[0] in ("fleet", "model")]
+    if hard:
+        raise InputError(
+            f"{what} answer different questions ({'; '.join(hard)}): their GPUs or experts "
+            "are not the same ones, so moves between them mean nothing. To fix: give plans "
+            "of one model on one fleet",
+            field=field,
+        )
+    soft = context_differences(a, b)
+    if soft:
+        note(f"warning: {what} differ in {'; '.join(soft)}")
 
 
 #: Engine flag -> the field of the engine document it sets (for error messages).
