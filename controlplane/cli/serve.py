@@ -335,7 +335,9 @@ def _table(r: SimReport, slo: Slo | None, given: _PlanInput) -> str:
                     f"{100 * p.attainment:.1f}%" if first else "",
                     _ms(p.ttft_p90_ms) if first else "",
                     _ms(p.tpot_p90_ms) if first else "",
-                    g.role,
+                    f"{g.role} (KV link {100 * p.kv_link_utilisation:.0f}%)"
+                    if g.role == "prefill"
+                    else g.role,
                     g.instances,
                     f"{100 * g.utilisation:.0f}%",
                     f"{g.mean_running:.1f}",

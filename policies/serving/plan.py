@@ -75,16 +75,23 @@ class KvPath:
     """The path a request's KV cache takes from a prefill to a decode instance.
 
     Attributes:
-        gbytes_per_s: bandwidth one transfer gets, gigabytes (1e9 bytes) per second.
-        latency_us: fixed cost of one transfer (setup, first byte), us.
+        gbytes_per_s: bandwidth of the path out of one prefill instance, gigabytes (1e9
+            bytes) per second; that instance's transfers share it, one after the other.
+        latency_us: fixed cost of one transfer (setup, first byte), us; transfers overlap
+            it.
     """
 
     gbytes_per_s: float
     latency_us: float = 0.0
 
     def transfer_us(self, nbytes: float) -> float:
-        """Time to move ``nbytes`` bytes, us: ``latency_us + nbytes / bandwidth``."""
-        return self.latency_us + nbytes / (self.gbytes_per_s * 1e3)
+        """Time to move ``nbytes`` bytes on an idle path, us: ``latency_us +``
+        :meth:`send_us`."""
+        return self.latency_us + self.send_us(nbytes)
+
+    def send_us(self, nbytes: float) -> float:
+        """Time ``nbytes`` bytes hold the path, us: ``nbytes / bandwidth``."""
+        return nbytes / (self.gbytes_per_s * 1e3)
 
 
 @dataclass(frozen=True)

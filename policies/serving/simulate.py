@@ -24,9 +24,10 @@ microseconds, one seeded :class:`random.Random`, deterministic for a seed) of
 - **Prefill/decode pool**: a prefill instance runs a forward over waiting prompts, first
   come first served, up to ``chunk_tokens`` prompt tokens (at least one prompt; batched
   prompts cost the forward of their summed tokens); at its end the first token exists and
-  every prompt's KV (``input tokens x kv_bytes_per_token`` of the prefill curve) starts to
-  move over the pool's KV path (``latency_us + bytes / bandwidth``; transfers do not share
-  the bandwidth). When it has arrived, the least loaded decode instance queues the request
+  every prompt's KV (``input tokens x kv_bytes_per_token`` of the prefill curve) moves over
+  the pool's KV path: the transfers out of one prefill instance hold its bandwidth one
+  after the other, first come first served (``bytes / bandwidth`` each), and each arrives
+  ``latency_us`` after its last byte left. When it has arrived, the least loaded decode instance queues the request
   and admits it at its next step start as above; the first token reaches the client then
   (SGLang and Dynamo stream the whole output from the decode instance), so **TTFT** runs
   from arrival to that admission and includes the prefill queue, the forward, the transfer
@@ -180,6 +181,8 @@ class PoolReport:
         ttft_p90_ms: their 90th-percentile TTFT, ms.
         tpot_p90_ms: their 90th-percentile TPOT, ms.
         usd_per_hour: price of its instances, USD per hour.
+        kv_link_utilisation: prefill/decode: mean over its prefill instances of the
+            fraction of the simulated time their KV path was sending (0..1); 0 aggregated.
         groups: its instance groups (aggregated, or prefill then decode).
     """
 
@@ -189,6 +192,7 @@ class PoolReport:
     ttft_p90_ms: float
     tpot_p90_ms: float
     usd_per_hour: float
+    kv_link_utilisation: float
     groups: tuple[GroupReport, ...]
 
 
@@ -274,6 +278,8 @@ class _Instance:
         "finish_at",
         "group",
         "index",
+        "link_busy_us",
+        "link_free",
         "max_queue",
         "n_dec",
         "prefill_tokens",
@@ -296,6 +302,8 @@ class _Instance:
     def __init__(self, group: InstanceGroup, gid: int, index: int) -> None:
         self.group = gid
         self.index = index
+        self.link_free = 0.0  # prefill role: when its KV path is free, us
+        self.link_busy_us = 0.0
         self.curve = group.curve
         self.slots = group.slots()
         self.chunk = group.chunk_tokens
@@ -573,8 +581,11 @@ class _Sim:
             if r.out[rid] <= 1:  # nothing left to decode: the first token is the answer
                 r.first[rid] = r.finish[rid] = self.now
                 continue
-            dt = path.transfer_us(inst.curve.kv_transfer_bytes(r.inp[rid]))
-            self.push(self.now + dt, _KV_READY, rid, p)
+            send = path.send_us(inst.curve.kv_transfer_bytes(r.inp[rid]))
+            sent = max(self.now, inst.link_free) + send
+            inst.link_free = sent
+            inst.link_busy_us += send
+            self.push(sent + path.latency_us, _KV_READY, rid, p)
         inst.step_done = []
         self.start_forward(inst, gid)
 
@@ -648,8 +659,11 @@ class _Sim:
             mine = [x for x in measured if x.pool == p]
             good = sum(1 for x in mine if x.finish_us >= 0 and self.slo.met(x.ttft_ms, x.tpot_ms))
             groups = []
+            link = 0.0
             for gid in self.pool_groups[p]:
                 _, role, insts = self.groups[gid]
+                if role == "prefill":
+                    link = min(1.0, sum(i.link_busy_us for i in insts) / len(insts) / total_us)
                 waited = sum(i.waited for i in insts)
                 groups.append(
                     GroupReport(
@@ -674,6 +688,7 @@ class _Sim:
                         [x.tpot_ms for x in mine if x.finish_us >= 0 and x.output_tokens > 1]
                     ).p90,
                     usd_per_hour=pool.usd_per_hour(),
+                    kv_link_utilisation=link,
                     groups=tuple(groups),
                 )
             )
@@ -788,6 +803,7 @@ def report_to_doc(report: SimReport) -> dict[str, Any]:
                 "ttftP90Ms": p.ttft_p90_ms,
                 "tpotP90Ms": p.tpot_p90_ms,
                 "usdPerHour": p.usd_per_hour,
+                "kvLinkUtilisation": p.kv_link_utilisation,
                 "groups": [
                     {
                         "role": g.role,

@@ -57,6 +57,23 @@ def test_prefill_decode_adds_the_kv_transfer_exactly() -> None:
     assert fast.tpot_ms == slow.tpot_ms == pytest.approx(1.0)
 
 
+def test_transfers_out_of_one_prefill_instance_take_turns_on_its_path() -> None:
+    # three prompts of 1000 tokens (1e8 bytes of KV each, 2000 us at 50 GB/s) arriving
+    # within microseconds: the first is prefilled alone (5000 us), the other two together
+    # in the next forward; their transfers leave one after the other, each arriving 20 us
+    # after its last byte; the decode steps are too short to delay an admission
+    plan = disaggregated(flat_curve(prefill_us=5000.0), flat_curve(decode_us=1e-3), latency_us=20.0)
+    t = _traffic(1e6, LengthDist.constant(1000), LengthDist.constant(2))
+    r = simulate(plan, t, SLO, SimOptions(requests=3, seed=1))
+    a, b, c = r.records
+    assert a.first_token_us == pytest.approx(a.arrival_us + 5000.0 + 2000.0 + 20.0)
+    second_forward_end = a.arrival_us + 2 * 5000.0
+    assert b.admitted_us == c.admitted_us == pytest.approx(a.arrival_us + 5000.0)
+    assert b.first_token_us == pytest.approx(second_forward_end + 2000.0 + 20.0, abs=0.01)
+    assert c.first_token_us == pytest.approx(second_forward_end + 4000.0 + 20.0, abs=0.01)
+    assert r.pools[0].kv_link_utilisation == pytest.approx(6000.0 / (r.duration_s * 1e6))
+
+
 @pytest.mark.parametrize("rho", [0.5, 0.8])
 def test_one_prompt_at_a_time_is_an_md1_queue(rho: float) -> None:
     # service S = 10 ms per request (one prompt per step, one output token): M/D/1, whose
