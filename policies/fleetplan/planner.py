@@ -435,7 +435,9 @@ def _pairs(
         options: list[Pair] = []
         for p in prefill:
             path = kv_path(
-                _first_node(fleet, groups, p.counts), _first_node(fleet, groups, q.counts), fleet
+                _first_node(fleet, groups, p.counts),
+                _first_node(fleet, groups, q.counts, last=True),
+                fleet,
             )
             if path is None:
                 continue
@@ -460,10 +462,14 @@ def _pairs(
     return tuple(out)
 
 
-def _first_node(fleet: Fleet, groups: Sequence[NodeGroup], vec: Sequence[int]) -> Node:
-    """A node of the make-up's first group (the KV path is judged from it)."""
+def _first_node(
+    fleet: Fleet, groups: Sequence[NodeGroup], vec: Sequence[int], *, last: bool = False
+) -> Node:
+    """A node of the make-up's first group (the KV path is judged from it): its first, or
+    with ``last`` its last (a prefill and a decode instance of one group run on different
+    nodes)."""
     t = next(i for i, k in enumerate(vec) if k)
-    return fleet.node(groups[t].nodes[0])
+    return fleet.node(groups[t].nodes[-1 if last else 0])
 
 
 def kv_path(a: Node, b: Node, fleet: Fleet) -> tuple[float, float, str] | None:
