@@ -161,18 +161,9 @@ def settings_from(args: argparse.Namespace) -> OperatorSettings:
 
 def namespace_quotas(items: Sequence[str]) -> dict[str, int]:
     """``--namespace-quota NS=GPUS`` flags as namespace -> GPUs."""
-    from policies.errors import InputError
+    from policies.scheduling.fields import parse_quotas
 
-    out: dict[str, int] = {}
-    for item in items:
-        ns, _, gpus = item.partition("=")
-        if not ns or not gpus.isdigit():
-            raise InputError(
-                f"{item!r} is not NAMESPACE=GPUS. To fix: write e.g. --namespace-quota team-a=16",
-                field="--namespace-quota",
-            )
-        out[ns] = int(gpus)
-    return out
+    return parse_quotas(items, "--namespace-quota")
 
 
 def serve_health(op: Operator, address: str, stop: threading.Event) -> Any:

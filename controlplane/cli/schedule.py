@@ -38,16 +38,9 @@ def _usd(v: float) -> str:
 
 
 def _quotas(items: list[str] | None) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for item in items or []:
-        ns, _, gpus = item.partition("=")
-        if not ns or not gpus.isdigit():
-            raise InputError(
-                f"{item!r} is not NAMESPACE=GPUS. To fix: write e.g. --quota team-a=16",
-                field="--quota",
-            )
-        out[ns] = int(gpus)
-    return out
+    from policies.scheduling.fields import parse_quotas
+
+    return parse_quotas(items or [], "--quota")
 
 
 def _read_specs(args: argparse.Namespace) -> tuple[Fleet, list[DeploymentSpec]]:

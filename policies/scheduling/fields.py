@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from policies.errors import InputError
@@ -102,9 +102,50 @@ def check_fields(spec: Any, path: str = "spec") -> None:
             "shares each GPU with others that declare a fraction",
             field=f"{path}.memoryFraction",
         )
-    if not isinstance(spec.namespace, str) or not _NS_RE.match(spec.namespace):
+    check_namespace(spec.namespace, f"{path}.namespace")
+
+
+def check_namespace(namespace: Any, field: str) -> str:
+    """``namespace`` when it is a valid quota namespace (a Kubernetes namespace name).
+
+    Raises:
+        InputError: naming ``field``.
+    """
+    if not isinstance(namespace, str) or not _NS_RE.match(namespace):
         raise InputError(
-            f"{spec.namespace!r} is not a valid namespace. To fix: use lower-case letters, "
+            f"{namespace!r} is not a valid namespace. To fix: use lower-case letters, "
             "digits and '-', at most 63 characters",
-            field=f"{path}.namespace",
+            field=field,
         )
+    return namespace
+
+
+_QUOTA_RE = re.compile(r"^([^=]*)=([0-9]+)$")
+
+
+def parse_quotas(items: Sequence[str], flag: str) -> dict[str, int]:
+    """``NAMESPACE=GPUS`` command-line items (``flag``, repeatable) as namespace -> most GPUs
+    its deployments may hold together. Each namespace must be one a spec can name
+    (:func:`check_namespace`) and appear once.
+
+    Raises:
+        InputError: naming ``flag`` and the item.
+    """
+    out: dict[str, int] = {}
+    for item in items:
+        m = _QUOTA_RE.match(item)
+        if m is None or not m.group(1):
+            raise InputError(
+                f"{item!r} is not NAMESPACE=GPUS. To fix: write e.g. {flag} team-a=16", field=flag
+            )
+        ns, gpus = m.group(1), m.group(2)
+        if not _NS_RE.match(ns):
+            raise InputError(
+                f"{ns!r} (in {item!r}) is not a valid namespace, so no deployment could be in "
+                "it. To fix: use lower-case letters, digits and '-', at most 63 characters",
+                field=flag,
+            )
+        if ns in out:
+            raise InputError(f"namespace {ns!r} is given twice. To fix: keep one", field=flag)
+        out[ns] = bounded_int(int(gpus), flag, minimum=0, maximum=MAX_WIRE_INT32)
+    return out
