@@ -7,28 +7,37 @@
 4. ``mixfleet-router`` (its own process) in front of a loopback engine with the deployment's
    DP ranks follows the committed routing (EngineService.WatchRouting); a burst of requests
    through it lands on the ranks in the plan's shares (demo.router_step);
-5. a simulated inference engine reads its routing (EngineService.GetRouting), reports its
-   expert load every half second, and halfway through the load shifts: a few experts per
-   layer get much hotter;
-6. the controller sees the imbalance persist and re-plans in the ILP's migration-aware mode;
-   the demo shows the diff (expert moves against a plan from scratch), the plan history and
-   the new routing the engine receives; the router applies the new weights live and a second
-   burst follows them;
-7. everything stops cleanly.
+5. the controller solves, in the background, what the plan becomes if a node is lost (one
+   contingency plan per node);
+6. a simulated inference engine reads its routing (EngineService.GetRouting), reports its
+   expert load every half second, and after a while the load shifts for good: a few experts
+   per layer get six times the tokens;
+7. the controller sees the imbalance persist and re-plans in the ILP's migration-aware mode;
+   the demo shows what changed (the predicted step under the measured load before and
+   after, the expert moves, the router weights) against a plan from scratch, the plan
+   history and the new routing the engine receives; the router applies the new plan live
+   and a second burst follows it;
+8. everything stops cleanly.
 
-Run ``PYTHONPATH=examples python -m demo.e2e`` (about 30 s on 2 cores: three ILP solves of
-DeepSeek-V3 on 24 GPUs dominate). ``--keep DIR`` keeps the state and plan files.
+Every step that takes more than a few seconds prints progress. The controller's, agents'
+and router's logs go to files (``--log-dir``, default ``out/demo/``), never to the screen.
+
+Run ``PYTHONPATH=examples python -m demo.e2e`` (about a minute on 2 idle cores: the ILP
+solves of DeepSeek-V3 on 24 GPUs dominate). ``--keep DIR`` keeps the state and plan files.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TextIO
 
 import grpc
 from grpc import aio
@@ -48,18 +57,44 @@ from demo.session import (
     say,
     shift_load,
     show_agents,
+    show_contingencies,
     show_history,
     show_replan,
     start_engine,
 )
 
+REPO = Path(__file__).resolve().parents[2]
 
-async def _run(workdir: Path, time_limit_s: float) -> int:
+
+def _log_dir(requested: Path | None) -> Path:
+    """``--log-dir``, else ``out/demo`` in the repository (git-ignored), else a new
+    temporary directory (kept: the logs outlive the demo)."""
+    candidate = requested or REPO / "out" / "demo"
+    try:
+        candidate.mkdir(parents=True, exist_ok=True)
+        (candidate / "e2e.log").open("a").close()
+    except OSError:
+        if requested is not None:
+            raise
+        return Path(tempfile.mkdtemp(prefix="mixfleet-demo-logs-"))
+    return candidate
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the working directory when it is under it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+async def _run(workdir: Path, time_limit_s: float, logs: Path) -> int:
     """Every step of the demo against one controller and its simulated agents."""
     t_start = time.monotonic()
     fleet = load_fleet_file(FLEET_FILE)
     async with start_controller(workdir / "controller", settings=SETTINGS) as ctl:
         say(f"controller   {ctl.address}, state in {ctl.db_path}")
+        say(f"logs         {_shown(logs)}/: e2e.log (controller, agents), router.log")
         agent_settings = AgentSettings(
             controller=ctl.address,
             insecure=True,
@@ -77,12 +112,13 @@ async def _run(workdir: Path, time_limit_s: float) -> int:
         try:
             await show_agents(demo, len(fleet.nodes))
             plan1 = await deploy(demo, workdir, time_limit_s)
-            path = await start_router(demo, ctl.address, workdir)
+            path = await start_router(demo, ctl.address, logs)
             planned1 = await path.show(1)
+            await show_contingencies(ctl, 1, len(fleet.nodes), limit_s=time_limit_s * 12 + 60)
             engine_task, shift = await start_engine(demo, stop_engine)
-            rec2, plan2 = await shift_load(demo, shift, stop_engine, time_limit_s)
-            await show_live_update(path, rec2.version, planned1)
-            await show_replan(demo, plan1, rec2, plan2, time_limit_s)
+            replan = await shift_load(demo, shift, stop_engine, time_limit_s)
+            await show_live_update(path, replan.record.version, planned1)
+            await show_replan(demo, ctl, plan1, replan, time_limit_s)
             await show_history(demo, workdir)
         finally:
             stop_engine.set()
@@ -109,25 +145,59 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m demo.e2e", allow_abbrev=False)
     parser.add_argument("--keep", type=Path, default=None, help="keep state and files here")
     parser.add_argument(
-        "--time-limit", type=float, default=25.0, help="ILP time limit per solve, seconds"
+        "--time-limit",
+        type=float,
+        default=25.0,
+        help="ILP time limit per solve, seconds (default: %(default)s)",
     )
     parser.add_argument(
-        "--log-level", default="error", choices=("debug", "info", "warning", "error")
+        "--log-dir",
+        type=Path,
+        default=None,
+        help="where the logs go (default: out/demo in the repository)",
+    )
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        choices=("debug", "info", "warning", "error"),
+        help="level of the log file (default: %(default)s)",
     )
     args = parser.parse_args(argv)
-    configure_logging(args.log_level)
+    logs = _log_dir(args.log_dir)
+    with (logs / "e2e.log").open("w", encoding="utf-8") as log:
+        try:
+            return _main(args, logs, log)
+        finally:
+            configure_logging("error")  # the log file closes here: later logs to stderr
+
+
+def _main(args: argparse.Namespace, logs: Path, log: TextIO) -> int:
+    """The demo with its logs (structlog and the standard library's) in ``log``."""
+    configure_logging(args.log_level, stream=log)
+    handler = logging.StreamHandler(log)
+    logging.getLogger().addHandler(handler)
     try:
         if args.keep is not None:
             args.keep.mkdir(parents=True, exist_ok=True)
-            return asyncio.run(_run(args.keep, args.time_limit))
+            return asyncio.run(_run(args.keep, args.time_limit, logs))
         with tempfile.TemporaryDirectory(prefix="mixfleet-demo-") as tmp:
-            return asyncio.run(_run(Path(tmp), args.time_limit))
+            return asyncio.run(_run(Path(tmp), args.time_limit, logs))
     except (TimeoutError, RuntimeError, grpc.RpcError) as exc:
-        print(f"error: demo step failed: {exc}", file=sys.stderr)
+        print(f"error: demo step failed: {exc} (logs: {_shown(logs)}/)", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # the program's boundary: one line here, the traceback logged
+        traceback.print_exc(file=log)
+        print(
+            f"error: demo failed: {type(exc).__name__}: {exc} "
+            f"(traceback in {_shown(logs / 'e2e.log')})",
+            file=sys.stderr,
+        )
+        return 1
+    finally:
+        logging.getLogger().removeHandler(handler)
 
 
 if __name__ == "__main__":

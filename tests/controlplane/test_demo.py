@@ -137,7 +137,7 @@ def test_demo_router_step_follows_the_plan_and_a_new_version_live(
     pid = asyncio.run(_router_step(tmp_path))
     out = capsys.readouterr().out
     assert re.search(rf"mixfleet-router \(pid {pid}\) on http://127\.0\.0\.1:\d+ ", out), out
-    assert "v2 weights applied live (WatchRouting)" in out
+    assert "v2 applied live (WatchRouting)" in out
     tables = _tables(out)
     assert sorted(tables) == [1, 2], out
     (n1, v1), (n2, v2) = tables[1], tables[2]
