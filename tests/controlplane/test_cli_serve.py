@@ -5,17 +5,21 @@ input."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from agent_fakes import controller_in_thread, small_inventories
 from cli_builders import RunCli, cli_runner
 
+from controlplane.server.inprocess import RunningController
 from policies.serving.curves import StepCurve
 from policies.serving.plan import InstanceGroup, KvPath, Pool, ServingPlan, plan_to_doc
 from policies.serving.simulate import SimOptions, report_to_doc, simulate
 from policies.serving.traffic import LengthDist, Slo, Traffic
+from policies.spec import parse_deployment
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -251,3 +255,46 @@ def test_bad_input_is_one_error_line(
     assert len(lines) == 1 and lines[0].startswith("error: "), err
     assert needle in lines[0], lines[0]
     assert "Traceback" not in err and out == ""
+
+
+@pytest.fixture
+def controller(tmp_path: Path) -> Iterator[RunningController]:
+    """A controller with three fake agents on its own event loop in a thread."""
+    yield from controller_in_thread(tmp_path, small_inventories())
+
+
+def test_deploy_apply_carries_demand_and_slo_to_the_controller_and_back(
+    controller: RunningController, run_cli: RunCli, tmp_path: Path
+) -> None:
+    doc = {
+        "apiVersion": "mixfleet.io/v1alpha1",
+        "kind": "ModelDeployment",
+        "metadata": {"name": "demand"},
+        "spec": {
+            "model": "mixtral-8x7b",
+            "policy": "greedy",
+            "traffic": {
+                "outputTokensPerS": 2048,
+                "inputTokens": {"histogram": [[512, 1], [2048, 3]]},
+                "outputTokens": {"mean": 256, "p90": 400},
+                "arrival": "bursty",
+                "burstCv": 2.5,
+            },
+            "slo": {"ttftMs": 1500, "tpotMs": 60, "percentile": 95},
+            "disaggregation": "off",
+            "budget": {"usdPerHour": 90},
+        },
+    }
+    path = tmp_path / "demand.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    addr = ["--controller", controller.address]
+    code, out, err = run_cli(*addr, "deploy", "apply", "-f", path)
+    assert code == 0, err
+    code, out, err = run_cli(*addr, "deploy", "get", "demand", "-o", "json")
+    assert code == 0, err
+    got = json.loads(out)["spec"]
+    assert parse_deployment({**doc, "spec": got}) == parse_deployment(doc)
+    assert {k: got[k] for k in ("traffic", "slo", "disaggregation", "budget")} == {
+        k: doc["spec"][k] for k in ("traffic", "slo", "disaggregation", "budget")
+    }
+    assert "tokensPerGpu" not in got["workload"]  # not stated: the planner's to choose
