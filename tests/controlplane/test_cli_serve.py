@@ -266,7 +266,7 @@ def controller(tmp_path: Path) -> Iterator[RunningController]:
 def test_deploy_apply_carries_demand_and_slo_to_the_controller_and_back(
     controller: RunningController, run_cli: RunCli, tmp_path: Path
 ) -> None:
-    doc = {
+    doc: dict[str, Any] = {
         "apiVersion": "mixfleet.io/v1alpha1",
         "kind": "ModelDeployment",
         "metadata": {"name": "demand"},
