@@ -227,6 +227,18 @@ class PlanWithdrawal(Protocol):
         ...
 
 
+@runtime_checkable
+class DeletionRecord(Protocol):
+    """A store that keeps no tombstone of a deleted deployment but knows which versions it
+    allocated (Kubernetes: the ModelDeployment is gone, the version counter stays)."""
+
+    def deleted_here(self, deployment: str, version: int) -> bool:
+        """Whether ``deployment`` is gone (or being deleted) and ``version`` of it was
+        allocated in this store - a plan an agent still runs of a deleted deployment, not
+        one from another store."""
+        ...
+
+
 class Store(Protocol):
     """The controller's persistent state. See the module docstring for the guarantees.
 

@@ -31,7 +31,7 @@ from controlplane.server import reconcile as rc
 from controlplane.server.controller.common import AssignmentEvent, Context
 from controlplane.server.controller.nodes import NodeRegistry
 from controlplane.server.controller.watchers import Watchers
-from controlplane.store import AckState, StoredAck, StoredDeployment
+from controlplane.store import AckState, DeletionRecord, StoredAck, StoredDeployment
 from policies.assignment import NodePart, split_plan
 from policies.plan import Plan
 from policies.spec import usd_per_million_tokens
@@ -299,6 +299,10 @@ class Rollouts:
         out += [name for name, r in self._rollouts.items() if node in r.parts]
         return sorted(set(out))
 
+    def held(self) -> set[str]:
+        """Every deployment with a committed plan loaded or a rollout in flight."""
+        return set(self._committed) | set(self._rollouts)
+
     def committed_cached(self, deployment: str) -> Committed | None:
         """The cached committed state, without reading the store."""
         return self._committed.get(deployment)
@@ -326,8 +330,10 @@ class Rollouts:
         """What a node gets when its stream opens: its committed parts, any PREPARE in
         flight, and REMOVE for deployments it runs (``applied``: name -> version) that the
         store knows no longer use it - deleted ones (a tombstone) and live ones whose
-        committed plan leaves it out. Never REMOVE for a name the store has no record of
-        (a replaced store, a damaged row): those are returned as unknown, to report.
+        committed plan leaves it out, and deleted ones of a store without tombstones that
+        allocated the version (:class:`~controlplane.store.base.DeletionRecord`). Never
+        REMOVE for a name the store has no record of (a replaced store, a damaged row):
+        those are returned as unknown, to report.
 
         Args:
             cached: take the committed plans from memory instead of reading every
@@ -360,7 +366,10 @@ class Rollouts:
         for name in sorted(set(applied) - with_work):
             record = store.get_deployment(name, include_deleted=True)
             if record is None:
-                unknown.append(name)
+                if _deleted_here(store, name, applied[name]):
+                    events.append(AssignmentEvent(name, "", applied[name], "remove"))
+                else:
+                    unknown.append(name)
                 continue
             c = None if record.deleted else self.committed_state(name)
             if c is not None and node in c.nodes():  # not in memory yet: send it
@@ -381,8 +390,11 @@ class Rollouts:
         for name, version in sorted(applied.items()):
             if self._committed.get(name) is not None and self._committed[name].version == version:
                 continue  # what it was sent
-            d = self.ctx.store.get_deployment(name, include_deleted=True)
-            latest = self.ctx.store.list_plans(name, limit=1) if d is not None else []
+            store = self.ctx.store
+            d = store.get_deployment(name, include_deleted=True)
+            if d is None and _deleted_here(store, name, version):
+                continue  # deleted: REMOVEd when its stream opens, or by the sweep
+            latest = store.list_plans(name, limit=1) if d is not None else []
             if d is None or not latest or version > latest[0].version:
                 out.append(name)
         return out
@@ -528,3 +540,9 @@ def _check_ack(
             f"version {version} of {deployment!r} is {plan_state}, not committed",
             field="version",
         )
+
+
+def _deleted_here(store: object, name: str, version: int) -> bool:
+    """Whether a store without tombstones knows ``name`` at ``version`` as deleted
+    (:class:`~controlplane.store.base.DeletionRecord`); False for other stores."""
+    return isinstance(store, DeletionRecord) and store.deleted_here(name, version)

@@ -24,6 +24,7 @@ import hashlib
 import math
 from collections.abc import Mapping, Sequence
 
+from controlplane.errors import StoreError
 from controlplane.server import reconcile as rc
 from controlplane.server.controller.common import AssignmentEvent, Context
 from controlplane.server.controller.nodes import NodeRegistry
@@ -230,15 +231,18 @@ class FleetScheduler:
 
     def sweep_withdrawn(self, deps: Sequence[StoredDeployment], now_s: float) -> list[str]:
         """Kubernetes mode (the operator decides the plans and runs the fleet scheduler):
-        the operator withdraws a preempted deployment by deleting its PartitionPlans. A
-        deployment whose committed plan (as loaded) is gone from the store has its parts
-        taken off the agents (REMOVE) and its rollout in flight aborted; returns their
-        names. Checked every :data:`WITHDRAWN_CHECK_S` at most (one plan read per
-        deployment with a loaded committed plan)."""
+        the operator withdraws a preempted deployment by deleting its PartitionPlans, and a
+        user deletes a deployment by deleting its ModelDeployment. A deployment whose
+        committed plan (as loaded) is gone from the store, and one the controller holds a
+        plan or a rollout of that no live deployment owns any more (deleted, or being
+        deleted), has its parts taken off the agents (REMOVE) and its rollout in flight
+        aborted; returns their names. Checked every :data:`WITHDRAWN_CHECK_S` at most (one
+        plan read per deployment with a loaded committed plan, one read per held name not
+        among ``deps``)."""
         if now_s - self._swept_s < WITHDRAWN_CHECK_S:
             return []
         self._swept_s = now_s
-        gone = []
+        gone = self._sweep_deleted({d.name for d in deps})
         for d in deps:
             c = self.rollouts.committed_cached(d.name)
             if c is None:
@@ -251,6 +255,29 @@ class FleetScheduler:
                 "plan withdrawn by its author", deployment=d.name, version=c.version
             )
             gone.append(d.name)
+        return gone
+
+    def _sweep_deleted(self, live: set[str]) -> list[str]:
+        """REMOVE (and ABORT) what the controller holds of deployments that are gone from
+        the store (``live``: the names it lists). A name the store still has - its spec no
+        longer parses, so the listing leaves it out - keeps its parts."""
+        gone = []
+        for name in sorted(self.rollouts.held() - live):
+            try:
+                record = self.ctx.store.get_deployment(name, include_deleted=True)
+            except StoreError:
+                continue  # still there, unreadable: the operator reports it; keep serving
+            if record is not None and not record.deleted:
+                continue
+            c = self.rollouts.committed_cached(name)
+            r, _ = self.rollouts.delete(name)
+            self.rollouts.deleted(name, r, c)
+            self.ctx.log.info(
+                "deployment deleted: its parts removed from the agents",
+                deployment=name,
+                version=c.version if c is not None else None,
+            )
+            gone.append(name)
         return gone
 
     def _withdraw(self, d: StoredDeployment, reason: str, now_s: float) -> None:

@@ -11,6 +11,7 @@ from apis.kube.client import MODEL_DEPLOYMENTS, Json
 from apis.kube.errors import ConflictError
 from apis.kube.errors import NotFoundError as ApiNotFound
 from apis.kube.v1alpha1 import API_VERSION, MODEL_DEPLOYMENT
+from apis.kube.versions import read_floor
 from controlplane.errors import AlreadyExistsError, NotFoundError, PreconditionError, StoreError
 from controlplane.store.base import StoredDeployment, StoredPlan
 from controlplane.store.kubernetes.common import (
@@ -169,6 +170,19 @@ class DeploymentsMixin(PlansMixin):
                 lambda: self._kube.delete(MODEL_DEPLOYMENTS, name, self.namespace, uid=uid),
             )
         )
+
+    def deleted_here(self, deployment: str, version: int) -> bool:
+        """:class:`controlplane.store.base.DeletionRecord`: the ModelDeployment is gone or
+        being deleted, and the namespace's version counter (apis.kube.versions) went up to
+        ``version`` - so this store allocated it."""
+
+        def run() -> bool:
+            obj = self._kube.get(MODEL_DEPLOYMENTS, deployment, self.namespace)
+            if obj is not None and not obj["metadata"].get("deletionTimestamp"):
+                return False
+            return 0 < version <= read_floor(self._kube, self.namespace, deployment)
+
+        return bool(self._call(f"deleted deployment {deployment}", run))
 
     def set_deployment_status(self, name: str, status: Mapping[str, Any]) -> None:
         body = {
