@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from policies.deployment import sub_fleet
-from policies.engines import EngineSpec
+from policies.engines import EngineName, EngineSpec
 from policies.errors import InputError
 from policies.fleet import Fleet, parse_fleet
 from policies.fleetplan.curves import (
@@ -31,7 +31,7 @@ def fleet(name: str = "mixed-24") -> Fleet:
     return parse_fleet(yaml.safe_load((ROOT / "examples" / "fleets" / f"{name}.yaml").read_text()))
 
 
-def qwen30b(engine: str = "native") -> DeploymentSpec:
+def qwen30b(engine: EngineName = "native") -> DeploymentSpec:
     return DeploymentSpec(
         "q",
         model="qwen3-30b-a3b",
