@@ -123,10 +123,17 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--renew-deadline-s", type=positive_float, default=10.0)
     p.add_argument("--retry-period-s", type=positive_float, default=2.0)
     p.add_argument(
-        "--health-listen", default="0.0.0.0:8081", help="gRPC health address; '' to disable"
+        "--health-listen",
+        default="127.0.0.1:8081",
+        help="gRPC health address (the chart passes 0.0.0.0:PORT for the kubelet); '' to disable",
     )
     p.add_argument(
         "--metrics-port", type=non_negative_int, default=9090, help="Prometheus port; 0 to disable"
+    )
+    p.add_argument(
+        "--metrics-address",
+        default="127.0.0.1",
+        help="Prometheus address (the chart passes 0.0.0.0 for the scraper)",
     )
     p.add_argument("--log-level", default="info", choices=LEVELS)
 
@@ -206,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
     if args.metrics_port:
         from prometheus_client import start_http_server
 
-        start_http_server(args.metrics_port)
+        start_http_server(args.metrics_port, addr=args.metrics_address)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     op.start()

@@ -17,7 +17,11 @@ from typing import Any
 import structlog
 
 from apis.kube.client import Json, Kube, Resource
-from apis.kube.errors import ApiError, GoneError, OperatorError
+from apis.kube.errors import ApiError, CrdMissingError, GoneError, OperatorError
+
+#: Retry period while the resource is not served (its CRD not installed), s: one error line
+#: every few seconds, not every retry.
+CRD_MISSING_RETRY_S = 10.0
 
 Key = tuple[str, str]
 """An object key: (namespace, name); the namespace is empty for cluster-scoped objects."""
@@ -134,6 +138,10 @@ class Informer:
             except GoneError:
                 self.log.info("watch expired; listing again")
                 rv = ""
+            except CrdMissingError as exc:  # names the CRDs and how to install them
+                self.log.error("resource not served; retrying", error=str(exc))
+                rv = ""
+                self._stop.wait(max(self.retry_delay_s, CRD_MISSING_RETRY_S))
             except (ApiError, OperatorError) as exc:
                 self.log.warning("watch failed; listing again", error=str(exc))
                 rv = ""

@@ -26,6 +26,7 @@ from kubernetes import client as k8s_client
 from apis.kube.errors import (
     ApiError,
     ConflictError,
+    CrdMissingError,
     GoneError,
     InvalidError,
     KubeConfigError,
@@ -94,6 +95,8 @@ GPUNODES = crd_resource(GPUNODE)
 PLACEMENT_POLICIES = crd_resource(PLACEMENT_POLICY)
 MODEL_DEPLOYMENTS = crd_resource(MODEL_DEPLOYMENT)
 PARTITION_PLANS = crd_resource(PARTITION_PLAN)
+#: Every resource of mixfleet's CRDs.
+MIXFLEET_RESOURCES = (GPUNODES, PLACEMENT_POLICIES, MODEL_DEPLOYMENTS, PARTITION_PLANS)
 CONFIGMAPS = Resource("", "v1", "configmaps", "ConfigMap", True)
 LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease", True)
 
@@ -233,9 +236,16 @@ class Kube:
         *,
         label_selector: str | None = None,
     ) -> tuple[list[Json], str]:
-        """Objects (in a namespace, or all) and the list's resourceVersion."""
+        """Objects (in a namespace, or all) and the list's resourceVersion.
+
+        Raises:
+            CrdMissingError: a mixfleet.io resource the API server does not serve.
+        """
         query = [("labelSelector", label_selector)] if label_selector else []
-        doc = self._request("GET", res.path(namespace), query=query)
+        try:
+            doc = self._request("GET", res.path(namespace), query=query)
+        except NotFoundError as exc:
+            raise crd_missing(res, exc) from exc
         items = [dict(i, apiVersion=res.api_version, kind=res.kind) for i in doc.get("items") or []]
         return items, str((doc.get("metadata") or {}).get("resourceVersion", ""))
 
@@ -262,9 +272,16 @@ class Kube:
         ]
         if label_selector:
             query.append(("labelSelector", label_selector))
-        resp = self._request(
-            "GET", res.path(namespace), query=query, timeout=(10.0, timeout_s + 30.0), stream=True
-        )
+        try:
+            resp = self._request(
+                "GET",
+                res.path(namespace),
+                query=query,
+                timeout=(10.0, timeout_s + 30.0),
+                stream=True,
+            )
+        except NotFoundError as exc:
+            raise crd_missing(res, exc) from exc
         finished = False
         try:
             buf = b""
@@ -387,6 +404,23 @@ class Kube:
         except NotFoundError:
             return False
         return True
+
+
+def crd_missing(res: Resource, exc: NotFoundError) -> NotFoundError:
+    """What a 404 on a collection means: for a mixfleet.io resource, that its CRD is not
+    installed (a :class:`CrdMissingError` that says so and how to install them); for others
+    ``exc`` as it is."""
+    if res.group != GROUP:
+        return exc
+    crds = ", ".join(f"{r.plural}.{GROUP}" for r in MIXFLEET_RESOURCES)
+    return CrdMissingError(
+        exc.status,
+        exc.reason,
+        f"the API server does not serve {res.plural}.{res.group}/{res.version}: the mixfleet "
+        f"CRDs ({crds}) are not installed in this cluster. To fix: kubectl apply "
+        "--server-side -f charts/mixfleet/crds/ (or install the Helm chart, which installs "
+        "them), then start again",
+    )
 
 
 def api_client_from(kubeconfig: str | None = None, *, context: str | None = None) -> Any:

@@ -62,6 +62,12 @@ class NotFoundError(ApiError):
     """404: the object does not exist."""
 
 
+class CrdMissingError(NotFoundError):
+    """404 on a collection of mixfleet.io: the API server does not serve the resource - its
+    CustomResourceDefinition is not installed. The message names the CRDs and how to
+    install them."""
+
+
 class ConflictError(ApiError, TemporaryError):
     """409: stale resourceVersion, an apply conflict, or the object already exists."""
 

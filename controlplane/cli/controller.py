@@ -66,7 +66,9 @@ async def _run_controller(args: argparse.Namespace) -> int:
     # creates no file.
     if check_options(args.listen, options).dev_mode:
         print(f"warning: {DEV_MODE_WARNING}", file=sys.stderr, flush=True)
-    store = open_store(args.store, new=args.store_new)
+    store = open_store(
+        args.store, new=args.store_new, kubeconfig=args.kubeconfig, context=args.context
+    )
     ha = await HighAvailability.start(args, store)  # probes; with --leader-elect: lead first
     if ha.stopped:  # SIGINT/SIGTERM while waiting as a standby
         await ha.close()
@@ -127,6 +129,13 @@ def register(groups: Groups) -> None:
         default="sqlite:mixfleet-state.db",
         help="state store, sqlite:PATH or kubernetes:NAMESPACE (default %(default)s)",
     )
+    p.add_argument(
+        "--kubeconfig",
+        metavar="FILE",
+        help="kubeconfig of the kubernetes: store (default: in-cluster, then $KUBECONFIG or "
+        "~/.kube/config)",
+    )
+    p.add_argument("--context", metavar="NAME", help="kubeconfig context (default: current)")
     p.add_argument(
         "--store-new",
         action="store_true",

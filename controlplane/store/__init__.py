@@ -44,13 +44,21 @@ __all__ = [
 ]
 
 
-def open_store(url: str, *, new: bool | None = None) -> Store:
+def open_store(
+    url: str,
+    *,
+    new: bool | None = None,
+    kubeconfig: str | None = None,
+    context: str | None = None,
+) -> Store:
     """Open a store from a URL: ``sqlite:PATH`` (``sqlite:///abs/path`` also accepted) or
     ``kubernetes:NAMESPACE`` (the cluster's API as the store).
 
     Args:
         new: for ``sqlite:``, whether the store is new here (see
             :class:`controlplane.store.sqlite.SqliteStore`); ignored by other backends.
+        kubeconfig: for ``kubernetes:``, the kubeconfig file (None: in-cluster, then
+            $KUBECONFIG or ~/.kube/config); ``context`` its context.
 
     Raises:
         StoreError: unknown scheme, the backend cannot open, or the file is refused.
@@ -64,7 +72,7 @@ def open_store(url: str, *, new: bool | None = None) -> Store:
     if scheme == "kubernetes":
         from controlplane.store.kubernetes import KubernetesStore
 
-        return KubernetesStore.from_url(rest)
+        return KubernetesStore.from_url(rest, kubeconfig=kubeconfig, context=context)
     raise StoreError(
         f"unknown store {url!r}. To fix: use sqlite:PATH (e.g. sqlite:/var/lib/mixfleet/state.db) or kubernetes:NAMESPACE",
         field="store",

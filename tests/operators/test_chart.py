@@ -224,6 +224,10 @@ def test_defaults_one_controller_recreated_fenced_by_a_lease_with_grpc_probes() 
     assert ctl["readinessProbe"]["grpc"].get("service", "") == ""
     op_args = containers["operator"]["args"]
     assert "--lease-name=mixfleet-operator" in op_args and "--identity=$(POD_NAME)" in op_args
+    # The operator binds loopback by default; in the pod the kubelet and the scraper need
+    # every address, which the chart asks for explicitly.
+    assert "--metrics-address=0.0.0.0" in op_args
+    assert any(a.startswith("--health-listen=0.0.0.0:") for a in op_args)
     assert "--leader-elect" in ctl["args"]
     # One replica: a PodDisruptionBudget would block every node drain.
     assert not objects(docs, "PodDisruptionBudget")

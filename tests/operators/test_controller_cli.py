@@ -17,8 +17,11 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from k8s_cluster import E2E_ENV, Cluster, token_kubeconfig, wait_for
+from support.fakeapi import FakeApiServer
 
-from apis.kube.client import LEASES
+from apis.kube.client import LEASES, Resource
+from apis.kube.errors import CrdMissingError
+from apis.kube.v1alpha1 import GROUP, VERSION
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -158,3 +161,41 @@ def test_two_controllers_one_leads_and_serves_the_other_waits_then_takes_over(
     assert "listening on 127.0.0.1:" in out_b  # only once it led
     lease = k.get(LEASES, lease_name, cluster.namespace)
     assert lease is not None and not lease["spec"].get("holderIdentity")  # released
+
+
+def test_without_the_crds_the_controller_says_which_to_install(tmp_path: Path) -> None:
+    """A cluster without mixfleet's CRDs: ``controller run --kubeconfig`` exits with one
+    error line that names them and the command that installs them (not a bare 404)."""
+    fake = FakeApiServer([])
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(token_kubeconfig(fake.start()))
+    try:
+        cmd = [sys.executable, "-m", "controlplane.cli", "controller", "run", "--insecure"]
+        cmd += ["--listen", "127.0.0.1:0", "--store", "kubernetes:mixfleet-system"]
+        cmd += ["--kubeconfig", str(kubeconfig)]
+        done = subprocess.run(
+            cmd,
+            cwd=ROOT,
+            env=_no_kube_env(tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        fake.stop()
+    assert done.returncode == 1, done.stderr
+    line = _one_error_line(done.stderr)
+    assert "modeldeployments.mixfleet.io" in line and "gpunodes.mixfleet.io" in line, line
+    assert "kubectl apply --server-side -f charts/mixfleet/crds/" in line, line
+
+
+def test_a_mixfleet_resource_the_server_does_not_serve_names_the_crds(cluster: Cluster) -> None:
+    """What kube-apiserver answers for a collection nobody defined (404), read as a missing
+    CRD - on the fake and on a real API server."""
+    absent = Resource(GROUP, VERSION, "nosuchwidgets", "NoSuchWidget", True)
+    with pytest.raises(CrdMissingError) as missing:
+        cluster.kube().list(absent, cluster.namespace)
+    assert missing.value.status == 404
+    assert "does not serve nosuchwidgets.mixfleet.io/v1alpha1" in str(missing.value)
+    assert "partitionplans.mixfleet.io" in str(missing.value)

@@ -103,3 +103,14 @@ def test_operator_process_serves_health_leads_solves_and_stops(
     assert '"event": "operator started"' in err
     lease = k.get(LEASES, "mixfleet-operator", cluster.namespace)
     assert lease is not None and not lease["spec"].get("holderIdentity")  # released on exit
+
+
+def test_metrics_and_health_bind_loopback_unless_told_otherwise() -> None:
+    from operators.cli import build_parser
+
+    args = build_parser().parse_args(["run"])
+    assert (args.health_listen, args.metrics_address) == ("127.0.0.1:8081", "127.0.0.1")
+    args = build_parser().parse_args(
+        ["run", "--health-listen", "0.0.0.0:8081", "--metrics-address", "0.0.0.0"]
+    )
+    assert (args.health_listen, args.metrics_address) == ("0.0.0.0:8081", "0.0.0.0")

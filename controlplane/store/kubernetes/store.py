@@ -34,15 +34,22 @@ class KubernetesStore(NodesMixin, DeploymentsMixin, AcksLoadsMixin):
     plan_author: PlanAuthor = "operator"
 
     @classmethod
-    def from_url(cls, rest: str, *, kubeconfig: str | None = None) -> KubernetesStore:
+    def from_url(
+        cls, rest: str, *, kubeconfig: str | None = None, context: str | None = None
+    ) -> KubernetesStore:
         """``kubernetes:NAMESPACE`` (``kubernetes:`` = $POD_NAMESPACE, else ``default``).
+
+        Args:
+            kubeconfig: kubeconfig file (None: in-cluster, then $KUBECONFIG or
+                ~/.kube/config).
+            context: its context (None: the current one).
 
         Raises:
             StoreError: no Kubernetes configuration found.
         """
         namespace = rest.strip("/") or os.environ.get("POD_NAMESPACE", "default")
         try:
-            api = api_client_from(kubeconfig)
+            api = api_client_from(kubeconfig, context=context)
         except KubeConfigError as exc:
             raise StoreError(f"store kubernetes:{namespace}: {exc}", field="store") from exc
         return cls(Kube(api, field_manager=FIELD_MANAGER), namespace)
