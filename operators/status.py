@@ -181,8 +181,10 @@ def _condition(
     )
 
 
-def _rollout(plan: PlanView) -> tuple[str, str, str]:
-    """``(status, reason, message)`` of the RolledOut condition for a plan."""
+def _rollout(plan: PlanView, namespace: str) -> tuple[str, str, str]:
+    """``(status, reason, message)`` of the RolledOut condition for a plan of a deployment
+    in ``namespace``: what it waits for - the controller of that namespace while no agent
+    acknowledged the plan, else the agents that have not committed it."""
     states = {n.node: n for n in plan.status.nodes}
     nodes = plan.spec.nodes
     failed = [states[n] for n in nodes if n in states and states[n].state in ("Failed", "Aborted")]
@@ -195,11 +197,18 @@ def _rollout(plan: PlanView) -> tuple[str, str, str]:
     if len(done) == len(nodes):
         return "True", "RolledOut", f"all {len(nodes)} nodes committed plan v{plan.spec.version}"
     waiting = [n for n in nodes if n not in done]
+    heard = [n for n in nodes if n in states]
+    who = (
+        f"the agents on {', '.join(waiting[:10])} to commit it"
+        if heard
+        else f"the controller to roll it out to {', '.join(waiting[:10])} (no agent has "
+        f"acknowledged it yet: a controller with --store kubernetes:{namespace} rolls out "
+        "the PartitionPlans of this namespace)"
+    )
     return (
         "False",
         "RolloutPending",
-        f"{len(done)}/{len(nodes)} nodes committed plan v{plan.spec.version}; waiting for "
-        + ", ".join(waiting[:10]),
+        f"{len(done)}/{len(nodes)} nodes committed plan v{plan.spec.version}; waiting for {who}",
     )
 
 
@@ -230,7 +239,11 @@ def deployment_status(
     d = observed.deployment
     gen, now, prev = d.generation, observed.now, d.status.conditions
     solved = _solved(observed, inputs, input_error, ours, record, solve)
-    rolled = _rollout(current) if current is not None else ("False", "NoPlan", "no plan yet")
+    rolled = (
+        _rollout(current, d.namespace)
+        if current is not None
+        else ("False", "NoPlan", "no plan yet")
+    )
     degraded = _degraded(inputs, current, solved, rolled, observed.unreadable_plans)
     conditions: tuple[Condition, ...] = (
         _condition(prev, SOLVED, *solved, gen, now),

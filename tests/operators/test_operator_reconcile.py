@@ -148,6 +148,9 @@ def test_solved_plan_is_written_with_owner_labels_configmap_and_status() -> None
     assert cond(st, "Solved")["status"] == "True"
     assert "mixtral-8x7b on 4 GPUs of 2 nodes" in str(cond(st, "Solved")["message"])
     assert cond(st, "RolledOut")["reason"] == "RolloutPending"
+    # No agent acknowledged it yet: the message points at the namespace's controller.
+    assert "waiting for the controller to roll it out to " in str(cond(st, "RolledOut")["message"])
+    assert "--store kubernetes:team-a rolls out" in str(cond(st, "RolledOut")["message"])
     assert cond(st, "Degraded")["status"] == "False"
     assert st["currentPlan"] == {"name": "mx-v1", "planID": spec["planID"], "version": 1}
     assert st["gpus"] == 4 and st["configMap"] == config_map_name("mx")
