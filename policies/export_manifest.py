@@ -16,9 +16,9 @@ from typing import Any
 from policies.engines import PINNED_VERSIONS
 from policies.exports import (
     VLLM_LIVE_MAP_WIDTH,
-    VLLM_NO_REBALANCE_STEP_INTERVAL,
     check_export,
     node_order,
+    vllm_eplb_config,
 )
 from policies.models import ModelSpec
 from policies.plan import Plan
@@ -91,7 +91,7 @@ def _load(plan: Plan, fmt: str, file: str) -> dict[str, Any]:
             requires["--moe-a2a-backend"] = plan.engine.a2a_backend
         return {"requires": requires, "command_lines": launch}
     if fmt == "vllm":
-        eplb = {"num_redundant_experts": r, "step_interval": VLLM_NO_REBALANCE_STEP_INTERVAL}
+        eplb = vllm_eplb_config(r)
         return {
             "requires": {
                 "--enable-expert-parallel": True,

@@ -61,6 +61,37 @@ VLLM_NO_REBALANCE_STEP_INTERVAL = 2**62
 counter starts at ``interval - interval // 4``, so the first rebalance comes after 2**60 steps
 (36 million years at 1,000 steps per second); ``step_interval`` has no upper bound."""
 
+
+def vllm_eplb_config(num_redundant: int) -> dict[str, int]:
+    """vLLM's ``--eplb-config``: ``num_redundant`` redundant slots per MoE layer, and a
+    ``step_interval`` (:data:`VLLM_NO_REBALANCE_STEP_INTERVAL`) that keeps its own
+    rebalancing from replacing the placement."""
+    return {
+        "num_redundant_experts": num_redundant,
+        "step_interval": VLLM_NO_REBALANCE_STEP_INTERVAL,
+    }
+
+
+def vllm_default_rows(num_experts: int, num_slots: int) -> list[int]:
+    """vLLM's initial layout of one MoE layer (``build_initial_global_physical_to_logical_map``,
+    0.33.0): slot ``p < E`` holds expert ``p``, redundant slot ``E + i`` expert ``i % E``."""
+    return [p % num_experts for p in range(num_slots)]
+
+
+def vllm_needs_eplb(plan: Plan) -> bool:
+    """Whether vLLM must run with ``--enable-eplb`` for ``plan``: a placement is installed
+    through its ``EplbState``, which vLLM creates only with EPLB enabled (also with no
+    redundant slot), and only EPLB gives it redundant slots. Not needed for a dense model or
+    a plan that is vLLM's default layout with no redundant slot."""
+    if not plan.moe_layers:
+        return False
+    if plan.num_redundant:
+        return True
+    rows = plan.physical_to_logical()
+    default = vllm_default_rows(plan.num_experts, len(rows[0]) if rows else 0)
+    return any(row != default for row in rows)
+
+
 _VLLM_FAMILY_CLASS = {
     "deepseek_v3": "DeepseekV3ForCausalLM",
     "deepseek_v2": "DeepseekV2ForCausalLM",

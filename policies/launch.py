@@ -15,8 +15,11 @@ read from each engine's own argument definitions):
 * vLLM 0.33.0 - ``vllm serve --tensor-parallel-size t --data-parallel-size N/t
   --enable-expert-parallel --all2all-backend B``, per node ``--data-parallel-size-local``,
   ``--data-parallel-start-rank``, ``--data-parallel-address``/``--data-parallel-rpc-port``
-  (``--headless`` past node 0); with redundant slots ``--enable-eplb --eplb-config`` whose
-  ``step_interval`` (:data:`VLLM_EPLB_NEVER_STEPS`) keeps EPLB's own rebalancing from firing.
+  (``--headless`` past node 0); ``--enable-eplb --eplb-config`` whenever vLLM needs its
+  ``EplbState`` (:func:`~policies.exports.vllm_needs_eplb`: redundant slots, or any placement
+  but vLLM's default layout - also with R = 0), whose ``step_interval``
+  (:data:`~policies.exports.VLLM_NO_REBALANCE_STEP_INTERVAL`) keeps EPLB's own rebalancing
+  from firing.
   vLLM has no flag that loads a placement (docs/engines.md); the recipe's notes say so.
 * TensorRT-LLM - ``trtllm-serve --tp_size N --ep_size N --extra_llm_api_options FILE`` with
   ``enable_attention_dp: true`` and ``moe_config.load_balancer`` = the exported file in that
@@ -46,6 +49,8 @@ from policies.defaults import TRTLLM_OPTIONS_FILE as TRTLLM_OPTIONS_FILE
 from policies.engines import PINNED_VERSIONS
 from policies.errors import InputError
 from policies.execution import SGLANG_PLACEMENT_FAMILIES
+from policies.exports import VLLM_NO_REBALANCE_STEP_INTERVAL, vllm_eplb_config, vllm_needs_eplb
+from policies.exports import vllm_default_rows as vllm_default_rows  # one owner: exports
 from policies.models import ModelSpec
 from policies.plan import Plan, validate_plan
 
@@ -55,9 +60,6 @@ environment."""
 DIST_INIT_REF = "${MIXFLEET_DIST_INIT_ADDR}"
 """Node 0's ``HOST:PORT`` when none is given (multi-node only), from the environment."""
 
-VLLM_EPLB_NEVER_STEPS = 2**62
-"""vLLM ``eplb_config.step_interval``: EPLB first rebalances after ``step_interval // 4``
-steps (its counter starts at three quarters), so 2**60 forward steps: never in practice."""
 
 _GPU_ID = re.compile(r"^(?P<node>.+)/gpu(?P<index>\d+)$")
 
@@ -155,7 +157,11 @@ def launch_recipe(
             *notes,
         )
     return LaunchRecipe(
-        plan.id, f"{name} {PINNED_VERSIONS[name]}", tuple(nodes), files, (*notes, _dp_note(plan))
+        plan.id,
+        f"{name} {PINNED_VERSIONS[name]}",
+        tuple(nodes),
+        files,
+        (*notes, _dp_note(plan, name)),
     )
 
 
@@ -307,14 +313,14 @@ def _vllm(
     notes: list[str] = []
     if plan.moe_layers:
         common += ["--enable-expert-parallel", "--all2all-backend", plan.engine.a2a_backend]
-        if plan.num_redundant:
-            eplb = {"num_redundant_experts": plan.num_redundant}
-            eplb["step_interval"] = VLLM_EPLB_NEVER_STEPS
+        if vllm_needs_eplb(plan):
+            eplb = vllm_eplb_config(plan.num_redundant)
             common += ["--enable-eplb", "--eplb-config", json.dumps(eplb, separators=(",", ":"))]
             notes.append(
-                f"--enable-eplb is what gives vLLM the {plan.num_redundant} redundant slots; "
-                f"step_interval {VLLM_EPLB_NEVER_STEPS} keeps its own rebalancing, which would "
-                "overwrite the placement, from ever firing"
+                "--enable-eplb makes vLLM create the EplbState through which a placement is "
+                f"installed (also with no redundant slot) and gives it the {plan.num_redundant} "
+                f"redundant slots; step_interval {VLLM_NO_REBALANCE_STEP_INTERVAL} keeps its own "
+                "rebalancing, which would overwrite the placement, from ever firing"
             )
         notes.append(_vllm_placement_note(plan, path))
     host, port = _host_port(addr)
@@ -339,12 +345,6 @@ def _host_port(addr: str) -> tuple[str, str]:
     if not sep or not host or not port.isdigit():
         raise InputError(f"must be HOST:PORT, got {addr!r}", field="dist-init-addr")
     return host, port
-
-
-def vllm_default_rows(num_experts: int, num_slots: int) -> list[int]:
-    """vLLM's initial layout of one MoE layer (``build_initial_global_physical_to_logical_map``,
-    0.33.0): slot ``p < E`` holds expert ``p``, redundant slot ``E + i`` expert ``i % E``."""
-    return [p % num_experts for p in range(num_slots)]
 
 
 def _vllm_placement_note(plan: Plan, path: str) -> str:
@@ -421,14 +421,28 @@ def _trtllm_method(backend: str) -> str:
     return _TRTLLM_METHODS[backend]
 
 
-def _dp_note(plan: Plan) -> str:
+#: Where each engine's HTTP server reads a request's DP rank (the router writes it there;
+#: controlplane/router/requests.py cites the engines' source). trtllm-serve has none.
+_RANK_FIELD = {
+    "sglang": "SGLang reads the body field routed_dp_rank",
+    "vllm": "vLLM reads the header X-data-parallel-rank",
+}
+
+
+def _dp_note(plan: Plan, engine: str) -> str:
+    """The recipe's note on DP attention shares, for the ``engine`` it starts."""
     if plan.engine.dp_balance == "engine":
         return "DP attention: the engine's own balancer gives every rank an equal share, as planned"
+    field = _RANK_FIELD.get(engine)
+    if field is None:
+        return (
+            f"DP attention: {engine} takes no per-request DP rank over HTTP, so its own "
+            "balancer gives every rank an equal share, not the plan's dp_weight"
+        )
     return (
         "DP attention: the plan's shares need the mixfleet router to pin each request's DP "
-        "rank to the dp_weight of the sidecar (SGLang routed_dp_rank, vLLM "
-        "data_parallel_rank, TensorRT-LLM's per-request attention DP rank); the engine's own "
-        "balancer would give equal shares instead"
+        f"rank to the dp_weight of the sidecar ({field}); the engine's own balancer would "
+        "give equal shares instead"
     )
 
 

@@ -21,6 +21,7 @@ Against the real ``vllm/distributed/eplb/eplb_state.py``, ``vllm/config/parallel
 from __future__ import annotations
 
 import ast
+import json
 import types
 from typing import Any
 
@@ -40,6 +41,7 @@ from policies.exports import (  # noqa: E402
     export_plan,
 )
 from policies.fleet import parse_fleet  # noqa: E402
+from policies.launch import launch_recipe  # noqa: E402
 from policies.models import ModelSpec, from_hf_config  # noqa: E402
 from policies.plan import Plan  # noqa: E402
 from policies.request import PlacementRequest  # noqa: E402
@@ -163,6 +165,51 @@ def test_update_mapping_installs_the_export(
     log2phy, counts = VL.eplb_state.compute_logical_maps(new, model.num_experts)
     assert counts.tolist() == doc["logical_replica_count"]
     assert log2phy.shape[-1] == max(max(c) for c in doc["logical_replica_count"])
+
+
+def test_a_recipe_without_redundant_slots_creates_the_state_it_installs_through(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """R = 0 (the automatic choice on several fleets). vLLM's model runner creates its
+    ``EplbState`` only under ``parallel_config.enable_eplb`` (``GPUModelRunner.load_model``),
+    and a placement is installed through that state: the recipe passes ``--enable-eplb`` (a
+    flag of vLLM's own argument definitions) with an ``--eplb-config`` the real
+    ``EPLBConfig`` accepts, and the state built from it installs the plan's export."""
+    fn = es.function_source(VL.root / "v1/worker/gpu_model_runner.py", "load_model")
+    guarded, made = 0, 0
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "EplbState":
+            made += 1
+    for node in ast.walk(fn):
+        if isinstance(node, ast.If) and "enable_eplb" in ast.unparse(node.test):
+            guarded += sum(
+                1
+                for n in ast.walk(node)
+                if isinstance(n, ast.Call) and ast.unparse(n.func) == "EplbState"
+            )
+    assert made >= 1 and guarded == made  # no EplbState without enable_eplb
+    args = (VL.root / "engine/arg_utils.py").read_text(encoding="utf-8")
+    assert '"--enable-eplb"' in args and "eplb_config" in args
+
+    model = from_hf_config(MIXTRAL, "mini")
+    plan = plan_for(model, gpus=4, redundant=0, seed=5)
+    assert plan.num_redundant == 0
+    default = VL.eplb_state.EplbState.build_initial_global_physical_to_logical_map(
+        model.num_experts, 0
+    )
+    doc = export_plan(plan, "vllm", model)
+    assert any(row != default for row in doc["physical_to_logical_map"])  # not vLLM's own
+    argv = launch_recipe(plan, model).nodes[0].argv
+    assert "--enable-eplb" in argv and "--enable-expert-parallel" in argv
+    fields = json.loads(argv[argv.index("--eplb-config") + 1])
+    conf = VL.parallel_config.EPLBConfig(**fields, communicator="torch_gloo")
+    assert conf.num_redundant_experts == 0
+
+    fake = _Model(model.num_experts, 0, model.num_moe_layers, 4)
+    state, ms = live_state(monkeypatch, fake, conf)
+    state.update_mapping(_ModelConfig(), torch.tensor(doc["physical_to_logical_map"]))
+    assert ms.physical_to_logical_map.tolist() == doc["physical_to_logical_map"]
+    assert ms.logical_replica_count.tolist() == doc["logical_replica_count"]
 
 
 def test_mixfleets_step_interval_keeps_vllms_rebalancing_away(

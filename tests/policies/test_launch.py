@@ -16,10 +16,10 @@ import pytest
 
 from policies.engines import EngineOptions, EngineSpec
 from policies.errors import InputError
+from policies.exports import VLLM_NO_REBALANCE_STEP_INTERVAL as NEVER
 from policies.fleet import Fleet, parse_fleet
 from policies.launch import (
     MODEL_PATH_REF,
-    VLLM_EPLB_NEVER_STEPS,
     LaunchRecipe,
     NodeLaunch,
     launch_recipe,
@@ -171,11 +171,26 @@ def test_vllm_nodes_share_the_dp_group_and_eplb_never_rebalances() -> None:
     eplb = json.loads(first["--eplb-config"])
     assert eplb == {
         "num_redundant_experts": plan.num_redundant,
-        "step_interval": VLLM_EPLB_NEVER_STEPS,
+        "step_interval": NEVER,
     }
     # vLLM's EplbState starts at 3/4 of the interval: the first rebalance is this far away.
-    assert VLLM_EPLB_NEVER_STEPS - (VLLM_EPLB_NEVER_STEPS - VLLM_EPLB_NEVER_STEPS // 4) > 10**17
+    assert NEVER - (NEVER - NEVER // 4) > 10**17
     assert any("no flag reads eplb-state.json" in n for n in r.notes)
+
+
+def test_vllm_without_redundant_slots_still_gets_its_eplb_state() -> None:
+    """R = 0 (the automatic choice on several fleets): a placement other than vLLM's default
+    layout is installed through EplbState, which vLLM creates only with --enable-eplb."""
+    plan = plan_for(EngineSpec("vllm"), redundant=0)
+    assert plan.num_redundant == 0
+    rows = plan.physical_to_logical()
+    assert any(row != vllm_default_rows(plan.num_experts, len(row)) for row in rows)
+    r = launch_recipe(plan, QWEN)
+    for n in r.nodes:
+        assert "--enable-eplb" in n.argv
+        eplb = json.loads(flags(n.argv)["--eplb-config"])
+        assert eplb == {"num_redundant_experts": 0, "step_interval": NEVER}
+    assert any("EplbState" in note for note in r.notes)
 
 
 def test_vllm_says_when_the_plan_is_its_default_layout() -> None:
@@ -335,3 +350,15 @@ def test_recipe_document_is_plain_json() -> None:
         "files": {},
         "notes": [],
     }
+
+
+@pytest.mark.parametrize(
+    ("engine", "field"),
+    [("sglang", "routed_dp_rank"), ("vllm", "X-data-parallel-rank")],
+)
+def test_the_dp_note_names_only_the_rank_field_the_engine_reads(engine: str, field: str) -> None:
+    plan = plan_for(EngineSpec(engine, options=EngineOptions(dp_balance="router")))
+    assert plan.engine.dp_balance == "router"
+    note = next(n for n in launch_recipe(plan, QWEN).notes if n.startswith("DP attention"))
+    assert field in note
+    assert "TensorRT-LLM" not in note and "data_parallel_rank" not in note
