@@ -10,7 +10,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -356,7 +356,9 @@ def test_recipe_document_is_plain_json() -> None:
     ("engine", "field"),
     [("sglang", "routed_dp_rank"), ("vllm", "X-data-parallel-rank")],
 )
-def test_the_dp_note_names_only_the_rank_field_the_engine_reads(engine: str, field: str) -> None:
+def test_the_dp_note_names_only_the_rank_field_the_engine_reads(
+    engine: Literal["sglang", "vllm"], field: str
+) -> None:
     plan = plan_for(EngineSpec(engine, options=EngineOptions(dp_balance="router")))
     assert plan.engine.dp_balance == "router"
     note = next(n for n in launch_recipe(plan, QWEN).notes if n.startswith("DP attention"))
