@@ -104,12 +104,6 @@ def _plan_and_schedule(
         fleet = _Fleet(
             fleet.name, tuple(n for n in fleet.nodes if n.name in free), fleet.fabric_links
         )
-        if not fleet.nodes:
-            raise InputError(
-                f"the fleet planner's deployments take every node; nothing is left for "
-                f"{', '.join(s.name for s in rest)}. To fix: give them traffic and SLOs too",
-                field="-f",
-            )
     return plan, _solve(args, fleet, rest)
 
 
@@ -179,6 +173,8 @@ def cmd_schedule_show(args: argparse.Namespace) -> int:
         if both is None:
             return 0
         emit("deployments without traffic and SLOs (fleet scheduler, on the nodes left free):")
+        if not plan.free_nodes:
+            emit("note: the fleet planner's deployments hold every node")
     assert both is not None
     req, s = both
     if args.output != "table":
