@@ -23,14 +23,18 @@ from agents.calibrate.fit import PhasePoint, layer_phase_times, sweep_figures
 from bench.gpu_model import layer_model
 
 CALIBRATION = (
-    ("decode", 4, 4096),
+    ("decode", 1, 4096),
+    ("decode", 4, 16384),
+    ("decode", 16, 1024),
     ("decode", 64, 16384),
     ("decode", 256, 1024),
     ("prefill", 2048, 2048),
+    ("prefill", 4096, 4096),
     ("prefill", 16384, 2048),
 )
-"""(phase, tokens, context) of the points each round calibrates from: three decode sizes
-and two prefill sizes, none of them the issue's table points (128 x 4096, 8192 x 2048)."""
+"""(phase, tokens, context) of the points each round calibrates from: five decode sizes
+and three prefill sizes (two sequence lengths), none of them the issue's table points
+(decode 128 x 4096, prefill 8192 x 2048)."""
 
 TOLERANCE = 0.10
 """The target: each phase within 10% of the measurement."""
@@ -144,13 +148,106 @@ def analyse(doc: Mapping[str, Any]) -> dict[str, Any]:
                 }
             )
     summary = _summary(rows)
+    roof = roofline_rows(rows, doc.get("ceilings", {}))
     return {
         "figures": figures,
         "figure_spread": _spread(figures),
         "points": rows,
         "summary": summary,
-        "table": _table(rows, summary),
+        "rooflines": roof,
+        "table": [*_table(rows, summary), "", *_issue_table(rows), "", *_roof_table(roof)],
     }
+
+
+def _issue_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The issue's per-phase table: each case at its decode and prefill point."""
+    out = [
+        "| model | experts | phase | attention us (pred, worst err of 3) "
+        "| expert phase us | layer us |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if (r["phase"], r["tokens"], r["context"]) not in TABLE_POINTS:
+            continue
+        m, p, e = r["measured_us"], r["predicted_us"], r["worst_error"]
+        model, dt = r["case"].split("/")
+        out.append(
+            f"| {model} | {dt} | {r['phase']} "
+            f"| {m['attention']:.0f} ({p['attention_us']:.0f}, {e['attention']:+.1%}) "
+            f"| {m['experts']:.0f} ({p['expert_us']:.0f}, {e['experts']:+.1%}) "
+            f"| {m['layer']:.0f} ({p['layer_us']:.0f}, {e['layer']:+.1%}) |"
+        )
+    return out
+
+
+def roofline_rows(
+    rows: Sequence[Mapping[str, Any]], ceilings: Mapping[str, float]
+) -> list[dict[str, Any]]:
+    """Measured phases over their rooflines (:mod:`agents.runtime.roofline` at the run's
+    copy bandwidth and GEMM peaks; expert weights counted for the experts that get pairs):
+    per case at decode 16-256 sequences x 4096 and prefill 4096-16384 tokens of 2048."""
+    if not ceilings:
+        return []
+    from agents.runtime.roofline import layer_work, rooflines_us
+    from policies.costmodel import active_fraction
+
+    tflops = {"bf16": ceilings["bf16_tflops"], "fp8": ceilings["fp8_tflops"]}
+    out = []
+    for r in rows:
+        decode = r["phase"] == "decode"
+        if (decode and (r["context"] != 4096 or r["tokens"] < 16)) or (
+            not decode and (r["context"] != 2048 or r["tokens"] < 4096)
+        ):
+            continue
+        model, dt = r["case"].split("/")
+        m = layer_model(model, dt)
+        p = r["tokens"] * m.top_k / m.num_experts
+        work = layer_work(
+            hidden=m.hidden,
+            num_experts=m.num_experts,
+            slots=max(1, round(m.num_experts * active_fraction(p))),
+            top_k=m.top_k,
+            expert_ffn=m.expert_ffn,
+            num_shared_experts=m.num_shared_experts,
+            num_q_heads=m.num_q_heads,
+            num_kv_heads=m.num_kv_heads,
+            head_dim=m.head_dim,
+            tokens=r["tokens"],
+            decode=decode,
+            context=r["context"],
+            seq_len=r["context"],
+            expert_dtype=dt,
+        )
+        roof = rooflines_us(work, ceilings["copy_gbytes_per_s"], tflops)
+        meas = r["measured_us"]
+        exp_roof = roof["experts"] + roof["combine"]
+        out.append(
+            {
+                "case": r["case"],
+                "phase": r["phase"],
+                "tokens": r["tokens"],
+                "context": r["context"],
+                "attention": meas["attention"] / roof["attention"],
+                "experts": meas["experts"] / exp_roof,
+                "layer": meas["layer"] / roof["layer"],
+                "roofline_us": roof,
+            }
+        )
+    return out
+
+
+def _roof_table(roof: Sequence[Mapping[str, Any]]) -> list[str]:
+    out = [
+        "| case | phase | tokens x context | attention / roof | expert phase / roof "
+        "| layer / roof |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in roof:
+        out.append(
+            f"| {r['case']} | {r['phase']} | {r['tokens']} x {r['context']} "
+            f"| {r['attention']:.2f}x | {r['experts']:.2f}x | {r['layer']:.2f}x |"
+        )
+    return out
 
 
 def _spread(figures: Mapping[str, Sequence[Mapping[str, float]]]) -> dict[str, dict[str, float]]:
@@ -222,7 +319,7 @@ def plot(report: Mapping[str, Any], path: str) -> None:
             )
             xs = [r["tokens"] for r in sel]
             colour = f"C{k}"
-            ax.plot(xs, [r["predicted_us"]["layer_us"] / 1e3 for r in sel], "-", color=colour)
+            ax.plot(xs, [r["predicted_us"]["layer_us"] / 1e3 for r in sel], "-x", color=colour)
             ax.plot(
                 xs,
                 [r["measured_us"]["layer"] / 1e3 for r in sel],
@@ -233,7 +330,7 @@ def plot(report: Mapping[str, Any], path: str) -> None:
         ax.set_xscale("log", base=2)
         ax.set_xlabel("decode sequences per GPU")
         ax.set_ylabel("step ms (one layer)")
-        ax.set_title(f"{case} decode: measured (o), model (-)", fontsize=9)
+        ax.set_title(f"{case} decode: measured (o), model (x-)", fontsize=9)
         ax.legend(fontsize=7)
         ax = axes[row][1]
         for k, seq in enumerate(sorted({r["context"] for r in pts if r["phase"] == "prefill"})):
@@ -243,7 +340,7 @@ def plot(report: Mapping[str, Any], path: str) -> None:
             )
             xs = [r["tokens"] for r in sel]
             colour = f"C{k}"
-            ax.plot(xs, [r["predicted_us"]["layer_us"] / 1e3 for r in sel], "-", color=colour)
+            ax.plot(xs, [r["predicted_us"]["layer_us"] / 1e3 for r in sel], "-x", color=colour)
             ax.plot(
                 xs,
                 [r["measured_us"]["layer"] / 1e3 for r in sel],
@@ -253,7 +350,7 @@ def plot(report: Mapping[str, Any], path: str) -> None:
             )
         ax.set_xscale("log", base=2)
         ax.set_xlabel("prefill tokens per GPU")
-        ax.set_title(f"{case} prefill: measured (s), model (-)", fontsize=9)
+        ax.set_title(f"{case} prefill: measured (s), model (x-)", fontsize=9)
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

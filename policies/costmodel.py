@@ -21,10 +21,10 @@ Phases of a layer (each ends at a barrier, so each costs its slowest GPU)::
     replica_read_us  = expert bytes / read bandwidth * (1 - exp(-p)), p = the step's pairs per
                        expert: grouped GEMMs skip experts without rows, so at a few tokens
                        only the experts that get some are read;
-    flop_us_per_token = 6 H F / rate(r), rate(r) = expert_gemm_tflops * (1 - exp(-r / s)),
+    flop_us_per_token = 6 H F / rate(r), rate(r) = expert_gemm_tflops * r / (r + s),
                        r = p / (1 - exp(-p)) rows per expert that gets any, s =
-                       expert_gemm_rows_scale (calibrated; grouped GEMMs are slow at a few
-                       hundred rows per expert).
+                       expert_gemm_rows_scale (calibrated; a grouped GEMM pays per expert
+                       about as much as s rows more of work).
 
     layer time = max_g A_g (+ max_g C_g + max_g E_g on MoE layers);  step time = sum over layers.
 
@@ -132,10 +132,17 @@ class MeasuredFigures:
             permutations, the weighted sum of the combine), us; added to the expert phase.
         a2a_latency_us: fixed latency of one dispatch or one combine, us; replaces
             ``Efficiency.alpha_nvlink_us`` / ``alpha_rdma_us``.
+        attn_decode_extra_us_per_token, expert_decode_extra_us_per_pair: the same per-token
+            and per-pair times in decode steps (routing, sampling and KV-cache writes cost
+            more per token than in prefill), us; None: the general figures apply.
+        attn_prefill_us_per_sequence: prefill attention kernel time per sequence beyond
+            its FLOPs at ``attn_prefill_tflops`` (the causal tail of each sequence's
+            blocks), us; fitted with that rate over sequence lengths.
         expert_gemm_rows_scale: how fast the grouped expert GEMM's rate grows with the
             rows each expert gets, rows per expert: at ``r`` rows it runs at
-            ``expert_gemm_tflops * (1 - exp(-r / expert_gemm_rows_scale))`` (fitted over a
-            prefill sweep); None: ``expert_gemm_tflops`` at every size.
+            ``expert_gemm_tflops * r / (r + expert_gemm_rows_scale)`` (each expert's tiles
+            cost as much as that many rows more; fitted over a prefill sweep); None:
+            ``expert_gemm_tflops`` at every size.
     """
 
     gemm_bf16_tflops: float | None = None
@@ -153,6 +160,9 @@ class MeasuredFigures:
     expert_extra_us_per_pair: float | None = None
     a2a_latency_us: float | None = None
     expert_gemm_rows_scale: float | None = None
+    attn_decode_extra_us_per_token: float | None = None
+    expert_decode_extra_us_per_pair: float | None = None
+    attn_prefill_us_per_sequence: float | None = None
 
 
 @dataclass(frozen=True)
@@ -399,7 +409,8 @@ def attention_core_us(
         if m and m.attn_prefill_tflops
         else spec.bf16_tflops * eff.attn_prefill
     ) * 1e6
-    return model.attn_core_flops_per_token(ctx / 2.0, decode=False) / rate
+    per_seq = m.attn_prefill_us_per_sequence if m and m.attn_prefill_us_per_sequence else 0.0
+    return model.attn_core_flops_per_token(ctx / 2.0, decode=False) / rate + per_seq / max(ctx, 1)
 
 
 def _comm_terms(
@@ -437,10 +448,11 @@ def active_fraction(pairs_per_expert: float) -> float:
 
 def expert_gemm_rate_tflops(peak_tflops: float, rows: float, rows_scale: float | None) -> float:
     """The grouped expert GEMM's rate at ``rows`` rows per expert, TFLOPS:
-    ``peak * (1 - exp(-rows / rows_scale))`` (no ``rows_scale``: the peak)."""
+    ``peak * rows / (rows + rows_scale)`` - each expert's tiles cost as much as
+    ``rows_scale`` rows more of work (no ``rows_scale``: the peak)."""
     if not rows_scale or rows <= 0:
         return peak_tflops
-    return peak_tflops * max(1.0 - math.exp(-rows / rows_scale), 1e-3)
+    return peak_tflops * rows / (rows + rows_scale)
 
 
 def _gpu_cost(
@@ -485,11 +497,15 @@ def _gpu_cost(
         )
     core = attention_core_us(spec, m, model, workload, eff, terms.kv_bytes)
     bw_by_channel, alpha = _comm_terms(i, m, topo, eff)
-    if m and m.attn_extra_us_per_token:
+    if m and workload.decode and m.attn_decode_extra_us_per_token:
+        core += m.attn_decode_extra_us_per_token
+    elif m and m.attn_extra_us_per_token:
         core += m.attn_extra_us_per_token
     # Per-pair work beyond the roofline adds to both branches of the expert phase's max,
     # which is the same as adding it outside the max (keeps the solvers' linear form).
     extra_pair = m.expert_extra_us_per_pair if m and m.expert_extra_us_per_pair else 0.0
+    if m and workload.decode and m.expert_decode_extra_us_per_pair:
+        extra_pair = m.expert_decode_extra_us_per_pair
     return GpuCost(
         attn_gemm_us_per_token=gemm_tok,
         attn_weight_read_us=read,

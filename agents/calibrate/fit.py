@@ -11,7 +11,6 @@ Units: microseconds (``_us``), TFLOPS, GB/s (1e9 B/s), bytes.
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -333,13 +332,18 @@ def kernel_rates(points: Sequence[PhasePoint]) -> dict[str, float]:
     """The runtime's kernel rates from the points' kernel splits (each the median over
     the points that exercise it): dense weights streamed by the attention phase's GEMMs
     at <= 64 sequences (``hbm_gbytes_per_s``) and their prefill rate
-    (``gemm_bf16_tflops``); the decode attention kernel's KV bandwidth over caches of at
-    least 0.5 GB (``attn_decode_gbytes_per_s``) and its prefill rate
-    (``attn_prefill_tflops``); the expert GEMMs' weight streaming at <= 2 pairs per expert
-    over the experts that get pairs (``expert_read_gbytes_per_s``) and their prefill rate
-    against rows per expert, ``peak * (1 - exp(-rows / scale))`` fitted by least squares
-    (``expert_gemm_tflops``, ``expert_gemm_rows_scale``)."""
-    dense_read, dense_rate, kv_bw, attn_rate, exp_read = [], [], [], [], []
+    (``gemm_bf16_tflops``); the decode attention kernel's KV bandwidth, the slope of its
+    time against the KV bytes read (``attn_decode_gbytes_per_s``), and its prefill rate
+    (``attn_prefill_tflops``); the expert GEMMs' weight streaming at <= 16 pairs per
+    expert, the slope of their time against the bytes of the experts that get pairs
+    (``expert_read_gbytes_per_s``), and their prefill rate against rows per expert (at
+    >= 100 rows, past weight streaming), ``peak * rows / (rows + scale)`` fitted by least
+    squares (``expert_gemm_tflops``,
+    ``expert_gemm_rows_scale``)."""
+    dense_read, dense_rate = [], []
+    attn_pts: list[tuple[float, float, float]] = []
+    kv_pts: list[tuple[float, float]] = []
+    read_pts: list[tuple[float, float]] = []
     curve: list[tuple[float, float]] = []
     for p in points:
         k = p.kernels or {}
@@ -349,54 +353,74 @@ def kernel_rates(points: Sequence[PhasePoint]) -> dict[str, float]:
             if a.get("gemm_us") and p.tokens <= 64:
                 dense_read.append(_dense_params(m) * 2.0 / a["gemm_us"] / 1e3)
             kv = p.tokens * m.kv_read_elements_per_token_per_layer(p.context) * 2.0
-            if a.get("attention_us") and kv >= 0.5e9:
-                kv_bw.append(kv / a["attention_us"] / 1e3)
-            if e.get("gemm_us") and p.pairs_per_expert <= 2.0:
+            if a.get("attention_us"):
+                kv_pts.append((kv, a["attention_us"]))
+            if e.get("gemm_us") and p.pairs_per_expert <= 16.0:
                 read = m.num_experts * active_fraction(p.pairs_per_expert) * m.expert_bytes
-                exp_read.append(read / e["gemm_us"] / 1e3)
+                read_pts.append((read, e["gemm_us"]))
         else:
             if a.get("gemm_us"):
                 dense_rate.append(2.0 * p.tokens * _dense_params(m) / a["gemm_us"] / 1e6)
             if a.get("attention_us"):
                 flops = p.tokens * m.attn_core_flops_per_token(p.context / 2.0, decode=False)
-                attn_rate.append(flops / a["attention_us"] / 1e6)
+                attn_pts.append((flops, p.tokens / p.context, a["attention_us"]))
             if e.get("gemm_us"):
                 rate = 2.0 * m.expert_params * p.pairs / e["gemm_us"] / 1e6
                 curve.append((p.pairs_per_expert, rate))
     out: dict[str, float] = {}
+    out.update(_prefill_attention(attn_pts))
     for key, vals in (
         ("hbm_gbytes_per_s", dense_read),
         ("gemm_bf16_tflops", dense_rate),
-        ("attn_decode_gbytes_per_s", kv_bw),
-        ("attn_prefill_tflops", attn_rate),
-        ("expert_read_gbytes_per_s", exp_read),
     ):
         v = _median(vals)
         if v:
             out[key] = v
+    # Streaming kernels: time = latency + bytes / bandwidth over the sizes; the bandwidth is
+    # the slope (the latency joins the fixed costs fitted later).
+    for key, pts in (("attn_decode_gbytes_per_s", kv_pts), ("expert_read_gbytes_per_s", read_pts)):
+        if len({b for b, _ in pts}) >= 2:
+            _, per_byte = _line([b for b, _ in pts], [t for _, t in pts], [1.0 / t for _, t in pts])
+            if per_byte > 0:
+                out[key] = 1.0 / per_byte / 1e3
     if curve:
         out.update(_fit_rate_curve(curve))
     return out
 
 
+def _prefill_attention(pts: Sequence[tuple[float, float, float]]) -> dict[str, float]:
+    """Prefill attention kernel time = FLOPs / rate + sequences x per-sequence time, by
+    least squares in relative terms over (FLOPs, sequences, us) points of at least two
+    sequence lengths; else the rate alone (median)."""
+    if not pts:
+        return {}
+    ratios = {f / n for f, n, _ in pts}
+    if len(ratios) >= 2:
+        a = np.array([[f / t, n / t] for f, n, t in pts])
+        inv_rate, per_seq = (float(v) for v in np.linalg.lstsq(a, np.ones(len(pts)), rcond=None)[0])
+        if inv_rate > 0 and per_seq >= 0:
+            out = {"attn_prefill_tflops": 1.0 / inv_rate / 1e6}
+            if per_seq > 0:
+                out["attn_prefill_us_per_sequence"] = per_seq
+            return out
+    return {"attn_prefill_tflops": float(statistics.median(f / t / 1e6 for f, _, t in pts))}
+
+
 def _fit_rate_curve(curve: Sequence[tuple[float, float]]) -> dict[str, float]:
-    """``peak * (1 - exp(-rows / scale))`` through (rows, TFLOPS) points: least squares in
-    relative error over scales from 1 to 10^4 rows (log grid), the peak in closed form."""
-    best: tuple[float, float, float] | None = None
-    for k in range(401):
-        scale = 10 ** (k / 100.0)
-        shape = [1.0 - math.exp(-r / scale) for r, _ in curve]
-        # minimise sum((peak * s_i - y_i) / y_i)^2: peak = sum(s/y) / sum((s/y)^2)
-        num = sum(s / y for s, (_, y) in zip(shape, curve, strict=True))
-        den = sum((s / y) ** 2 for s, (_, y) in zip(shape, curve, strict=True))
-        peak = num / den
-        err = sum((peak * s / y - 1.0) ** 2 for s, (_, y) in zip(shape, curve, strict=True))
-        if best is None or err < best[0]:
-            best = (err, peak, scale)
-    assert best is not None
+    """``peak * rows / (rows + scale)`` through (rows, TFLOPS) points: the time per row,
+    ``1 / rate``, is linear in ``1 / rows`` (``(1 + scale / rows) / peak``), fitted by
+    least squares in relative terms; one point gives the peak alone."""
     if len(curve) < 2:
         return {"expert_gemm_tflops": max(y for _, y in curve)}
-    return {"expert_gemm_tflops": best[1], "expert_gemm_rows_scale": best[2]}
+    xs = [1.0 / r for r, _ in curve]
+    ys = [1.0 / y for _, y in curve]
+    inv_peak, slope = _line(xs, ys, [y for _, y in curve])
+    if inv_peak <= 0:
+        return {"expert_gemm_tflops": max(y for _, y in curve)}
+    out = {"expert_gemm_tflops": 1.0 / inv_peak}
+    if slope > 0:
+        out["expert_gemm_rows_scale"] = slope / inv_peak
+    return out
 
 
 #: Figures that make the cost model's fixed costs vanish, for fitting them (a figure must
@@ -404,8 +428,10 @@ def _fit_rate_curve(curve: Sequence[tuple[float, float]]) -> dict[str, float]:
 NO_FIXED_COSTS = {
     "attn_overhead_us": 1e-9,
     "attn_extra_us_per_token": 1e-12,
+    "attn_decode_extra_us_per_token": 1e-12,
     "expert_overhead_us": 1e-9,
     "expert_extra_us_per_pair": 1e-12,
+    "expert_decode_extra_us_per_pair": 1e-12,
 }
 
 
@@ -424,36 +450,65 @@ def _line(xs: Sequence[float], ys: Sequence[float], ws: Sequence[float]) -> tupl
     return c0, c1
 
 
+def _through_origin(xs: Sequence[float], ys: Sequence[float], ws: Sequence[float]) -> float:
+    """Slope >= 0 of ``y = c x`` by weighted least squares."""
+    num = sum(w * w * x * y for x, y, w in zip(xs, ys, ws, strict=True))
+    den = sum(w * w * x * x for x, w in zip(xs, ws, strict=True))
+    return max(0.0, num / den) if den > 0 else 0.0
+
+
 def fixed_costs(
     points: Sequence[PhasePoint], rates: Mapping[str, float]
 ) -> tuple[dict[str, float], dict[str, Any]]:
     """The fixed costs as intercept and slope over several sizes: per phase, what each
-    point measured beyond the cost model's prediction with ``rates`` and no fixed costs,
-    fitted as ``c0 + c1 x`` by least squares in relative terms (x: tokens for attention,
-    token-expert pairs for experts). Returns (figures ``attn_overhead_us``,
-    ``attn_extra_us_per_token``, ``expert_overhead_us``, ``expert_extra_us_per_pair``
-    (those > 0), the residuals the fit saw)."""
+    point measured beyond the cost model's prediction with ``rates`` and no fixed costs.
+    Over the decode points it is fitted as ``c0 + c1 x`` by least squares in relative
+    terms (x: tokens for attention, token-expert pairs for experts): ``c0`` is the phase's
+    fixed cost (``attn_overhead_us``, ``expert_overhead_us``), ``c1`` its decode time per
+    token or pair (``attn_decode_extra_us_per_token``, ``expert_decode_extra_us_per_pair``);
+    over the prefill points, what remains after ``c0`` is fitted as ``c x``
+    (``attn_extra_us_per_token``, ``expert_extra_us_per_pair``). Returns (the figures that
+    are > 0, the residuals the fit saw)."""
     base = {**rates, **NO_FIXED_COSTS}
-    res_a, res_e, xa, xe, wa, we = [], [], [], [], [], []
+    res: dict[bool, dict[str, list[float]]] = {
+        d: {k: [] for k in ("ra", "re", "xa", "xe", "wa", "we")} for d in (True, False)
+    }
     for p in points:
         pred = layer_phase_times(
             p.model, decode=p.decode, tokens=p.tokens, context=p.context, figures=base
         )
-        res_a.append(p.attention_us - pred["attention_us"])
-        res_e.append(p.expert_us - pred["expert_us"])
-        xa.append(float(p.tokens))
-        xe.append(p.pairs)
-        wa.append(1.0 / p.attention_us)
-        we.append(1.0 / p.expert_us)
-    a0, a1 = _line(xa, res_a, wa)
-    e0, e1 = _line(xe, res_e, we)
-    figures = {
-        "attn_overhead_us": a0,
-        "attn_extra_us_per_token": a1,
-        "expert_overhead_us": e0,
-        "expert_extra_us_per_pair": e1,
+        r = res[p.decode]
+        r["ra"].append(p.attention_us - pred["attention_us"])
+        r["re"].append(p.expert_us - pred["expert_us"])
+        r["xa"].append(float(p.tokens))
+        r["xe"].append(p.pairs)
+        r["wa"].append(1.0 / p.attention_us)
+        r["we"].append(1.0 / p.expert_us)
+    figures: dict[str, float] = {}
+    dec, pre = res[True], res[False]
+    a0 = e0 = 0.0
+    if dec["ra"]:
+        a0, a1 = _line(dec["xa"], dec["ra"], dec["wa"])
+        e0, e1 = _line(dec["xe"], dec["re"], dec["we"])
+        figures.update(
+            attn_overhead_us=a0,
+            attn_decode_extra_us_per_token=a1,
+            expert_overhead_us=e0,
+            expert_decode_extra_us_per_pair=e1,
+        )
+    if pre["ra"]:
+        figures["attn_extra_us_per_token"] = _through_origin(
+            pre["xa"], [y - a0 for y in pre["ra"]], pre["wa"]
+        )
+        figures["expert_extra_us_per_pair"] = _through_origin(
+            pre["xe"], [y - e0 for y in pre["re"]], pre["we"]
+        )
+    detail = {
+        "decode_attention_residual_us": dec["ra"],
+        "decode_expert_residual_us": dec["re"],
+        "prefill_attention_residual_us": pre["ra"],
+        "prefill_expert_residual_us": pre["re"],
     }
-    detail = {"attention_residual_us": res_a, "expert_residual_us": res_e}
     return {k: v for k, v in figures.items() if v > 0}, detail
 
 
