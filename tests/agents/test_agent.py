@@ -14,6 +14,7 @@ import pytest
 from agent_builders import small_fleet, small_plan
 from fake_controller import FakeAgentService, start_fake, wait_for
 from mixfleet.v1 import agent_pb2
+from support.waits import HANG_GUARD_S
 
 from agents.agent import Agent, AgentFatalError, AgentSettings, AssignmentEvent
 from agents.applier import (
@@ -100,7 +101,7 @@ def test_register_heartbeat_prepare_commit_over_grpc(tmp_path: Path) -> None:
             await wait_for(lambda: svc.heartbeats[-1].applied.get("mixtral") == 1, what="applied")
         finally:
             agent.stop()
-            await asyncio.wait_for(task, 5)
+            await asyncio.wait_for(task, HANG_GUARD_S)
             await server.stop(None)
         assert [e.phase for e in events] == ["prepare", "commit"]
         assert all(e.ok and e.node == "n0" for e in events)
@@ -145,7 +146,7 @@ def test_bad_part_is_acked_failed_with_reason_and_commit_carries_part() -> None:
             await wait_for(lambda: applier.applied() == {})
         finally:
             agent.stop()
-            await asyncio.wait_for(task, 5)
+            await asyncio.wait_for(task, HANG_GUARD_S)
             await server.stop(None)
 
     asyncio.run(go())
@@ -166,7 +167,7 @@ def test_agent_waits_for_a_controller_that_starts_late() -> None:
             assert agent.stats.registrations == 1
         finally:
             agent.stop()
-            await asyncio.wait_for(task, 5)
+            await asyncio.wait_for(task, HANG_GUARD_S)
             await server.stop(None)
 
     asyncio.run(go())
@@ -195,7 +196,7 @@ def test_controller_restart_reopens_stream_and_reregister_is_obeyed() -> None:
             await wait_for(lambda: applier.applied() == {"mixtral": 1}, what="commit after restart")
         finally:
             agent.stop()
-            await asyncio.wait_for(task, 5)
+            await asyncio.wait_for(task, HANG_GUARD_S)
             await server.stop(None)
 
     asyncio.run(go())
@@ -232,7 +233,7 @@ def test_failed_precondition_on_prepared_ack_discards_staged_part() -> None:
             await wait_for(lambda: not applier.is_staged("mixtral", 1), what="discarded")
         finally:
             agent.stop()
-            await asyncio.wait_for(task, 5)
+            await asyncio.wait_for(task, HANG_GUARD_S)
             await server.stop(None)
 
     asyncio.run(go())
@@ -255,7 +256,7 @@ def test_unhealthy_gpu_is_reported_degraded() -> None:
             assert "[1]" in last.message
         finally:
             agent.stop()
-            await asyncio.wait_for(task, 5)
+            await asyncio.wait_for(task, HANG_GUARD_S)
             await server.stop(None)
 
     asyncio.run(go())
@@ -282,7 +283,7 @@ def test_partless_commit_with_nothing_staged_makes_the_agent_resync() -> None:
             await wait_for(lambda: applier.applied() == {"mixtral": 1}, what="full replay")
         finally:
             agent.stop()
-            await asyncio.wait_for(task, 5)
+            await asyncio.wait_for(task, HANG_GUARD_S)
             await server.stop(None)
 
     asyncio.run(go())
@@ -298,7 +299,7 @@ def test_heartbeats_use_one_stream_and_fall_back_to_unary_calls() -> None:
             await wait_for(lambda: agent.stats.heartbeats >= 5, what="five heartbeats")
         finally:
             agent.stop()
-            await asyncio.wait_for(task, 5)
+            await asyncio.wait_for(task, HANG_GUARD_S)
             await server.stop(None)
         return svc
 
@@ -328,7 +329,7 @@ def test_heartbeat_stream_is_reopened_after_the_controller_restarts() -> None:
             assert agent.stats.heartbeat_failures >= 1
         finally:
             agent.stop()
-            await asyncio.wait_for(task, 5)
+            await asyncio.wait_for(task, HANG_GUARD_S)
             await server.stop(None)
 
     asyncio.run(go())
@@ -351,7 +352,7 @@ def test_acks_use_one_stream_and_fall_back_to_unary_calls() -> None:
             assert applier.applied() == {"mixtral": 1}
         finally:
             agent.stop()
-            await asyncio.wait_for(task, 5)
+            await asyncio.wait_for(task, HANG_GUARD_S)
             await server.stop(None)
         return svc
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from fake_controller import FakeAgentService, start_fake
+from support.waits import HANG_GUARD_S
 
 from agents.cli import _rewrite_simulate_fleet, main
 
@@ -215,7 +216,7 @@ def test_refused_simulated_agents_exit_1(capsys: pytest.CaptureFixture[str]) -> 
 
     t = threading.Thread(target=lambda: loop.run_until_complete(serve()), daemon=True)
     t.start()
-    assert ready.wait(10)
+    assert ready.wait(HANG_GUARD_S)
     rc = main(
         [
             "--simulate-fleet",

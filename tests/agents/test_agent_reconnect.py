@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from support.waits import HANG_GUARD_S
 
 from agents.agent import AgentSettings
 from agents.agent.connection import CHANNEL_OPTIONS, RECONNECT_BACKOFF
@@ -97,7 +98,7 @@ def test_a_failed_heartbeat_is_retried_after_the_backoff_not_a_whole_period(
             assert after_failure[0] <= 0.2, waits  # ... the backoff alone, not a period
         finally:
             agent.stop()
-            await asyncio.wait_for(task, 5)
+            await asyncio.wait_for(task, HANG_GUARD_S)
             await server.stop(None)
 
     asyncio.run(go())

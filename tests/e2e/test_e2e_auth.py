@@ -10,6 +10,7 @@ from pathlib import Path
 import grpc
 import pytest
 from e2e_support import Client, agent_settings, eventually, fleet
+from support.waits import HANG_GUARD_S
 
 from agents.agent import Agent, AgentFatalError, TlsFiles
 from agents.applier import MemoryApplier
@@ -62,7 +63,7 @@ def test_only_the_right_credentials_get_in(tmp_path: Path) -> None:
                 right_task = asyncio.create_task(right_node.run())
                 await eventually(lambda: _registrations(right_node), what="node cert accepted")
                 right_node.stop()
-                await asyncio.wait_for(right_task, 5)
+                await asyncio.wait_for(right_task, HANG_GUARD_S)
 
                 # An unknown bearer token is refused even with a valid certificate.
                 bad_token = _agent(ctl.address, "n2", creds(pki, "agent"), token="x" * 32)
