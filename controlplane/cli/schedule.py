@@ -74,9 +74,7 @@ def _solve(
     settings = TableSettings(
         estimate_policy=args.estimate_policy, max_instances=args.replica_groups
     )
-    if args.workers < 1:
-        raise InputError(f"--workers {args.workers}: at least 1", field="--workers")
-    if args.workers == 1:
+    if args.workers == 1:  # --workers is at least 1 (positive_int)
         return schedule(fleet, pairs, quotas_gpus=_quotas(args.quota), settings=settings)
     from concurrent.futures import ProcessPoolExecutor
 

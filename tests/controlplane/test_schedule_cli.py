@@ -76,7 +76,7 @@ def test_explain_names_the_nodes_and_the_next_best(run_cli: RunCli, inputs: list
         (["--quota", "team=\u00b2"], "NAMESPACE=GPUS"),  # a digit to str.isdigit, not to int
         (["--quota", "Team_A=4"], "--quota: 'Team_A' (in 'Team_A=4') is not a valid namespace"),
         (["--quota", "a=1", "--quota", "a=2"], "--quota: namespace 'a' is given twice"),
-        (["--workers", "0"], "--workers 0: at least 1"),
+        (["--workers", "0"], "argument --workers: must be >= 1, got 0"),
     ],
 )
 def test_bad_flags_are_one_error_line(
