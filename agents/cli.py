@@ -226,8 +226,6 @@ def _agent_settings(args: argparse.Namespace) -> AgentSettings:
             )
     if ":" not in args.controller:
         raise InputError(f"expected HOST:PORT, got {args.controller!r}", field="--controller")
-    if args.max_backoff <= 0:
-        raise InputError(f"must be > 0, got {args.max_backoff}", field="--max-backoff")
     return AgentSettings(
         controller=args.controller,
         tls=tls,
@@ -272,8 +270,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise InputError(
             f"unknown phase(s) {bad}; choose from {', '.join(HOOK_PHASES)}", field="--hook-phases"
         )
-    if args.hook_timeout <= 0:
-        raise InputError(f"must be > 0, got {args.hook_timeout}", field="--hook-timeout")
     fabrics = _pairs(args.nic_fabric, "--nic-fabric")
     labels = _pairs(args.label, "--label")
     discover = _discovery(args, fabrics, labels)
@@ -349,10 +345,6 @@ def _discovery(
 def _cmd_simulate(args: argparse.Namespace) -> int:
     settings = _agent_settings(args)
     fleet = load_fleet_file(args.fleet)
-    if args.agents_per_channel < 1:
-        raise InputError(
-            f"must be >= 1, got {args.agents_per_channel}", field="--agents-per-channel"
-        )
     configure_logging(args.log_level)
     sim = SimulatedFleet(
         fleet,
