@@ -32,14 +32,18 @@ Pure: builds dictionaries, does no I/O.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from policies.defaults import EXPORT_FORMATS as EXPORT_FORMATS  # one default: policies.defaults
 from policies.engines import PINNED_VERSIONS
 from policies.errors import InputError
 from policies.execution import SGLANG_PLACEMENT_FAMILIES
+from policies.fleet import Fleet, parse_fleet
 from policies.models import ModelSpec
 from policies.plan import Plan, validate_plan
+from policies.tensor_parallel import tp_cost_table
+from policies.workload import make_workload
 
 VLLM_EPLB_FAMILIES = frozenset(
     {"deepseek_v3", "deepseek_v2", "qwen3_moe", "mixtral", "glm4_moe", "llama4"}
@@ -270,6 +274,76 @@ def _check_model(plan: Plan, fmt: str, model: ModelSpec) -> None:
         )
 
 
+def _plan_fleet(plan: Plan) -> Fleet:
+    """A fleet with the plan's GPUs in plan order (each node's consecutive runs of one GPU
+    model; one NIC per node): what the cost model needs to size a GPU's memory."""
+    nodes: list[dict[str, Any]] = []
+    for g in plan.gpus:
+        if not nodes or nodes[-1]["name"] != g.node:
+            nic = {"count": 1, "per_direction_gbits_per_s": 400, "fabric": "f"}
+            nodes.append({"name": g.node, "gpus": [], "nics": [nic]})
+        runs = nodes[-1]["gpus"]
+        if runs and runs[-1]["model"] == g.model:
+            runs[-1]["count"] += 1
+        else:
+            runs.append({"model": g.model, "count": 1})
+    return parse_fleet({"metadata": {"name": plan.fleet or "plan"}, "spec": {"nodes": nodes}})
+
+
+def _check_equal_dp_memory(plan: Plan, fmt: str, model: ModelSpec) -> None:
+    """TensorRT-LLM gives every attention-DP rank an equal share of the tokens (its own
+    balancer; trtllm-serve takes no per-request rank), whatever DP weights the plan was
+    solved with (a ``native`` plan's router weights): every GPU must hold its KV cache and
+    activations at ``1 / N`` of the tokens, sized by the cost model, within the plan's own
+    usable memory.
+
+    Raises:
+        InputError: naming the first GPU that overflows, by how much, and how many do.
+    """
+    n = len(plan.gpus)
+    if all(abs(g.attention_share - 1.0 / n) <= 1e-9 for g in plan.gpus):
+        return
+    wl = plan.workload
+    try:
+        workload = make_workload(
+            model,
+            phase=str(wl["phase"]),
+            tokens_per_gpu=int(wl["tokens_per_gpu"]),
+            context_len=int(wl["context_len"]),
+            kv_cache_dtype=str(wl.get("kv_cache_dtype", "bf16")),
+        )
+        table = tp_cost_table(_plan_fleet(plan), model, workload, None, [1] * n)
+    except (KeyError, TypeError, ValueError, InputError) as exc:
+        raise InputError(
+            f"plan {plan.id} cannot be checked for {fmt}'s equal DP shares ({exc}). To fix: "
+            f"re-solve it for {fmt} (mixfleetctl plan solve ... --engine {fmt})",
+            field="plan",
+        ) from exc
+    tokens = table.total_tokens / n
+    over = []
+    for i, g in enumerate(plan.gpus):
+        mem = g.memory_bytes
+        kv = table.kv_cache_bytes(i, tokens)
+        need = mem.get("weights", 0.0) + mem.get("experts", 0.0) + kv
+        need += tokens * table.act_bytes_per_token
+        usable = mem.get("usable", math.inf)
+        if need > usable * (1 + 1e-9):
+            over.append((g, need, usable, kv))
+    if not over:
+        return
+    g, need, usable, kv = over[0]
+    more = f"; {len(over) - 1} more GPUs overflow too" if len(over) > 1 else ""
+    raise InputError(
+        f"plan {plan.id} cannot be exported to {fmt}: {fmt} gives every attention-DP rank an "
+        f"equal share of the tokens (1/{n}), not the plan's DP weights, and at that share "
+        f"{g.gpu} ({g.model}) needs {need / 2**30:.1f} GiB of its {usable / 2**30:.1f} GiB "
+        f"usable, {(need - usable) / 2**30:.1f} GiB too much (KV cache {kv / 2**30:.1f} GiB)"
+        f"{more}. To fix: re-solve it for {fmt} (mixfleetctl plan solve ... --engine {fmt}), "
+        "which plans at equal shares",
+        field="plan",
+    )
+
+
 def check_export(plan: Plan, fmt: str, model: ModelSpec | None = None) -> list[list[int]]:
     """Every check an export makes, in the order a user would fix them; returns the rows.
 
@@ -298,6 +372,8 @@ def check_export(plan: Plan, fmt: str, model: ModelSpec | None = None) -> list[l
     node_order(plan, fmt)
     if model is not None:
         _check_model(plan, fmt, model)
+        if fmt == "trtllm":
+            _check_equal_dp_memory(plan, fmt, model)
     return rows
 
 

@@ -6,6 +6,7 @@ The engines' own loaders read these files in tests/conformance (``make conforman
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from typing import Any
 
@@ -452,3 +453,33 @@ def test_vllm_manifest_says_how_a_launcher_installs_the_state() -> None:
     steps = " ".join(man["load"]["launcher_steps"])
     assert "rearrange_expert_weights_inplace" in steps and "update_mapping" in steps
     assert "padded to 1024" in steps
+
+
+def test_trtllm_refuses_a_plan_that_overflows_at_its_equal_dp_shares() -> None:
+    """TensorRT-LLM balances attention-DP ranks equally whatever the plan's router weights:
+    a native plan that gives the smaller GPUs less attention (and KV) fits as planned but
+    not at 1/N each, and the export names the GPU and by how much."""
+    from pathlib import Path
+
+    import yaml
+
+    root = Path(__file__).resolve().parents[2]
+    fleet = parse_fleet(yaml.safe_load((root / "examples/fleets/mixed-24.yaml").read_text()))
+    model = preset("qwen3-235b-a22b")
+    req = PlacementRequest(
+        fleet,
+        model,
+        make_workload(model, phase="decode", tokens_per_gpu=64, context_len=4096),
+        policy="greedy",
+        redundant_experts=16,
+    )
+    plan = solve(req).plan
+    assert plan.engine.name == "native" and not plan.violations  # fits as planned
+    assert len({round(g.attention_share, 6) for g in plan.gpus}) > 1
+    export_plan(plan, "sglang", model)  # SGLang's router pins the plan's ranks: fine
+    with pytest.raises(InputError) as err:
+        export_plan(plan, "trtllm", model)
+    text = str(err.value)
+    assert "equal share of the tokens (1/24)" in text
+    assert re.search(r"[a-z0-9-]+/gpu\d+ \(\S+\) needs [\d.]+ GiB of its [\d.]+ GiB usable", text)
+    assert "GiB too much" in text and "--engine trtllm" in text
