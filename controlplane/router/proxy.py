@@ -30,12 +30,14 @@ import structlog
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 from mixfleet.v1 import engine_pb2
+from multidict import CIMultiDict
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from yarl import URL
 
 from controlplane.router.balance import RankState, choose
 from controlplane.router.health import CheckThread, HealthBook
 from controlplane.router.metrics import RouterMetrics
+from controlplane.router.relay import EngineConnection, EngineError, EnginePool
 from controlplane.router.requests import (
     RANK_HEADER,
     TokenCounter,
@@ -270,6 +272,14 @@ class Router:
         self.bodies = BodyBudget(settings.max_inflight_body_bytes)
         self._tier_headers = settings.honour_tier_headers
         self._urls: dict[tuple[str, str], URL] = {}
+        self.pool: EnginePool | None = None
+        #: instance -> (host, port, Host header) of the engines reached over plain HTTP (the
+        #: pool's relay); others (https) go through the aiohttp client.
+        self._plain: dict[str, tuple[str, int, bytes]] = {}
+        for name, inst in self.state.instances.items():
+            u = URL(inst.spec.url)
+            if u.scheme == "http" and u.host is not None and u.port is not None:
+                self._plain[name] = (u.host, u.port, f"Host: {u.host}:{u.port}\r\n".encode())
         self.checks: CheckThread | None = None
         self.connected: dict[str, bool] = dict.fromkeys(settings.deployments, False)
         self.watcher: RoutingWatcher | None = None
@@ -311,6 +321,8 @@ class Router:
             auto_decompress=False,
             cookie_jar=aiohttp.DummyCookieJar(),  # a proxy keeps no cookies of its own
         )
+        self.pool = EnginePool(s.connect_timeout_s, s.read_timeout_s, KEEPALIVE_S)
+        self.pool.start()
         self.health.admit_all(self.state.instances)
         self.checks = CheckThread(
             self.health,
@@ -357,6 +369,8 @@ class Router:
             await self.runner.cleanup()
         if self.session is not None:
             await self.session.close()
+        if self.pool is not None:
+            await self.pool.close()
 
     # ------------------------------------------------------------- callbacks
 
@@ -576,6 +590,9 @@ class Router:
         rank.acquire(work.tokens)
         assert self.session is not None
         try:
+            plain = self._plain.get(rank.instance)
+            if plain is not None and request.version >= (1, 1):
+                return await self._exchange(request, plain, data, headers, rank, arrived)
             try:
                 upstream = await self.session.post(
                     self._upstream_url(inst.spec.url, request.path), data=data, headers=headers
@@ -592,6 +609,89 @@ class Router:
                 return await self._relay(request, upstream, rank, arrived)
         finally:
             rank.release(work.tokens)
+
+    async def _exchange(
+        self,
+        request: web.Request,
+        engine: tuple[str, int, bytes],
+        data: bytes,
+        headers: dict[str, str],
+        rank: RankState,
+        arrived: float,
+    ) -> web.StreamResponse:
+        """Forward over the engine pool (:mod:`.relay`): the engine's body goes to the
+        client from the engine connection's own reads."""
+        assert self.pool is not None
+        host, port, host_line = engine
+        head = b"".join(
+            (
+                b"POST ",
+                request.path.encode(),
+                b" HTTP/1.1\r\n",
+                host_line,
+                *(f"{k}: {v}\r\n".encode("utf-8", "surrogateescape") for k, v in headers.items()),
+                b"Content-Length: %d\r\n\r\n" % len(data),
+                data,
+            )
+        )
+        conn = await self._send(head, host, port, rank)
+        try:
+            status = conn.head.status if conn.head is not None else 0
+            if status in _RETRYABLE_STATUS:
+                raise _UnreachableError(f"{rank.instance}: HTTP {status}")
+            self.health.answered(rank.instance)
+            assert conn.first_fut is not None and conn.done_fut is not None
+            await conn.first_fut
+            if conn.error or conn.head is None:  # nothing sent to the client yet
+                raise _UnreachableError(f"{rank.instance}: {conn.error}")
+            back = CIMultiDict((k, v) for k, v in conn.head.headers if k.lower() not in _DROP_BACK)
+            resp = web.StreamResponse(status=status, headers=back)
+            resp.enable_chunked_encoding()
+            await resp.prepare(request)
+            await resp.write(b"")  # the head, alone: the body goes straight to the transport
+            self.metrics.tier_ttfb(rank.tier).observe(time.perf_counter() - arrived)
+            sink = request.transport
+            if sink is None or sink.is_closing():
+                log.info("client went away before its answer", instance=rank.instance)
+                return resp
+            conn.attach(sink)
+            outcome = await conn.done_fut
+        finally:
+            self.pool.release(conn)
+        if outcome == "complete":
+            await resp.write_eof()
+        elif outcome == "client_gone":
+            log.info("client went away during its answer", peer=_peer(sink), instance=rank.instance)
+        else:
+            self.metrics.stream_aborts.inc()
+            log.warning("answer cut by the engine; not retried", instance=rank.instance)
+            sink.close()
+        return resp
+
+    async def _send(
+        self, request: bytes, host: str, port: int, rank: RankState
+    ) -> EngineConnection:
+        """Send ``request`` on a pooled connection and wait for the response head; a pooled
+        connection that the engine had closed is replaced once.
+
+        Raises:
+            _UnreachableError: no head came back (the request may go elsewhere).
+        """
+        assert self.pool is not None
+        for _ in range(2):
+            try:
+                conn, reused = await self.pool.acquire(host, port)
+            except EngineError as exc:
+                raise _UnreachableError(f"{rank.instance}: {exc}", refused=exc.refused) from exc
+            conn.send(request)
+            assert conn.head_fut is not None
+            await conn.head_fut
+            if not conn.error:
+                return conn
+            self.pool.release(conn)
+            if not (reused and not conn.got_bytes and not conn.timed_out):
+                break
+        raise _UnreachableError(f"{rank.instance}: {conn.error}")
 
     async def _relay(
         self,

@@ -139,7 +139,7 @@ class RouterSettings:
     backoff_initial_s: float = 0.2
     backoff_max_s: float = 5.0
     max_body_bytes: int = 32 << 20
-    max_inflight_body_bytes: int = 256 << 20
+    max_inflight_body_bytes: int = 128 << 20
     max_output_tokens: int = MAX_OUTPUT_TOKENS
     max_json_depth: int = 64
     header_timeout_s: float = 10.0
