@@ -1,6 +1,7 @@
-"""``make demo``: the mixed-24-decode scenario with all four policies.
+"""``make demo``: the control plane end to end on simulated agents (:mod:`demo.e2e`);
+``--compare``: the mixed-24-decode scenario with all four policies.
 
-8x A100-SXM4-80GB + 8x H100-SXM5-80GB + 8x H200 (examples/fleets/mixed-24.yaml),
+The comparison: 8x A100-SXM4-80GB + 8x H100-SXM5-80GB + 8x H200 (examples/fleets/mixed-24.yaml),
 DeepSeek-V3 decode, 128 tokens per GPU, context 4096, FP8 KV cache, skewed synthetic load
 (``synthetic:zipf:0.5:seed=1``), 32 redundant experts, engine form. Prints the comparison
 table and writes the plans and a picture of the ``ilp`` plan under ``out/demo/``
@@ -124,10 +125,12 @@ def run(out: str | None = None, *, time_limit_s: float = 60.0, quiet: bool = Fal
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m demo`` (``make demo``); returns the exit status.
 
-    Without options: the control plane end to end (controlplane/demo_e2e.py: controller on
-    SQLite, simulated agents for mixed-24, a DeepSeek-V3 deployment, mixfleet-router sending
-    requests to its DP ranks by the plan, a load shift and the migration-aware re-plan). ``--compare``: the four policies side by side on the
-    mixed-24-decode scenario, with the picture of the ilp plan.
+    Without options: the control plane end to end (:mod:`demo.e2e`: controller on SQLite,
+    simulated agents for mixed-24, a DeepSeek-V3 deployment, mixfleet-router sending requests
+    to its DP ranks by the plan, contingency plans, a sustained load shift and the
+    migration-aware re-plan; its logs go to ``--out``, default ``out/demo/``). ``--compare``:
+    the four policies side by side on the mixed-24-decode scenario, with the picture of the
+    ilp plan.
     """
     parser = argparse.ArgumentParser(prog="python -m demo", description=__doc__, allow_abbrev=False)
     parser.add_argument(
@@ -135,14 +138,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="compare the four policies instead of the end-to-end run",
     )
-    parser.add_argument("--out", metavar="DIR", help="where plans and the picture go")
+    parser.add_argument(
+        "--out",
+        metavar="DIR",
+        help="where the plans and the picture (--compare) or the logs go (default: out/demo)",
+    )
     parser.add_argument("--time-limit", type=float, default=60.0, metavar="S")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     args = parser.parse_args(argv)
     if not args.compare:
         from demo import e2e as demo_e2e
 
-        status = demo_e2e.main([])
+        status = demo_e2e.main(["--log-dir", args.out] if args.out else [])
         if status == 0:
             print(
                 "\nthe four policies side by side: PYTHONPATH=examples .venv/bin/python -m demo --compare"
