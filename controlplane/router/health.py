@@ -17,6 +17,7 @@ touched only on the request loop (the thread hands its results over).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -117,6 +118,8 @@ class CheckThread:
         self.timeout_s = timeout_s
         self.home = home
         self._stop = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
         self._thread = threading.Thread(target=self._run, name="router-health", daemon=True)
 
     def start(self) -> None:
@@ -125,6 +128,10 @@ class CheckThread:
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop the checks and wait for the thread, at most ``timeout_s`` seconds."""
         self._stop.set()
+        loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None:
+            with contextlib.suppress(RuntimeError):  # its loop has ended already
+                loop.call_soon_threadsafe(wake.set)
         if self._thread.is_alive():
             self._thread.join(timeout_s)
 
@@ -136,7 +143,8 @@ class CheckThread:
             self.book.record(n, ok)
 
     async def _checks(self) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
+        wake = self._wake = asyncio.Event()
         async with aiohttp.ClientSession() as session:
             while not self._stop.is_set():
                 start = loop.time()
@@ -150,5 +158,7 @@ class CheckThread:
                     self.home.call_soon_threadsafe(self._hand_over, names, results)
                 except RuntimeError:  # the router's loop is closed: nothing to report to
                     return
-                while not self._stop.is_set() and loop.time() < start + self.interval_s:
-                    await asyncio.sleep(min(0.05, self.interval_s))
+                # One wake-up per round (a thread that woke often would take the GIL from
+                # the request loop as often); stop() wakes it at once.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), start + self.interval_s - loop.time())
