@@ -18,13 +18,18 @@ all see the same moments of a shared host; only ratios within a round are compar
   ``--chunks`` chunks after the other for ``--seconds``; the chunk pace is set so the
   engines send about ``--chunk-rate`` chunks/s in all. Per path: requests completed,
   errors (non-200 or cut), time to first token (TTFT: request start to the first data
-  chunk) p50 / p99, and the router's CPU time (user + system of its processes, from
+  chunk; requests started in a pass's first second are not counted) p50 / p99, and the
+  router's CPU time (user + system of its processes, from
   ``/proc``) per completed request. Added TTFT = path percentile - direct percentile,
   same round.
 * ``short``: closed-loop non-streamed requests without generation, 64 clients: requests/s,
   and the ratio to direct in the same round.
 * ``ejected``: mixfleet's ``mixfleet_router_ejections_total`` after the run; for the peers
-  the requests that failed (an ejected engine shows as errors).
+  (and ``mixfleet-w2``, whose ``/metrics`` is per worker) the requests that failed (an
+  ejected engine shows as errors).
+
+Paths (``--paths``): ``mixfleet`` (one process), ``mixfleet-w2`` (``--workers 2``),
+``sglang``, ``vllm``.
 """
 
 from __future__ import annotations
@@ -179,8 +184,11 @@ def start_routers(
 ) -> dict[str, Proc]:
     """Every router in front of ``engines``, each on its own port."""
     procs: dict[str, Proc] = {}
-    if "mixfleet" in only:
+    for name in ("mixfleet", "mixfleet-w2"):
+        if name not in only:
+            continue
         port = _free_port()
+        workers = ["--workers", "2"] if name == "mixfleet-w2" else []
         argv = [
             sys.executable,
             "-m",
@@ -193,11 +201,12 @@ def start_routers(
             "warning",
             "--queue-limit",
             "100000",
+            *workers,
             *itertools.chain.from_iterable(
                 ("--instance", f"url={u},name=e{i}") for i, u in enumerate(engines)
             ),
         ]
-        procs["mixfleet"] = _start("mixfleet", argv, f"http://127.0.0.1:{port}", log_dir)
+        procs[name] = _start(name, argv, f"http://127.0.0.1:{port}", log_dir)
     for peer, exe in (("sglang", "sglang-router"), ("vllm", "vllm-router")):
         if peer not in only:
             continue
@@ -245,11 +254,17 @@ async def _wait_ready(url: str, timeout_s: float) -> None:
 # ------------------------------------------------------------------ clients
 
 
+#: Seconds at the start of a timed pass whose requests' TTFT is not kept (connections open).
+WARMUP_S = 1.0
+
+
 async def _streams(
     urls: Sequence[str], clients: int, chunks: int, seconds: float
 ) -> dict[str, Any]:
     """``clients`` closed loops of streamed completions for ``seconds``; spread over
-    ``urls`` (one URL: a router; several: the engines directly)."""
+    ``urls`` (one URL: a router; several: the engines directly). TTFT is kept for the
+    requests started after the first :data:`WARMUP_S` seconds (every connection is open by
+    then, on every path); completions and failures count all."""
     import aiohttp
 
     ttft: list[float] = []
@@ -257,6 +272,7 @@ async def _streams(
     body = json.dumps({"model": "m", "prompt": "hello", "max_tokens": chunks, "stream": True})
     headers = {"Content-Type": "application/json"}
     end = time.monotonic() + seconds
+    warm = end - seconds + WARMUP_S
     conn = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=None, sock_read=60)
     async with aiohttp.ClientSession(connector=conn, timeout=timeout) as s:
@@ -281,7 +297,8 @@ async def _streams(
                     await asyncio.sleep(0.05)
                 if ok and first:
                     done[0] += 1
-                    ttft.append(first - t0)
+                    if t0 >= warm:
+                        ttft.append(first - t0)
                 else:
                     done[1] += 1
 
