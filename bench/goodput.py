@@ -317,22 +317,24 @@ def goodput_scenario(
         b_plan, b_cap, b_usd, notes = baseline_split(fleet, sp, pd=pd)
         out[key] = {
             "usd_per_hour": round(b_usd, 2),
+            "planned_rps": round(b_cap, 4),
             "notes": notes,
             "sim": max_goodput(b_plan, tr, b_cap),
         }
-    # Cost at equal goodput: the planner asked for (b)'s goodput.
-    b_good = out["b_hand_split"]["sim"]["goodput_rps"]
-    if b_good > 0:
+    # Cost at equal goodput: the planner asked for what (b) is planned to serve (its
+    # capacity at the same utilisation), both priced at the GPUs they take.
+    b_cap = out["b_hand_split"]["planned_rps"]
+    if b_cap > 0:
         eq = plan_fleet(
             PlanRequest(
-                fleet, (FleetDeployment(replace(sp, traffic=replace(tr, requests_per_s=b_good))),)
+                fleet, (FleetDeployment(replace(sp, traffic=replace(tr, requests_per_s=b_cap))),)
             ),
             cache=cache,
         )
         edp = eq.deployments[sp.name]
-        tokens = b_good * osl
+        tokens = b_cap * osl
         out["equal_goodput"] = {
-            "goodput_rps": b_good,
+            "goodput_rps": round(b_cap, 4),
             "mixfleet_served_rps": round(edp.served_requests_per_s, 4),
             "mixfleet_usd_per_hour": round(edp.usd_per_hour, 2),
             "mixfleet_usd_per_mtok": _usd_per_mtok(edp.usd_per_hour, tokens),
@@ -484,6 +486,76 @@ def timing_case(name: str, fleet: Fleet, deps: tuple[FleetDeployment, ...]) -> d
     return out
 
 
+# ---------------------------------------------------------------------- report
+
+
+def _fmt(x: float | None, digits: int = 2) -> str:
+    return "-" if x is None else f"{x:,.{digits}f}"
+
+
+def report(doc: dict[str, Any]) -> str:
+    """The results as the Markdown tables of docs/goodput.md."""
+    lines = [
+        "| scenario | mixfleet goodput req/s (tok/s) | vs (a) one instance | vs (b) hand split "
+        "| vs (c) hand split P/D | predicted vs simulated at the planned load | USD/Mtok at "
+        "(b)'s goodput: mixfleet / (b) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, r in doc["scenarios"].items():
+        m = r["mixfleet"]
+        chk = m["prediction_check"]
+        eq = r.get("equal_goodput") or {}
+        ratio = r["ratios"]
+        usd = (
+            f"{_fmt(eq.get('mixfleet_usd_per_mtok'), 3)} / {_fmt(eq.get('b_usd_per_mtok'), 3)}"
+            if eq
+            else "-"
+        )
+        if eq and eq.get("mixfleet_usd_per_mtok") and eq.get("b_usd_per_mtok"):
+            usd += f" ({eq['mixfleet_usd_per_mtok'] / eq['b_usd_per_mtok']:.2f}x)"
+        err = chk.get("error")
+        lines.append(
+            f"| {name} | {_fmt(m['sim']['goodput_rps'])} ({m['sim']['goodput_tokens_per_s']:,.0f}) "
+            f"| {_fmt(ratio['a_one_instance'])}x | {_fmt(ratio['b_hand_split'])}x "
+            f"| {_fmt(ratio['c_hand_split_pd'])}x "
+            f"| {_fmt(chk.get('predicted_rps'))} / {_fmt(chk.get('simulated_goodput_rps'))} "
+            f"({'-' if err is None else f'{err * 100:+.1f}%'}) | {usd} |"
+        )
+    lines.append("")
+    lines.append("| scenario | mixfleet pools | (b) hand split | (c) hand split P/D | (a) |")
+    lines.append("|---|---|---|---|---|")
+    for name, r in doc["scenarios"].items():
+        pools = "; ".join(
+            " + ".join(
+                f"{g['count']}x {g['role']} on {'+'.join(n for inst in g['nodes'][:1] for n in inst)}"
+                for g in p["instances"]
+            )
+            for p in r["mixfleet"]["pools"]
+        )
+        lines.append(
+            f"| {name} | {pools or 'none'} ({r['mixfleet']['gpus']} GPUs, "
+            f"{r['mixfleet']['usd_per_hour']:.1f} USD/h) "
+            f"| {_fmt(r['b_hand_split']['sim']['goodput_rps'])} req/s "
+            f"| {_fmt(r['c_hand_split_pd']['sim']['goodput_rps'])} req/s "
+            f"({'; '.join(r['c_hand_split_pd']['notes'])[:80]}) "
+            f"| {_fmt(r['a_one_instance']['sim']['goodput_rps'])} req/s |"
+        )
+    for name, t in doc.get("timing", {}).items():
+        lines.append("")
+        lines.append(
+            f"{name}: {t['gpus']} GPUs, {t['deployments']} deployments; same plan with 1 and "
+            f"2 workers: {t['same_plan_1_and_2_workers']}"
+        )
+        for w in ("workers_2", "workers_1"):
+            x = t[w]
+            lines.append(
+                f"- {w.replace('_', ' ')}: cold {x['cold_s']} s ({x['curves_computed']} curves, "
+                f"program {x['program_s']} s, {x['solver']}); after a change {x['warm_after_change_s']} s "
+                f"({x['warm_curves_computed']} curves, program {x['warm_program_s']} s)"
+            )
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------------- runner
 
 
@@ -491,6 +563,9 @@ SCENARIOS = [f"{m}-{f}-{ln}" for f in FLEETS for m in MODELS for ln in LENGTHS]
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.report:
+        print(report(json.loads(Path(args.report).read_text())))
+        return 0
     if args.scenario == "all":
         names = SCENARIOS
     elif args.scenario == "none":
@@ -550,6 +625,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--scenario", default="all", metavar="NAME[,NAME]|all|none", help="default: all")
     p.add_argument("--json", action="store_true", help="print results as JSON")
     p.add_argument("--out", metavar="PATH", help="results JSON file")
+    p.add_argument("--report", metavar="PATH", help="print a results file as Markdown tables")
     p.add_argument(
         "--timing", action="store_true", help="also time the planner (mixed-64, 1,000 GPUs)"
     )

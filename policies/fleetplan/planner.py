@@ -424,8 +424,8 @@ def _pairs(
     groups: Sequence[NodeGroup],
     req: PlanRequest,
 ) -> tuple[Pair, ...]:
-    """Prefill/decode pairs with a KV path, the cheapest decode variants per request and
-    for each its cheapest prefill partners."""
+    """Prefill/decode pairs with a KV path: the cheapest decode variants per request and
+    for each its cheapest prefill partners and its own make-up's prefill variant."""
     s = req.settings
     if d.disaggregation == "off" or not decode or not prefill:
         return ()
@@ -458,7 +458,13 @@ def _pairs(
             q2 = replace(q, sizing=ps.decode)
             options.append(Pair(replace(p, sizing=ps.prefill), q2, gbs, lat, words))
         options.sort(key=lambda k: (_per_request_usd(k.prefill), k.prefill.key))
-        out.extend(options[: s.pairs_per_decode])
+        kept_pairs = options[: s.pairs_per_decode]
+        # The same make-up as the decode side too (a P/D split inside one generation), which
+        # the cheapest partners may miss when their generation is scarce.
+        same = next((k for k in options if k.prefill.counts == q.counts), None)
+        if same is not None and same not in kept_pairs:
+            kept_pairs.append(same)
+        out.extend(kept_pairs)
     return tuple(out)
 
 
@@ -750,6 +756,30 @@ def _decode_load(v: Variant, d: FleetDeployment, per_instance: float) -> float:
     return v.curve.decode_us(max(hi, 1.0), n.context) / 1e3
 
 
+def _prefill_ttft_ms(
+    p: PlannedPool, d: FleetDeployment, per_instance: float, step_ms: float
+) -> float:
+    """Predicted TTFT of a P/D pool at ``per_instance`` requests/s per prefill instance, ms:
+    the running forward and the request's own, each of the tokens that arrive during one
+    forward (a fixed point; at least the percentile prompt, at most the budget), then the KV
+    transfer and a decode step."""
+    assert p.prefill is not None
+    v = p.prefill.variant
+    n = Lengths.of(d.traffic, d.slo)
+    tokens = n.isl_q
+    for _ in range(50):
+        nxt = min(
+            float(p.prefill.batch_limit),
+            max(n.isl_q, per_instance * n.isl * v.curve.prefill_time_us(tokens) * 1e-6),
+        )
+        if abs(nxt - tokens) < 1.0:
+            break
+        tokens = nxt
+    forward = v.curve.prefill_time_us(tokens)
+    kv_us = p.kv_latency_us + v.curve.kv_bytes_per_token * n.isl_q / (p.kv_gbytes_per_s * 1e3)
+    return (2.0 * forward + kv_us) / 1e3 + step_ms
+
+
 def _read_back(
     req: PlanRequest, c: Candidates, counts: Counts, solver: str, solve_s: float
 ) -> FleetPlan:
@@ -805,8 +835,7 @@ def _read_back(
             else:
                 assert p.prefill is not None and p.decode is not None
                 tpot = _decode_load(p.decode.variant, d, rate / p.decode.count)
-                load = rate / p.capacity_requests_per_s if p.capacity_requests_per_s > 0 else 0.0
-                ttft = p.prefill.variant.sizing.ttft_ms * max(0.5, min(1.0, load))
+                ttft = _prefill_ttft_ms(p, d, rate / p.prefill.count, tpot)
             loaded.append(replace(p, requests_per_s=rate, ttft_ms=ttft, tpot_ms=tpot))
         plans[d.name] = DeploymentPlan(d.name, d.priority, d.traffic, d.slo, tuple(loaded), served)
         short = demand - served

@@ -144,20 +144,27 @@ _QUANTILES = (0.1, 0.3, 0.5, 0.7, 0.9)
 
 def prefill_extra_us(curve: StepCurve, n: Lengths, arrivals: float, chunk: int) -> float:
     """Mean time a step gains from the prompts that arrive in it, us: ``k`` prompts arrive
-    (Poisson with mean ``arrivals``) and are prefilled in the step (at most ``chunk``
-    tokens), which costs ``mixed_step_us - decode_us`` (the forward's fixed cost once).
-    Averaging the step over the arrivals, not the step of the mean arrivals: the prefill
-    cost per token grows with the chunk."""
+    (Poisson with mean ``arrivals``) and are prefilled in the step, which costs
+    ``mixed_step_us - decode_us`` (the forward's fixed cost once). Averaging the step over
+    the arrivals, not the step of the mean arrivals: the prefill cost per token grows with
+    the chunk. Tokens beyond the chunk budget run in later steps at the full chunk's cost
+    per token (every prompt token is prefilled once)."""
     if arrivals <= 0:
         return 0.0
     over = min(curve.decode_step_us[0][0], curve.prefill_us[0])
-    one = sum(curve.prefill_time_us(min(chunk, n.quantile_isl(q))) for q in _QUANTILES)
+    full = curve.prefill_time_us(chunk) - over
+
+    def cost(tokens: float) -> float:
+        if tokens <= chunk:
+            return curve.prefill_time_us(tokens) - over
+        return full * tokens / chunk
+
+    one = sum(cost(n.quantile_isl(q)) for q in _QUANTILES) / len(_QUANTILES)
     total = 0.0
     p = math.exp(-arrivals)
     for k in range(1, 256):
         p *= arrivals / k
-        cost = one / len(_QUANTILES) if k == 1 else curve.prefill_time_us(min(chunk, k * n.isl))
-        total += p * (cost - over)
+        total += p * (one if k == 1 else cost(k * n.isl))
         if p < 1e-12 and k > arrivals:
             break
     return total
