@@ -63,6 +63,7 @@ from policies.fleet import Fleet
 from policies.keys import unknown_key_error
 from policies.limits import check_figure, measured_range
 from policies.models import DTYPE_BYTES, ModelSpec
+from policies.reference import pcie_collective_gbytes_per_s
 from policies.topology import Channel, Topology, build_topology
 from policies.workload import Workload
 
@@ -414,19 +415,25 @@ def attention_core_us(
 
 
 def _comm_terms(
-    i: int, m: MeasuredFigures | None, topo: Topology, eff: Efficiency
+    i: int, m: MeasuredFigures | None, topo: Topology, eff: Efficiency, model_name: str = ""
 ) -> tuple[tuple[float, ...], float]:
     """GPU ``i``'s bandwidth per channel (bytes/us, indexed by :class:`Channel`) and its
-    all-to-all latency (dispatch + combine), us."""
+    all-to-all latency (dispatch + combine), us. PCIe peer traffic of a GPU model with
+    measured NCCL collectives over PCIe (:func:`policies.reference.pcie_collective_gbytes_per_s`,
+    ``model_name`` its catalog model) runs at that measured rate, not at the link's peak."""
     nvl_bw = (
         m.nvlink_per_direction_gbytes_per_s
         if m and m.nvlink_per_direction_gbytes_per_s
         else topo.nvlink_gbytes_per_s[i] * eff.nvlink
     ) * 1e3
+    pcie_bw = topo.pcie_gbytes_per_s[i] * eff.pcie * 1e3
+    measured_pcie = pcie_collective_gbytes_per_s(model_name) if model_name else None
+    if measured_pcie is not None:  # NCCL over this GPU's PCIe, measured (policies.reference)
+        pcie_bw = measured_pcie * 1e3
     bw_by_channel = (
         math.inf,  # LOCAL
-        nvl_bw if nvl_bw > 0 else topo.pcie_gbytes_per_s[i] * eff.pcie * 1e3,  # NVLINK
-        topo.pcie_gbytes_per_s[i] * eff.pcie * 1e3,  # PCIE
+        nvl_bw if nvl_bw > 0 else pcie_bw,  # NVLINK
+        pcie_bw,  # PCIE
         topo.rdma_gbytes_per_s[i] * eff.rdma * 1e3,  # RDMA
         topo.rdma_gbytes_per_s[i] * eff.rdma * 1e3,  # RDMA_CROSS: the NIC; the link is shared
         1e-9,  # UNREACHABLE: effectively forbidden
@@ -496,7 +503,7 @@ def _gpu_cost(
             2.0 * (model.attn_params_per_layer + model.dense_ffn_params) / dense_rate
         )
     core = attention_core_us(spec, m, model, workload, eff, terms.kv_bytes)
-    bw_by_channel, alpha = _comm_terms(i, m, topo, eff)
+    bw_by_channel, alpha = _comm_terms(i, m, topo, eff, spec.model)
     if m and workload.decode and m.attn_decode_extra_us_per_token:
         core += m.attn_decode_extra_us_per_token
     elif m and m.attn_extra_us_per_token:

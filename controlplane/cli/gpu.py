@@ -22,12 +22,14 @@ from controlplane.cli.output import (
 from policies.catalog import (
     CATALOG,
     DATASHEETS,
+    REFERENCE_NOTES,
     GpuSpec,
     aliases_of,
     ambiguous_names,
     figure_sources,
     lookup,
 )
+from policies.reference import comparison, reference_models, reference_source
 
 #: Table columns: (header, GpuSpec field); every header carries its unit.
 _COLUMNS = (
@@ -59,6 +61,21 @@ def gpu_document(spec: GpuSpec) -> dict[str, Any]:
     doc["aliases"] = aliases_of(spec.model)
     doc["datasheet"] = DATASHEETS[spec.model]
     doc["sources"] = figure_sources(spec.model)
+    if spec.model in reference_models():
+        doc["reference"] = {
+            "source": reference_source(spec.model),
+            "figures": [
+                {
+                    "figure": c.figure,
+                    "measured": c.measured,
+                    "model_default": c.default,
+                    "measured_vs_h200": c.measured_ratio,
+                    "model_vs_h200": c.default_ratio,
+                    "note": REFERENCE_NOTES.get((spec.model, c.figure), ""),
+                }
+                for c in comparison(spec.model)
+            ],
+        }
     return doc
 
 
@@ -96,6 +113,27 @@ def cmd_gpu_show(args: argparse.Namespace) -> int:
     rows = [[name, _number(doc[name]), sources[name]] for name in sources]
     emit("\n".join(lines))
     emit(format_table(["figure", "value", "source"], rows))
+    ref = doc.get("reference")
+    if ref:
+        emit(f"Measured reference ({ref['source']}) against the cost model's default:")
+        emit(
+            format_table(
+                ["figure", "measured", "model", "measured/h200", "model/h200", "note"],
+                [
+                    [
+                        r["figure"],
+                        f"{r['measured']:.4g}",
+                        f"{r['model_default']:.4g}",
+                        f"{r['measured_vs_h200']:.3g}",
+                        f"{r['model_vs_h200']:.3g}",
+                        r["note"] or "within 15% (10% on the ratio)",
+                    ]
+                    for r in ref["figures"]
+                ],
+            )
+        )
+    else:
+        emit("No measured reference for this GPU: its figures are the datasheet's above.")
     return 0
 
 
