@@ -20,21 +20,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agents.calibrate.fit import PhasePoint, layer_phase_times, sweep_figures
+from agents.calibrate.options import DEFAULT_SWEEP_POINTS
 from bench.gpu_model import layer_model
 
-CALIBRATION = (
-    ("decode", 1, 4096),
-    ("decode", 4, 16384),
-    ("decode", 16, 1024),
-    ("decode", 64, 16384),
-    ("decode", 256, 1024),
-    ("prefill", 2048, 2048),
-    ("prefill", 4096, 4096),
-    ("prefill", 16384, 2048),
-)
-"""(phase, tokens, context) of the points each round calibrates from: five decode sizes
-and three prefill sizes (two sequence lengths), none of them the issue's table points
-(decode 128 x 4096, prefill 8192 x 2048)."""
+CALIBRATION = DEFAULT_SWEEP_POINTS
+"""(phase, tokens, context) of the points each round calibrates from: the calibration's own
+sweep (:data:`agents.calibrate.options.DEFAULT_SWEEP_POINTS`), five decode sizes and three
+prefill sizes, none of them the issue's table points (decode 128 x 4096, prefill 8192 x
+2048)."""
 
 TOLERANCE = 0.10
 """The target: each phase within 10% of the measurement."""

@@ -123,6 +123,8 @@ def runtime_overheads(runtime: Mapping[str, Any]) -> dict[str, float]:
         out["attn_overhead_us"] = float(runtime["attn_gap_us"])
     if runtime.get("expert_gap_us"):
         out["expert_overhead_us"] = float(runtime["expert_gap_us"])
+    # Fitted over several sizes (sweep_figures): these replace the single-shape figures.
+    out.update({k: float(v) for k, v in (runtime.get("sweep_figures") or {}).items()})
     return out
 
 

@@ -11,6 +11,18 @@ from policies.models import ModelSpec
 DEFAULT_TOKEN_COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 DEFAULT_ROWS_PER_EXPERT = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 DEFAULT_A2A_TOKENS = (1, 16, 128, 1024, 4096, 16384)
+DEFAULT_SWEEP_POINTS = (
+    ("decode", 1, 4096),
+    ("decode", 4, 16384),
+    ("decode", 16, 1024),
+    ("decode", 64, 16384),
+    ("decode", 256, 1024),
+    ("prefill", 2048, 2048),
+    ("prefill", 4096, 4096),
+    ("prefill", 16384, 2048),
+)
+"""(phase, tokens, context) of the steps the fixed costs are fitted over: five decode sizes
+(sequences x cached tokens) and three prefill sizes (tokens in sequences of ``context``)."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +53,9 @@ class CalibrationOptions:
             (:mod:`agents.calibrate.runtime_figures`).
         repeats: calibrations per GPU; only figures they agree on within 5% are kept
             (:func:`agents.calibrate.fit.stable_figures`).
+        sweep_points: steps of the fast runtime timed inside their CUDA graph, whose
+            kernel rates and fixed costs (intercept and slope over the sizes) replace the
+            single-shape figures (:func:`agents.calibrate.fit.sweep_figures`); empty: none.
     """
 
     hidden: int = 7168
@@ -68,6 +83,7 @@ class CalibrationOptions:
     expert_dtype: str = "bf16"
     runtime_figures: bool = True
     repeats: int = 3
+    sweep_points: tuple[tuple[str, int, int], ...] = DEFAULT_SWEEP_POINTS
 
 
 def profile_model(o: CalibrationOptions, *, experts: int, top_k: int) -> ModelSpec:

@@ -25,7 +25,11 @@ kernel by kernel with ``torch.profiler``, at the calibration shapes of
   GEMM kernel time;
 * ``attn_extra_us_per_token``, ``expert_extra_us_per_pair``: the time of every other kernel
   (elementwise, reductions, sorts, gathers) of a prefill step of ``prefill_tokens``, per
-  token of the attention phase and per pair of the dispatch, expert and combine phases.
+  token of the attention phase and per pair of the dispatch, expert and combine phases;
+* ``sweep_figures``: with ``sweep_points``, the steps of several sizes timed inside their
+  CUDA graph and :func:`agents.calibrate.fit.sweep_figures` over them - kernel rates, and
+  the fixed costs as intercept and slope over the sizes - which replace the figures above
+  (:func:`agents.calibrate.fit.runtime_overheads`).
 
 Units: microseconds, GB/s (1e9 B/s), TFLOPS.
 """
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from agents.calibrate.options import CalibrationOptions
@@ -281,4 +286,49 @@ def runtime_figures(device: Any, o: CalibrationOptions) -> dict[str, Any]:
     if all(expert_phase):
         other = sum(p["other_us"] for p in expert_phase if p)
         out["expert_extra_us_per_pair"] = other / (tokens * o.top_k)
+    del pre
+    torch.cuda.empty_cache()
+    if o.sweep_points:
+        from agents.calibrate.fit import sweep_figures
+
+        points = sweep_points(device, o)
+        out["sweep"] = [
+            {"decode": p.decode, "tokens": p.tokens, "context": p.context,
+             "attention_us": p.attention_us, "expert_us": p.expert_us}
+            for p in points
+        ]  # fmt: skip
+        if points:
+            out["sweep_figures"] = sweep_figures(points)[0]
     return out
+
+
+def sweep_points(device: Any, o: CalibrationOptions) -> list[Any]:
+    """The steps of ``o.sweep_points`` on the runtime profile's layer, each timed inside
+    its step graph (:meth:`agents.runtime.fast.FastLayer.time_layer_phases`) with its
+    kernel split: :class:`agents.calibrate.fit.PhasePoint` each (a step the profiler cannot
+    cut is left out)."""
+    import torch
+
+    from agents.calibrate.fit import PhasePoint
+    from agents.calibrate.options import profile_model
+
+    model = replace(
+        profile_model(o, experts=o.experts_per_gpu, top_k=o.top_k), expert_dtype=o.expert_dtype
+    )
+    base = _layer(o, device, True, 1, 16)
+    points = []
+    for k, (phase, tokens, context) in enumerate(o.sweep_points):
+        decode = phase == "decode"
+        layer = base.resized(tokens, decode=decode, seq_len=context, context=context, seed=k + 1)
+        layer.step()
+        kernels = {name: kernel_split(fn) for name, fn in layer.phase_fns().items()}
+        layer.capture()
+        t = layer.time_layer_phases(o.iters)
+        if t is not None:
+            expert = t["dispatch"] + t["experts"] + t["combine"]
+            points.append(
+                PhasePoint(model, decode, tokens, context, t["attention"], expert, kernels)
+            )
+        del layer
+        torch.cuda.empty_cache()
+    return points
