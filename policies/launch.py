@@ -27,10 +27,33 @@ read from each engine's own argument definitions):
   ``TRTLLM_FORCE_ALLTOALL_METHOD`` (``DeepEP`` or ``NotEnabled``: all-gather and
   reduce-scatter); several nodes run as one MPI job (``trtllm-llmapi-launch`` on every rank).
 
+**Roles** (:data:`policies.fleetplan.ROLES`). An ``aggregated`` server runs both phases. A ``prefill`` or
+``decode`` server of a prefill/decode pool (:class:`KvTransfer`: the KV path between the
+pools and the engine's transfer backend, :data:`TRANSFER_BACKENDS`) adds:
+
+* SGLang - ``--disaggregation-mode prefill|decode --disaggregation-transfer-backend B``
+  (``mooncake`` over RDMA, ``nixl`` over RDMA or NVLink), ``--disaggregation-bootstrap-port
+  P`` on prefill (its bootstrap server; the router sends ``bootstrap_host``/``port``/``room``
+  on both requests);
+* vLLM - ``--kv-transfer-config {"kv_connector": C, "kv_role": R}`` with ``kv_producer`` on
+  prefill and ``kv_consumer`` on decode (vLLM 0.33.0's ``NixlConnector`` deprecates
+  ``kv_both``), and for NIXL ``VLLM_NIXL_SIDE_CHANNEL_HOST`` = the node's own address;
+* TensorRT-LLM - ``cache_transceiver_config: {backend: B}`` in the server's options YAML
+  (``disable_overlap_scheduler: true`` on context servers), ``--host``/``--port`` so the
+  disaggregated server reaches it, and per pool the YAML ``trtllm-serve disaggregated -c``
+  reads (:func:`trtllm_disagg_config`: ``context_servers`` / ``generation_servers`` with
+  ``urls``).
+
+A pool without an RDMA or NVLink path, or a backend that does not run over the pool's path,
+is refused (:func:`transfer_backend`). :func:`planned_instances` reads a deployment's engine
+instances from a ``FleetPlan`` document (``mixfleetctl schedule show -o json``) and
+:func:`deployment_launch` builds every instance's recipe from its placement plan.
+
 ``CUDA_VISIBLE_DEVICES`` lists each node's GPU indices (from the plan's ``node/gpuN`` ids, NVML
 order, hence ``CUDA_DEVICE_ORDER=PCI_BUS_ID``) in rank order. Values not known when the
-recipe is built are shell references the caller's environment fills: ``${MIXFLEET_MODEL_PATH}``
-and ``${MIXFLEET_DIST_INIT_ADDR}`` (``HOST:PORT`` of node 0).
+recipe is built are shell references the caller's environment fills: ``${MIXFLEET_MODEL_PATH}``,
+``${MIXFLEET_DIST_INIT_ADDR}`` (``HOST:PORT`` of node 0) and, for prefill/decode servers,
+``${MIXFLEET_NODE_ADDR}`` (the address other nodes reach this node at).
 
 Pure: builds values and text, does no I/O.
 """
@@ -42,7 +65,7 @@ import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from policies.defaults import PLACEMENT_FILES as PLACEMENT_FILES  # one default: policies.defaults
 from policies.defaults import TRTLLM_OPTIONS_FILE as TRTLLM_OPTIONS_FILE
@@ -54,11 +77,47 @@ from policies.exports import vllm_default_rows as vllm_default_rows  # one owner
 from policies.models import ModelSpec
 from policies.plan import Plan, validate_plan
 
+if TYPE_CHECKING:
+    from policies.fleet import Fleet
+    from policies.request import PlacementRequest
+    from policies.spec import DeploymentSpec
+
 MODEL_PATH_REF = "${MIXFLEET_MODEL_PATH}"
 """The model path when none is given: the weights directory or Hugging Face id, from the
 environment."""
 DIST_INIT_REF = "${MIXFLEET_DIST_INIT_ADDR}"
 """Node 0's ``HOST:PORT`` when none is given (multi-node only), from the environment."""
+NODE_ADDR_REF = "${MIXFLEET_NODE_ADDR}"
+"""The address other nodes reach this node at (prefill/decode servers), from the environment."""
+
+SGLANG_BOOTSTRAP_PORT = 8998
+"""SGLang's default ``--disaggregation-bootstrap-port`` (0.5.23): where a prefill server's
+bootstrap server listens, TCP port."""
+TRTLLM_SERVER_PORT = 8000
+"""``trtllm-serve``'s default ``--port``: where a context or generation server listens, and
+the port of its URL in the disaggregated server's YAML, TCP port."""
+
+TRANSFER_BACKENDS: Mapping[str, Mapping[str, frozenset[str]]] = {
+    "sglang": {
+        "mooncake": frozenset({"rdma"}),
+        "nixl": frozenset({"rdma", "nvlink"}),
+    },
+    "vllm": {
+        "NixlConnector": frozenset({"rdma", "nvlink"}),
+        "MooncakeConnector": frozenset({"rdma"}),
+    },
+    "trtllm": {
+        "UCX": frozenset({"rdma", "nvlink"}),
+        "NIXL": frozenset({"rdma", "nvlink"}),
+        "MOONCAKE": frozenset({"rdma"}),
+    },
+}
+"""Per engine, the KV transfer backends a recipe names (SGLang
+``--disaggregation-transfer-backend``, vLLM's ``kv_connector``, TensorRT-LLM's
+``cache_transceiver_config.backend``) and the paths (``rdma``, ``nvlink``) each runs over;
+the first that runs over a pool's path is the default. Mooncake moves KV with RDMA
+(``mooncake_tcp`` and Mooncake's NVLink transport are left out: the planner's pools are
+priced on RDMA or NVLink bandwidth)."""
 
 
 _GPU_ID = re.compile(r"^(?P<node>.+)/gpu(?P<index>\d+)$")
@@ -84,6 +143,24 @@ class NodeLaunch:
 
 
 @dataclass(frozen=True)
+class KvTransfer:
+    """How the prefill and decode instances of a pool move KV.
+
+    Attributes:
+        path: the KV path in the fleet planner's words (``RDMA ib0``, ``RDMA ib0-ib1``,
+            ``NVLink nvl72-0``; :func:`policies.fleetplan.kv_path`), or just ``rdma`` or
+            ``nvlink``; its first word is the kind. Empty: no path (refused).
+        backend: the engine's transfer backend (:data:`TRANSFER_BACKENDS`); "" = the
+            engine's first that runs over the path.
+        bootstrap_port: SGLang: the TCP port of the prefill server's bootstrap server.
+    """
+
+    path: str
+    backend: str = ""
+    bootstrap_port: int = SGLANG_BOOTSTRAP_PORT
+
+
+@dataclass(frozen=True)
 class LaunchRecipe:
     """How to start the engine of a plan.
 
@@ -94,6 +171,10 @@ class LaunchRecipe:
         files: documents the commands read besides the placement file, by path (the
             TensorRT-LLM options YAML).
         notes: what the caller must know (what the engine cannot load, DP routing).
+        role: ``aggregated``, ``prefill`` or ``decode`` (:data:`policies.fleetplan.ROLES`).
+        transfer_backend: prefill/decode: the engine's KV transfer backend ("" aggregated).
+        bootstrap_port: SGLang prefill: its bootstrap server's TCP port (None otherwise).
+        placement_path: the placement file the commands read, as the engine sees it.
     """
 
     plan_id: str
@@ -101,6 +182,10 @@ class LaunchRecipe:
     nodes: tuple[NodeLaunch, ...]
     files: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    role: str = "aggregated"
+    transfer_backend: str = ""
+    bootstrap_port: int | None = None
+    placement_path: str = ""
 
 
 @dataclass(frozen=True)
@@ -122,8 +207,11 @@ def launch_recipe(
     model_path: str = MODEL_PATH_REF,
     dist_init_addr: str = DIST_INIT_REF,
     options_path: str = TRTLLM_OPTIONS_FILE,
+    role: str = "aggregated",
+    kv: KvTransfer | None = None,
 ) -> LaunchRecipe:
-    """The per-node launch of ``plan`` on the engine it was solved for.
+    """The per-node launch of ``plan`` on the engine it was solved for, as a server of
+    ``role``.
 
     Args:
         plan: a feasible plan solved for ``sglang``, ``vllm`` or ``trtllm``.
@@ -134,22 +222,28 @@ def launch_recipe(
         model_path: weights directory or Hugging Face id.
         dist_init_addr: ``HOST:PORT`` of node 0 (used with several nodes).
         options_path: TensorRT-LLM only: where the options YAML will be.
+        role: ``aggregated`` (both phases), ``prefill`` or ``decode``.
+        kv: prefill/decode: the pool's KV path and transfer backend (required for them).
 
     Raises:
         InputError: an infeasible plan; a native plan or one for another engine; a node
-            whose ranks are not contiguous; a shape or model the engine cannot run.
+            whose ranks are not contiguous; a shape or model the engine cannot run; an
+            unknown role; a prefill/decode server without a KV path or with a backend that
+            does not run over it.
     """
     name = _check_plan(plan, model, engine)
     shape = _shape(plan)
     path = placement_path or PLACEMENT_FILES[name]
+    backend = _check_role(name, role, kv)
+    pd = None if role == "aggregated" else (role, backend, kv or KvTransfer(""))
     if name == "sglang":
-        nodes, notes = _sglang(plan, shape, path, model_path, dist_init_addr)
+        nodes, notes = _sglang(plan, shape, path, model_path, dist_init_addr, pd)
         files: dict[str, Mapping[str, Any]] = {}
     elif name == "vllm":
-        nodes, notes = _vllm(plan, shape, path, model_path, dist_init_addr)
+        nodes, notes = _vllm(plan, shape, path, model_path, dist_init_addr, pd)
         files = {}
     else:
-        nodes, notes, files = _trtllm(plan, shape, path, model_path, options_path)
+        nodes, notes, files = _trtllm(plan, shape, path, model_path, options_path, pd)
     version = plan.engine.version or PINNED_VERSIONS[name]
     if version != PINNED_VERSIONS[name]:
         notes = (
@@ -162,7 +256,79 @@ def launch_recipe(
         tuple(nodes),
         files,
         (*notes, _dp_note(plan, name)),
+        role,
+        backend,
+        kv.bootstrap_port if (kv is not None and name == "sglang" and role == "prefill") else None,
+        path,
     )
+
+
+def path_kind(path: str) -> str:
+    """``rdma`` or ``nvlink`` from a KV path in the planner's words (its first word), or ""
+    when there is none."""
+    word = path.strip().split(" ", 1)[0].lower() if path.strip() else ""
+    return word if word in ("rdma", "nvlink") else ""
+
+
+def transfer_backend(engine: str, kv: KvTransfer) -> str:
+    """The engine's KV transfer backend for a pool: ``kv.backend`` checked against the path,
+    or the engine's first that runs over it.
+
+    Raises:
+        InputError: no RDMA or NVLink path; an unknown backend; one that does not run over
+            the path (SGLang's mooncake without RDMA, say).
+    """
+    known = TRANSFER_BACKENDS[engine]
+    kind = path_kind(kv.path)
+    label = f"{engine} {PINNED_VERSIONS[engine]}"
+    if not kind:
+        raise InputError(
+            f"{label} moves a prefill/decode pool's KV over RDMA or NVLink; the pool's path is "
+            f"{kv.path or 'none'!r}. To fix: give both pools' nodes a NIC on a common RDMA "
+            "fabric (or one NVLink domain) and re-plan, or run the deployment aggregated "
+            "(disaggregation: off)",
+            field="kvPath",
+        )
+    if kv.backend and kv.backend not in known:
+        raise InputError(
+            f"{label} has no KV transfer backend {kv.backend!r} the recipe knows; known: "
+            f"{', '.join(known)}",
+            field="transfer-backend",
+        )
+    if kv.backend:
+        if kind not in known[kv.backend]:
+            over = " or ".join(
+                sorted(k.upper() if k == "rdma" else "NVLink" for k in known[kv.backend])
+            )
+            raise InputError(
+                f"{label}'s {kv.backend} backend moves KV over {over}; the pool's path is "
+                f"{kv.path!r}. To fix: use "
+                + " or ".join(b for b, kinds in known.items() if kind in kinds)
+                + " (--transfer-backend), or re-plan on nodes with an RDMA path",
+                field="transfer-backend",
+            )
+        return kv.backend
+    return next(b for b, kinds in known.items() if kind in kinds)
+
+
+def _check_role(engine: str, role: str, kv: KvTransfer | None) -> str:
+    """The transfer backend of a prefill/decode server ("" for an aggregated one)."""
+    from policies.fleetplan.types import ROLES  # one owner: the fleet planner's roles
+
+    if role not in ROLES:
+        raise InputError(f"role {role!r} is not one of {', '.join(ROLES)}", field="role")
+    if role == "aggregated":
+        return ""
+    if kv is None:
+        raise InputError(
+            f"a {role} server needs its pool's KV path and transfer backend", field="kvPath"
+        )
+    if not 0 < kv.bootstrap_port < 65536:
+        raise InputError(
+            f"bootstrap port {kv.bootstrap_port} is not a TCP port (1-65535)",
+            field="bootstrap-port",
+        )
+    return transfer_backend(engine, kv)
 
 
 def _check_plan(plan: Plan, model: ModelSpec, engine: str | None) -> str:
@@ -275,8 +441,12 @@ def _equal_nodes(engine: str, shape: _Shape) -> int:
     return next(iter(counts.values()))
 
 
+_Pd = tuple[str, str, KvTransfer] | None
+"""A prefill/decode server's role, transfer backend and pool link; None for aggregated."""
+
+
 def _sglang(
-    plan: Plan, shape: _Shape, path: str, model_path: str, addr: str
+    plan: Plan, shape: _Shape, path: str, model_path: str, addr: str, pd: _Pd = None
 ) -> tuple[list[NodeLaunch], tuple[str, ...]]:
     _equal_nodes("SGLang", shape)
     if plan.moe_layers and not path.endswith((".json", ".pt")):
@@ -295,17 +465,46 @@ def _sglang(
         common += ["--init-expert-location", path]
         if e.dispatch in ("static", "dynamic"):  # explicit: the plan's shares depend on it
             common += ["--ep-dispatch-algorithm", e.dispatch]
+    notes: list[str] = []
+    if pd is not None:
+        role, backend, kv = pd
+        common += ["--disaggregation-mode", role, "--disaggregation-transfer-backend", backend]
+        if role == "prefill":
+            common += ["--disaggregation-bootstrap-port", str(kv.bootstrap_port)]
+        notes.append(_sglang_pd_note(plan, shape, role, kv))
     out = []
     for i, (name, first, end, idx) in enumerate(shape.nodes):
         argv = [*common, "--nnodes", str(k), "--node-rank", str(i)]
         if k > 1:
             argv += ["--dist-init-addr", addr]
         out.append(NodeLaunch(name, i, (first, end), tuple(argv), _env(idx)))
-    return out, ()
+    return out, tuple(notes)
+
+
+def _sglang_pd_note(plan: Plan, shape: _Shape, role: str, kv: KvTransfer) -> str:
+    """What the router must send a SGLang prefill or decode server."""
+    if role == "prefill":
+        text = (
+            f"SGLang prefill: the router sends bootstrap_host (this instance's first node), "
+            f"bootstrap_port {kv.bootstrap_port} and a bootstrap_room with the request to "
+            "both servers of the pair"
+        )
+    else:
+        text = (
+            "SGLang decode: each request names its prefill server by bootstrap_host, "
+            "bootstrap_port and bootstrap_room, as the router sends them"
+        )
+    if shape.n // shape.tp > 1 and plan.engine.dp_balance == "router" and role == "prefill":
+        text += (
+            "; with routed DP ranks the router also sends disagg_prefill_dp_rank (SGLang's "
+            "prefill default --load-balance-method follow_bootstrap_room otherwise fails a "
+            "transfer whose routed rank is not bootstrap_room mod the DP size)"
+        )
+    return text
 
 
 def _vllm(
-    plan: Plan, shape: _Shape, path: str, model_path: str, addr: str
+    plan: Plan, shape: _Shape, path: str, model_path: str, addr: str, pd: _Pd = None
 ) -> tuple[list[NodeLaunch], tuple[str, ...]]:
     tp, k = shape.tp, len(shape.nodes)
     common = ["vllm", "serve", model_path, "--tensor-parallel-size", str(tp)]
@@ -323,6 +522,19 @@ def _vllm(
                 "rebalancing, which would overwrite the placement, from ever firing"
             )
         notes.append(_vllm_placement_note(plan, path))
+    extra: dict[str, str] = {}
+    if pd is not None:
+        role, backend, _ = pd
+        kv_role = "kv_producer" if role == "prefill" else "kv_consumer"
+        config = {"kv_connector": backend, "kv_role": kv_role}
+        common += ["--kv-transfer-config", json.dumps(config, separators=(",", ":"))]
+        if backend == "NixlConnector":
+            extra["VLLM_NIXL_SIDE_CHANNEL_HOST"] = NODE_ADDR_REF
+        notes.append(
+            f"vLLM {role}: {backend} with kv_role {kv_role}; the router sends the prompt to "
+            "the prefill server with kv_transfer_params {do_remote_decode: true} and "
+            "max_tokens 1, then the decode request with the kv_transfer_params it returned"
+        )
     host, port = _host_port(addr)
     out = []
     for i, (name, first, end, idx) in enumerate(shape.nodes):
@@ -333,7 +545,7 @@ def _vllm(
             argv += ["--data-parallel-address", host, "--data-parallel-rpc-port", port]
             if i > 0:
                 argv.append("--headless")
-        out.append(NodeLaunch(name, i, (first, end), tuple(argv), _env(idx)))
+        out.append(NodeLaunch(name, i, (first, end), tuple(argv), {**_env(idx), **extra}))
     return out, tuple(notes)
 
 
@@ -366,7 +578,7 @@ def _vllm_placement_note(plan: Plan, path: str) -> str:
 
 
 def _trtllm(
-    plan: Plan, shape: _Shape, path: str, model_path: str, options_path: str
+    plan: Plan, shape: _Shape, path: str, model_path: str, options_path: str, pd: _Pd = None
 ) -> tuple[list[NodeLaunch], tuple[str, ...], dict[str, Mapping[str, Any]]]:
     per_node = _equal_nodes("TensorRT-LLM", shape)
     if shape.tp != 1:
@@ -396,6 +608,18 @@ def _trtllm(
             f"TensorRT-LLM runs the {shape.n} ranks as one MPI job, node by node in this "
             f"order, e.g. mpirun -H {hosts} -np {shape.n} (or srun --ntasks-per-node "
             f"{per_node}), each rank with its node's CUDA_VISIBLE_DEVICES",
+        )
+    if pd is not None:
+        role, backend, _ = pd
+        flags += ["--host", "0.0.0.0", "--port", str(TRTLLM_SERVER_PORT)]
+        options["cache_transceiver_config"] = {"backend": backend}
+        if role == "prefill":  # TensorRT-LLM's context servers run without the overlap scheduler
+            options["disable_overlap_scheduler"] = True
+        side = "context" if role == "prefill" else "generation"
+        notes = (
+            *notes,
+            f"TensorRT-LLM {side} server: listens on port {TRTLLM_SERVER_PORT} of its first "
+            f"node; trtllm-serve disaggregated -c <pool YAML> lists it under {side}_servers",
         )
     extra = {}
     if plan.moe_layers:  # the plan's one backend, not TensorRT-LLM's own pick
@@ -444,6 +668,302 @@ def _dp_note(plan: Plan, engine: str) -> str:
         f"rank to the dp_weight of the sidecar ({field}); the engine's own balancer would "
         "give equal shares instead"
     )
+
+
+# ------------------------------------------------------------------------ fleet plans
+
+
+@dataclass(frozen=True)
+class PlannedInstance:
+    """One engine instance of a deployment in a fleet plan.
+
+    Attributes:
+        name: ``<deployment>-<role>-<i>`` (``i`` counts the deployment's instances of that
+            role from 0, in the document's order).
+        pool: the pool it belongs to.
+        role: ``aggregated``, ``prefill`` or ``decode``.
+        nodes: its nodes, rank order.
+        gpus: GPUs of the instance.
+        attention_tp: its attention tensor-parallel size (1 = data-parallel attention).
+        kv_path: prefill/decode: the pool's KV path in the planner's words ("" aggregated).
+    """
+
+    name: str
+    pool: str
+    role: str
+    nodes: tuple[str, ...]
+    gpus: int
+    attention_tp: int
+    kv_path: str = ""
+
+
+def _doc_field(doc: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    if not isinstance(doc, Mapping) or key not in doc:
+        raise InputError(f"{where}.{key} is missing", field=f"{where}.{key}")
+    value = doc[key]
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise InputError(f"{where}.{key} has the wrong type", field=f"{where}.{key}")
+    return value
+
+
+def planned_instances(doc: Any, deployment: str) -> tuple[PlannedInstance, ...]:
+    """The engine instances of ``deployment`` in a ``FleetPlan`` document
+    (:func:`policies.fleetplan.report.plan_doc`), pool by pool.
+
+    Raises:
+        InputError: not a FleetPlan document; no such deployment (the ones there are
+            named); a deployment nothing serves; a malformed pool or instance (the field is
+            named).
+    """
+    from policies.fleetplan.types import ROLES
+
+    if not isinstance(doc, Mapping) or doc.get("kind") != "FleetPlan":
+        raise InputError(
+            "not a FleetPlan document (kind: FleetPlan). To fix: write one with mixfleetctl "
+            "schedule show --fleet FLEET -f DEPLOYMENTS -o json",
+            field="kind",
+        )
+    deployments = _doc_field(doc, "deployments", list, "FleetPlan")
+    names = [d.get("name") for d in deployments if isinstance(d, Mapping)]
+    if deployment not in names:
+        raise InputError(
+            f"the fleet plan has no deployment {deployment!r}; it has "
+            f"{', '.join(str(n) for n in names) or 'none'}",
+            field="deployment",
+        )
+    d = deployments[names.index(deployment)]
+    pools = _doc_field(d, "pools", list, f"deployments[{deployment}]")
+    out: list[PlannedInstance] = []
+    counts = dict.fromkeys(ROLES, 0)
+    for pi, pool in enumerate(pools):
+        where = f"deployments[{deployment}].pools[{pi}]"
+        pool_name = _doc_field(pool, "name", str, where)
+        groups = _doc_field(pool, "instances", list, where)
+        roles = [g.get("role") if isinstance(g, Mapping) else None for g in groups]
+        pd = roles == ["prefill", "decode"]
+        if roles != ["aggregated"] and not pd:
+            raise InputError(
+                f"{where} has instance roles {roles}: a pool is one aggregated group, or a "
+                "prefill then a decode group",
+                field=f"{where}.instances",
+            )
+        kv_path = ""
+        if pd:
+            kv_path = str(_doc_field(pool, "kvPath", Mapping, where).get("path") or "")
+        for gi, g in enumerate(groups):
+            at = f"{where}.instances[{gi}]"
+            role = str(roles[gi])
+            gpus = _doc_field(g, "gpus", int, at)
+            tp = _doc_field(g, "attentionTp", int, at)
+            node_lists = _doc_field(g, "nodes", list, at)
+            if len(node_lists) != _doc_field(g, "count", int, at):
+                raise InputError(f"{at}: count and nodes disagree", field=f"{at}.nodes")
+            for nodes in node_lists:
+                if (
+                    not isinstance(nodes, list)
+                    or not nodes
+                    or not all(isinstance(n, str) for n in nodes)
+                ):
+                    raise InputError(f"{at}.nodes: lists of node names", field=f"{at}.nodes")
+                name = f"{deployment}-{role}-{counts[role]}"
+                counts[role] += 1
+                out.append(PlannedInstance(name, pool_name, role, tuple(nodes), gpus, tp, kv_path))
+    if not out:
+        raise InputError(
+            f"the fleet plan serves {deployment} with no instance (see its shortfalls)",
+            field="deployment",
+        )
+    return tuple(out)
+
+
+def instance_request(
+    spec: DeploymentSpec, fleet: Fleet, instance: PlannedInstance
+) -> PlacementRequest:
+    """The placement request of one instance: the deployment's own
+    (:func:`policies.spec.build_request`: model, workload, policy, engine) on the instance's
+    nodes.
+
+    Raises:
+        InputError: a node the fleet does not have; an invalid spec.
+    """
+    from policies.deployment import sub_fleet
+    from policies.spec import build_request
+
+    return build_request(spec, sub_fleet(fleet, instance.nodes, f"{fleet.name}/{instance.name}"))
+
+
+def instance_path(path: str, instance: str) -> str:
+    """``path`` with ``-<instance>`` before its suffix: each instance's own file
+    (``/etc/mixfleet/expert-location.json`` -> ``.../expert-location-dsv3-prefill-0.json``)."""
+    head, sep, tail = path.rpartition("/")
+    stem, dot, ext = tail.rpartition(".")
+    name = f"{stem}-{instance}.{ext}" if dot and stem else f"{tail}-{instance}"
+    return f"{head}{sep}{name}"
+
+
+def trtllm_disagg_config(
+    context_urls: Sequence[str],
+    generation_urls: Sequence[str],
+    *,
+    hostname: str = "0.0.0.0",
+    port: int = TRTLLM_SERVER_PORT,
+) -> dict[str, Any]:
+    """The YAML ``trtllm-serve disaggregated -c FILE`` reads for one prefill/decode pool
+    (``tensorrt_llm/llmapi/disagg_utils.py`` ``extract_disagg_cfg``): where it listens and
+    the ``HOST:PORT`` of its context (prefill) and generation (decode) servers."""
+    if not context_urls or not generation_urls:
+        raise InputError(
+            "a TensorRT-LLM disaggregated server needs a context and a generation server",
+            field="instances",
+        )
+    for url in (*context_urls, *generation_urls):
+        host, sep, p = url.partition(":")
+        if not host or not sep or not p.isdigit() or ":" in p:
+            raise InputError(f"server URL {url!r} is not HOST:PORT", field="urls")
+    return {
+        "hostname": hostname,
+        "port": port,
+        "backend": "pytorch",
+        "context_servers": {"num_instances": len(context_urls), "urls": list(context_urls)},
+        "generation_servers": {
+            "num_instances": len(generation_urls),
+            "urls": list(generation_urls),
+        },
+    }
+
+
+@dataclass(frozen=True)
+class InstanceLaunch:
+    """One engine instance's launch.
+
+    Attributes:
+        instance: where the fleet plan puts it.
+        recipe: its per-node launch.
+    """
+
+    instance: PlannedInstance
+    recipe: LaunchRecipe
+
+
+@dataclass(frozen=True)
+class DeploymentLaunch:
+    """Every engine instance of one deployment in a fleet plan.
+
+    Attributes:
+        deployment: its name.
+        engine: ``sglang 0.5.23``.
+        instances: per instance, pool by pool.
+        files: documents besides the instances' own (TensorRT-LLM: per prefill/decode pool
+            the disaggregated server's YAML), by path.
+    """
+
+    deployment: str
+    engine: str
+    instances: tuple[InstanceLaunch, ...]
+    files: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+
+def deployment_launch(
+    deployment: str,
+    instances: Sequence[PlannedInstance],
+    plans: Sequence[Plan],
+    model: ModelSpec,
+    *,
+    engine: str | None = None,
+    transfer_backend: str = "",
+    bootstrap_port: int = SGLANG_BOOTSTRAP_PORT,
+    placement_path: str | None = None,
+    options_path: str = TRTLLM_OPTIONS_FILE,
+    model_path: str = MODEL_PATH_REF,
+) -> DeploymentLaunch:
+    """Each instance's recipe (:func:`launch_recipe` of its placement plan, as its role),
+    with its own placement and options files (:func:`instance_path`) and, for TensorRT-LLM,
+    each prefill/decode pool's disaggregated server YAML.
+
+    Args:
+        deployment: the deployment's name.
+        instances: its instances (:func:`planned_instances`).
+        plans: per instance, the placement plan solved on its nodes (same order).
+        model: the model.
+        engine: the engine to start (None: the plans').
+        transfer_backend: the KV transfer backend ("" = the engine's default for the path).
+        bootstrap_port: SGLang prefill servers' bootstrap port.
+        placement_path: the placement file name the instance files derive from.
+        options_path: TensorRT-LLM: the options file name the instance files derive from.
+        model_path: weights directory or Hugging Face id.
+
+    Raises:
+        InputError: a plan on other nodes or GPUs than its instance; any refusal of
+            :func:`launch_recipe` (named by instance).
+    """
+    if len(plans) != len(instances):
+        raise InputError(f"{len(instances)} instances but {len(plans)} plans", field="plans")
+    out: list[InstanceLaunch] = []
+    for inst, plan in zip(instances, plans, strict=True):
+        nodes = tuple(dict.fromkeys(g.node for g in plan.gpus))
+        if set(nodes) != set(inst.nodes) or len(plan.gpus) != inst.gpus:
+            raise InputError(
+                f"instance {inst.name} runs on {', '.join(inst.nodes)} ({inst.gpus} GPUs); "
+                f"its plan {plan.id} is on {', '.join(nodes)} ({len(plan.gpus)} GPUs)",
+                field="plans",
+            )
+        name = engine or plan.engine.name
+        path = placement_path or PLACEMENT_FILES.get(name, "placement.json")
+        kv = None
+        if inst.role != "aggregated":
+            kv = KvTransfer(inst.kv_path, transfer_backend, bootstrap_port)
+        try:
+            recipe = launch_recipe(
+                plan,
+                model,
+                engine=engine,
+                placement_path=instance_path(path, inst.name),
+                model_path=model_path,
+                options_path=instance_path(options_path, inst.name),
+                role=inst.role,
+                kv=kv,
+            )
+        except InputError as exc:
+            raise InputError(f"instance {inst.name}: {exc}", field=exc.field) from exc
+        out.append(InstanceLaunch(inst, recipe))
+    files: dict[str, Mapping[str, Any]] = {}
+    if out and out[0].recipe.engine.startswith("trtllm"):
+        for pool in dict.fromkeys(i.instance.pool for i in out):
+            members = [i for i in out if i.instance.pool == pool]
+            ctx = [
+                f"{i.instance.nodes[0]}:{TRTLLM_SERVER_PORT}"
+                for i in members
+                if i.instance.role == "prefill"
+            ]
+            gen = [
+                f"{i.instance.nodes[0]}:{TRTLLM_SERVER_PORT}"
+                for i in members
+                if i.instance.role == "decode"
+            ]
+            if ctx and gen:
+                key = instance_path(options_path, f"{deployment}-disagg-{len(files)}")
+                files[key] = trtllm_disagg_config(ctx, gen)
+    return DeploymentLaunch(deployment, out[0].recipe.engine if out else "", tuple(out), files)
+
+
+def deployment_launch_to_doc(launch: DeploymentLaunch) -> dict[str, Any]:
+    """The deployment's launch as plain JSON values: per instance its pool, role, nodes and
+    recipe (:func:`recipe_to_doc`), and the pool-level files."""
+    return {
+        "deployment": launch.deployment,
+        "engine": launch.engine,
+        "instances": [
+            {
+                "name": i.instance.name,
+                "pool": i.instance.pool,
+                "role": i.instance.role,
+                "nodes": list(i.instance.nodes),
+                "recipe": recipe_to_doc(i.recipe),
+            }
+            for i in launch.instances
+        ],
+        "files": {k: dict(v) for k, v in launch.files.items()},
+    }
 
 
 # ------------------------------------------------------------------------ rendering
@@ -506,9 +1026,17 @@ def failing_script(reason: str) -> str:
 
 def recipe_to_doc(recipe: LaunchRecipe) -> dict[str, Any]:
     """The recipe as plain JSON values."""
+    pd: dict[str, Any] = {}
+    if recipe.role != "aggregated":
+        kv: dict[str, Any] = {"backend": recipe.transfer_backend}
+        if recipe.bootstrap_port is not None:
+            kv["bootstrap_port"] = recipe.bootstrap_port
+        pd["kv_transfer"] = kv
     return {
         "plan_id": recipe.plan_id,
         "engine": recipe.engine,
+        "role": recipe.role,
+        **pd,
         "nodes": [
             {
                 "node": n.node,
