@@ -27,7 +27,10 @@ from policies.spec import DeploymentSpec, WorkloadSpec
 ROOT = Path(__file__).resolve().parents[2]
 CORDON_EXAMPLE = ROOT / "examples" / "k8s" / "gpunode-cordon.yaml"
 SPEC = DeploymentSpec(
-    name="mx", model="mixtral-8x7b", policy="greedy", workload=WorkloadSpec(tokens_per_gpu=16)
+    name="mx",
+    model="mixtral-8x7b",
+    policy="greedy",
+    workload=WorkloadSpec(tokens_per_gpu=16, tokens_per_gpu_set=True),
 )
 
 

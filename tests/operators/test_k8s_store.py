@@ -23,7 +23,10 @@ from policies.spec import DeploymentSpec, WorkloadSpec
 from policies.workload import make_workload
 
 SPEC = DeploymentSpec(
-    name="mx", model="mixtral-8x7b", policy="greedy", workload=WorkloadSpec(tokens_per_gpu=16)
+    name="mx",
+    model="mixtral-8x7b",
+    policy="greedy",
+    workload=WorkloadSpec(tokens_per_gpu=16, tokens_per_gpu_set=True),
 )
 
 
@@ -99,7 +102,10 @@ def test_deployments_generation_and_create_update_only(
             DeploymentSpec(name="other", model="mixtral-8x7b"), now_s=1.0, update_only=True
         )
     changed = DeploymentSpec(
-        name="mx", model="mixtral-8x7b", policy="ilp", workload=WorkloadSpec(tokens_per_gpu=32)
+        name="mx",
+        model="mixtral-8x7b",
+        policy="ilp",
+        workload=WorkloadSpec(tokens_per_gpu=32, tokens_per_gpu_set=True),
     )
     d2 = store.put_deployment(changed, now_s=103.0, update_only=True)
     assert (d2.generation, d2.spec, d2.created_at_s, d2.updated_at_s) == (2, changed, 100.0, 103.0)
