@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 from k8s_cluster import CRDS, Cluster, wait_for
-from kubernetes.dynamic import DynamicClient
+from kubernetes import dynamic
 from test_chart import NAMESPACE, VALUE_SETS, objects, render
 from test_rbac import ALL, needed
 
@@ -43,6 +43,8 @@ STUB_CRDS = (
     ("cert-manager.io", "issuers", "Issuer", True),
     ("monitoring.coreos.com", "servicemonitors", "ServiceMonitor", True),
 )
+#: The kubernetes client's dynamic client class (untyped; any kind by discovery).
+_DYNAMIC: Any = dynamic.DynamicClient
 NAMESPACES = Resource("", "v1", "namespaces", "Namespace", False)
 SAR = Resource("authorization.k8s.io", "v1", "subjectaccessreviews", "SubjectAccessReview", False)
 RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
@@ -75,7 +77,7 @@ def _stub_crd(group: str, plural: str, kind: str, namespaced: bool) -> dict[str,
 
 
 @pytest.fixture
-def real(cluster: Cluster) -> Iterator[tuple[Cluster, DynamicClient]]:
+def real(cluster: Cluster) -> Iterator[tuple[Cluster, Any]]:
     """The real cluster with the stand-in third-party CRDs it lacks (removed afterwards)."""
     if cluster.fake is not None:
         pytest.skip("the fake API server serves mixfleet's kinds only")
@@ -93,7 +95,7 @@ def real(cluster: Cluster) -> Iterator[tuple[Cluster, DynamicClient]]:
 
             wait_for(established, timeout_s=60, what=f"stub CRD {name}")
     try:
-        yield cluster, DynamicClient(cluster.api_client("mixfleet-e2e-chart"))
+        yield cluster, _DYNAMIC(cluster.api_client("mixfleet-e2e-chart"))
     finally:
         for name in created:
             with contextlib.suppress(NotFoundError):
@@ -135,7 +137,7 @@ def _value_sets_and_tags() -> list[tuple[str, str]]:
 
 
 def test_every_rendered_object_applies_with_a_server_side_dry_run(
-    real: tuple[Cluster, DynamicClient],
+    real: tuple[Cluster, Any],
 ) -> None:
     cluster, dyn = real
     refused: list[str] = []
@@ -144,7 +146,7 @@ def test_every_rendered_object_applies_with_a_server_side_dry_run(
     assert refused == [], refused
 
 
-def _dry_run(cluster: Cluster, dyn: DynamicClient, value_set: str, tag: str) -> list[str]:
+def _dry_run(cluster: Cluster, dyn: Any, value_set: str, tag: str) -> list[str]:
     """The value set's objects the API server refuses (``VALUE_SET KIND/NAME: why``)."""
     docs = render(VALUE_SETS[value_set])
     names = Renamer(cluster, tag)
@@ -178,14 +180,14 @@ def _dry_run(cluster: Cluster, dyn: DynamicClient, value_set: str, tag: str) -> 
 
 
 def test_the_service_account_may_do_what_the_code_calls_and_no_more(
-    real: tuple[Cluster, DynamicClient],
+    real: tuple[Cluster, Any],
 ) -> None:
     cluster, dyn = real
     for value_set, tag in _value_sets_and_tags():
         _access_reviews(cluster, dyn, value_set, tag)
 
 
-def _access_reviews(cluster: Cluster, dyn: DynamicClient, value_set: str, tag: str) -> None:
+def _access_reviews(cluster: Cluster, dyn: Any, value_set: str, tag: str) -> None:
     """Create the value set's RBAC, ask the SubjectAccessReviews, delete it again."""
     values = VALUE_SETS[value_set]
     docs = render(values)
