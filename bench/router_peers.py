@@ -23,7 +23,7 @@ all see the same moments of a shared host; only ratios within a round are compar
   ``/proc``) per completed request. Added TTFT = path percentile - direct percentile,
   same round.
 * ``short``: closed-loop non-streamed requests without generation, 64 clients: requests/s,
-  and the ratio to direct in the same round.
+  the ratio to direct in the same round, and the router's CPU per request.
 * ``ejected``: mixfleet's ``mixfleet_router_ejections_total`` after the run; for the peers
   (and ``mixfleet-w2``, whose ``/metrics`` is per worker) the requests that failed (an
   ejected engine shows as errors).
@@ -413,8 +413,10 @@ def _level(
 
 
 def _summary(rounds: Sequence[dict[str, Any]], routers: Sequence[str]) -> dict[str, Any]:
-    """Per router: the median over rounds, and its ratio to sglang-router within each round
-    (CPU per request, added TTFT p99)."""
+    """Per router: medians over the rounds, and (against sglang-router) the ratio of CPU per
+    request within each round. Added TTFT is compared as medians over rounds, not as a
+    ratio per round: an added figure near 0 or below it (the direct pass was the one other
+    work on the host slowed) makes a per-round ratio meaningless."""
     out: dict[str, Any] = {}
     for name in routers:
         cpu = [r[name]["router_cpu_ms_per_request"] for r in rounds]
@@ -437,12 +439,6 @@ def _summary(rounds: Sequence[dict[str, Any]], routers: Sequence[str]) -> dict[s
                 )
                 for r in rounds
             ]
-            out[name]["added_ttft_p99_vs_sglang_per_round"] = [
-                round(r[name]["added_ttft_ms"]["p99"] / r["sglang"]["added_ttft_ms"]["p99"], 3)
-                if r["sglang"]["added_ttft_ms"]["p99"] > 0
-                else None
-                for r in rounds
-            ]
     return out
 
 
@@ -459,7 +455,13 @@ def _short_part(args: Any, venv: Path, log_dir: Path, paths: Sequence[str]) -> d
             row: dict[str, Any] = {"order": _rotated(names, i)}
             for name in row["order"]:
                 targets = urls if name == "direct" else [routers[name].url]
+                cpu0 = routers[name].cpu_s() if name in routers else 0.0
                 row[name] = asyncio.run(_short(targets, 64, args.short_s))
+                if name in routers:
+                    done = row[name]["requests_per_s"] * args.short_s
+                    row[name]["router_cpu_ms_per_request"] = round(
+                        (routers[name].cpu_s() - cpu0) * 1e3 / max(done, 1), 4
+                    )
             for name in routers:
                 row[name]["vs_direct"] = round(
                     row[name]["requests_per_s"] / row["direct"]["requests_per_s"], 3
@@ -483,31 +485,60 @@ def _short_part(args: Any, venv: Path, log_dir: Path, paths: Sequence[str]) -> d
     }
 
 
+#: Added TTFT p99 (ms) below which the comparison with sglang-router's is "within noise":
+#: the direct pass's own p99 moves by more than this between passes on the shared host.
+TTFT_FLOOR_MS = 20.0
+
+
 def _targets(doc: dict[str, Any]) -> dict[str, Any]:
+    """The issue's targets for mixfleet-router (one process): CPU per streamed request
+    <= 1.3x sglang-router's (median of the per-round ratios), added TTFT p99 <= 2x
+    sglang-router's (medians over rounds; either side below :data:`TTFT_FLOOR_MS` counts
+    as the floor), short requests >= 0.8x direct (median of the per-round ratios), no
+    engine ejected."""
     out: dict[str, Any] = {}
     for level in doc["streams"]:
-        m = level["summary"].get("mixfleet", {})
-        cpu = m.get("cpu_vs_sglang_per_round", [])
-        ttft = [x for x in m.get("added_ttft_p99_vs_sglang_per_round", []) if x is not None]
+        summary = level["summary"]
+        m, sg = summary.get("mixfleet"), summary.get("sglang")
         n = level["streams"]
+        if m is None or sg is None:
+            continue
+        cpu = statistics.median(m["cpu_vs_sglang_per_round"])
+        ours = max(m["added_ttft_p99_ms_median"], TTFT_FLOOR_MS)
+        theirs = max(sg["added_ttft_p99_ms_median"], TTFT_FLOOR_MS)
         out[f"cpu_per_request_vs_sglang_at_{n}"] = {
             "target": 1.3,
-            "median": statistics.median(cpu) if cpu else None,
-            "met": bool(cpu) and statistics.median(cpu) <= 1.3,
+            "value": round(cpu, 3),
+            "met": cpu <= 1.3,
         }
         out[f"added_ttft_p99_vs_sglang_at_{n}"] = {
             "target": 2.0,
-            "median": statistics.median(ttft) if ttft else None,
-            "met": bool(ttft) and statistics.median(ttft) <= 2.0,
+            "mixfleet_ms": m["added_ttft_p99_ms_median"],
+            "sglang_ms": sg["added_ttft_p99_ms_median"],
+            "value": round(ours / theirs, 3),
+            "met": ours <= 2 * theirs,
         }
-        out[f"no_engine_ejected_at_{n}"] = {"ejections": level["mixfleet_ejections"]}
+        out[f"no_engine_ejected_at_{n}"] = {
+            "ejections": level["mixfleet_ejections"],
+            "failed_requests": m["failed"],
+            "met": level["mixfleet_ejections"] == 0 and m["failed"] == 0,
+        }
     short = doc.get("short", {}).get("vs_direct_median", {}).get("mixfleet")
     out["short_vs_direct"] = {
         "target": 0.8,
-        "median": short,
+        "value": short,
         "met": short is not None and short >= 0.8,
     }
     return out
+
+
+def finish(doc: dict[str, Any]) -> dict[str, Any]:
+    """Summaries and targets (again) from the rounds of a results document."""
+    for level in doc["streams"]:
+        names = [n for n in level["rounds"][0]["order"] if n != "direct"]
+        level["summary"] = _summary(level["rounds"], names)
+    doc["targets"] = _targets(doc)
+    return doc
 
 
 def run(args: Any) -> dict[str, Any]:
@@ -546,5 +577,4 @@ def run(args: Any) -> dict[str, Any]:
         "short": short,
         "wall_s": round(time.time() - started, 1),
     }
-    doc["targets"] = _targets(doc)
-    return doc
+    return finish(doc)
