@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import cast
 
 from policies import tensor_parallel
 from policies.costmodel import GIB, CostTable
+from policies.defaults import auto_redundant_experts
 from policies.engines import Runtime, rank_shares
 from policies.errors import InputError
 from policies.evaluation import Evaluation, LayerPlacement, evaluate
@@ -66,12 +68,20 @@ def solve(req: PlacementRequest) -> PlacementResult:
     Raises:
         InputError: invalid request.
     """
+    return _solve(req, fixes=True)
+
+
+def _solve(req: PlacementRequest, *, fixes: bool) -> PlacementResult:
+    """:func:`solve`; ``fixes``: an unplaced reply lists the changes that make it placeable
+    (:func:`verified_fixes`; False when checking one of them)."""
     check_request(req)
     t0 = time.perf_counter()
     # The attention TP sizes first (fits_at_all per candidate), the policy under them.
     choice = tensor_parallel.choose(req, PLACE[cast(PolicyName, req.policy)], fits_at_all)
     table, answer, elapsed = choice.table, choice.answer, choice.solve_s
     if isinstance(answer, Infeasible):
+        if fixes:
+            answer = replace(answer, reasons=(*answer.reasons, _fix_line(req)))
         return _unplaced(req, table, answer, elapsed)
     best = _later_stages(req, table, answer, assemble_plan(req, table, answer, elapsed), t0)
     if best.plan.summary.solve_s != elapsed:  # a later stage won: report the whole time
@@ -200,11 +210,83 @@ def fits_at_all(req: PlacementRequest, table: CostTable) -> Infeasible | None:
             "the fleet's free memory is too small for this model and batch",
             (
                 f"need {experts / GIB:.0f} GiB for routed experts and {kv / GIB:.0f} GiB of KV "
-                f"cache, have {usable / GIB:.0f} GiB after shared weights. To fix: add GPUs, "
-                "shorten --context, lower --tokens or use --kv-cache-dtype fp8",
+                f"cache, have {usable / GIB:.0f} GiB after shared weights",
             ),
         )
     return None
+
+
+#: Smallest --tokens and --context a fix may propose.
+_MIN_TOKENS, _MIN_CONTEXT = 1, 512
+
+
+def _placeable(req: PlacementRequest) -> bool:
+    """Whether ``req`` has a placement that fits: a greedy re-solve with no fixes listed."""
+    try:
+        r = _solve(replace(req, policy="greedy"), fixes=False)
+    except InputError:  # the change itself is refused (dpBalance router on trtllm...)
+        return False
+    return r.placed and r.plan.summary.feasible and not r.plan.violations
+
+
+def _largest(value: int, floor: int, works: Callable[[int], bool]) -> int | None:
+    """The largest of ``value / 2, value / 4, ...`` (down to ``floor``) for which
+    ``works``; None when not even ``floor`` works (tried first, so a hopeless change costs
+    one re-solve)."""
+    if value <= floor or not works(floor):
+        return None
+    v = value // 2
+    while v > floor:
+        if works(v):
+            return v
+        v //= 2
+    return floor
+
+
+def verified_fixes(req: PlacementRequest) -> list[str]:
+    """Changes of the request's own settings that make an unplaceable request placeable,
+    each checked by re-solving with it (greedy): the KV cache in FP8, the mixfleet router's
+    DP weights instead of the engine's equal shares, fewer tokens per GPU, a shorter
+    context, the fewest redundant experts. Only what works is named."""
+    wl = req.workload
+    out: list[str] = []
+    if wl.kv_cache_dtype != "fp8" and _placeable(
+        replace(req, workload=replace(wl, kv_cache_dtype="fp8"))
+    ):
+        out.append("--kv-cache-dtype fp8")
+    if req.engine.equal_dp:
+        router = replace(req.engine, options=replace(req.engine.options, dp_balance="router"))
+        if _placeable(replace(req, engine=router)):
+            out.append("route with the mixfleet router (engine option dpBalance router)")
+
+    def tokens(t: int) -> bool:
+        return _placeable(replace(req, workload=replace(wl, tokens_per_gpu=t)))
+
+    def context(c: int) -> bool:
+        return _placeable(replace(req, workload=replace(wl, context_len=c)))
+
+    t = _largest(wl.tokens_per_gpu, _MIN_TOKENS, tokens)
+    if t is not None:
+        out.append(f"--tokens {t} or fewer")
+    c = _largest(wl.context_len, _MIN_CONTEXT, context)
+    if c is not None:
+        out.append(f"--context {c} or shorter")
+    fewest = auto_redundant_experts(req.model.num_experts, len(req.fleet.gpus), req.form)
+    fewer = req.model.num_moe_layers and req.redundant_experts > fewest
+    if fewer and _placeable(replace(req, redundant_experts=fewest)):
+        out.append(f"--redundant-experts {fewest}")
+    return out
+
+
+def _fix_line(req: PlacementRequest) -> str:
+    """The reply's "To fix" line: the verified fixes, or that none of them works."""
+    fixes = verified_fixes(req)
+    if fixes:
+        return "To fix (each checked by re-solving with it): " + "; or ".join(fixes)
+    return (
+        "No change of --kv-cache-dtype, DP balancing, --tokens, --context or "
+        "--redundant-experts makes it fit. To fix: add GPUs or use GPUs with more memory"
+    )
 
 
 def _unplaced(

@@ -152,24 +152,20 @@ def attention_lp(
 
 
 def _no_split(req: PlacementRequest, n: int, equal: bool) -> Infeasible:
-    """Why stage 1 found no attention split (``equal``: the engine fixes every share)."""
+    """Why stage 1 found no attention split (``equal``: the engine fixes every share). The
+    fixes are :func:`policies.solve.verified_fixes`' (each checked by re-solving)."""
     if equal:
         return Infeasible(
             f"with {req.engine.name}'s own DP balancing every rank takes 1/{n} of the tokens, "
             "and that does not fit every GPU's memory",
             (
                 "the smallest GPU's KV cache, shared weights and expert slots overflow at an "
-                "equal share. To fix: route with the mixfleet router (engine option dpBalance "
-                "router), lower --tokens or --context, or use --kv-cache-dtype fp8",
+                "equal share",
             ),
         )
     return Infeasible(
         "no attention split fits GPU memory",
-        (
-            "KV cache, shared weights and expert slots exceed the fleet's memory. To fix: "
-            "lower --tokens or --context, use --kv-cache-dtype fp8, fewer "
-            "--redundant-experts, or add GPUs",
-        ),
+        ("KV cache, shared weights and expert slots exceed the fleet's memory",),
     )
 
 
