@@ -19,6 +19,14 @@ one function it uses is replayed here and checked against the real source by a t
   does, to a class that carries the real ``get_model_config_for_expert_location`` compiled
   from the model's source file (or none, as Mixtral's class has none).
 
+For the launch recipes (``test_conformance_launch_*.py``) SGLang's own argument parser
+(``ServerArgs.add_cli_args`` / ``from_cli_args`` of ``sglang/srt/server_args.py``) is imported
+with one more stand-in, only while it is imported: ``triton`` (its ``utils/common.py`` imports
+triton at the top for kernels; no argument definition reads it). vLLM's
+(``make_arg_parser`` of ``vllm/entrypoints/common/cli_args.py``, ``EngineArgs``) is imported
+with ``VLLM_TARGET_DEVICE=cpu``, vLLM's own switch for its CPU platform (its
+``DeviceConfig`` default needs a platform).
+
 The runtime configuration SGLang's EPLB code reads (``get_exec().moe``, ``get_parallel()``,
 ``get_device()``) lives in ``sglang.srt.runtime_context``; ``publish()`` would need a full
 ``ServerArgs`` (whose module imports the whole server), so :func:`sglang_runtime` fills the
@@ -259,6 +267,51 @@ def sglang_runtime(
         rc.reset_context()
 
 
+@contextmanager
+def _triton_stand_in() -> Iterator[None]:
+    """A bare ``triton`` module while SGLang's server arguments are imported (see the module
+    docstring); the previous entry (none on a CPU machine) is put back after."""
+    saved = {k: sys.modules[k] for k in ("triton", "triton.language") if k in sys.modules}
+    if "triton" in saved:  # a real triton: nothing to stand in for
+        yield
+        return
+    tr = types.ModuleType("triton")
+    tr.__path__ = []
+    lang = types.ModuleType("triton.language")
+    tr.language = lang  # type: ignore[attr-defined]
+    tr.runtime = types.SimpleNamespace(jit=types.SimpleNamespace(JITFunction=type))  # type: ignore[attr-defined]
+    tr.jit = lambda *a, **_: a[0] if a and callable(a[0]) else (lambda f: f)  # type: ignore[attr-defined]
+    sys.modules["triton"], sys.modules["triton.language"] = tr, lang
+    try:
+        yield
+    finally:
+        for k in ("triton", "triton.language"):
+            sys.modules.pop(k, None)
+
+
+@dataclass(frozen=True)
+class SGLangArgs:
+    """SGLang's server arguments: the class, and a parser with its flags."""
+
+    server_args: Any
+    parser: Any
+    runtime_context: Any
+
+
+def sglang_args() -> SGLangArgs:
+    """SGLang 0.5.23's ``ServerArgs`` and its ``argparse`` parser (``add_cli_args``)."""
+    import argparse
+
+    sglang()
+    with _triton_stand_in():
+        module = importlib.import_module("sglang.srt.server_args")
+    parser = argparse.ArgumentParser()
+    module.ServerArgs.add_cli_args(parser)
+    return SGLangArgs(
+        module.ServerArgs, parser, importlib.import_module("sglang.srt.runtime_context")
+    )
+
+
 # ----------------------------------------------------------------------------- vLLM
 
 
@@ -281,6 +334,33 @@ def vllm() -> VLLM:
         rebalance_execute=importlib.import_module("vllm.distributed.eplb.rebalance_execute"),
         parallel_config=importlib.import_module("vllm.config.parallel"),
         root=source_dir("vllm") / "vllm",
+    )
+
+
+@dataclass(frozen=True)
+class VLLMArgs:
+    """vLLM's ``vllm serve`` parser and the engine arguments built from it."""
+
+    parser: Any
+    engine_args: Any
+    kv_transfer: Any
+    envs: Any
+
+
+def vllm_args() -> VLLMArgs:
+    """vLLM 0.33.0's ``vllm serve`` parser (``make_arg_parser`` on its
+    ``FlexibleArgumentParser``), ``EngineArgs`` and ``KVTransferConfig``, on its CPU platform."""
+    import os
+
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    vllm()
+    cli = importlib.import_module("vllm.entrypoints.common.cli_args")
+    flexible = importlib.import_module("vllm.utils.argparse_utils").FlexibleArgumentParser
+    return VLLMArgs(
+        parser=cli.make_arg_parser(flexible()),
+        engine_args=importlib.import_module("vllm.engine.arg_utils").EngineArgs,
+        kv_transfer=importlib.import_module("vllm.config.kv_transfer"),
+        envs=importlib.import_module("vllm.envs"),
     )
 
 
