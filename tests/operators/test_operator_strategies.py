@@ -502,7 +502,7 @@ def test_controller_store_keeps_the_strategy_fields_of_a_model_deployment(
             name="mx",
             model="mixtral-8x7b",
             policy="greedy",
-            workload=WorkloadSpec(tokens_per_gpu=16),
+            workload=WorkloadSpec(tokens_per_gpu=16, tokens_per_gpu_set=True),
             allow_cross_vendor=True,
             gpu_hour_prices={"MI300X": 2.5},
         )
