@@ -40,7 +40,13 @@ from operators.observe import (
 )
 from policies.errors import InputError
 from policies.exports import export_plan, export_sidecar
-from policies.launch import failing_script, launch_recipe, launch_script, recipe_to_doc
+from policies.launch import (
+    KvTransfer,
+    failing_script,
+    launch_recipe,
+    launch_script,
+    recipe_to_doc,
+)
 from policies.plan import Plan
 
 #: ConfigMap key of each engine format's file (mount the ConfigMap; pass the file path).
@@ -173,10 +179,20 @@ def config_map_object(observed: Observed, current: PlanView, engine_format: str)
     }
 
 
-def launch_data(plan: Plan, spec: ModelDeploymentSpec, name: str) -> dict[str, str]:
-    """The launch recipe's ConfigMap entries. A plan the engine cannot run as predicted
-    (made for another engine, say, while a re-plan is pending) gets a ``launch.sh`` that
-    exits saying why, so an engine pod never starts on the wrong placement."""
+def launch_data(
+    plan: Plan,
+    spec: ModelDeploymentSpec,
+    name: str,
+    *,
+    role: str = "aggregated",
+    kv: KvTransfer | None = None,
+) -> dict[str, str]:
+    """The launch recipe's ConfigMap entries, for an instance of ``role`` (a prefill or
+    decode instance with its pool's ``kv``: :func:`policies.launch.launch_recipe`). A plan
+    the engine cannot run as predicted (made for another engine, say, while a re-plan is
+    pending, or a pool whose KV path the engine's transfer backend cannot use) gets a
+    ``launch.sh`` that exits saying why, so an engine pod never starts on the wrong
+    placement."""
     engine = launch_engine(spec)
     try:
         recipe = launch_recipe(
@@ -185,6 +201,8 @@ def launch_data(plan: Plan, spec: ModelDeploymentSpec, name: str) -> dict[str, s
             engine=engine,
             placement_path=f"{MOUNT_DIR}/{ENGINE_FILES[spec.engine_format]}",
             options_path=f"{MOUNT_DIR}/{TRTLLM_OPTIONS_KEY}",
+            role=role,
+            kv=kv,
         )
     except InputError as exc:
         out = {

@@ -854,7 +854,8 @@ class DeploymentLaunch:
         engine: ``sglang 0.5.23``.
         instances: per instance, pool by pool.
         files: documents besides the instances' own (TensorRT-LLM: per prefill/decode pool
-            the disaggregated server's YAML), by path.
+            the disaggregated server's YAML, ``disagg-<deployment>-<i>.yaml`` beside the
+            options files), by path.
     """
 
     deployment: str
@@ -941,7 +942,8 @@ def deployment_launch(
                 if i.instance.role == "decode"
             ]
             if ctx and gen:
-                key = instance_path(options_path, f"{deployment}-disagg-{len(files)}")
+                head, sep, _ = options_path.rpartition("/")
+                key = f"{head}{sep}disagg-{deployment}-{len(files)}.yaml"
                 files[key] = trtllm_disagg_config(ctx, gen)
     return DeploymentLaunch(deployment, out[0].recipe.engine if out else "", tuple(out), files)
 

@@ -591,7 +591,7 @@ def test_trtllm_pools_get_their_disaggregated_server_yaml() -> None:
     doc, spec = fleet_plan_doc("trtllm", "on")
     launch = launch_of(doc, spec, options_path="/etc/mixfleet/opts.yaml")
     ((path, config),) = launch.files.items()
-    assert path == "/etc/mixfleet/opts-q-disagg-0.yaml"
+    assert path == "/etc/mixfleet/disagg-q-0.yaml"
     ctx = [f"{i.instance.nodes[0]}:8000" for i in launch.instances if i.instance.role == "prefill"]
     gen = [f"{i.instance.nodes[0]}:8000" for i in launch.instances if i.instance.role == "decode"]
     assert config["context_servers"] == {"num_instances": len(ctx), "urls": ctx}
@@ -739,3 +739,35 @@ DEP_DOC = {
         "disaggregation": "on",
     },
 }
+
+
+def test_the_operators_config_map_carries_an_instances_role() -> None:
+    """The operator's engine ConfigMap is built by the one recipe builder: a prefill
+    instance's ``launch.sh``/``launch.json`` name its role; a pool whose path its backend
+    cannot use gets a ``launch.sh`` that refuses to start, saying why."""
+    from apis.kube.schema import from_wire
+    from apis.kube.v1alpha1 import ModelDeploymentSpec
+    from operators.objects import LAUNCH_FILE, LAUNCH_SCRIPT, MOUNT_DIR, launch_data
+
+    spec = from_wire(
+        ModelDeploymentSpec,
+        {
+            "model": "qwen3-30b-a3b",
+            "engineFormat": "sglang",
+            "engine": {"name": "sglang"},
+            "workload": {"phase": "decode", "tokensPerGpu": 32, "contextLen": 2048},
+        },
+        "spec",
+    )
+    plan = plan_for(EngineSpec("sglang"))
+    data = launch_data(plan, spec, "q", role="prefill", kv=RDMA)
+    doc = json.loads(data[LAUNCH_FILE])
+    assert doc["role"] == "prefill" and doc["kv_transfer"]["backend"] == "mooncake"
+    argv = doc["nodes"][0]["argv"]
+    assert argv[argv.index("--disaggregation-mode") + 1] == "prefill"
+    assert argv[argv.index("--init-expert-location") + 1] == f"{MOUNT_DIR}/expert-location.json"
+    assert "--disaggregation-mode prefill" in data[LAUNCH_SCRIPT]
+    refused = launch_data(plan, spec, "q", role="decode", kv=KvTransfer("NVLink d", "mooncake"))
+    assert "mooncake backend moves KV over RDMA" in json.loads(refused[LAUNCH_FILE])["error"]
+    assert "exit 1" in refused[LAUNCH_SCRIPT]
+    assert "--disaggregation-mode" not in json.dumps(launch_data(plan, spec, "q"))
