@@ -339,6 +339,7 @@ def test_blocks_that_install_are_marked() -> None:
     not (ROOT / ".venv" / "bin" / "mixfleetctl").exists(), reason="needs make install"
 )
 @pytest.mark.timeout(3 * BLOCK_TIMEOUT_S)
+@pytest.mark.slow  # every CLI block in its own processes: make test-all (CI), not make test
 def test_every_unmarked_shell_block_runs(repo_copy: Path) -> None:
     runnable = [
         b for b in shell_blocks()

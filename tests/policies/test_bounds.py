@@ -138,9 +138,17 @@ def test_bounds_hold_for_every_policy_on_random_fleets(inst: tuple[object, ...])
             assert cond is None or cond.value_us <= step * (1 + SLACK), (policy, cond, step)
 
 
-@pytest.mark.parametrize("name", sorted(SCENARIOS))
+#: Benchmark fleets of 256 GPUs: a minute or more each under work limits alone on 2 cores
+#: (HiGHS's root node of a layer's MILP is not bounded by the node limit), so make test-all.
+_LARGE = {"large-256-decode", "layer-256x64-decode"}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=pytest.mark.slow) if n in _LARGE else n for n in sorted(SCENARIOS)],
+)
 def test_bounds_hold_on_benchmark_fleets(name: str) -> None:
-    s = dataclasses.replace(SCENARIOS[name], moe_layers=2, time_limit_s=10.0)
+    s = dataclasses.replace(SCENARIOS[name], moe_layers=2, time_limit_s=3.0)
     fl = read_fleet(FLEETS / s.fleet)
     form = s.forms[0]
     ilp = solve(_request(s, fl, "ilp", form))
