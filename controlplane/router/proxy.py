@@ -76,8 +76,14 @@ _DROP = frozenset(
 )
 _DROP_BACK = frozenset(("content-length", "transfer-encoding", "connection", "keep-alive"))
 _RETRYABLE_STATUS = frozenset((502, 503, 504))
-#: Seconds an idle engine connection is kept for reuse.
+#: Seconds an idle engine connection is kept for reuse by aiohttp's client (https engines):
+#: below uvicorn's default keep-alive of 5 s, so a reused connection is not one the engine
+#: is closing (aiohttp cannot tell that from an unreachable engine).
 KEEPALIVE_S = 4.0
+#: Seconds an idle engine connection is kept by the relay's pool: an engine's own close of
+#: an idle connection removes it from the pool when it arrives, and a request that meets a
+#: connection closed in that instant (no byte back) goes once more on a new connection.
+POOL_KEEPALIVE_S = 60.0
 
 
 #: Collector thresholds of a serving router: a young collection every 5,000 net allocations
@@ -321,7 +327,7 @@ class Router:
             auto_decompress=False,
             cookie_jar=aiohttp.DummyCookieJar(),  # a proxy keeps no cookies of its own
         )
-        self.pool = EnginePool(s.connect_timeout_s, s.read_timeout_s, KEEPALIVE_S)
+        self.pool = EnginePool(s.connect_timeout_s, s.read_timeout_s, POOL_KEEPALIVE_S)
         self.pool.start()
         self.health.admit_all(self.state.instances)
         self.checks = CheckThread(

@@ -310,8 +310,8 @@ class EnginePool:
     Attributes:
         connect_timeout_s: connect timeout, seconds.
         read_timeout_s: longest silence of an engine inside a response, seconds.
-        keepalive_s: how long an idle connection is kept, seconds (below the engine's own
-            keep-alive, so a reused connection is not one it is closing).
+        keepalive_s: how long an idle connection is kept, seconds (an engine that closes
+            one first takes it out of the pool by doing so).
     """
 
     connect_timeout_s: float

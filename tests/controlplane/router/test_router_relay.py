@@ -150,3 +150,32 @@ def test_a_malformed_head_or_chunk_size_is_an_error() -> None:
     assert conn.error.startswith("malformed response head")
     conn, _ = _relay(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", [])
     assert conn.error == "malformed chunk size"
+
+
+def test_a_pooled_connection_the_engine_closed_is_not_a_failure() -> None:
+    import aiohttp
+    from router_world import running_router
+    from support.openai_engine import LoopbackEngine
+
+    from controlplane.router.settings import InstanceSpec
+
+    async def main() -> None:
+        engine = await LoopbackEngine(tokens_per_s=[5000.0]).start()
+        async with (
+            running_router(instances=(InstanceSpec("e0", engine.url, "default"),)) as router,
+            aiohttp.ClientSession() as s,
+        ):
+            url = f"http://127.0.0.1:{router.port}/v1/completions"
+            for stream in (False, True, False, True):
+                body = {"prompt": "x", "max_tokens": 3, "stream": stream}
+                async with s.post(url, json=body) as r:
+                    assert r.status == 200
+                    await r.read()
+                for p in list(engine._protocols):  # the engine closes its idle connections
+                    if p.transport is not None:
+                        p.transport.close()
+            assert router.health.healthy == {"e0"}
+            assert router.metrics.retries._value.get() == 0  # never tried elsewhere
+        await engine.stop()
+
+    asyncio.run(main())
