@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import sys
 import tempfile
@@ -172,28 +173,32 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(args: argparse.Namespace, logs: Path, log: TextIO) -> int:
-    """The demo with its logs (structlog and the standard library's) in ``log``."""
+    """The demo with its logs in ``log``: structlog's, the standard library's and whatever
+    else writes to stderr meanwhile (gRPC prints the tracebacks of the RPCs it cancels at
+    shutdown); the demo's own error line goes to the real stderr."""
+    err = sys.stderr
     configure_logging(args.log_level, stream=log)
     handler = logging.StreamHandler(log)
     logging.getLogger().addHandler(handler)
     try:
-        if args.keep is not None:
-            args.keep.mkdir(parents=True, exist_ok=True)
-            return asyncio.run(_run(args.keep, args.time_limit, logs))
-        with tempfile.TemporaryDirectory(prefix="mixfleet-demo-") as tmp:
-            return asyncio.run(_run(Path(tmp), args.time_limit, logs))
+        with contextlib.redirect_stderr(log):
+            if args.keep is not None:
+                args.keep.mkdir(parents=True, exist_ok=True)
+                return asyncio.run(_run(args.keep, args.time_limit, logs))
+            with tempfile.TemporaryDirectory(prefix="mixfleet-demo-") as tmp:
+                return asyncio.run(_run(Path(tmp), args.time_limit, logs))
     except (TimeoutError, RuntimeError, grpc.RpcError) as exc:
-        print(f"error: demo step failed: {exc} (logs: {_shown(logs)}/)", file=sys.stderr)
+        print(f"error: demo step failed: {exc} (logs: {_shown(logs)}/)", file=err)
         return 1
     except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
+        print("error: interrupted", file=err)
         return 130
     except Exception as exc:  # the program's boundary: one line here, the traceback logged
         traceback.print_exc(file=log)
         print(
             f"error: demo failed: {type(exc).__name__}: {exc} "
             f"(traceback in {_shown(logs / 'e2e.log')})",
-            file=sys.stderr,
+            file=err,
         )
         return 1
     finally:
