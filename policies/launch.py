@@ -697,12 +697,19 @@ class PlannedInstance:
     kv_path: str = ""
 
 
-def _doc_field(doc: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
+_KIND_WORDS = {list: "a list", str: "a string", int: "an integer", Mapping: "a mapping"}
+
+
+def _doc_field(doc: Any, key: str, kind: type, where: str) -> Any:
+    """``doc[key]`` of type ``kind``, else an error naming ``where.key``."""
     if not isinstance(doc, Mapping) or key not in doc:
-        raise InputError(f"{where}.{key} is missing", field=f"{where}.{key}")
+        raise InputError("missing", field=f"{where}.{key}")
     value = doc[key]
     if not isinstance(value, kind) or isinstance(value, bool):
-        raise InputError(f"{where}.{key} has the wrong type", field=f"{where}.{key}")
+        raise InputError(
+            f"must be {_KIND_WORDS.get(kind, kind.__name__)}, not {type(value).__name__}",
+            field=f"{where}.{key}",
+        )
     return value
 
 
@@ -743,8 +750,8 @@ def planned_instances(doc: Any, deployment: str) -> tuple[PlannedInstance, ...]:
         pd = roles == ["prefill", "decode"]
         if roles != ["aggregated"] and not pd:
             raise InputError(
-                f"{where} has instance roles {roles}: a pool is one aggregated group, or a "
-                "prefill then a decode group",
+                f"instance roles {roles}: a pool is one aggregated group, or a prefill then "
+                "a decode group",
                 field=f"{where}.instances",
             )
         kv_path = ""
@@ -757,14 +764,19 @@ def planned_instances(doc: Any, deployment: str) -> tuple[PlannedInstance, ...]:
             tp = _doc_field(g, "attentionTp", int, at)
             node_lists = _doc_field(g, "nodes", list, at)
             if len(node_lists) != _doc_field(g, "count", int, at):
-                raise InputError(f"{at}: count and nodes disagree", field=f"{at}.nodes")
+                raise InputError(
+                    f"{len(node_lists)} node lists for count {g['count']}", field=f"{at}.nodes"
+                )
             for nodes in node_lists:
                 if (
                     not isinstance(nodes, list)
                     or not nodes
                     or not all(isinstance(n, str) for n in nodes)
                 ):
-                    raise InputError(f"{at}.nodes: lists of node names", field=f"{at}.nodes")
+                    raise InputError(
+                        "must be a list of node-name lists, one per instance",
+                        field=f"{at}.nodes",
+                    )
                 name = f"{deployment}-{role}-{counts[role]}"
                 counts[role] += 1
                 out.append(PlannedInstance(name, pool_name, role, tuple(nodes), gpus, tp, kv_path))
@@ -925,7 +937,7 @@ def deployment_launch(
                 kv=kv,
             )
         except InputError as exc:
-            raise InputError(f"instance {inst.name}: {exc}", field=exc.field) from exc
+            raise InputError(f"instance {inst.name}: {exc}") from exc
         out.append(InstanceLaunch(inst, recipe))
     files: dict[str, Mapping[str, Any]] = {}
     if out and out[0].recipe.engine.startswith("trtllm"):

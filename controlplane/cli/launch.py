@@ -185,7 +185,10 @@ def _fleet_plan_launch(args: argparse.Namespace) -> int:
     plans = []
     for inst in instances:
         say(f"solving the placement of {inst.name} on {', '.join(inst.nodes)}")
-        plans.append(solve(instance_request(spec, fleet, inst)).plan)
+        try:
+            plans.append(solve(instance_request(spec, fleet, inst)).plan)
+        except InputError as exc:
+            raise InputError(f"instance {inst.name}: {exc}") from exc
     launch = deployment_launch(
         args.deployment,
         instances,

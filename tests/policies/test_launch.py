@@ -5,6 +5,7 @@ rendered ``sh`` commands are run through a real shell against a recording stand-
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import re
 import subprocess
@@ -523,10 +524,10 @@ def test_instance_paths_keep_the_suffix_the_engine_needs() -> None:
 H100X3 = fleet(*((f"h{i}", "H100-SXM5-80GB", 4) for i in range(3)))
 
 
-def fleet_plan_doc(
-    engine: str, disaggregation: str, f: Fleet = H100X3
-) -> tuple[dict[str, Any], DeploymentSpec]:
-    """A real FleetPlan document: the planner's answer for one Qwen3-30B deployment."""
+@functools.cache
+def fleet_plan_doc(engine: str, disaggregation: str) -> tuple[dict[str, Any], DeploymentSpec]:
+    """A real FleetPlan document: the planner's answer for one Qwen3-30B deployment on
+    three 4-GPU H100 nodes (cached: callers copy before changing it)."""
     spec = DeploymentSpec(
         "q",
         model="qwen3-30b-a3b",
@@ -544,7 +545,8 @@ def fleet_plan_doc(
             prefill_per_gpu=(64, 1024, 8192),
         )
     )
-    got = plan_fleet(PlanRequest(f, (FleetDeployment(spec),), settings=settings), cache=CACHE)
+    req = PlanRequest(H100X3, (FleetDeployment(spec),), settings=settings)
+    got = plan_fleet(req, cache=CACHE)
     return json.loads(json.dumps(plan_doc(got, settings.chunk_tokens))), spec
 
 
