@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
+from apis.cliargs import positive_int
 from controlplane.cli import files
 from controlplane.cli.output import Groups, add_leaf, add_output_arg, emit, emit_document, notes
 from policies.defaults import PLACEMENT_FILES, TRTLLM_OPTIONS_FILE
@@ -266,7 +267,7 @@ def register(plan: Groups) -> None:
     )
     p.add_argument(
         "--bootstrap-port",
-        type=int,
+        type=positive_int,
         metavar="PORT",
         help="SGLang prefill servers' bootstrap port (default: SGLang's, 8998)",
     )
