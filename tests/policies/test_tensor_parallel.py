@@ -291,8 +291,12 @@ def test_long_context_deepseek_places_only_with_tensor_parallel_groups() -> None
 
 
 def test_the_choice_is_never_slower_than_data_parallel_attention() -> None:
-    """Qwen3-235B on L40S + H100 (the ada-hopper benchmark): TP groups are predicted faster,
-    and the kept choice is never slower than the data-parallel plan of the same policy."""
+    """Qwen3-235B on L40S + H100 (the ada-hopper benchmark): the kept choice is never slower
+    than the data-parallel plan of the same policy. The L40S are not grouped: their
+    all-reduces go over PCIe at the measured NCCL rate (1.43 GB/s bus bandwidth on 8 L40S,
+    policies.reference), not the link's 25.6 GB/s, so at 32 tokens per GPU a group's two
+    all-reduces per layer cost more than halving its weight reads saves. (Priced at the link
+    peak, groups of 2 were chosen.)"""
     m = preset("qwen3-235b-a22b")
     load = synthetic_zipf(m, "synthetic:zipf:0.5:seed=1")
     w = make_workload(
@@ -308,4 +312,6 @@ def test_the_choice_is_never_slower_than_data_parallel_attention() -> None:
     base = assemble_plan(req, dp, raw, 0.0).evaluation
     assert mine.feasible and base.feasible
     assert mine.step_time_us <= base.step_time_us
-    assert any(k > 1 for k in chosen.attention_tp)
+    tp = chosen.attention_tp or (1,) * len(req.fleet.gpus)  # empty: every GPU its own rank
+    l40s = [i for i, g in enumerate(req.fleet.gpus) if g.spec.model == "L40S"]
+    assert l40s and all(tp[i] == 1 for i in l40s)
