@@ -2,7 +2,7 @@
 the cost model.
 
 ``python -m bench.gpu_sweep --out DIR`` on a host with one NVIDIA GPU (H200 here) writes
-``DIR/gpu-h200-sweep.json`` (every measured point, three rounds each) in about six minutes:
+``DIR/gpu-h200-sweep.json`` (every measured point, three rounds each) in about four minutes:
 
 * DeepSeek-V3 (GQA form, BF16 and FP8 experts) and Qwen3-235B-A22B (BF16) layers, all
   experts on the one GPU, uniform load, SGLang static replica choice;
