@@ -637,8 +637,9 @@ def run_cli(capsys: pytest.CaptureFixture[str], *argv: str | Path) -> tuple[int,
 
 
 def test_plan_launch_cli_prints_every_instance_of_a_fleet_plan(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.chdir(tmp_path)  # --write-options writes the engine files beside the caller
     doc, _ = fleet_plan_doc("sglang", "on")
     (tmp_path / "fp.json").write_text(json.dumps(doc))
     (tmp_path / "fleet.yaml").write_text(json.dumps(FLEET_DOC))
