@@ -75,7 +75,7 @@ def test_writes_survive_a_kill_minus_9(tmp_path: Path) -> None:
     script = textwrap.dedent(
         f"""
         import os, signal, sys
-        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(Path(__file__).parents[1])!r}]
         from test_store import _plan, SPEC
         from controlplane.store.sqlite import SqliteStore
         s = SqliteStore({str(path)!r})
