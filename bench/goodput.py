@@ -313,8 +313,11 @@ def goodput_scenario(
         "why_not": a_why[:160],
         "sim": max_goodput(a_plan, tr, a_cap),
     }
+    b_planned = 0.0
     for key, pd in (("b_hand_split", False), ("c_hand_split_pd", True)):
         b_plan, b_cap, b_usd, notes = baseline_split(fleet, sp, pd=pd)
+        if not pd:
+            b_planned = b_cap
         out[key] = {
             "usd_per_hour": round(b_usd, 2),
             "planned_rps": round(b_cap, 4),
@@ -323,7 +326,7 @@ def goodput_scenario(
         }
     # Cost at equal goodput: the planner asked for what (b) is planned to serve (its
     # capacity at the same utilisation), both priced at the GPUs they take.
-    b_cap = out["b_hand_split"]["planned_rps"]
+    b_cap = b_planned  # unrounded: a rounded-up demand would ask for one more instance
     if b_cap > 0:
         eq = plan_fleet(
             PlanRequest(
