@@ -30,9 +30,10 @@ class WorkloadSpec:
         tokens_per_gpu: tokens per step per GPU on average (default by phase:
             :data:`policies.defaults.DEFAULT_TOKENS_PER_GPU`).
         tokens_per_gpu_set: whether the deployment states ``tokens_per_gpu`` (the document,
-            the CRD or the wire gave it); False when the phase's default filled it in. A
-            stated batch is an explicit override; otherwise, for a deployment with traffic
-            and an SLO, the fleet planner chooses the batch the SLO allows.
+            the CRD or the wire gave it, or it differs from the phase's default); False when
+            the phase's default filled it in. A stated batch is an explicit override;
+            otherwise, for a deployment with traffic and an SLO, the fleet planner chooses
+            the batch the SLO allows.
         context_len: KV cache length per sequence, tokens.
         kv_cache_dtype: ``bf16`` or ``fp8``.
         load: ``uniform``, ``synthetic:zipf:S[:seed=N]`` or ``measured`` (load windows the
@@ -47,6 +48,14 @@ class WorkloadSpec:
     kv_cache_dtype: str = d.DEFAULT_KV_CACHE_DTYPE
     load: str = "uniform"
     load_matrix: tuple[tuple[float, ...], ...] | None = None
+
+    def __post_init__(self) -> None:
+        # A batch other than the phase's default was stated, whoever built the spec: every
+        # codec then carries it (a spec built in code need not set the flag by hand).
+        if not self.tokens_per_gpu_set and self.tokens_per_gpu != d.default_tokens_per_gpu(
+            self.phase
+        ):
+            object.__setattr__(self, "tokens_per_gpu_set", True)
 
 
 @dataclass(frozen=True)
