@@ -120,8 +120,9 @@ class FuzzTarget:
         return self._thread.is_alive() and self._error is None
 
     def reset(self) -> None:
-        """Nodes n0..n2 registered (new sessions) and deployment ``mx`` applied with a plan:
-        the state each RPC's requests start from."""
+        """Nodes n0..n2 registered (new sessions), no other node (an earlier test's fuzzed
+        Register may have added one), and deployment ``mx`` applied with a plan: the state
+        each RPC's requests start from."""
         agent = self.channel.unary_unary(
             "/mixfleet.v1.AgentService/Register",
             request_serializer=agent_pb2.RegisterRequest.SerializeToString,
@@ -138,6 +139,14 @@ class FuzzTarget:
         apply(plan_pb2.ApplyDeploymentRequest(spec=spec_to_proto(base_spec())), timeout=10)
         assert self.running is not None and self._loop is not None
         ctl = self.running.controller
+
+        async def forget_extra_nodes() -> None:  # nodes an earlier fuzzed Register added
+            known = {inv.node for inv in small_inventories()}
+            for view in ctl.nodes.node_views():
+                if view.stored.name not in known:
+                    ctl.nodes.delete(view.stored.name)
+
+        asyncio.run_coroutine_threadsafe(forget_extra_nodes(), self._loop).result(60)
 
         async def planned() -> None:  # ticks until the solve of mx stored a plan
             for _ in range(600):
