@@ -29,8 +29,8 @@ against (b)'s GPUs.
 ``--timing`` measures the planner's wall-clock time on this machine (reported, never
 asserted): mixed-64 with five deployments, and a generated fleet of 1,000 GPUs (five
 types) with 20 deployments, cold (empty on-disk curve cache) and after a change (one node
-lost, one demand raised: warm cache), each with one and two worker processes, and whether
-the plans are the same.
+lost, one demand raised: warm cache), each with one and two worker processes, and once more
+beside two CPU hogs (busy-loop processes); and whether the plans are the same.
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ import argparse
 import json
 import os
 import platform
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -482,6 +484,18 @@ def timing_case(name: str, fleet: Fleet, deps: tuple[FleetDeployment, ...]) -> d
         }
         log(f"  {name} workers={workers}: cold {cold_s:.1f} s, warm {warm_s:.1f} s")
     out["same_plan_1_and_2_workers"] = docs[1] == docs[2]
+    # Beside two CPU hogs (busy loops on this machine's cores): the work limits, not the
+    # clock, end the solves, so the plan is the same.
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            hog_s, hog_doc, _ = _timed(PlanRequest(fleet, deps), Path(tmp), 2)
+    finally:
+        for h in hogs:
+            h.terminate()
+            h.wait()
+    out["beside_two_cpu_hogs"] = {"cold_s": round(hog_s, 2), "same_plan": hog_doc == docs[2][0]}
+    log(f"  {name} beside two CPU hogs: cold {hog_s:.1f} s, same plan {hog_doc == docs[2][0]}")
     doc = docs[2][0]
     out["goodput_output_tokens_per_s"] = doc["goodputOutputTokensPerS"]
     out["usd_per_hour"] = doc["usdPerHour"]
@@ -545,9 +559,11 @@ def report(doc: dict[str, Any]) -> str:
         )
     for name, t in doc.get("timing", {}).items():
         lines.append("")
+        hog = t.get("beside_two_cpu_hogs", {})
         lines.append(
             f"{name}: {t['gpus']} GPUs, {t['deployments']} deployments; same plan with 1 and "
-            f"2 workers: {t['same_plan_1_and_2_workers']}"
+            f"2 workers: {t['same_plan_1_and_2_workers']}; beside two CPU hogs: "
+            f"{hog.get('same_plan')} ({hog.get('cold_s')} s cold)"
         )
         for w in ("workers_2", "workers_1"):
             x = t[w]
