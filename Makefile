@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH_STAMP := $(VENV)/.torch-installed
 
-.PHONY: install install-torch test-min-versions demo static-checks test test-all lint typecheck layers pytest bench bench-placement bench-strategies bench-controlplane bench-determinism bench-engines bench-hostile bench-schedule bench-goodput bench-router bench-serving proto crds e2e-k8s test-kube clean
+.PHONY: install install-torch test-min-versions demo static-checks test test-all lint typecheck layers pytest bench bench-placement bench-strategies bench-controlplane bench-determinism bench-engines bench-hostile bench-schedule bench-goodput bench-router bench-router-peers bench-serving proto crds e2e-k8s test-kube clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -93,6 +93,12 @@ bench-controlplane: install
 # and the mixed-24 plan's step time with the achieved shares (docs/router.md).
 bench-router: install
 	$(BIN)/python -m bench.router --out bench/results/router.json
+
+# mixfleet-router side by side with sglang-router and vllm-router (installed from PyPI into
+# bench/.peers-venv when missing) in one run; and 8 concurrent 30 MiB bodies (docs/router.md).
+bench-router-peers: install
+	$(BIN)/python -m bench.router --peers --streams 100,500 --rounds 5 --seconds 8 --short-s 3 --out bench/results/router-peers.json
+	$(BIN)/python -m bench.router_memory --out bench/results/router-memory.json
 
 bench-strategies: install
 	$(BIN)/python -m bench.strategies --scenario all --out bench/results/strategies.json --docs docs/strategies.md

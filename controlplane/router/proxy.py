@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -637,10 +638,9 @@ class Router:
                 host_line,
                 *(f"{k}: {v}\r\n".encode("utf-8", "surrogateescape") for k, v in headers.items()),
                 b"Content-Length: %d\r\n\r\n" % len(data),
-                data,
             )
         )
-        conn = await self._send(head, host, port, rank)
+        conn = await self._send((head, data), host, port, rank)
         try:
             status = conn.head.status if conn.head is not None else 0
             if status in _RETRYABLE_STATUS:
@@ -675,7 +675,7 @@ class Router:
         return resp
 
     async def _send(
-        self, request: bytes, host: str, port: int, rank: RankState
+        self, request: Sequence[bytes], host: str, port: int, rank: RankState
     ) -> EngineConnection:
         """Send ``request`` on a pooled connection and wait for the response head; a pooled
         connection that the engine had closed is replaced once.

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -275,15 +276,16 @@ class EngineConnection(asyncio.Protocol):
 
     # ------------------------------------------------------------ for the exchange
 
-    def send(self, request: bytes) -> None:
-        """Write ``request`` (a whole HTTP/1.1 request) on this connection."""
+    def send(self, request: Sequence[bytes]) -> None:
+        """Write ``request`` (the parts of a whole HTTP/1.1 request: head, body) on this
+        connection, without joining them (a large body is not copied again)."""
         self._reset()
         self.head_fut = self.loop.create_future()
         self.first_fut = self.loop.create_future()
         self.done_fut = self.loop.create_future()
         self.last_s = self.loop.time()
         assert self.transport is not None
-        self.transport.write(request)
+        self.transport.writelines(request)
 
     def attach(self, sink: asyncio.Transport) -> None:
         """Relay the body to ``sink`` from now on (what came already goes first)."""

@@ -40,6 +40,9 @@ class _EngineSide:
     def write(self, b: bytes) -> None:
         self.sent += b
 
+    def writelines(self, parts: list[bytes]) -> None:
+        self.sent += b"".join(parts)
+
     def abort(self) -> None:
         self.aborted = True
 
@@ -79,7 +82,7 @@ def _relay(wire: bytes, cuts: list[int]) -> tuple[EngineConnection, _Sink]:
     try:
         conn = EngineConnection(_Pool(loop), ("h", 1))  # type: ignore[arg-type]
         conn.connection_made(_EngineSide())  # type: ignore[arg-type]
-        conn.send(b"POST / HTTP/1.1\r\n\r\n")
+        conn.send((b"POST / HTTP/1.1\r\n\r\n",))
         sink = _Sink()
         points = sorted({c % (len(wire) + 1) for c in cuts} | {0, len(wire)})
         for a, b in itertools.pairwise(points):
