@@ -599,7 +599,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="virtual environment of the peers (made from PyPI when a peer is missing)",
     )
     p.add_argument(
-        "--paths", default="mixfleet,sglang,vllm", metavar="A,B", help="--peers: routers to run"
+        "--paths",
+        default="mixfleet,mixfleet-w2,sglang,vllm",
+        metavar="A,B",
+        help="--peers: routers to run",
     )
     p.add_argument("--seconds", type=float, default=10.0, metavar="S", help="--peers: per path")
     p.add_argument("--log-dir", default="", metavar="DIR", help="--peers: the routers' logs")
