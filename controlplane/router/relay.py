@@ -92,7 +92,8 @@ class EngineConnection(asyncio.Protocol):
         self.head: Head | None = None
         self._mode = ""  # "chunked" | "length" | "close"
         self._left = 0  # length mode: bytes left; chunked mode: bytes of this chunk left
-        self._pending: list[bytes] = []
+        self._pending: list[bytes] = []  # framed, before the sink is attached
+        self._held: list[bytes] = []  # a body with a length, unframed, before the sink
         self._forwarded = False
         self._ended = False
         self._trailer = False
@@ -137,7 +138,11 @@ class EngineConnection(asyncio.Protocol):
                 data = data[: self._left]
                 self._left -= len(data)
             if data:
-                self._emit(b"%x\r\n%s\r\n" % (len(data), data))
+                if self.sink is None and self._mode == "length":
+                    self._held.append(data)  # kept unframed: see :meth:`whole_body`
+                    self._first()
+                else:
+                    self._emit(b"%x\r\n%s\r\n" % (len(data), data))
             if self._mode == "length" and self._left == 0:
                 self._end()
 
@@ -229,13 +234,16 @@ class EngineConnection(asyncio.Protocol):
 
     # ------------------------------------------------------------ relay
 
+    def _first(self) -> None:
+        first = self.first_fut
+        if first is not None and not first.done():
+            first.set_result(None)
+
     def _emit(self, framed: bytes) -> None:
         sink = self.sink
         if sink is None:
             self._pending.append(framed)
-            first = self.first_fut
-            if first is not None and not first.done():
-                first.set_result(None)
+            self._first()
             return
         if sink.is_closing():
             self._client_gone()
@@ -287,10 +295,20 @@ class EngineConnection(asyncio.Protocol):
         assert self.transport is not None
         self.transport.writelines(request)
 
+    def whole_body(self) -> bytes | None:
+        """The body, when it had a length and is all in before any was relayed (a short
+        answer: the client gets it with its head in one write); else None."""
+        if self._mode != "length" or not self._ended or self.error or self.sink is not None:
+            return None
+        return b"".join(self._held)
+
     def attach(self, sink: asyncio.Transport) -> None:
         """Relay the body to ``sink`` from now on (what came already goes first)."""
         self.sink = sink
-        pending, self._pending = self._pending, []
+        held, self._held = self._held, []
+        pending = [b"%x\r\n%s\r\n" % (len(d), d) for d in held]
+        pending += self._pending
+        self._pending = []
         if pending:
             if sink.is_closing():
                 self._client_gone()

@@ -132,6 +132,20 @@ def test_a_body_with_a_length_arrives_exactly_as_chunks(
     assert _dechunk(bytes(sink.data) + b"0\r\n\r\n") == data
 
 
+def test_a_short_answer_all_in_before_the_client_is_attached_is_one_body() -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        conn = EngineConnection(_Pool(loop), ("h", 1))  # type: ignore[arg-type]
+        conn.connection_made(_EngineSide())  # type: ignore[arg-type]
+        conn.send((b"POST / HTTP/1.1\r\n\r\n",))
+        conn.data_received(b"HTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\nhello")
+        assert conn.whole_body() is None  # not all in yet
+        conn.data_received(b" world")
+        assert conn.whole_body() == b"hello world" and conn.reusable
+    finally:
+        loop.close()
+
+
 def test_a_body_read_until_close_ends_with_the_connection_and_is_not_reused() -> None:
     conn, sink = _relay(b"HTTP/1.0 200 OK\r\n\r\nhello ", [])
     conn.data_received(b"world")
