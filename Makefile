@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH_STAMP := $(VENV)/.torch-installed
 
-.PHONY: install install-torch test-min-versions demo static-checks test test-all lint typecheck layers pytest bench bench-placement bench-strategies bench-controlplane bench-determinism bench-engines bench-hostile bench-schedule bench-goodput bench-router bench-router-peers bench-serving proto crds e2e-k8s test-kube clean
+.PHONY: install install-torch test-min-versions demo static-checks test test-slow test-all lint typecheck layers pytest bench bench-placement bench-strategies bench-controlplane bench-determinism bench-engines bench-hostile bench-schedule bench-goodput bench-router bench-router-peers bench-serving proto crds e2e-k8s test-kube clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -48,7 +48,8 @@ pytest: install-torch
 
 # The static checks, then the suite without the tests marked `slow` (end-to-end runs of
 # several processes, minutes on 2 cores): <= 15 min on an idle 2-core machine, the 15
-# slowest tests listed at the end. `make test-all` runs every test; CI runs it (.ci/run).
+# slowest tests listed at the end. `make test-slow` runs the `slow` ones alone and
+# `make test-all` both; CI runs `make test` then `make test-slow` (.ci/run).
 # No test asserts a wall-clock time; solves in tests stop on work limits alone (conftest.py).
 static-checks: install-torch
 	$(BIN)/ruff check .
@@ -60,8 +61,10 @@ static-checks: install-torch
 test: static-checks
 	$(BIN)/pytest -q -m "not slow" --durations=15
 
-test-all: static-checks
-	$(BIN)/pytest -q --durations=15
+test-slow: install-torch
+	$(BIN)/pytest -q -m slow --durations=15
+
+test-all: test test-slow
 
 # The engines' own code against mixfleet's exports and replica-choice models: downloads the
 # pinned SGLang and vLLM wheels (pip download --no-deps) and the light packages their modules

@@ -26,7 +26,8 @@ def _sources() -> list[Path]:
     out: list[Path] = []
     for pkg in PACKAGES:
         for p in sorted((ROOT / pkg).rglob("*.py")):
-            if "_pb2" in p.name or ".venv" in p.parts:
+            hidden = any(part.startswith(".") for part in p.relative_to(ROOT).parts)
+            if "_pb2" in p.name or hidden:  # generated stubs; venvs and caches
                 continue
             out.append(p)
     return out
