@@ -280,8 +280,9 @@ def _usd(v: float) -> str:
     return "-" if not math.isfinite(v) else f"{v:,.3f}"
 
 
-def _table(r: SimReport, slo: Slo | None, given: _PlanInput) -> str:
-    lat = table(
+def _latency_table(r: SimReport) -> str:
+    """The TTFT and TPOT percentiles (ms) of the measured requests, as a small table."""
+    return table(
         ["", "P50", "P90", "P99", "MEAN"],
         [
             [
@@ -294,6 +295,11 @@ def _table(r: SimReport, slo: Slo | None, given: _PlanInput) -> str:
             ],
         ],
     )
+
+
+def _summary_lines(r: SimReport, slo: Slo | None, given: _PlanInput) -> list[str]:
+    """The run as a whole: requests, latencies, the planner's prediction, the SLO verdict,
+    goodput, throughput and cost, one line each (the latency table in the middle)."""
     targets = [f"TTFT <= {slo.ttft_ms:g} ms"] if slo and slo.ttft_ms else []
     targets += [f"TPOT <= {slo.tpot_ms:g} ms"] if slo and slo.tpot_ms else []
     lines = []
@@ -302,7 +308,7 @@ def _table(r: SimReport, slo: Slo | None, given: _PlanInput) -> str:
     lines += [
         f"requests   {r.requests:,} measured ({r.completed:,} finished), offered "
         f"{r.offered_rps:,.3f} req/s over {r.window_s:,.1f} s simulated",
-        lat,
+        _latency_table(r),
     ]
     if given.predicted:
         pred = given.predicted
@@ -322,8 +328,12 @@ def _table(r: SimReport, slo: Slo | None, given: _PlanInput) -> str:
         "tokens/s",
         f"cost       {r.usd_per_hour:,.2f} USD/h: {_usd(r.usd_per_million_tokens)} USD per "
         f"million output tokens ({_usd(r.usd_per_million_good_tokens)} within the SLO)",
-        "",
     ]
+    return lines
+
+
+def _pool_table(r: SimReport) -> str:
+    """One row per instance group of every pool; the pool's own figures on its first row."""
     rows = []
     for p in r.pools:
         for k, g in enumerate(p.groups):
@@ -345,25 +355,27 @@ def _table(r: SimReport, slo: Slo | None, given: _PlanInput) -> str:
                     g.max_queue,
                 ]
             )
-    lines.append(
-        table(
-            [
-                "POOL",
-                "REQUESTS",
-                "WITHIN SLO",
-                "TTFT P90 MS",
-                "TPOT P90 MS",
-                "ROLE",
-                "INSTANCES",
-                "BUSY",
-                "RUNNING",
-                "WAIT MS",
-                "MAX QUEUE",
-            ],
-            rows,
-        )
+    return table(
+        [
+            "POOL",
+            "REQUESTS",
+            "WITHIN SLO",
+            "TTFT P90 MS",
+            "TPOT P90 MS",
+            "ROLE",
+            "INSTANCES",
+            "BUSY",
+            "RUNNING",
+            "WAIT MS",
+            "MAX QUEUE",
+        ],
+        rows,
     )
-    return "\n".join(lines)
+
+
+def _table(r: SimReport, slo: Slo | None, given: _PlanInput) -> str:
+    """The report of ``mixfleetctl serve simulate``: the summary, a blank line, the pools."""
+    return "\n".join([*_summary_lines(r, slo, given), "", _pool_table(r)])
 
 
 def render_latencies(r: SimReport, slo: Slo | None, out: str | Path, title: str = "") -> Path:
