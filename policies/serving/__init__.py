@@ -8,7 +8,8 @@
 - :mod:`policies.serving.plan` - :class:`ServingPlan`: pools of instances (aggregated, or
   prefill/decode pairs with their KV path) and the router's shares;
 - :mod:`policies.serving.simulate` - the discrete-event serving simulator
-  (:func:`simulate` -> :class:`SimReport`).
+  (:func:`simulate` -> :class:`SimReport`; its engine in :mod:`policies.serving.sim_engine`,
+  its options and report in :mod:`policies.serving.sim_types`).
 
 Pure: no I/O.
 """
