@@ -28,7 +28,7 @@ from kubernetes import dynamic
 from test_chart import NAMESPACE, VALUE_SETS, objects, render
 from test_rbac import ALL, needed
 
-from apis.kube.client import Resource
+from apis.kube.client import Kube, Resource
 from apis.kube.errors import NotFoundError
 
 pytestmark = pytest.mark.slow
@@ -193,7 +193,6 @@ def _access_reviews(cluster: Cluster, dyn: Any, value_set: str, tag: str) -> Non
     docs = render(values)
     names = Renamer(cluster, tag)
     k = cluster.kube("mixfleet-e2e-setup")
-    rbac = [d for d in docs if d["kind"] in RBAC_KINDS]
     made: list[tuple[Any, dict[str, Any]]] = []
     (sa,) = [
         d for d in objects(docs, "ServiceAccount") if d["metadata"]["name"] == "mixfleet-controller"
@@ -201,49 +200,10 @@ def _access_reviews(cluster: Cluster, dyn: Any, value_set: str, tag: str) -> Non
     user = f"system:serviceaccount:{names.namespace(NAMESPACE)}:{sa['metadata']['name']}"
     want = needed(docs, values)
     try:
-        for doc in rbac:
-            res = dyn.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
-            out = names.doc(doc, res.namespaced)
-            if res.namespaced and not any(
-                m[1]["metadata"].get("name") == out["metadata"]["namespace"]
-                for m in made
-                if m[1]["kind"] == "Namespace"
-            ):
-                ns_doc = {
-                    "apiVersion": "v1",
-                    "kind": "Namespace",
-                    "metadata": {"name": out["metadata"]["namespace"]},
-                }
-                with contextlib.suppress(Exception):
-                    k.create(NAMESPACES, ns_doc)
-                made.append((None, ns_doc))
-            dyn.server_side_apply(
-                res,
-                body=out,
-                namespace=out["metadata"].get("namespace"),
-                query_params=[("fieldManager", "helm")],
-            )
-            made.append((res, out))
+        _create_rbac(k, dyn, names, [d for d in docs if d["kind"] in RBAC_KINDS], made)
 
         def allowed(ns: str, group: str, resource: str, verb: str, name: str) -> bool:
-            plural, _, sub = resource.partition("/")
-            attrs = {"group": group, "resource": plural, "verb": verb}
-            if sub:
-                attrs["subresource"] = sub
-            if name:
-                attrs["name"] = name
-            if ns:
-                attrs["namespace"] = ns
-            body = {
-                "apiVersion": "authorization.k8s.io/v1",
-                "kind": "SubjectAccessReview",
-                "spec": {
-                    "user": user,
-                    "groups": ["system:serviceaccounts", "system:authenticated"],
-                    "resourceAttributes": attrs,
-                },
-            }
-            return bool((k.create(SAR, body).get("status") or {}).get("allowed"))
+            return _allowed(k, user, ns, group, resource, verb, name)
 
         def where(w: str) -> str:
             if w == "cluster":
@@ -266,13 +226,77 @@ def _access_reviews(cluster: Cluster, dyn: Any, value_set: str, tag: str) -> Non
         assert extra == [], f"{value_set}: {user} may do what no code calls: {extra}"
         assert len(want) >= 20, value_set
     finally:
-        for res, out in reversed(made):
+        _delete_made(k, dyn, made)
+
+
+def _create_rbac(
+    k: Kube,
+    dyn: Any,
+    names: Renamer,
+    rbac: list[dict[str, Any]],
+    made: list[tuple[Any, dict[str, Any]]],
+) -> None:
+    """Server-side apply the renamed RBAC documents ``rbac`` (creating each namespace they
+    need first), appending every object made to ``made`` (resource, or ``None`` for a
+    namespace; document) as it is made, so that a failure part-way still cleans up."""
+    for doc in rbac:
+        res = dyn.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
+        out = names.doc(doc, res.namespaced)
+        if res.namespaced and not any(
+            m[1]["metadata"].get("name") == out["metadata"]["namespace"]
+            for m in made
+            if m[1]["kind"] == "Namespace"
+        ):
+            ns_doc = {
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {"name": out["metadata"]["namespace"]},
+            }
             with contextlib.suppress(Exception):
-                if res is None:
-                    k.delete(NAMESPACES, out["metadata"]["name"])
-                else:
-                    dyn.delete(
-                        res,
-                        name=out["metadata"]["name"],
-                        namespace=out["metadata"].get("namespace"),
-                    )
+                k.create(NAMESPACES, ns_doc)
+            made.append((None, ns_doc))
+        dyn.server_side_apply(
+            res,
+            body=out,
+            namespace=out["metadata"].get("namespace"),
+            query_params=[("fieldManager", "helm")],
+        )
+        made.append((res, out))
+
+
+def _allowed(k: Kube, user: str, ns: str, group: str, resource: str, verb: str, name: str) -> bool:
+    """Whether a SubjectAccessReview allows service account ``user`` ``verb`` on
+    ``resource`` (``plural`` or ``plural/subresource``) of API group ``group``, in namespace
+    ``ns`` (``""``: cluster-wide) and for object ``name`` (``""``: any)."""
+    plural, _, sub = resource.partition("/")
+    attrs = {"group": group, "resource": plural, "verb": verb}
+    if sub:
+        attrs["subresource"] = sub
+    if name:
+        attrs["name"] = name
+    if ns:
+        attrs["namespace"] = ns
+    body = {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SubjectAccessReview",
+        "spec": {
+            "user": user,
+            "groups": ["system:serviceaccounts", "system:authenticated"],
+            "resourceAttributes": attrs,
+        },
+    }
+    return bool((k.create(SAR, body).get("status") or {}).get("allowed"))
+
+
+def _delete_made(k: Kube, dyn: Any, made: list[tuple[Any, dict[str, Any]]]) -> None:
+    """Delete what :func:`_create_rbac` made, newest first, ignoring failures."""
+    for res, out in reversed(made):
+        with contextlib.suppress(Exception):
+            if res is None:
+                k.delete(NAMESPACES, out["metadata"]["name"])
+            else:
+                dyn.delete(
+                    res,
+                    name=out["metadata"]["name"],
+                    namespace=out["metadata"].get("namespace"),
+                )

@@ -23,11 +23,10 @@ from test_controller_and_operator import (
     _registered,
 )
 from test_operator_e2e import start_operator
+from test_walkthrough import _agent_settings, _files_of, _owned_by
 
-from agents.agent import AgentSettings
-from agents.backoff import BackoffSettings
 from agents.simulate import SimulatedFleet
-from apis.kube.client import CONFIGMAPS, MODEL_DEPLOYMENTS, PARTITION_PLANS, PLACEMENT_POLICIES
+from apis.kube.client import MODEL_DEPLOYMENTS, PLACEMENT_POLICIES, Kube
 from controlplane.server.inprocess import start_controller
 from controlplane.store.kubernetes import KubernetesStore
 
@@ -46,13 +45,7 @@ def test_a_preempted_deployment_leaves_its_agents(cluster: Cluster, tmp_path: Pa
 
     async def go() -> None:
         async with start_controller(tmp_path / "ctl", store=store) as ctl:
-            agents = AgentSettings(
-                controller=ctl.address,
-                insecure=True,
-                backoff=BackoffSettings(initial_s=0.05, max_s=0.3, jitter=0.5),
-                rpc_timeout_s=5.0,
-            )
-            sim = SimulatedFleet(_fleet(cluster), agents)
+            sim = SimulatedFleet(_fleet(cluster), _agent_settings(ctl.address))
             sim.start()
             operator = start_operator(cluster)
             sel = {"nodeSelector": {RUN_LABEL: cluster.run}, "policy": "greedy"}
@@ -86,9 +79,77 @@ def test_a_preempted_deployment_leaves_its_agents(cluster: Cluster, tmp_path: Pa
     _check_requests_were_declared(cluster)
 
 
-def _files_of(plan_dir: Path, name: str) -> list[str]:
-    """The files the agents keep for deployment ``name`` (under ``plan_dir/<node>/``)."""
-    return sorted(str(p.relative_to(plan_dir)) for p in plan_dir.rglob(f"*{name}*") if p.is_file())
+def _on(sim: SimulatedFleet, nodes: list[str], name: str) -> list[str]:
+    """The nodes of ``nodes`` whose agent has deployment ``name`` applied."""
+    return [n for n in nodes if name in sim.appliers[n].applied()]
+
+
+async def _delete_one_while_the_controller_runs(
+    cluster: Cluster, k: Kube, sim: SimulatedFleet, nodes: list[str], plan_dir: Path
+) -> None:
+    """Create ``first`` and ``second`` (one agent each), delete ``first``: it leaves its agent,
+    its plan files and owned objects go, ``second`` keeps serving."""
+    sel = {"nodeSelector": {RUN_LABEL: cluster.run}, "policy": "greedy"}
+    await _in_thread(lambda: wait_for(lambda: _registered(cluster), what="nodes"))
+    for name in ("first", "second"):
+        md = md_object(name, cluster.namespace, minGpus=2, maxGpus=2, **sel)
+        k.create(MODEL_DEPLOYMENTS, md)
+    await _in_thread(
+        lambda: wait_for(
+            lambda: len(_on(sim, nodes, "first")) == 1 and len(_on(sim, nodes, "second")) == 1,
+            what="each on one agent",
+        )
+    )
+    assert _files_of(plan_dir, "first") and _files_of(plan_dir, "second")
+    assert _owned_by(k, cluster, "first")
+
+    k.delete(MODEL_DEPLOYMENTS, "first", cluster.namespace)
+    await _in_thread(
+        lambda: wait_for(
+            lambda: not _on(sim, nodes, "first") and not _files_of(plan_dir, "first"),
+            what="first off its agent, its plan files removed",
+        )
+    )
+    await _in_thread(
+        lambda: wait_for(lambda: not _owned_by(k, cluster, "first"), what="first's objects")
+    )
+    # second stays (it may move to the node first freed, for the objective)
+    await _in_thread(
+        lambda: wait_for(lambda: len(_on(sim, nodes, "second")) == 1, what="second serving")
+    )
+    assert _files_of(plan_dir, "second")
+
+
+async def _delete_the_other_across_a_restart(
+    cluster: Cluster,
+    k: Kube,
+    sim: SimulatedFleet,
+    nodes: list[str],
+    plan_dir: Path,
+    ctl_dir: Path,
+    port: int,
+) -> None:
+    """With the controller down, delete ``second``; restart the controller on ``port`` (store
+    state under ``ctl_dir``): ``second`` leaves its agent, and no agent reports a deployment
+    the controller has no record of."""
+    k.delete(MODEL_DEPLOYMENTS, "second", cluster.namespace)
+    await _in_thread(
+        lambda: wait_for(
+            lambda: k.get(MODEL_DEPLOYMENTS, "second", cluster.namespace) is None,
+            what="second gone (no tombstone left)",
+        )
+    )
+    store = KubernetesStore(cluster.kube("mixfleet-controller"), cluster.namespace)
+    async with start_controller(ctl_dir, store=store, port=port) as ctl:
+        await _in_thread(
+            lambda: wait_for(
+                lambda: not _on(sim, nodes, "second") and not _files_of(plan_dir, "second"),
+                what="second off its agent after the restart",
+            )
+        )
+        views = ctl.controller.nodes.node_views()
+        assert sorted(v.stored.name for v in views) == sorted(nodes)
+        assert [v.unknown_deployments for v in views] == [(), ()], views
 
 
 def test_a_deleted_deployment_leaves_its_agents_also_across_a_controller_restart(
@@ -106,18 +167,6 @@ def test_a_deleted_deployment_leaves_its_agents_also_across_a_controller_restart
     )
     nodes = [n.name for n in _fleet(cluster).nodes]
     plan_dir = tmp_path / "plans"
-    sel = {"nodeSelector": {RUN_LABEL: cluster.run}, "policy": "greedy"}
-
-    def owned_by(name: str) -> list[str]:
-        """Objects in the namespace whose owner is the ModelDeployment ``name``."""
-        out = []
-        for res in (PARTITION_PLANS, CONFIGMAPS):
-            items, _ = k.list(res, cluster.namespace)
-            for o in items:
-                refs = o["metadata"].get("ownerReferences") or []
-                if any(r["kind"] == "ModelDeployment" and r["name"] == name for r in refs):
-                    out.append(f"{o['kind']}/{o['metadata']['name']}")
-        return out
 
     async def go() -> None:
         operator = start_operator(cluster)
@@ -125,68 +174,16 @@ def test_a_deleted_deployment_leaves_its_agents_also_across_a_controller_restart
         try:
             store = KubernetesStore(cluster.kube("mixfleet-controller"), cluster.namespace)
             async with start_controller(tmp_path / "ctl", store=store) as ctl:
-                agents = AgentSettings(
-                    controller=ctl.address,
-                    insecure=True,
-                    backoff=BackoffSettings(initial_s=0.05, max_s=0.3, jitter=0.5),
-                    rpc_timeout_s=5.0,
+                sim = SimulatedFleet(
+                    _fleet(cluster), _agent_settings(ctl.address), plan_dir=plan_dir
                 )
-                sim = SimulatedFleet(_fleet(cluster), agents, plan_dir=plan_dir)
                 sim.start()
                 port = ctl.port
-
-                def on(name: str) -> list[str]:
-                    assert sim is not None
-                    return [n for n in nodes if name in sim.appliers[n].applied()]
-
-                await _in_thread(lambda: wait_for(lambda: _registered(cluster), what="nodes"))
-                for name in ("first", "second"):
-                    md = md_object(name, cluster.namespace, minGpus=2, maxGpus=2, **sel)
-                    k.create(MODEL_DEPLOYMENTS, md)
-                await _in_thread(
-                    lambda: wait_for(
-                        lambda: len(on("first")) == 1 and len(on("second")) == 1,
-                        what="each on one agent",
-                    )
-                )
-                assert _files_of(plan_dir, "first") and _files_of(plan_dir, "second")
-                assert owned_by("first")
-
-                k.delete(MODEL_DEPLOYMENTS, "first", cluster.namespace)
-                await _in_thread(
-                    lambda: wait_for(
-                        lambda: not on("first") and not _files_of(plan_dir, "first"),
-                        what="first off its agent, its plan files removed",
-                    )
-                )
-                await _in_thread(
-                    lambda: wait_for(lambda: not owned_by("first"), what="first's objects")
-                )
-                # second stays (it may move to the node first freed, for the objective)
-                await _in_thread(
-                    lambda: wait_for(lambda: len(on("second")) == 1, what="second serving")
-                )
-                assert _files_of(plan_dir, "second")
-
+                await _delete_one_while_the_controller_runs(cluster, k, sim, nodes, plan_dir)
             # The controller is down: delete the other one, then start it again.
-            k.delete(MODEL_DEPLOYMENTS, "second", cluster.namespace)
-            await _in_thread(
-                lambda: wait_for(
-                    lambda: k.get(MODEL_DEPLOYMENTS, "second", cluster.namespace) is None,
-                    what="second gone (no tombstone left)",
-                )
+            await _delete_the_other_across_a_restart(
+                cluster, k, sim, nodes, plan_dir, tmp_path / "ctl2", port
             )
-            store = KubernetesStore(cluster.kube("mixfleet-controller"), cluster.namespace)
-            async with start_controller(tmp_path / "ctl2", store=store, port=port) as ctl:
-                await _in_thread(
-                    lambda: wait_for(
-                        lambda: not on("second") and not _files_of(plan_dir, "second"),
-                        what="second off its agent after the restart",
-                    )
-                )
-                views = ctl.controller.nodes.node_views()
-                assert sorted(v.stored.name for v in views) == sorted(nodes)
-                assert [v.unknown_deployments for v in views] == [(), ()], views
         finally:
             operator.stop()
             if sim is not None:

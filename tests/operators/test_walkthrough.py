@@ -23,6 +23,7 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -127,7 +128,19 @@ def _owned_by(k: Kube, cluster: Cluster, name: str) -> list[str]:
 
 
 def _files_of(plan_dir: Path, name: str) -> list[str]:
+    """The files the agents keep for deployment ``name`` (under ``plan_dir/<node>/``)."""
     return sorted(str(p.relative_to(plan_dir)) for p in plan_dir.rglob(f"*{name}*") if p.is_file())
+
+
+def _agent_settings(controller: str) -> AgentSettings:
+    """The simulated agents' settings: plaintext to ``controller`` (host:port), reconnects
+    0.05-0.3 s apart, 5 s RPC deadline."""
+    return AgentSettings(
+        controller=controller,
+        insecure=True,
+        backoff=BackoffSettings(initial_s=0.05, max_s=0.3, jitter=0.5),
+        rpc_timeout_s=5.0,
+    )
 
 
 def _free_port() -> int:
@@ -184,6 +197,114 @@ async def _through_the_router(controller: str, deployment: str, version: int, lo
         await engine.stop()
 
 
+@dataclass
+class _Walkthrough:
+    """What the walkthrough's steps share: the cluster, the test's client, the simulated
+    fleet, its node names, where its agents write plan files and the ModelDeployments'
+    common fields (node selector, policy, one node)."""
+
+    cluster: Cluster
+    k: Kube
+    sim: SimulatedFleet
+    nodes: list[str]
+    plan_dir: Path
+    sel: dict[str, Any]
+
+    def on(self, name: str) -> dict[str, int]:
+        """node -> version of ``name`` its agent runs."""
+        return {
+            n: v for n in self.nodes if (v := self.sim.appliers[n].applied().get(name)) is not None
+        }
+
+
+async def _qwen3_rolled_out(w: _Walkthrough) -> tuple[str, int]:
+    """A ModelDeployment ``qwen3``: Solved, RolledOut, its PartitionPlan committed on its
+    agent, which wrote its plan files. Returns its node and plan version."""
+    k, cluster = w.k, w.cluster
+    qwen3 = md_object("qwen3", cluster.namespace, model="qwen3-30b-a3b", **w.sel)
+    k.create(MODEL_DEPLOYMENTS, qwen3)
+    await _in_thread(lambda: wait_for(lambda: _rolled_out(k, cluster, "qwen3"), what="qwen3 ready"))
+    st = _status(k, cluster, "qwen3")
+    version = st["currentPlan"]["version"]
+    (qwen3_node,) = st["nodes"]
+    await _in_thread(
+        lambda: wait_for(lambda: w.on("qwen3") == {qwen3_node: version}, what="qwen3 on its agent")
+    )
+    plan = k.get(PARTITION_PLANS, f"qwen3-v{version}", cluster.namespace)
+    assert plan is not None and plan["status"]["state"] == "Committed"
+    assert _files_of(w.plan_dir, "qwen3")
+    return qwen3_node, version
+
+
+async def _cordoned_by_an_admin(w: _Walkthrough, node: str, kubeconfig: Path, tmp: Path) -> None:
+    """An administrator cordons ``node`` without ``--force-conflicts``: stored, and the
+    GPUNode has both the administrator and the controller among its field managers."""
+    k = w.k
+    _cordon_as_admin(w.cluster, k, node, kubeconfig, tmp)
+    await _in_thread(
+        lambda: wait_for(
+            lambda: (k.get(GPUNODES, node) or {}).get("spec", {}).get("cordon"),
+            what="cordon stored",
+        )
+    )
+    node_obj = k.get(GPUNODES, node) or {"metadata": {}}
+    managers = {m["manager"] for m in node_obj["metadata"].get("managedFields") or []}
+    assert {"admin", "mixfleet-controller"} <= managers, managers
+
+
+async def _next_avoids_the_cordon_bad_one_refused(
+    w: _Walkthrough, cordoned: str, qwen3_node: str
+) -> str:
+    """The next deployment (``mixtral``) is placed on neither ``cordoned`` nor
+    ``qwen3_node``; one with an unknown model (``broken``) gets ``Solved=False``; no plan
+    uses the cordoned node and ``qwen3`` stays rolled out. Returns mixtral's node."""
+    k, cluster = w.k, w.cluster
+    mixtral = md_object("mixtral", cluster.namespace, **w.sel)
+    k.create(MODEL_DEPLOYMENTS, mixtral)
+    broken = md_object("broken", cluster.namespace, **{**w.sel, "model": "no-such-x"})
+    k.create(MODEL_DEPLOYMENTS, broken)
+    await _in_thread(
+        lambda: wait_for(lambda: _rolled_out(k, cluster, "mixtral"), what="mixtral ready")
+    )
+    mixtral_node: str
+    (mixtral_node,) = _status(k, cluster, "mixtral")["nodes"]
+    assert mixtral_node not in (cordoned, qwen3_node)
+    bad = await _in_thread(
+        lambda: wait_for(
+            lambda: (c := condition(k, cluster, "broken", "Solved")).get("status") == "False" and c,
+            what="broken Solved=False",
+        )
+    )
+    assert bad["reason"] == "UnknownModel" and "no-such-x" in bad["message"], bad
+    items, _ = k.list(PARTITION_PLANS, cluster.namespace)
+    assert all(cordoned not in p["spec"]["nodes"] for p in items)
+    assert not w.sim.appliers[cordoned].applied()
+    assert _rolled_out(k, cluster, "qwen3")
+    return mixtral_node
+
+
+async def _qwen3_deleted(w: _Walkthrough, mixtral_node: str) -> None:
+    """Deleting ``qwen3`` removes every object it owned, its agent's part and plan files;
+    ``mixtral`` keeps running its current plan on ``mixtral_node``."""
+    k, cluster = w.k, w.cluster
+    assert _owned_by(k, cluster, "qwen3")
+    k.delete(MODEL_DEPLOYMENTS, "qwen3", cluster.namespace)
+    await _in_thread(
+        lambda: wait_for(
+            lambda: (
+                not w.on("qwen3")
+                and not _files_of(w.plan_dir, "qwen3")
+                and not _owned_by(k, cluster, "qwen3")
+                and k.get(MODEL_DEPLOYMENTS, "qwen3", cluster.namespace) is None
+            ),
+            what="qwen3 gone: objects, agent, plan files",
+        )
+    )
+    assert w.on("mixtral") == {
+        mixtral_node: _status(k, cluster, "mixtral")["currentPlan"]["version"]
+    }
+
+
 def test_the_walkthrough_operator_controller_agents_router(
     cluster: Cluster, tmp_path: Path
 ) -> None:
@@ -202,105 +323,28 @@ def test_the_walkthrough_operator_controller_agents_router(
         # The controller's store is the deployments' own namespace (docs: kubernetes:inference).
         store = KubernetesStore(cluster.kube("mixfleet-controller"), cluster.namespace)
         async with start_controller(tmp_path / "ctl", store=store) as ctl:
-            agents = AgentSettings(
-                controller=ctl.address,
-                insecure=True,
-                backoff=BackoffSettings(initial_s=0.05, max_s=0.3, jitter=0.5),
-                rpc_timeout_s=5.0,
-            )
-            sim = SimulatedFleet(fleet, agents, plan_dir=plan_dir)
+            sim = SimulatedFleet(fleet, _agent_settings(ctl.address), plan_dir=plan_dir)
             sim.start()
             operator = start_operator(cluster)
-
-            def on(name: str) -> dict[str, int]:
-                """node -> version of ``name`` its agent runs."""
-                return {
-                    n: v for n in nodes if (v := sim.appliers[n].applied().get(name)) is not None
-                }
-
+            w = _Walkthrough(cluster, k, sim, nodes, plan_dir, sel)
             try:
                 await _in_thread(lambda: wait_for(lambda: _registered_all(cluster), what="nodes"))
                 # ---- a ModelDeployment: Solved, RolledOut, committed on its agent
-                qwen3 = md_object("qwen3", cluster.namespace, model="qwen3-30b-a3b", **sel)
-                k.create(MODEL_DEPLOYMENTS, qwen3)
-                await _in_thread(
-                    lambda: wait_for(lambda: _rolled_out(k, cluster, "qwen3"), what="qwen3 ready")
-                )
-                st = _status(k, cluster, "qwen3")
-                version = st["currentPlan"]["version"]
-                (qwen3_node,) = st["nodes"]
-                await _in_thread(
-                    lambda: wait_for(
-                        lambda: on("qwen3") == {qwen3_node: version}, what="qwen3 on its agent"
-                    )
-                )
-                plan = k.get(PARTITION_PLANS, f"qwen3-v{version}", cluster.namespace)
-                assert plan is not None and plan["status"]["state"] == "Committed"
-                assert _files_of(plan_dir, "qwen3")
+                qwen3_node, version = await _qwen3_rolled_out(w)
                 # ---- requests through mixfleet-router reach the plan's ranks
                 pinned = await _through_the_router(
                     ctl.address, "qwen3", version, tmp_path / "router.log"
                 )
                 assert pinned == 16
-
                 # ---- an administrator cordons another node, without --force-conflicts
                 cordoned = next(n for n in nodes if n != qwen3_node)
-                _cordon_as_admin(cluster, k, cordoned, kubeconfig, tmp_path)
-                await _in_thread(
-                    lambda: wait_for(
-                        lambda: (k.get(GPUNODES, cordoned) or {}).get("spec", {}).get("cordon"),
-                        what="cordon stored",
-                    )
-                )
-                node_obj = k.get(GPUNODES, cordoned) or {"metadata": {}}
-                managers = {m["manager"] for m in node_obj["metadata"].get("managedFields") or []}
-                assert {"admin", "mixfleet-controller"} <= managers, managers
-
+                await _cordoned_by_an_admin(w, cordoned, kubeconfig, tmp_path)
                 # ---- the next deployment avoids the cordoned node; a bad one gets a condition
-                mixtral = md_object("mixtral", cluster.namespace, **sel)
-                k.create(MODEL_DEPLOYMENTS, mixtral)
-                broken = md_object("broken", cluster.namespace, **{**sel, "model": "no-such-x"})
-                k.create(MODEL_DEPLOYMENTS, broken)
-                await _in_thread(
-                    lambda: wait_for(
-                        lambda: _rolled_out(k, cluster, "mixtral"), what="mixtral ready"
-                    )
+                mixtral_node = await _next_avoids_the_cordon_bad_one_refused(
+                    w, cordoned, qwen3_node
                 )
-                (mixtral_node,) = _status(k, cluster, "mixtral")["nodes"]
-                assert mixtral_node not in (cordoned, qwen3_node)
-                bad = await _in_thread(
-                    lambda: wait_for(
-                        lambda: (
-                            (c := condition(k, cluster, "broken", "Solved")).get("status")
-                            == "False"
-                            and c
-                        ),
-                        what="broken Solved=False",
-                    )
-                )
-                assert bad["reason"] == "UnknownModel" and "no-such-x" in bad["message"], bad
-                items, _ = k.list(PARTITION_PLANS, cluster.namespace)
-                assert all(cordoned not in p["spec"]["nodes"] for p in items)
-                assert not sim.appliers[cordoned].applied()
-                assert _rolled_out(k, cluster, "qwen3")
-
                 # ---- deleting a deployment removes what it owned and its plan files
-                assert _owned_by(k, cluster, "qwen3")
-                k.delete(MODEL_DEPLOYMENTS, "qwen3", cluster.namespace)
-                await _in_thread(
-                    lambda: wait_for(
-                        lambda: (
-                            not on("qwen3")
-                            and not _files_of(plan_dir, "qwen3")
-                            and not _owned_by(k, cluster, "qwen3")
-                            and k.get(MODEL_DEPLOYMENTS, "qwen3", cluster.namespace) is None
-                        ),
-                        what="qwen3 gone: objects, agent, plan files",
-                    )
-                )
-                assert on("mixtral") == {
-                    mixtral_node: _status(k, cluster, "mixtral")["currentPlan"]["version"]
-                }
+                await _qwen3_deleted(w, mixtral_node)
             finally:
                 operator.stop()
                 await sim.stop()
