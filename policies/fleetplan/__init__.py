@@ -6,8 +6,13 @@ fleet is short.
   make-up from the one cost model, keyed for a cache (:class:`CurveCache`);
 - :mod:`policies.fleetplan.sizing` - batch limit, capacity and latencies of one instance
   read from its curve;
-- :mod:`policies.fleetplan.planner` - variants, the integer program, the reply
-  (:func:`plan_fleet`);
+- :mod:`policies.fleetplan.planner` - the front door (:func:`plan_fleet`) and the
+  formulation: variants, the integer program, the reply;
+- :mod:`policies.fleetplan.candidates` - node make-ups, their curves and the variants sized
+  from them; :mod:`policies.fleetplan.pairs` - prefill/decode pairs and the KV path
+  (:func:`kv_path`);
+- :mod:`policies.fleetplan.program` - the integer program, solved by priority, then cost;
+- :mod:`policies.fleetplan.readback` - counts to pools with nodes, loads, shortfalls;
 - :mod:`policies.fleetplan.types` - request and reply types;
 - :mod:`policies.fleetplan.report` - the plan as a document (``schedule show -o json``) and
   as the serving simulator's :class:`~policies.serving.plan.ServingPlan`.
