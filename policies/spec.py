@@ -175,7 +175,7 @@ def to_request(
 
     Args:
         spec: the deployment (for the operator: its spec resolved against the
-            PlacementPolicy, :func:`operators.inputs.effective_spec`).
+            PlacementPolicy, :func:`operators.effective.effective_spec`).
         policy: solver knobs from the PlacementPolicy, or the defaults.
         fleet: the usable nodes (healthy GPUs only).
         measured: the measured expert load and calibrated GPU figures.
