@@ -231,6 +231,16 @@ def register(plan: Groups) -> None:
         cmd_plan_launch,
         "print the per-node command lines that start a plan's engine",
     )
+    _add_source_args(p)
+    _add_pd_args(p)
+    _add_engine_args(p)
+    p.add_argument("--model-config", metavar="PATH", help="the plan's model if not a preset")
+    add_output_arg(p)
+    p.add_argument("-q", "--quiet", action="store_true", help="no hints on stderr")
+
+
+def _add_source_args(p: argparse.ArgumentParser) -> None:
+    """What to launch: ``--plan``, or ``--fleet-plan`` with its deployment, fleet and specs."""
     p.add_argument("--plan", metavar="FILE", help="plan solved for an engine")
     p.add_argument(
         "--fleet-plan",
@@ -247,6 +257,10 @@ def register(plan: Groups) -> None:
         metavar="FILE",
         help="with --fleet-plan: the ModelDeployment documents it was planned from (repeatable)",
     )
+
+
+def _add_pd_args(p: argparse.ArgumentParser) -> None:
+    """A prefill/decode server's role, KV path, transfer backend and bootstrap port."""
     p.add_argument(
         "--role",
         default="aggregated",
@@ -271,6 +285,10 @@ def register(plan: Groups) -> None:
         metavar="PORT",
         help="SGLang prefill servers' bootstrap port (default: SGLang's, 8998)",
     )
+
+
+def _add_engine_args(p: argparse.ArgumentParser) -> None:
+    """The engine, the paths its commands read, and whether to write its files."""
     p.add_argument(
         "--engine",
         choices=[e for e in ENGINES if e != "native"],
@@ -305,6 +323,3 @@ def register(plan: Groups) -> None:
         help="also write that YAML (with --fleet-plan: every file the instances read, their "
         "placement exports included)",
     )
-    p.add_argument("--model-config", metavar="PATH", help="the plan's model if not a preset")
-    add_output_arg(p)
-    p.add_argument("-q", "--quiet", action="store_true", help="no hints on stderr")
