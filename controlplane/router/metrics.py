@@ -8,7 +8,8 @@
 * ``mixfleet_router_ttfb_seconds{tier}``: time from the request's arrival to its first
   byte sent back (histogram).
 * ``mixfleet_router_rejects_total{tier,reason}``: ``overloaded`` (429), ``no_rank`` (503),
-  ``bad_request`` (400), ``upstream`` (502 after the last try).
+  ``bad_request`` (400), ``upstream`` (502 after the last try), ``too_large`` (413),
+  ``bodies_in_flight`` (429: the in-flight body bound), ``slow_client`` (408).
 * ``mixfleet_router_retries_total``, ``..._stream_aborts_total`` (an engine failed after
   bytes were streamed: not retried), ``..._ejections_total{instance}``,
   ``..._instance_healthy{instance}``, ``..._routing_version{deployment}``,
