@@ -15,7 +15,8 @@ experts and activations, divided by the KV bytes its share of the batch takes pe
 token; the instance holds the smallest of those (the first GPU to fill stops admission).
 
 :func:`curve_key` is a stable hash of everything that changes a curve (model, node make-up,
-engine, dtypes, load, form, grids and :data:`CURVE_VERSION`); :class:`CurveCache` is the
+engine, dtypes, load, form, grids, :data:`CURVE_VERSION` and the cost model's
+:data:`~policies.costmodel.COST_MODEL_VERSION`); :class:`CurveCache` is the
 load/store interface a caller backs with disk (``controlplane.curvecache``), and
 :class:`MemoryCurveCache` keeps them in a dict.
 
@@ -31,7 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, cast
 
-from policies.costmodel import CostSettings, CostTable
+from policies.costmodel import COST_MODEL_VERSION, CostSettings, CostTable
 from policies.deployment import node_make_up
 from policies.engines import engine_to_doc
 from policies.errors import InfeasibleError, InputError
@@ -45,9 +46,10 @@ from policies.spec import DeploymentSpec, SolverPolicy, to_request, workload_for
 from policies.tensor_parallel import tp_cost_table
 
 CURVE_VERSION = "fleetplan-curve-3"
-"""Bumped whenever the way a curve is filled or the cost model's formulas change (the key
-also holds the cost model's default settings and efficiencies): a cached curve of another
-version is never read."""
+"""Bumped whenever the curve's document format or the way a curve is filled changes: a cached
+curve of another version is never read. A change of the cost model's formulas bumps
+:data:`policies.costmodel.COST_MODEL_VERSION` instead, which the key also holds (as it holds
+the cost model's default settings and efficiencies)."""
 
 
 @dataclass(frozen=True)
@@ -181,7 +183,9 @@ def curve_key(spec: DeploymentSpec, part: Fleet, grid: CurveGrid) -> str:
     """A stable hash (hex) of everything that changes the curve of ``spec`` on ``part``:
     model (preset name or config), form, redundant experts, cross-vendor flag, engine, KV
     dtype, expert load, the nodes' make-ups and counts (not their names), the fabric links
-    between them, the grid and :data:`CURVE_VERSION`."""
+    between them, the grid, :data:`CURVE_VERSION`, the cost model's default settings and
+    :data:`~policies.costmodel.COST_MODEL_VERSION` (so a curve cached on disk is never reused
+    after a cost formula changes)."""
     w = spec.workload
     makeups = sorted(repr(node_make_up(n)) for n in part.nodes)
     links = sorted(
@@ -189,6 +193,7 @@ def curve_key(spec: DeploymentSpec, part: Fleet, grid: CurveGrid) -> str:
     )
     doc = {
         "version": CURVE_VERSION,
+        "costModelVersion": COST_MODEL_VERSION,
         "model": spec.model,
         "modelConfig": json.dumps(spec.model_config, sort_keys=True, default=repr),
         "form": spec.form,

@@ -114,6 +114,16 @@ def test_key_names_what_changes_a_curve() -> None:
     assert len({a, *different}) == len(different) + 1
 
 
+def test_key_changes_with_the_cost_model_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A curve cached under an older cost model is never looked up again."""
+    import policies.fleetplan.curves as curves_module
+
+    part = sub_fleet(fleet("mixed-64"), ["h100-0"])
+    before = curve_key(qwen30b(), part, GRID)
+    monkeypatch.setattr(curves_module, "COST_MODEL_VERSION", "costmodel-next")
+    assert curve_key(qwen30b(), part, GRID) != before
+
+
 def test_entry_document_round_trip(h100_curve: CurveEntry) -> None:
     doc = h100_curve.to_doc()
     assert CurveEntry.from_doc(doc) == h100_curve
