@@ -18,7 +18,7 @@ CPU equivalence tests):
   (:mod:`policies.engines`): SGLang ``static`` (``sglang_static_map``: every rank sends an
   expert's tokens to one replica, its nearest), ``even`` (vLLM's hash of the token index
   over the replicas; TensorRT-LLM and SGLang without all-to-all split evenly too) or
-  ``planned`` (the plan's shares, native form).
+  ``planned`` (the plan's shares, native form), chosen by :mod:`agents.runtime.replicas`;
 
 Phases of a step on rank r, ``T`` tokens, ``P = T * top_k`` pairs::
 
@@ -36,7 +36,6 @@ the tests and has not run on GPUs.
 
 from __future__ import annotations
 
-import itertools
 import math
 import statistics
 from collections.abc import Callable
@@ -55,147 +54,36 @@ from agents.runtime.experts import (
     expert_plan,
     quantize_experts,
 )
+from agents.runtime.gputiming import event_time_us, graph_time_us, profiled_segments
 from agents.runtime.layer import LayerShape, LayerWeights, make_weights
+from agents.runtime.replicas import (
+    REPLICA_RULES,
+    DeviceMap,
+    ReplicaMap,
+    choose_physical,
+    device_map,
+    engine_runtime,
+    replica_map,
+    route_logits,
+)
 from agents.runtime.routing import RankPlacement
-from policies.engines import Runtime, parse_engine, resolve_runtime, sglang_static_map
+
+__all__ = [
+    "PHASES",
+    "REPLICA_RULES",
+    "FastLayer",
+    "ReplicaMap",
+    "build_fast_layer",
+    "choose_physical",
+    "engine_runtime",
+    "phase_summary",
+    "replica_map",
+    "route_logits",
+]
 
 Tensor = Any  # torch.Tensor; torch is untyped for mypy here
 
-REPLICA_RULES = ("static", "even", "planned")
-"""Replica choice: SGLang static nearest-replica, an even split, the plan's shares."""
-
 PHASES = ("attention", "dispatch", "experts", "combine")
-VLLM_HASH = 2654435769  # vLLM's multiplier for the even replica choice
-
-
-def engine_runtime(rule: str, world: int) -> Runtime:
-    """The :class:`policies.engines.Runtime` whose replica rule is ``rule`` on one node of
-    ``world`` GPUs (SGLang with DeepEP for ``static``, SGLang without all-to-all for
-    ``even``, native for ``planned``)."""
-    docs: dict[str, dict[str, Any]] = {
-        "static": {"name": "sglang", "options": {"a2aBackend": "deepep", "dispatch": "static"}},
-        "even": {"name": "sglang", "options": {"a2aBackend": "none"}},
-        "planned": {"name": "native"},
-    }
-    doc = docs[rule]
-    return resolve_runtime(parse_engine(doc), ["hopper"] * world, ["node"] * world)
-
-
-@dataclass(frozen=True)
-class ReplicaMap:
-    """Every rank's replica choice, as plain lists (built once, then moved to the device).
-
-    Attributes:
-        rule: one of :data:`REPLICA_RULES`.
-        slots_per_rank: local slots of each rank (physical slot p is rank ``p //
-            slots_per_rank``'s slot ``p % slots_per_rank``).
-        physical: ``[physical slot] -> expert`` over all ranks (SGLang's map row).
-        static_pick: ``static`` only: ``[rank][expert] -> physical slot``.
-        replicas: ``[expert] -> physical slots`` (ascending).
-        shares: ``[physical slot] ->`` the plan's share of its expert's pairs.
-    """
-
-    rule: str
-    slots_per_rank: int
-    physical: tuple[int, ...]
-    static_pick: tuple[tuple[int, ...], ...]
-    replicas: tuple[tuple[int, ...], ...]
-    shares: tuple[float, ...]
-
-
-def replica_map(placement: RankPlacement, num_experts: int, rule: str) -> ReplicaMap:
-    """The replica choice of ``placement`` under ``rule``.
-
-    Raises:
-        ValueError: unknown rule; ranks with unequal slot counts (engines need equal slots
-            per rank); an expert without a replica.
-    """
-    if rule not in REPLICA_RULES:
-        raise ValueError(f"replica rule {rule!r}: choose one of {', '.join(REPLICA_RULES)}")
-    counts = {len(s) for s in placement.slots}
-    if len(counts) != 1:
-        raise ValueError(
-            f"ranks hold {sorted(counts)} slots; engines need equal slots per rank. To fix: "
-            "use the plan's engine form (equal slots per rank)"
-        )
-    slots = counts.pop()
-    physical = tuple(e for rank in placement.slots for e, _ in rank)
-    shares = tuple(s for rank in placement.slots for _, s in rank)
-    reps: list[list[int]] = [[] for _ in range(num_experts)]
-    for p, e in enumerate(physical):
-        reps[e].append(p)
-    missing = [e for e, r in enumerate(reps) if not r]
-    if missing:
-        raise ValueError(f"experts {missing[:8]} have no replica in the placement")
-    pick: tuple[tuple[int, ...], ...] = ()
-    if rule == "static":
-        world = placement.world
-        table = sglang_static_map([list(physical)], num_experts, world, world)
-        pick = tuple(tuple(table[r][0]) for r in range(world))
-    return ReplicaMap(rule, slots, physical, pick, tuple(tuple(r) for r in reps), shares)
-
-
-@dataclass
-class _DeviceMap:
-    """:class:`ReplicaMap` on the device, for this rank."""
-
-    static_pick: Tensor  # [E] physical slot (static)
-    rep_phys: Tensor  # [E, R] physical slots, padded with the last
-    rep_count: Tensor  # [E]
-    rep_cum: Tensor  # [E, R] cumulative shares, padding 2.0
-
-
-def _device_map(m: ReplicaMap, rank: int, device: Any) -> _DeviceMap:
-    width = max(len(r) for r in m.replicas)
-    phys = [[r[min(j, len(r) - 1)] for j in range(width)] for r in m.replicas]
-    cum = []
-    for r in m.replicas:
-        total = sum(m.shares[p] for p in r) or 1.0
-        acc, row = 0.0, []
-        for j in range(width):
-            acc += m.shares[r[j]] / total if j < len(r) else 0.0
-            row.append(2.0 if j >= len(r) - 1 else acc)
-        cum.append(row)
-    pick = m.static_pick[rank] if m.static_pick else [r[0] for r in m.replicas]
-    return _DeviceMap(
-        torch.tensor(pick, dtype=torch.int64, device=device),
-        torch.tensor(phys, dtype=torch.int64, device=device),
-        torch.tensor([len(r) for r in m.replicas], dtype=torch.int64, device=device),
-        torch.tensor(cum, dtype=torch.float32, device=device),
-    )
-
-
-def choose_physical(idx: Tensor, m: _DeviceMap, rule: str) -> Tensor:
-    """Physical slot of every pair (``idx`` ``[T, top_k]`` experts, token-major).
-
-    ``even``: replica ``(t * 2654435769 mod 2**32) mod n`` of the n replicas (vLLM, t the
-    token's index in the batch); ``planned``: the replica whose cumulative share first
-    exceeds a per-pair hash fraction (the plan's shares in expectation)."""
-    if rule == "static":
-        return m.static_pick[idx].reshape(-1)
-    t, k = idx.shape
-    e = idx.reshape(-1)
-    tok = torch.arange(t, device=idx.device, dtype=torch.int64).repeat_interleave(k)
-    if rule == "even":
-        j = ((tok * VLLM_HASH) & 0xFFFFFFFF) % m.rep_count[e]
-    else:
-        pair = torch.arange(t * k, device=idx.device, dtype=torch.int64)
-        u = (((pair * VLLM_HASH) & 0xFFFFFFFF).float() + 0.5) / 2.0**32
-        j = (u[:, None] >= m.rep_cum[e]).sum(1).clamp_(max=m.rep_cum.shape[1] - 1)
-    return m.rep_phys[e, j]
-
-
-def route_logits(logits: Tensor, top_k: int, sample_logits: Tensor | None) -> Any:
-    """Top-k experts per token and their weights from float32 router ``logits``
-    (:func:`agents.runtime.layer.route` after its GEMM: ``sample_logits`` draws the choice
-    by Gumbel-top-k from a load profile, the logits still weight the outputs)."""
-    if sample_logits is None:
-        top, idx = torch.topk(logits, top_k, dim=-1)
-    else:
-        u = torch.rand(logits.shape, device=logits.device).clamp_(1e-9, 1.0 - 1e-9)
-        idx = torch.topk(sample_logits[None, :] - torch.log(-torch.log(u)), top_k, -1).indices
-        top = torch.gather(logits, 1, idx)
-    return idx, torch.softmax(top, dim=-1)
 
 
 # ---------------------------------------------------------------------------- attention
@@ -257,7 +145,7 @@ class FastLayer:
     world: int
     weights: LayerWeights
     experts: ExpertWeights
-    rmap: _DeviceMap
+    rmap: DeviceMap
     rule: str
     plan: ExpertPlan
     attn_backend: str
@@ -423,7 +311,7 @@ class FastLayer:
             plan = expert_plan(k, rows, self.experts.slots, self.experts.dtype, True)
             try:
                 run = partial(expert_forward, self.x, row_of, slot, self.experts, plan, scale)
-                times[k] = _graph_time_us(run, reps=5)
+                times[k] = graph_time_us(run, reps=5)
             except Exception:
                 continue
         if times:
@@ -442,7 +330,7 @@ class FastLayer:
         see the kernels inside graphs, or the counts differ). Call after :meth:`capture`."""
         calls = [self.graphs[n].replay for n in PHASES]
         calls += [self.graphs["layer"].replay] * iters
-        segments = _profiled_segments(calls)
+        segments = profiled_segments(calls)
         if segments is None or len(segments) != len(calls):
             return None
         counts = {n: len(segments[i]) for i, n in enumerate(PHASES)}
@@ -467,7 +355,7 @@ class FastLayer:
                 per[name].append(span.get(name, 0.0))
             per["layer"].append(end - rep[0][0])
         med = {k: float(statistics.median(v)) for k, v in per.items()}
-        step = _event_time_us(self.graphs["layer"].replay, reps=iters)
+        step = event_time_us(self.graphs["layer"].replay, reps=iters)
         f = step / med["layer"] if med["layer"] > 0 else 1.0
         out = {k: med[k] * f for k in PHASES}
         out["layer"] = step
@@ -562,73 +450,6 @@ class FastLayer:
         return float(statistics.median(times))
 
 
-def _event_time_us(fn: Callable[[], Any], reps: int, warmup: int = 2) -> float:
-    """Median time of ``fn`` between two CUDA events, microseconds."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3)
-    return float(statistics.median(times))
-
-
-def _graph_time_us(fn: Callable[[], Any], reps: int) -> float:
-    """Median replay time of ``fn`` captured in a CUDA graph (after two eager calls on a
-    side stream, which compile and warm it), microseconds."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    us = _event_time_us(g.replay, reps)
-    del g
-    return us
-
-
-def _profiled_segments(
-    calls: list[Callable[[], Any]], pause_s: float = 0.002
-) -> list[list[tuple[float, float]]] | None:
-    """(start, end) of every GPU activity of each of ``calls``, microseconds, from one
-    ``torch.profiler`` session: the calls run one at a time with ``pause_s`` of idle GPU
-    between them, so each call's activities are the run between two idle gaps longer than
-    half the pause. None when the profiler cannot see the GPU."""
-    import time
-
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    try:
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for fn in calls:
-                fn()
-                torch.cuda.synchronize()
-                time.sleep(pause_s)
-    except RuntimeError:
-        return None
-    spans = sorted(
-        (float(e.time_range.start), float(e.time_range.end))
-        for e in prof.events()
-        if str(e.device_type).endswith("CUDA")
-    )
-    if not spans:
-        return None
-    out: list[list[tuple[float, float]]] = [[spans[0]]]
-    for prev, cur in itertools.pairwise(spans):
-        if cur[0] - prev[1] > pause_s * 0.5e6:
-            out.append([])
-        out[-1].append(cur)
-    return out
-
-
 def _attn_backends(decode: bool, cuda: bool) -> tuple[str, ...]:
     if not cuda:
         return ("math",)
@@ -691,7 +512,7 @@ def build_fast_layer(
         placement.world,
         w,
         ew,
-        _device_map(rmap, rank, device),
+        device_map(rmap, rank, device),
         rule,
         expert_plan(kernel, rows, ew.slots, expert_dtype, cuda),
         "math",
@@ -740,7 +561,7 @@ def _first_backend(layer: FastLayer, candidates: tuple[str, ...]) -> str:
         device=kc.device,
         dtype=kc.dtype,
     )
-    times = {b: _event_time_us(partial(_sdpa, q, kc, vc, b, causal=False), 5) for b in runs}
+    times = {b: event_time_us(partial(_sdpa, q, kc, vc, b, causal=False), 5) for b in runs}
     best = min(times, key=lambda b: times[b])
     layer.attn_backend = best
     return best

@@ -107,22 +107,9 @@ async def _run_controller(args: argparse.Namespace) -> int:
     return status
 
 
-def register(groups: Groups) -> None:
-    """Add the ``controller`` group."""
-    ctl = add_group(groups, "controller", "run the controller", required=False)
-    p = add_leaf(
-        ctl,
-        "run",
-        cmd_controller_run,
-        "serve AgentService, PlanService and EngineService",
-        description="Run the controller until SIGINT/SIGTERM.",
-    )
-    p.add_argument(
-        "--listen",
-        metavar="HOST:PORT",
-        default="127.0.0.1:7070",
-        help="address to serve on (port 0 = any free port; default %(default)s)",
-    )
+def _add_store_arguments(p: argparse.ArgumentParser) -> None:
+    """The state store options of ``controller run``: ``--store``, its kubeconfig and
+    context, ``--store-new``."""
     p.add_argument(
         "--store",
         metavar="URL",
@@ -143,6 +130,25 @@ def register(groups: Groups) -> None:
         "accept a file other than the one last used at this path (without it such a store "
         "is refused: a fresh store would make every running deployment look deleted)",
     )
+
+
+def register(groups: Groups) -> None:
+    """Add the ``controller`` group."""
+    ctl = add_group(groups, "controller", "run the controller", required=False)
+    p = add_leaf(
+        ctl,
+        "run",
+        cmd_controller_run,
+        "serve AgentService, PlanService and EngineService",
+        description="Run the controller until SIGINT/SIGTERM.",
+    )
+    p.add_argument(
+        "--listen",
+        metavar="HOST:PORT",
+        default="127.0.0.1:7070",
+        help="address to serve on (port 0 = any free port; default %(default)s)",
+    )
+    _add_store_arguments(p)
     p.add_argument("--tls-cert", metavar="PEM", help="server certificate")
     p.add_argument("--tls-key", metavar="PEM", help="server private key")
     p.add_argument("--tls-ca", metavar="PEM", help="CA of accepted client certificates")

@@ -7,6 +7,8 @@ Shared by the ``plan`` and ``advise`` groups (and the demo and benchmarks):
 * :func:`deployment_from_args` - the same inputs as a :class:`policies.deployment.Deployment`
   for ``advise *`` and ``plan min-cost`` (:func:`add_deployment_args`), and
   :func:`read_prices` for the cost commands;
+* the options themselves are declared in :mod:`controlplane.cli.problem_args` and
+  re-exported here;
 * :func:`solve_with_progress` and :func:`compare_policies` - one policy or several on the
   same problem, with progress lines on stderr;
 * :func:`plan_problems` - why a plan cannot be deployed.
@@ -19,35 +21,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from apis.cliargs import non_negative_float, non_negative_int, positive_float, positive_int
 from controlplane.cli import files
-from controlplane.cli.output import (
-    Note,
-    add_output_arg,
-    add_progress_arg,
-    gpu_groups,
-    notes,
-    show_progress,
-    ticker,
-    token_count,
-)
+from controlplane.cli.output import Note, gpu_groups, notes, show_progress, ticker
+from controlplane.cli.problem_args import add_deployment_args as add_deployment_args
+from controlplane.cli.problem_args import add_engine_args as add_engine_args
+from controlplane.cli.problem_args import add_problem_args as add_problem_args
+from controlplane.cli.problem_args import engine_from_args as engine_from_args
 from policies import defaults
-from policies.defaults import (
-    FORMS,
-    KV_DTYPES,
-    PHASES,
-    POLICIES,
-    auto_redundant_experts,
-    parse_redundant_experts,
-)
-from policies.engines import (
-    A2A_BACKENDS,
-    DISPATCH_OPTIONS,
-    DP_BALANCE_OPTIONS,
-    ENGINES,
-    EngineSpec,
-    parse_engine,
-)
+from policies.defaults import POLICIES, auto_redundant_experts
+from policies.engines import EngineSpec
 from policies.errors import InfeasibleError, InputError
 
 if TYPE_CHECKING:  # the solver and the cost model are imported when a command runs
@@ -61,7 +43,6 @@ if TYPE_CHECKING:  # the solver and the cost model are imported when a command r
 
 #: Tokens per step per GPU when ``--tokens`` is not given, by phase (policies.defaults).
 DEFAULT_TOKENS_PER_GPU = defaults.DEFAULT_TOKENS_PER_GPU
-_TOKENS_HELP = ", ".join(f"{n} {phase}" for phase, n in DEFAULT_TOKENS_PER_GPU.items())
 
 
 # ------------------------------------------------------------------------- inputs
@@ -302,186 +283,6 @@ def check_same_question(
         note(f"warning: {what} differ in {'; '.join(soft)}")
 
 
-#: Engine flag -> the field of the engine document it sets (for error messages).
-_ENGINE_FLAGS = {
-    "engine.name": "--engine",
-    "engine.version": "--engine",
-    "engine.options.a2aBackend": "--a2a-backend",
-    "engine.options.dispatch": "--dispatch",
-    "engine.options.dpBalance": "--dp-balance",
-}
-
-
-def engine_from_args(args: argparse.Namespace) -> EngineSpec:
-    """``--engine`` and its options through the one engine parser
-    (:func:`policies.engines.parse_engine`, as the deployment document is read).
-
-    Raises:
-        InputError: an option the engine does not have, naming the flag.
-    """
-    doc = {
-        "name": args.engine,
-        "options": {
-            "a2aBackend": args.a2a_backend,
-            "dispatch": args.dispatch,
-            "dpBalance": args.dp_balance,
-        },
-    }
-    try:
-        return parse_engine(doc)
-    except InputError as exc:
-        flag = _ENGINE_FLAGS.get(exc.field, "--engine")
-        raise InputError(str(exc).removeprefix(f"{exc.field}: "), field=flag) from exc
-
-
-def add_engine_args(p: argparse.ArgumentParser) -> None:
-    """``--engine`` and the options that change how it executes a plan."""
-    p.add_argument(
-        "--engine",
-        choices=ENGINES,
-        default="native",
-        help="engine that will run the plan; the plan is solved for its replica choice and DP "
-        "balancing (default: native, idealised shares no engine executes)",
-    )
-    backends = dict.fromkeys(b for bs in A2A_BACKENDS.values() for b in bs)
-    p.add_argument(
-        "--a2a-backend",
-        choices=("auto", *backends),
-        default="auto",
-        help="all-to-all backend of the EP group (default: auto, the first every GPU supports)",
-    )
-    p.add_argument(
-        "--dispatch",
-        choices=DISPATCH_OPTIONS,
-        default="auto",
-        help="replica choice; static or dynamic: SGLang's --ep-dispatch-algorithm",
-    )
-    p.add_argument(
-        "--dp-balance",
-        choices=DP_BALANCE_OPTIONS,
-        default="auto",
-        help="who sets the DP attention shares: router (planned weights), engine (equal "
-        "shares) or auto (default: router, but engine for trtllm: it takes no DP rank)",
-    )
-
-
-def _redundant_arg(text: str) -> int | None:
-    """argparse type of ``--redundant-experts``: ``auto`` (None) or an integer >= 0."""
-    try:
-        return parse_redundant_experts(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is neither auto nor a count >= 0 (write e.g. auto, 0 or 32)"
-        ) from None
-
-
-def _add_inputs(p: argparse.ArgumentParser, *, required: bool = True) -> None:
-    """Fleet, model and workload options of every placement question (``required=False``:
-    the handler checks ``--fleet`` and ``--model``, for a command that can do without)."""
-    p.add_argument("--fleet", required=required, metavar="FILE", help="Fleet file (YAML or JSON)")
-    p.add_argument(
-        "--exclude-nodes",
-        metavar="LIST",
-        help="comma-separated nodes of the fleet to leave out (e.g. a node being repaired)",
-    )
-    which = p.add_mutually_exclusive_group(required=required)
-    which.add_argument("--model", metavar="NAME", help="model preset (mixfleetctl model list)")
-    which.add_argument(
-        "--model-config", metavar="PATH", help="Hugging Face config.json of the model"
-    )
-    p.add_argument(
-        "--phase",
-        choices=PHASES,
-        default=defaults.DEFAULT_PHASE,
-        help="default: %(default)s",
-    )
-    p.add_argument(
-        "--context",
-        type=token_count,
-        default=defaults.DEFAULT_CONTEXT_LEN,
-        metavar="N",
-        help="context length, tokens (4096, 32k; default: %(default)s)",
-    )
-    p.add_argument(
-        "--kv-cache-dtype",
-        choices=KV_DTYPES,
-        default=defaults.DEFAULT_KV_CACHE_DTYPE,
-        help="default: %(default)s",
-    )
-    p.add_argument(
-        "--load",
-        metavar="FILE|SPEC",
-        help="expert load: a JSON file ([layers][experts] or an SGLang logical_count dump), "
-        "synthetic:zipf:S:seed=N, or uniform (default)",
-    )
-    p.add_argument(
-        "--form", choices=FORMS, default=defaults.DEFAULT_FORM, help="default: %(default)s"
-    )
-    p.add_argument(
-        "--redundant-experts",
-        type=_redundant_arg,
-        default=None,
-        metavar="R|auto",
-        help="extra expert slots per MoE layer (engine form: experts + R must divide by the "
-        "GPU count); default: auto, the smallest count the form accepts on the fleet's GPUs "
-        "(said on stderr)",
-    )
-
-
-def _add_solver(p: argparse.ArgumentParser) -> None:
-    """ILP options, the engine and the progress options."""
-    p.add_argument(
-        "--time-limit",
-        type=positive_float,
-        default=defaults.DEFAULT_SOLVER_TIME_LIMIT_S,
-        metavar="S",
-        help="ilp wall-clock limit per solve, seconds (default: %(default)s)",
-    )
-    p.add_argument(
-        "--mip-gap",
-        type=non_negative_float,
-        default=defaults.DEFAULT_MIP_GAP,
-        metavar="G",
-        help="ilp relative MIP gap per layer (default: %(default)s)",
-    )
-    p.add_argument(
-        "--solver",
-        choices=defaults.MILP_SOLVERS,
-        default=defaults.DEFAULT_MILP_SOLVER,
-        help="MILP solver (default: %(default)s)",
-    )
-    p.add_argument(
-        "--workers",
-        type=non_negative_int,
-        default=defaults.DEFAULT_WORKERS,
-        metavar="N",
-        help="processes solving layers in parallel; 0 = one per CPU (default: %(default)s)",
-    )
-    add_engine_args(p)
-    add_progress_arg(p)
-
-
-def add_problem_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
-    """Arguments shared by ``plan solve`` and ``plan compare``."""
-    _add_inputs(p, required=required)
-    p.add_argument(
-        "--tokens",
-        type=positive_int,
-        metavar="N",
-        help=f"tokens per step per GPU on average (default: {_TOKENS_HELP})",
-    )
-    p.add_argument(
-        "--previous", metavar="PLAN", help="plan to stay close to (re-planning), JSON or YAML"
-    )
-    p.add_argument(
-        "--allow-cross-vendor",
-        action="store_true",
-        help="let one expert-parallel group span NVIDIA and AMD GPUs (only for runtimes that "
-        "bridge vendors; default: a MoE model on a mixed-vendor fleet is refused)",
-    )
-    _add_solver(p)
-
-
 def read_prices(path: str | None) -> PriceTable:
     """The price table: the defaults, with a price file's entries on top.
 
@@ -502,27 +303,6 @@ def read_prices(path: str | None) -> PriceTable:
         wrapped = InputError(f"price file {str(path)!r}: {exc}")
         wrapped.field = exc.field
         raise wrapped from exc
-
-
-def add_deployment_args(p: argparse.ArgumentParser, *, policy: str) -> None:
-    """Fleet, model, workload shape, ``--policy`` (default ``policy``: one of
-    :data:`policies.defaults.DEFAULT_POLICY` or ``DEFAULT_SWEEP_POLICY``), solver options
-    and ``-o`` (the dests ``plan compare`` uses)."""
-    _add_inputs(p)
-    sweep = policy == defaults.DEFAULT_SWEEP_POLICY != defaults.DEFAULT_POLICY
-    p.add_argument(
-        "--policy",
-        choices=POLICIES,
-        default=policy,
-        help="default: %(default)s"
-        + (
-            " (a sweep solves one plan per point; ilp would take its time limit per point)"
-            if sweep
-            else ""
-        ),
-    )
-    _add_solver(p)
-    add_output_arg(p)
 
 
 def deployment_from_args(args: argparse.Namespace) -> Deployment:

@@ -18,7 +18,6 @@ from agents.runtime.experts import (  # noqa: E402
     expert_plan,
     quantize_experts,
 )
-from agents.runtime.fast import _device_map as device_map  # noqa: E402
 from agents.runtime.fast import (  # noqa: E402
     build_fast_layer,
     choose_physical,
@@ -27,6 +26,7 @@ from agents.runtime.fast import (  # noqa: E402
 )
 from agents.runtime.launch import spawn  # noqa: E402
 from agents.runtime.layer import LayerShape, make_weights, reference_forward  # noqa: E402
+from agents.runtime.replicas import device_map  # noqa: E402
 from agents.runtime.routing import RankPlacement  # noqa: E402
 from policies.engines import served_shares  # noqa: E402
 
