@@ -672,6 +672,7 @@ class Router:
             await resp.write_eof()
         elif outcome == "client_gone":
             log.info("client went away during its answer", peer=_peer(sink), instance=rank.instance)
+            sink.close()  # gone, or too slow to read: either way its connection ends
         else:
             self.metrics.stream_aborts.inc()
             log.warning("answer cut by the engine; not retried", instance=rank.instance)

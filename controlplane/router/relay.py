@@ -19,7 +19,8 @@ Rules, as :mod:`.proxy` relies on them:
 * A client that goes away stops the relay; the engine connection is closed, not reused.
 * Backpressure: when the client's send buffer passes :data:`HIGH_WATER_BYTES` the engine
   connection stops reading until it drains below :data:`LOW_WATER_BYTES` (checked by the
-  pool's sweep, every ``sweep_s``).
+  pool's sweep, every ``sweep_s``); a client that reads nothing for ``read_timeout_s``
+  is let go (its answer cut, the engine connection closed).
 * ``read_timeout_s`` is the longest silence of an engine while a request is open, checked
   by the same sweep (so it fires within ``sweep_s`` after it passes).
 """
@@ -98,6 +99,7 @@ class EngineConnection(asyncio.Protocol):
         self._ended = False
         self._trailer = False
         self.paused = False
+        self.paused_since_s = 0.0
         self.timed_out = False
         self.got_bytes = False
 
@@ -253,6 +255,7 @@ class EngineConnection(asyncio.Protocol):
         if sink.get_write_buffer_size() > HIGH_WATER_BYTES and self.transport is not None:
             self.transport.pause_reading()
             self.paused = True
+            self.paused_since_s = self.loop.time()
 
     def _end(self) -> None:
         self._ended = True
@@ -421,6 +424,8 @@ class EnginePool:
                         c.last_s = now
                         if c.transport is not None:
                             c.transport.resume_reading()
+                    elif now - c.paused_since_s > self.read_timeout_s:
+                        c._client_gone()  # a client that does not read is let go
                 elif not c.body_ended() and now - c.last_s > self.read_timeout_s:
                     c.timed_out = True
                     if c.transport is not None:

@@ -196,3 +196,63 @@ def test_a_pooled_connection_the_engine_closed_is_not_a_failure() -> None:
         await engine.stop()
 
     asyncio.run(main())
+
+
+def test_a_slow_client_pauses_the_engine_connection_until_it_drains() -> None:
+    from controlplane.router.relay import HIGH_WATER_BYTES, EnginePool
+
+    class _Engine(_EngineSide):
+        paused = False
+
+        def pause_reading(self) -> None:
+            self.paused = True
+
+        def resume_reading(self) -> None:
+            self.paused = False
+
+    class _SlowSink(_Sink):
+        backlog = 0
+
+        def get_write_buffer_size(self) -> int:
+            return self.backlog
+
+    async def main() -> None:
+        pool = EnginePool(connect_timeout_s=1.0, read_timeout_s=0.4, keepalive_s=60.0)
+        pool.start()
+        try:
+            conn = EngineConnection(pool, ("h", 1))
+            engine = _Engine()
+            conn.connection_made(engine)  # type: ignore[arg-type]
+            pool._busy.add(conn)
+            conn.send((b"POST / HTTP/1.1\r\n\r\n",))
+            conn.data_received(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+            sink = _SlowSink()
+            conn.attach(sink)  # type: ignore[arg-type]
+            sink.backlog = HIGH_WATER_BYTES + 1  # the client does not read
+            conn.data_received(b"3\r\nabc\r\n")
+            assert engine.paused and conn.paused
+            await asyncio.sleep(0.1)
+            assert engine.paused and not conn.timed_out and not engine.aborted
+            sink.backlog = 0  # the client drained
+            for _ in range(100):
+                if not engine.paused:
+                    break
+                await asyncio.sleep(0.05)
+            assert not engine.paused and not conn.paused
+            conn.data_received(b"0\r\n\r\n")
+            assert conn.body_ended() and _dechunk(bytes(sink.data) + b"0\r\n\r\n") == b"abc"
+
+            # A client that never reads again is let go after the read timeout.
+            conn.send((b"POST / HTTP/1.1\r\n\r\n",))
+            pool._busy.add(conn)
+            conn.data_received(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+            conn.attach(sink)  # type: ignore[arg-type]
+            sink.backlog = HIGH_WATER_BYTES + 1
+            conn.data_received(b"3\r\nabc\r\n")
+            assert conn.done_fut is not None
+            assert await asyncio.wait_for(conn.done_fut, 30) == "client_gone"
+            assert engine.aborted and not conn.reusable
+        finally:
+            await pool.close()
+
+    asyncio.run(main())
