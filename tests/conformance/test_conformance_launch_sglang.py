@@ -20,11 +20,10 @@ from typing import Any
 import pytest
 from conformance import engine_source as es
 from conformance.configs import DEEPSEEK, QWEN3
+from conformance.plans import H100, eplb_plan, fleet_of
 
 es.require("sglang")
 
-from policies.engines import EngineSpec  # noqa: E402
-from policies.fleet import parse_fleet  # noqa: E402
 from policies.launch import (  # noqa: E402
     SGLANG_BOOTSTRAP_PORT,
     TRANSFER_BACKENDS,
@@ -34,9 +33,6 @@ from policies.launch import (  # noqa: E402
 )
 from policies.models import ModelSpec, from_hf_config  # noqa: E402
 from policies.plan import Plan  # noqa: E402
-from policies.request import PlacementRequest  # noqa: E402
-from policies.solve import solve  # noqa: E402
-from policies.workload import make_workload, synthetic_zipf  # noqa: E402
 
 pytestmark = pytest.mark.conformance
 
@@ -45,36 +41,10 @@ RC = ARGS.runtime_context
 
 
 def plan_for(model: ModelSpec, *, nodes: int, per_node: int, redundant: int) -> Plan:
-    nic = [{"count": 1, "per_direction_gbits_per_s": 400, "fabric": "ib0"}]
-    fleet = parse_fleet(
-        {
-            "metadata": {"name": "pd"},
-            "spec": {
-                "nodes": [
-                    {
-                        "name": f"h100-{i}",
-                        "gpus": [{"model": "H100-SXM5-80GB", "count": per_node}],
-                        "nvlink": {"per_gpu_bidir_gbytes_per_s": 900},
-                        "nics": nic,
-                    }
-                    for i in range(nodes)
-                ]
-            },
-        }
+    fleet = fleet_of("pd", [(f"h100-{i}", H100, per_node) for i in range(nodes)])
+    return eplb_plan(
+        model, fleet, engine="sglang", zipf="synthetic:zipf:1.3:seed=2", redundant=redundant
     )
-    load = synthetic_zipf(model, "synthetic:zipf:1.3:seed=2")
-    workload = make_workload(model, phase="decode", tokens_per_gpu=64, context_len=2048, load=load)
-    req = PlacementRequest(
-        fleet,
-        model,
-        workload,
-        policy="eplb",
-        redundant_experts=redundant,
-        engine=EngineSpec("sglang"),
-    )
-    plan = solve(req).plan
-    assert not plan.violations, plan.violations
-    return plan
 
 
 def parsed(argv: tuple[str, ...]) -> Any:

@@ -19,12 +19,11 @@ from typing import Any
 import pytest
 from conformance import engine_source as es
 from conformance.configs import QWEN3
+from conformance.plans import H100, eplb_plan, fleet_of
 
 es.require("vllm")
 
-from policies.engines import EngineSpec  # noqa: E402
 from policies.exports import vllm_needs_eplb  # noqa: E402
-from policies.fleet import parse_fleet  # noqa: E402
 from policies.launch import (  # noqa: E402
     NODE_ADDR_REF,
     TRANSFER_BACKENDS,
@@ -33,9 +32,6 @@ from policies.launch import (  # noqa: E402
 )
 from policies.models import ModelSpec, from_hf_config  # noqa: E402
 from policies.plan import Plan  # noqa: E402
-from policies.request import PlacementRequest  # noqa: E402
-from policies.solve import solve  # noqa: E402
-from policies.workload import make_workload, synthetic_zipf  # noqa: E402
 
 pytestmark = pytest.mark.conformance
 
@@ -44,36 +40,10 @@ ROOT = es.source_dir("vllm") / "vllm"
 
 
 def plan_for(model: ModelSpec, *, nodes: int, per_node: int, redundant: int) -> Plan:
-    nic = [{"count": 1, "per_direction_gbits_per_s": 400, "fabric": "ib0"}]
-    fleet = parse_fleet(
-        {
-            "metadata": {"name": "pd"},
-            "spec": {
-                "nodes": [
-                    {
-                        "name": f"h100-{i}",
-                        "gpus": [{"model": "H100-SXM5-80GB", "count": per_node}],
-                        "nvlink": {"per_gpu_bidir_gbytes_per_s": 900},
-                        "nics": nic,
-                    }
-                    for i in range(nodes)
-                ]
-            },
-        }
+    fleet = fleet_of("pd", [(f"h100-{i}", H100, per_node) for i in range(nodes)])
+    return eplb_plan(
+        model, fleet, engine="vllm", zipf="synthetic:zipf:1.3:seed=6", redundant=redundant
     )
-    load = synthetic_zipf(model, "synthetic:zipf:1.3:seed=6")
-    workload = make_workload(model, phase="decode", tokens_per_gpu=64, context_len=2048, load=load)
-    req = PlacementRequest(
-        fleet,
-        model,
-        workload,
-        policy="eplb",
-        redundant_experts=redundant,
-        engine=EngineSpec("vllm"),
-    )
-    plan = solve(req).plan
-    assert not plan.violations, plan.violations
-    return plan
 
 
 def parsed(argv: tuple[str, ...]) -> tuple[Any, Any]:

@@ -30,17 +30,13 @@ from typing import Any
 import pytest
 import yaml
 from conformance.configs import DEEPSEEK_MTP, MIXTRAL, QWEN3
+from conformance.plans import H100, eplb_plan, fleet_of
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from controlplane.cli.files import dump_document
-from policies.engines import EngineSpec
 from policies.exports import TRTLLM_BALANCER_FAMILIES, export_plan
-from policies.fleet import parse_fleet
 from policies.models import ModelSpec, from_hf_config, preset
 from policies.plan import Plan
-from policies.request import PlacementRequest
-from policies.solve import solve
-from policies.workload import make_workload, synthetic_zipf
 
 pytestmark = pytest.mark.conformance
 
@@ -117,37 +113,11 @@ def load_on_every_rank(text: str, model: ModelSpec, ep_size: int) -> list[list[i
     return first
 
 
-def plan_for(model: ModelSpec, *, gpus: int, redundant: int, gpu: str = "H100-SXM5-80GB") -> Plan:
-    nic = [{"count": 1, "per_direction_gbits_per_s": 400, "fabric": "ib0"}]
-    fleet = parse_fleet(
-        {
-            "metadata": {"name": "trt"},
-            "spec": {
-                "nodes": [
-                    {
-                        "name": f"n{i}",
-                        "gpus": [{"model": gpu, "count": gpus // 2}],
-                        "nvlink": {"per_gpu_bidir_gbytes_per_s": 900},
-                        "nics": nic,
-                    }
-                    for i in range(2)
-                ]
-            },
-        }
+def plan_for(model: ModelSpec, *, gpus: int, redundant: int, gpu: str = H100) -> Plan:
+    fleet = fleet_of("trt", [(f"n{i}", gpu, gpus // 2) for i in range(2)])
+    return eplb_plan(
+        model, fleet, engine="trtllm", zipf="synthetic:zipf:1.2:seed=4", redundant=redundant
     )
-    load = synthetic_zipf(model, "synthetic:zipf:1.2:seed=4")
-    workload = make_workload(model, phase="decode", tokens_per_gpu=64, context_len=2048, load=load)
-    req = PlacementRequest(
-        fleet,
-        model,
-        workload,
-        policy="eplb",
-        redundant_experts=redundant,
-        engine=EngineSpec("trtllm"),
-    )
-    plan = solve(req).plan
-    assert not plan.violations, plan.violations
-    return plan
 
 
 @pytest.mark.parametrize(

@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 from conformance import engine_source as es
 from conformance.configs import MIXTRAL, QWEN3
+from conformance.plans import H100, eplb_plan, fleet_of
 
 es.require("vllm")
 
@@ -40,13 +41,9 @@ from policies.exports import (  # noqa: E402
     VLLM_NO_REBALANCE_STEP_INTERVAL,
     export_plan,
 )
-from policies.fleet import parse_fleet  # noqa: E402
 from policies.launch import launch_recipe  # noqa: E402
 from policies.models import ModelSpec, from_hf_config  # noqa: E402
 from policies.plan import Plan  # noqa: E402
-from policies.request import PlacementRequest  # noqa: E402
-from policies.solve import solve  # noqa: E402
-from policies.workload import make_workload, synthetic_zipf  # noqa: E402
 
 pytestmark = pytest.mark.conformance
 
@@ -54,36 +51,13 @@ VL = es.vllm()
 
 
 def plan_for(model: ModelSpec, *, gpus: int, redundant: int, seed: int) -> Plan:
-    nic = [{"count": 1, "per_direction_gbits_per_s": 400, "fabric": "ib0"}]
-    fleet = parse_fleet(
-        {
-            "metadata": {"name": "mixed"},
-            "spec": {
-                "nodes": [
-                    {
-                        "name": name,
-                        "gpus": [{"model": gpu, "count": gpus // 2}],
-                        "nvlink": {"per_gpu_bidir_gbytes_per_s": 600},
-                        "nics": nic,
-                    }
-                    for name, gpu in (("a100-0", "A100-SXM4-80GB"), ("h100-0", "H100-SXM5-80GB"))
-                ]
-            },
-        }
+    nodes = [
+        (name, gpu, gpus // 2) for name, gpu in (("a100-0", "A100-SXM4-80GB"), ("h100-0", H100))
+    ]
+    fleet = fleet_of("mixed", nodes, nvlink_gbytes_per_s=600)
+    return eplb_plan(
+        model, fleet, engine="vllm", zipf=f"synthetic:zipf:1.4:seed={seed}", redundant=redundant
     )
-    load = synthetic_zipf(model, f"synthetic:zipf:1.4:seed={seed}")
-    workload = make_workload(model, phase="decode", tokens_per_gpu=64, context_len=2048, load=load)
-    req = PlacementRequest(
-        fleet,
-        model,
-        workload,
-        policy="eplb",
-        redundant_experts=redundant,
-        engine=EngineSpec("vllm"),
-    )
-    plan = solve(req).plan
-    assert not plan.violations, plan.violations
-    return plan
 
 
 class _Model:
