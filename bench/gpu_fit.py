@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from agents.calibrate.fit import PhasePoint, layer_phase_times, sweep_figures
@@ -305,46 +305,39 @@ def plot(report: Mapping[str, Any], path: str) -> None:
     for row, case in enumerate(cases):
         pts = [r for r in report["points"] if r["case"] == case]
         ax = axes[row][0]
-        for k, ctx in enumerate(sorted({r["context"] for r in pts if r["phase"] == "decode"})):
-            sel = sorted(
-                (r for r in pts if r["phase"] == "decode" and r["context"] == ctx),
-                key=lambda r: r["tokens"],
-            )
-            xs = [r["tokens"] for r in sel]
-            colour = f"C{k}"
-            ax.plot(xs, [r["predicted_us"]["layer_us"] / 1e3 for r in sel], "-x", color=colour)
-            ax.plot(
-                xs,
-                [r["measured_us"]["layer"] / 1e3 for r in sel],
-                "o",
-                color=colour,
-                label=f"ctx {ctx // 1024}k",
-            )
-        ax.set_xscale("log", base=2)
+        _phase_lines(ax, pts, "decode", "o", lambda ctx: f"ctx {ctx // 1024}k")
         ax.set_xlabel("decode sequences per GPU")
         ax.set_ylabel("step ms (one layer)")
         ax.set_title(f"{case} decode: measured (o), model (x-)", fontsize=9)
         ax.legend(fontsize=7)
         ax = axes[row][1]
-        for k, seq in enumerate(sorted({r["context"] for r in pts if r["phase"] == "prefill"})):
-            sel = sorted(
-                (r for r in pts if r["phase"] == "prefill" and r["context"] == seq),
-                key=lambda r: r["tokens"],
-            )
-            xs = [r["tokens"] for r in sel]
-            colour = f"C{k}"
-            ax.plot(xs, [r["predicted_us"]["layer_us"] / 1e3 for r in sel], "-x", color=colour)
-            ax.plot(
-                xs,
-                [r["measured_us"]["layer"] / 1e3 for r in sel],
-                "s",
-                color=colour,
-                label=f"seq {seq}",
-            )
-        ax.set_xscale("log", base=2)
+        _phase_lines(ax, pts, "prefill", "s", lambda seq: f"seq {seq}")
         ax.set_xlabel("prefill tokens per GPU")
         ax.set_title(f"{case} prefill: measured (s), model (x-)", fontsize=9)
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _phase_lines(
+    ax: Any, pts: list[Mapping[str, Any]], phase: str, marker: str, label: Callable[[int], str]
+) -> None:
+    """One panel of :func:`plot`: per context of ``phase``, the predicted step time (ms,
+    ``-x`` line) and the measured one (``marker``) against tokens, log2 x axis."""
+    for k, ctx in enumerate(sorted({r["context"] for r in pts if r["phase"] == phase})):
+        sel = sorted(
+            (r for r in pts if r["phase"] == phase and r["context"] == ctx),
+            key=lambda r: r["tokens"],
+        )
+        xs = [r["tokens"] for r in sel]
+        colour = f"C{k}"
+        ax.plot(xs, [r["predicted_us"]["layer_us"] / 1e3 for r in sel], "-x", color=colour)
+        ax.plot(
+            xs,
+            [r["measured_us"]["layer"] / 1e3 for r in sel],
+            marker,
+            color=colour,
+            label=label(ctx),
+        )
+    ax.set_xscale("log", base=2)
