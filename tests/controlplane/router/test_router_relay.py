@@ -230,15 +230,15 @@ def test_a_slow_client_pauses_the_engine_connection_until_it_drains() -> None:
             conn.attach(sink)  # type: ignore[arg-type]
             sink.backlog = HIGH_WATER_BYTES + 1  # the client does not read
             conn.data_received(b"3\r\nabc\r\n")
-            assert engine.paused and conn.paused
+            assert (engine.paused, conn.paused) == (True, True)
             await asyncio.sleep(0.1)
-            assert engine.paused and not conn.timed_out and not engine.aborted
+            assert (engine.paused, conn.timed_out, engine.aborted) == (True, False, False)
             sink.backlog = 0  # the client drained
             for _ in range(100):
                 if not engine.paused:
                     break
                 await asyncio.sleep(0.05)
-            assert not engine.paused and not conn.paused
+            assert (engine.paused, conn.paused) == (False, False)
             conn.data_received(b"0\r\n\r\n")
             assert conn.body_ended() and _dechunk(bytes(sink.data) + b"0\r\n\r\n") == b"abc"
 
