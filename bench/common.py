@@ -10,9 +10,12 @@ status 2 (:func:`run_main`).
 from __future__ import annotations
 
 import argparse
+import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib import metadata
+from pathlib import Path
+from typing import Any
 
 from policies.errors import InputError
 
@@ -48,6 +51,16 @@ def package_versions(names: Sequence[str]) -> dict[str, str]:
         except metadata.PackageNotFoundError:
             versions[pkg] = "missing"
     return versions
+
+
+def write_results(doc: Mapping[str, Any], args: argparse.Namespace) -> None:
+    """``doc`` as indented JSON: to the ``--out`` file when given, and on stdout with
+    ``--json`` or without ``--out``."""
+    text = json.dumps(doc, indent=2)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    if args.json or not args.out:
+        print(text)
 
 
 def log(msg: str) -> None:

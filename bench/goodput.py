@@ -48,7 +48,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.common import command_line, log, package_versions, run_main
+from bench.common import command_line, log, package_versions, run_main, write_results
 from bench.goodput_baselines import baseline_one, baseline_split
 from bench.goodput_report import report
 from bench.goodput_setup import (
@@ -282,11 +282,7 @@ def run(args: argparse.Namespace) -> int:
         "scenarios": results,
         "timing": timing,
     }
-    text = json.dumps(doc, indent=2)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
-    if args.json or not args.out:
-        print(text)
+    write_results(doc, args)
     return 0
 
 

@@ -22,7 +22,6 @@ different models and priorities; then a sixth added and one removed, counting mo
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import time
@@ -36,7 +35,7 @@ from typing import Any
 
 import yaml
 
-from bench.common import add_arguments, command_line, log, package_versions, run_main
+from bench.common import add_arguments, command_line, log, package_versions, run_main, write_results
 from policies.errors import InputError
 from policies.fleet import Fleet, parse_fleet
 from policies.scheduling.baselines import every_on_every, first_fit, overcommit
@@ -249,11 +248,7 @@ def run(args: argparse.Namespace) -> int:
         "versions": package_versions(["pulp", "highspy"]),
         "scenarios": results,
     }
-    text = json.dumps(doc, indent=2)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
-    if args.json or not args.out:
-        print(text)
+    write_results(doc, args)
     return 0
 
 
