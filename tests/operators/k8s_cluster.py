@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -39,6 +39,7 @@ from apis.kube.errors import ConflictError, NotFoundError
 from apis.kube.gpunode import gpunode_object, gpunode_status
 from apis.kube.schema import to_wire
 from apis.kube.v1alpha1 import GPUNodeSpec
+from policies.fleet import Fleet, parse_fleet
 from policies.inventory import NodeInventory
 
 E2E_ENV = "MIXFLEET_E2E_KUBECONFIG"
@@ -76,6 +77,20 @@ class Cluster:
 
     def kube(self, manager: str = "mixfleet-test", user_agent: str | None = None) -> Kube:
         return Kube(self.api_client(user_agent or manager), field_manager=manager)
+
+    def fleet(self, name: str, nodes: Iterable[tuple[str, str]]) -> Fleet:
+        """A fleet named ``name`` of 2-GPU nodes ``(base name, GPU model)``, each with one
+        400 Gbit/s NIC on ``ib0``, named for this run (:meth:`name`) and labelled with it."""
+        doc_nodes = [
+            {
+                "name": self.name(base),
+                "labels": {RUN_LABEL: self.run},
+                "gpus": [{"model": model, "count": 2}],
+                "nics": [{"count": 1, "per_direction_gbits_per_s": 400, "fabric": "ib0"}],
+            }
+            for base, model in nodes
+        ]
+        return parse_fleet({"metadata": {"name": name}, "spec": {"nodes": doc_nodes}})
 
     def name(self, base: str) -> str:
         """A cluster-scoped name for this run."""

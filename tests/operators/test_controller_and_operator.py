@@ -30,21 +30,12 @@ from apis.kube.client import (
 )
 from controlplane.server.inprocess import start_controller
 from controlplane.store.kubernetes import KubernetesStore
-from policies.fleet import Fleet, parse_fleet
+from policies.fleet import Fleet
 
 
 def _fleet(cluster: Cluster) -> Fleet:
     """Two 2-GPU nodes (H100, A100) with the run label, named for this run."""
-    nodes = [
-        {
-            "name": cluster.name(base),
-            "labels": {RUN_LABEL: cluster.run},
-            "gpus": [{"model": model, "count": 2}],
-            "nics": [{"count": 1, "per_direction_gbits_per_s": 400, "fabric": "ib0"}],
-        }
-        for base, model in (("h100-0", "H100-SXM5-80GB"), ("a100-0", "A100-SXM4-80GB"))
-    ]
-    return parse_fleet({"metadata": {"name": "e2e"}, "spec": {"nodes": nodes}})
+    return cluster.fleet("e2e", (("h100-0", "H100-SXM5-80GB"), ("a100-0", "A100-SXM4-80GB")))
 
 
 def _plans(cluster: Cluster, name: str = "mx") -> list[dict[str, Any]]:

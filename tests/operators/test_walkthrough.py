@@ -53,7 +53,7 @@ from apis.kube.v1alpha1 import API_VERSION
 from controlplane.router.state import rank_weights
 from controlplane.server.inprocess import start_controller
 from controlplane.store.kubernetes import KubernetesStore
-from policies.fleet import Fleet, parse_fleet
+from policies.fleet import Fleet
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,16 +63,7 @@ ONE_NODE = {"minGpus": 2, "maxGpus": 2}
 
 def _fleet(cluster: Cluster) -> Fleet:
     """Three 2-GPU nodes of three generations (mixed-24 in small), named for this run."""
-    nodes = [
-        {
-            "name": cluster.name(base),
-            "labels": {RUN_LABEL: cluster.run},
-            "gpus": [{"model": model, "count": 2}],
-            "nics": [{"count": 1, "per_direction_gbits_per_s": 400, "fabric": "ib0"}],
-        }
-        for base, model in NODES
-    ]
-    return parse_fleet({"metadata": {"name": "walkthrough"}, "spec": {"nodes": nodes}})
+    return cluster.fleet("walkthrough", NODES)
 
 
 def _kubeconfig(cluster: Cluster, tmp_path: Path) -> Path:
