@@ -202,24 +202,29 @@ def test_two_ranks_over_gloo_match_reference() -> None:
         assert float((got - want).abs().max()) < 1e-4, (rule, decode)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need an NVIDIA GPU")
-@pytest.mark.parametrize("expert_dtype", ["bf16", "fp8"])
-def test_graph_replay_equals_eager_on_gpu(expert_dtype: str) -> None:
-    dev = torch.device("cuda", 0)
+def gpu_decode_layer(expert_dtype: str) -> Any:
+    """A one-rank decode layer on GPU 0 (16 experts, 64 slots, 64 sequences of a 256-token
+    context, bfloat16 activations, experts in ``expert_dtype``)."""
     sh = LayerShape(1024, 16, 4, 512, 1, 16, 2, 128)
     pl = RankPlacement((64,), (tuple((e, 1.0) for e in range(16)),))
-    layer = build_fast_layer(
+    return build_fast_layer(
         sh,
         pl,
         rank=0,
         decode=True,
         seq_len=64,
         context=256,
-        device=dev,
+        device=torch.device("cuda", 0),
         dtype=torch.bfloat16,
         expert_dtype=expert_dtype,
     )
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need an NVIDIA GPU")
+@pytest.mark.parametrize("expert_dtype", ["bf16", "fp8"])
+def test_graph_replay_equals_eager_on_gpu(expert_dtype: str) -> None:
+    layer = gpu_decode_layer(expert_dtype)
     eager = layer.step().clone()
     layer.capture()
     layer.graphs["layer"].replay()

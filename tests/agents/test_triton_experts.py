@@ -12,15 +12,15 @@ import pytest
 torch = pytest.importorskip("torch", reason="the runtime needs torch (mixfleet[gpu])")
 pytest.importorskip("triton", reason="the Triton kernels need triton")
 
+from test_fast_runtime import gpu_decode_layer  # noqa: E402
+
 from agents.runtime.experts import (  # noqa: E402
     ExpertPlan,
     ExpertWeights,
     expert_forward,
     quantize_experts,
 )
-from agents.runtime.fast import PHASES, build_fast_layer  # noqa: E402
-from agents.runtime.layer import LayerShape  # noqa: E402
-from agents.runtime.routing import RankPlacement  # noqa: E402
+from agents.runtime.fast import PHASES  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -85,19 +85,7 @@ def test_every_valid_row_is_written() -> None:
 
 @pytest.mark.parametrize("expert_dtype", ["bf16", "fp8"])
 def test_layer_tunes_its_kernel_and_cuts_the_step_graph_into_phases(expert_dtype: str) -> None:
-    sh = LayerShape(1024, 16, 4, 512, 1, 16, 2, 128)
-    pl = RankPlacement((64,), (tuple((e, 1.0) for e in range(16)),))
-    layer = build_fast_layer(
-        sh,
-        pl,
-        rank=0,
-        decode=True,
-        seq_len=64,
-        context=256,
-        device=torch.device("cuda", 0),
-        dtype=torch.bfloat16,
-        expert_dtype=expert_dtype,
-    )
+    layer = gpu_decode_layer(expert_dtype)
     assert layer.plan.kernel in layer.kernel_us
     eager = layer.step().clone()
     layer.capture()
