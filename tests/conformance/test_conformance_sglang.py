@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 from conformance import engine_source as es
 from conformance.configs import DEEPSEEK, QWEN3
+from conformance.plans import H100, eplb_plan, fleet_of
 
 es.require("sglang")
 
@@ -37,37 +38,13 @@ from policies.engines import (  # noqa: E402
 )
 from policies.execution import SGLANG_PLACEMENT_FAMILIES  # noqa: E402
 from policies.exports import export_plan  # noqa: E402
-from policies.fleet import parse_fleet  # noqa: E402
 from policies.models import ModelSpec, from_hf_config, preset  # noqa: E402
 from policies.plan import Plan  # noqa: E402
-from policies.request import PlacementRequest  # noqa: E402
-from policies.solve import solve  # noqa: E402
-from policies.workload import make_workload, synthetic_zipf  # noqa: E402
 
 pytestmark = pytest.mark.conformance
 
 SG = es.sglang()
 EL = SG.expert_location
-
-
-def fleet(nodes: int, per_node: int, gpu: str = "H100-SXM5-80GB") -> Any:
-    nic = [{"count": 1, "per_direction_gbits_per_s": 400, "fabric": "ib0"}]
-    return parse_fleet(
-        {
-            "metadata": {"name": f"h100x{nodes * per_node}"},
-            "spec": {
-                "nodes": [
-                    {
-                        "name": f"h100-{i}",
-                        "gpus": [{"model": gpu, "count": per_node}],
-                        "nvlink": {"per_gpu_bidir_gbytes_per_s": 900},
-                        "nics": nic,
-                    }
-                    for i in range(nodes)
-                ]
-            },
-        }
-    )
 
 
 def plan_for(
@@ -77,21 +54,14 @@ def plan_for(
     per_node: int,
     redundant: int,
     seed: int,
-    gpu: str = "H100-SXM5-80GB",
+    gpu: str = H100,
 ) -> Plan:
-    load = synthetic_zipf(model, f"synthetic:zipf:1.3:seed={seed}")
-    workload = make_workload(model, phase="decode", tokens_per_gpu=64, context_len=2048, load=load)
-    req = PlacementRequest(
-        fleet(nodes, per_node, gpu),
-        model,
-        workload,
-        policy="eplb",
-        redundant_experts=redundant,
-        engine=EngineSpec("sglang"),
+    fleet = fleet_of(
+        f"h100x{nodes * per_node}", [(f"h100-{i}", gpu, per_node) for i in range(nodes)]
     )
-    plan = solve(req).plan
-    assert not plan.violations, plan.violations
-    return plan
+    return eplb_plan(
+        model, fleet, engine="sglang", zipf=f"synthetic:zipf:1.3:seed={seed}", redundant=redundant
+    )
 
 
 def metadata(doc: dict[str, Any], model: ModelSpec, rank: int) -> Any:
