@@ -33,12 +33,13 @@ from typing import Any, Literal
 
 import pytest
 import yaml
+from conformance.plans import H100, fleet_of
 from pydantic import BaseModel, ConfigDict, PositiveInt, ValidationError
 
 from controlplane.cli.files import dump_document
 from policies.deployment import sub_fleet
 from policies.engines import EngineSpec
-from policies.fleet import Fleet, parse_fleet
+from policies.fleet import Fleet
 from policies.launch import (
     TRANSFER_BACKENDS,
     TRTLLM_SERVER_PORT,
@@ -182,22 +183,7 @@ def serve_parser() -> argparse.ArgumentParser:
 
 
 def fleet(nodes: int) -> Fleet:
-    return parse_fleet(
-        {
-            "metadata": {"name": "trt"},
-            "spec": {
-                "nodes": [
-                    {
-                        "name": f"n{i}",
-                        "gpus": [{"model": "H100-SXM5-80GB", "count": 4}],
-                        "nvlink": {"per_gpu_bidir_gbytes_per_s": 900},
-                        "nics": [{"count": 1, "per_direction_gbits_per_s": 400, "fabric": "ib0"}],
-                    }
-                    for i in range(nodes)
-                ]
-            },
-        }
-    )
+    return fleet_of("trt", [(f"n{i}", H100, 4) for i in range(nodes)])
 
 
 def plan_on(f: Fleet) -> Any:
