@@ -342,6 +342,32 @@ def _fidelity_cases(repeats: int) -> tuple[dict[str, Any], list[dict[str, Any]]]
     return cals, cases
 
 
+def start_record(
+    kind: str, module: str, argv: list[str] | None, out: str, device: str
+) -> dict[str, Any]:
+    """The head of a GPU results document, creating the folder ``out``: its ``kind``, the
+    command that reproduces it (``python -m MODULE ...``, the folder written ``OUT``) and the
+    environment, on the GPU named ``device``."""
+    from agents.runtime.bench_results import environment
+
+    os.makedirs(out, exist_ok=True)
+    doc: dict[str, Any] = {
+        "kind": kind,
+        "command": f"python -m {module} " + " ".join(argv or sys.argv[1:]).replace(out, "OUT"),
+        "environment": environment(),
+    }
+    doc["environment"]["device"] = device
+    return doc
+
+
+def save_record(doc: dict[str, Any], out: str, name: str) -> str:
+    """Write ``doc`` as ``out/name`` (JSON); returns the path."""
+    path = os.path.join(out, name)
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(doc, fh, indent=1, default=str)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("--out", required=True, help="folder for gpu-h200-runtime.json")
@@ -355,19 +381,13 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from agents.runtime.bench_results import environment
-
-    os.makedirs(args.out, exist_ok=True)
     t0 = time.perf_counter()
-    doc: dict[str, Any] = {
-        "kind": "mixfleet.gpu-runtime/v1",
-        "command": "python -m bench.gpu " + " ".join(argv or sys.argv[1:]).replace(args.out, "OUT"),
-        "environment": environment(),
-        "torch_features": {
-            k: hasattr(torch, k) for k in ("_grouped_mm", "_scaled_grouped_mm", "_scaled_mm")
-        },
+    doc = start_record(
+        "mixfleet.gpu-runtime/v1", "bench.gpu", argv, args.out, torch.cuda.get_device_name(0)
+    )
+    doc["torch_features"] = {
+        k: hasattr(torch, k) for k in ("_grouped_mm", "_scaled_grouped_mm", "_scaled_mm")
     }
-    doc["environment"]["device"] = torch.cuda.get_device_name(0)
     doc["ceilings"] = ceil = ceilings()
     _log(f"ceilings {ceil}")
     doc["before"] = [] if args.skip_before else _before_cases()
@@ -378,9 +398,7 @@ def main(argv: list[str] | None = None) -> int:
         "fidelity": fidelity_table(doc["fidelity"]),
     }
     doc["duration_s"] = time.perf_counter() - t0
-    path = os.path.join(args.out, "gpu-h200-runtime.json")
-    with open(path, "w", encoding="utf-8") as fh:
-        json.dump(doc, fh, indent=1, default=str)
+    path = save_record(doc, args.out, "gpu-h200-runtime.json")
     print("\n".join(doc["tables"]["roofline"] + [""] + doc["tables"]["fidelity"]))
     _log(f"wrote {path} in {doc['duration_s']:.0f} s")
     return 0

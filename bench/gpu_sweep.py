@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 import traceback
@@ -228,18 +227,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     from agents.calibrate.runtime_figures import warm_clocks
-    from agents.runtime.bench_results import environment
-    from bench.gpu import ceilings
+    from bench.gpu import ceilings, save_record, start_record
 
-    os.makedirs(args.out, exist_ok=True)
     t0 = time.perf_counter()
-    doc: dict[str, Any] = {
-        "kind": "mixfleet.gpu-sweep/v1",
-        "command": "python -m bench.gpu_sweep "
-        + " ".join(argv or sys.argv[1:]).replace(args.out, "OUT"),
-        "environment": environment(),
-    }
-    doc["environment"]["device"] = torch.cuda.get_device_name(0)
+    doc = start_record(
+        "mixfleet.gpu-sweep/v1", "bench.gpu_sweep", argv, args.out, torch.cuda.get_device_name(0)
+    )
     try:
         import triton
 
@@ -253,9 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     _log(f"attention probe {doc['attention_probe']}")
     doc["points"] = run_sweep(args.rounds, args.iters)
     doc["duration_s"] = time.perf_counter() - t0
-    path = os.path.join(args.out, "gpu-h200-sweep.json")
-    with open(path, "w", encoding="utf-8") as fh:
-        json.dump(doc, fh, indent=1, default=str)
+    path = save_record(doc, args.out, "gpu-h200-sweep.json")
     _log(f"wrote {path} in {doc['duration_s']:.0f} s")
     try:
         report = gpu_fit.analyse(doc)
