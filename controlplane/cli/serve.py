@@ -81,13 +81,15 @@ def _traffic_of_flags(args: argparse.Namespace) -> Traffic:
         "inputTokens": {"mean": args.isl, "p90": args.isl_p90 or args.isl},
         "outputTokens": {"mean": args.osl, "p90": args.osl_p90 or args.osl},
         "arrival": args.arrival or "poisson",
+        **_fields_given(
+            args,
+            {
+                "burstCv": "burst_cv",
+                "requestsPerS": "rps",
+                "outputTokensPerS": "output_tokens_per_s",
+            },
+        ),
     }
-    if args.burst_cv is not None:
-        doc["burstCv"] = args.burst_cv
-    if args.rps is not None:
-        doc["requestsPerS"] = args.rps
-    if args.output_tokens_per_s is not None:
-        doc["outputTokensPerS"] = args.output_tokens_per_s
     try:
         return traffic_from_doc(doc, "traffic")
     except InputError as exc:
@@ -98,9 +100,7 @@ def _traffic_of_flags(args: argparse.Namespace) -> Traffic:
             "traffic.outputTokens.p90": "--osl-p90",
             "traffic.burstCv": "--burst-cv",
         }
-        raise InputError(
-            str(exc).split(": ", 1)[-1], field=flags.get(exc.field, exc.field)
-        ) from exc
+        raise _flag_error(exc, flags.get(exc.field, exc.field)) from exc
 
 
 def _slo_of_flags(args: argparse.Namespace) -> Slo | None:
@@ -108,19 +108,24 @@ def _slo_of_flags(args: argparse.Namespace) -> Slo | None:
 
     if args.ttft_ms is None and args.tpot_ms is None:
         return None
-    doc: dict[str, Any] = {}
-    if args.ttft_ms is not None:
-        doc["ttftMs"] = args.ttft_ms
-    if args.tpot_ms is not None:
-        doc["tpotMs"] = args.tpot_ms
-    if args.percentile is not None:
-        doc["percentile"] = args.percentile
+    doc = _fields_given(
+        args, {"ttftMs": "ttft_ms", "tpotMs": "tpot_ms", "percentile": "percentile"}
+    )
     try:
         return slo_from_doc(doc, "slo")
     except InputError as exc:
-        raise InputError(
-            str(exc).split(": ", 1)[-1], field="--" + exc.field.split(".")[-1]
-        ) from exc
+        raise _flag_error(exc, "--" + exc.field.split(".")[-1]) from exc
+
+
+def _fields_given(args: argparse.Namespace, keys: dict[str, str]) -> dict[str, Any]:
+    """The document fields of the flags given: ``keys`` maps a field to its ``args``
+    attribute; a flag left out (None) gives no field."""
+    return {k: getattr(args, a) for k, a in keys.items() if getattr(args, a) is not None}
+
+
+def _flag_error(exc: InputError, flag: str) -> InputError:
+    """``exc``'s message without its document path, naming the command-line ``flag``."""
+    return InputError(str(exc).split(": ", 1)[-1], field=flag)
 
 
 def _traffic_file(path: str) -> tuple[Traffic | None, Slo | None]:
