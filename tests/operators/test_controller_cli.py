@@ -53,6 +53,20 @@ def _no_kube_env(tmp_path: Path) -> dict[str, str]:
     return {**env, "HOME": str(tmp_path), "PYTHONUNBUFFERED": "1"}
 
 
+def _run_without_kube(tmp_path: Path, cmd: list[str]) -> subprocess.CompletedProcess[str]:
+    """``cmd`` run to its end in an environment without Kubernetes configuration
+    (:func:`_no_kube_env`), its output captured."""
+    return subprocess.run(
+        cmd,
+        cwd=ROOT,
+        env=_no_kube_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
 def _one_error_line(err: str) -> str:
     """The one ``error:`` line of ``err``, which holds no traceback."""
     assert "Traceback" not in err, err
@@ -63,14 +77,8 @@ def _one_error_line(err: str) -> str:
 
 def test_the_operator_without_a_kubeconfig_prints_one_error_line(tmp_path: Path) -> None:
     for extra in ([], ["--kubeconfig", str(tmp_path / "missing")]):
-        done = subprocess.run(
-            [sys.executable, "-m", "operators", "run", "--metrics-port", "0", *extra],
-            cwd=ROOT,
-            env=_no_kube_env(tmp_path),
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
+        done = _run_without_kube(
+            tmp_path, [sys.executable, "-m", "operators", "run", "--metrics-port", "0", *extra]
         )
         assert done.returncode == 1, done.stderr
         line = _one_error_line(done.stderr)
@@ -80,15 +88,7 @@ def test_the_operator_without_a_kubeconfig_prints_one_error_line(tmp_path: Path)
 def test_the_controller_without_a_kubeconfig_prints_one_error_line(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "controlplane.cli", "controller", "run", "--insecure"]
     cmd += ["--listen", "127.0.0.1:0", "--store", "kubernetes:mixfleet-system", "--leader-elect"]
-    done = subprocess.run(
-        cmd,
-        cwd=ROOT,
-        env=_no_kube_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = _run_without_kube(tmp_path, cmd)
     assert done.returncode == 1, done.stderr
     line = _one_error_line(done.stderr)
     assert "store kubernetes:mixfleet-system" in line and "To fix:" in line
@@ -173,15 +173,7 @@ def test_without_the_crds_the_controller_says_which_to_install(tmp_path: Path) -
         cmd = [sys.executable, "-m", "controlplane.cli", "controller", "run", "--insecure"]
         cmd += ["--listen", "127.0.0.1:0", "--store", "kubernetes:mixfleet-system"]
         cmd += ["--kubeconfig", str(kubeconfig)]
-        done = subprocess.run(
-            cmd,
-            cwd=ROOT,
-            env=_no_kube_env(tmp_path),
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        done = _run_without_kube(tmp_path, cmd)
     finally:
         fake.stop()
     assert done.returncode == 1, done.stderr
