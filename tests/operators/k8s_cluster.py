@@ -92,6 +92,15 @@ class Cluster:
         ]
         return parse_fleet({"metadata": {"name": name}, "spec": {"nodes": doc_nodes}})
 
+    def registered(self, fleet: Fleet) -> bool:
+        """Every node of ``fleet`` has registered: its GPUNode carries an inventory."""
+        k = self.kube()
+        for n in fleet.nodes:
+            obj = k.get(GPUNODES, n.name) or {}
+            if not (obj.get("status") or {}).get("inventory"):
+                return False
+        return True
+
     def name(self, base: str) -> str:
         """A cluster-scoped name for this run."""
         return f"{self.prefix}{base}"

@@ -23,7 +23,6 @@ from agents.backoff import BackoffSettings
 from agents.simulate import SimulatedFleet
 from apis.kube.client import (
     CONFIGMAPS,
-    GPUNODES,
     MODEL_DEPLOYMENTS,
     PARTITION_PLANS,
     PLACEMENT_POLICIES,
@@ -73,12 +72,7 @@ def _committed(cluster: Cluster, version: int, name: str = "mx") -> dict[str, An
 
 def _registered(cluster: Cluster) -> bool:
     """Every simulated node has registered: its GPUNode carries an inventory."""
-    k = cluster.kube()
-    for n in _fleet(cluster).nodes:
-        obj = k.get(GPUNODES, n.name) or {}
-        if not (obj.get("status") or {}).get("inventory"):
-            return False
-    return True
+    return cluster.registered(_fleet(cluster))
 
 
 def _in_thread(fn: Callable[[], Any]) -> Any:

@@ -346,9 +346,4 @@ def test_the_walkthrough_operator_controller_agents_router(
 
 def _registered_all(cluster: Cluster) -> bool:
     """Every node of the walkthrough's fleet has registered."""
-    k = cluster.kube()
-    for n in _fleet(cluster).nodes:
-        obj = k.get(GPUNODES, n.name) or {}
-        if not (obj.get("status") or {}).get("inventory"):
-            return False
-    return True
+    return cluster.registered(_fleet(cluster))
