@@ -10,5 +10,7 @@ forwarded from the engine connection's reads), over a pure balancer (:mod:`.bala
 live weights from the controller's ``EngineService.WatchRouting`` (:mod:`.routing`), health
 checks on their own thread (:mod:`.health`), Prometheus metrics (:mod:`.metrics`); settings,
 limits and flags in :mod:`.settings`, per-request parsing (depth check, tier, work estimate,
-rank field) in :mod:`.requests`, one or several worker processes in :mod:`.workers`.
+rank field) in :mod:`.requests`, the client side before routing (error answers, body
+bounds) in :mod:`.intake`, the listening socket (request-head deadline, collector settings)
+in :mod:`.listener`, one or several worker processes in :mod:`.workers`.
 """

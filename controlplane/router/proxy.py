@@ -15,21 +15,22 @@ sent back*, the instance is ejected and the request tried on another instance (a
 ``max_attempts`` tries); once a byte has gone to the client a failure cuts the response and
 is never retried (a half-streamed answer must not be generated twice). When every rank of
 the tier is at its queue limit: 429 with ``Retry-After``.
+
+The client side before routing (error answers, body bounds) is :mod:`.intake`; the
+listening socket's head deadline and the collector settings are :mod:`.listener`
+(:func:`tune_gc` is re-exported here, where the console script and the benchmark take it).
 """
 
 from __future__ import annotations
 
 import asyncio
-import gc
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import structlog
 from aiohttp import web
-from aiohttp.web_protocol import RequestHandler
 from mixfleet.v1 import engine_pb2
 from multidict import CIMultiDict
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -37,6 +38,14 @@ from yarl import URL
 
 from controlplane.router.balance import RankState, choose
 from controlplane.router.health import CheckThread, HealthBook
+from controlplane.router.intake import (
+    BodyBudget,
+    ClientGoneError,
+    RefusedError,
+    error,
+    read_body,
+)
+from controlplane.router.listener import GuardedSite, peer_name, tune_gc
 from controlplane.router.metrics import RouterMetrics
 from controlplane.router.relay import EngineConnection, EngineError, EnginePool
 from controlplane.router.requests import (
@@ -55,6 +64,8 @@ from policies.errors import InputError
 
 if TYPE_CHECKING:
     from controlplane.router.routing import RoutingWatcher
+
+__all__ = ["KEEPALIVE_S", "POOL_KEEPALIVE_S", "ROUTED_PATHS", "BodyBudget", "Router", "tune_gc"]
 
 log = structlog.get_logger("mixfleet.router")
 
@@ -87,29 +98,6 @@ KEEPALIVE_S = 4.0
 POOL_KEEPALIVE_S = 60.0
 
 
-#: Collector thresholds of a serving router: a young collection every 5,000 net allocations
-#: (CPython's default is 700), the middle one every 50 young ones, the full one every 100
-#: middle ones (defaults 10 and 10).
-GC_THRESHOLDS = (5_000, 50, 100)
-
-
-def tune_gc() -> None:
-    """Set the garbage collector up for a serving router process; call once, after start.
-
-    With CPython's defaults a router holding hundreds of open streams runs a full
-    collection every few seconds, and it pauses the event loop for tens of milliseconds
-    (it scans every open stream's objects): far more than a p99 budget of 5 ms.
-    Everything alive after start (modules, gRPC, metrics) is moved out of the collector's
-    sight (``gc.freeze``) and the thresholds are raised (:data:`GC_THRESHOLDS`): young
-    collections become rarer and the full ones that scan every open stream's objects all
-    but stop. Reference cycles are still collected. Process-wide: the console script and
-    the benchmark call it; an embedding program decides for itself.
-    """
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
-
-
 class _UnreachableError(Exception):
     """The engine failed before anything was sent back: the request may be tried again.
 
@@ -120,143 +108,6 @@ class _UnreachableError(Exception):
     def __init__(self, message: str, *, refused: bool = False) -> None:
         super().__init__(message)
         self.refused = refused
-
-
-class _RefusedError(Exception):
-    """A request refused before routing; carries the answer.
-
-    Attributes:
-        response: what the client gets.
-        reason: the ``reason`` label of ``mixfleet_router_rejects_total``.
-    """
-
-    def __init__(self, response: web.Response, reason: str) -> None:
-        super().__init__(reason)
-        self.response = response
-        self.reason = reason
-
-
-class _ClientGoneError(Exception):
-    """The client closed its connection before its request was in."""
-
-
-def _error(status: int, message: str, **headers: str) -> web.Response:
-    body = {"error": {"message": message, "type": "mixfleet_router", "code": status}}
-    return web.json_response(body, status=status, headers=headers)
-
-
-def _closing(status: int, message: str, **headers: str) -> web.Response:
-    """An error answer after which the connection is closed (its body was not read)."""
-    resp = _error(status, message, **headers)
-    resp.force_close()
-    return resp
-
-
-@dataclass
-class BodyBudget:
-    """Bytes of request bodies held at once, all requests together, bounded.
-
-    Attributes:
-        limit_bytes: the bound, bytes.
-        held_bytes: bytes taken and not yet given back.
-    """
-
-    limit_bytes: int
-    held_bytes: int = 0
-
-    def take(self, n: int) -> bool:
-        """Take ``n`` bytes if that stays within the bound; False (nothing taken) if not."""
-        if self.held_bytes + n > self.limit_bytes:
-            return False
-        self.held_bytes += n
-        return True
-
-    def give(self, n: int) -> None:
-        """Give back ``n`` bytes taken earlier."""
-        self.held_bytes -= n
-
-
-class _GuardedHandler(RequestHandler):
-    """aiohttp's connection handler, plus a deadline on request heads.
-
-    aiohttp's keep-alive timer bounds a connection that sends nothing; a client that
-    trickles the bytes of a request head (slowloris) would keep the connection until that
-    timer ends. Here the first bytes of a head, arriving while the connection waits for a
-    request, start a timer of ``header_timeout_s`` seconds; a head still incomplete when it
-    fires closes the connection (one log line).
-    """
-
-    def __init__(self, manager: web.Server, *, header_timeout_s: float, **kwargs: Any) -> None:
-        super().__init__(manager, **kwargs)
-        self._head_timeout_s = header_timeout_s
-        self._head_timer: asyncio.TimerHandle | None = None
-
-    def data_received(self, data: bytes) -> None:
-        count = self._request_count
-        super().data_received(data)
-        if self._request_count != count:  # a head completed
-            if self._head_timer is not None:
-                self._head_timer.cancel()
-                self._head_timer = None
-            return
-        waiter = self._waiter
-        if self._head_timer is None and waiter is not None and not waiter.done():
-            self._head_timer = self._loop.call_later(
-                self._head_timeout_s, self._head_expired, count
-            )
-
-    def _head_expired(self, count: int) -> None:
-        self._head_timer = None
-        if self._request_count == count and self.transport is not None:
-            log.info(
-                "client connection closed: request head incomplete",
-                peer=_peer(self.transport),
-                header_timeout_s=self._head_timeout_s,
-            )
-            self.force_close()
-
-    def connection_lost(self, exc: BaseException | None) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
-        super().connection_lost(exc)
-
-
-def _peer(transport: asyncio.BaseTransport | None) -> str:
-    peer = transport.get_extra_info("peername") if transport is not None else None
-    return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else "?"
-
-
-class _Site(web.TCPSite):
-    """A TCP site whose connections get :class:`_GuardedHandler`."""
-
-    def __init__(self, runner: web.AppRunner, *, header_timeout_s: float, **kw: Any) -> None:
-        super().__init__(runner, **kw)
-        self._header_timeout_s = header_timeout_s
-
-    async def start(self) -> None:
-        self._runner._reg_site(self)
-        loop = asyncio.get_running_loop()
-        server = self._runner.server
-        assert server is not None
-        # What web.Server.__call__ does, with the guarded handler class.
-        kwargs = server._kwargs
-
-        def factory() -> RequestHandler:
-            return _GuardedHandler(
-                server, loop=loop, header_timeout_s=self._header_timeout_s, **kwargs
-            )
-
-        self._server = await loop.create_server(
-            factory,
-            self._host,
-            self._port,
-            backlog=self._backlog,
-            reuse_address=self._reuse_address,
-            reuse_port=self._reuse_port,
-        )
-        socks = self._server.sockets
-        self._bound_port = socks[0].getsockname()[1] if socks else self._port
 
 
 class Router:
@@ -351,7 +202,7 @@ class Router:
             keepalive_timeout=s.idle_timeout_s,
         )
         await self.runner.setup()
-        site = _Site(
+        site = GuardedSite(
             self.runner,
             header_timeout_s=s.header_timeout_s,
             host=s.listen_host,
@@ -413,7 +264,7 @@ class Router:
         tier = s.default_tier
         held = 0
         try:
-            raw = await self._read_body(request)
+            raw = await read_body(request, self.settings, self.bodies)
             held = len(raw) if request.content_length is None else request.content_length
             body = parse_body(raw, s.max_json_depth)
             tier = pick_tier(
@@ -434,11 +285,11 @@ class Router:
             return await self._dispatch(request, raw, body, work, tier, arrived)
         except InputError as exc:
             self.metrics.rejects.labels(tier, "bad_request").inc()
-            return _error(400, str(exc) if exc.field else f"body: {exc}")
-        except _RefusedError as exc:
+            return error(400, str(exc) if exc.field else f"body: {exc}")
+        except RefusedError as exc:
             self.metrics.rejects.labels(tier, exc.reason).inc()
             return exc.response
-        except _ClientGoneError:
+        except ClientGoneError:
             return web.Response(status=400)  # nobody is there to read it
         except Exception as exc:  # the handler's boundary: one line, never a traceback
             log.error(
@@ -447,69 +298,9 @@ class Router:
                 error=type(exc).__name__,
                 detail=str(exc)[:200],
             )
-            return _error(500, "internal error of the router (logged)")
+            return error(500, "internal error of the router (logged)")
         finally:
             self.bodies.give(held)
-
-    async def _read_body(self, request: web.Request) -> bytes:
-        """The request's body, within the size, time and in-flight bounds; the bytes stay
-        counted in :attr:`bodies` (as the declared length, else the length read) until
-        :meth:`_route` gives them back.
-
-        Raises:
-            _RefusedError: 413 (larger than ``max_body_bytes``), 429 (the in-flight bound),
-                408 (not in within ``body_timeout_s``).
-            _ClientGoneError: the client went away (logged as one line).
-        """
-        s = self.settings
-        declared = request.content_length
-        if declared is not None:
-            if declared > s.max_body_bytes:
-                raise _RefusedError(
-                    _closing(413, f"body of {declared} bytes is over {s.max_body_bytes}"),
-                    "too_large",
-                )
-            if not self.bodies.take(declared):
-                raise self._busy()
-        taken = declared or 0
-        if declared is not None and request.content.is_eof():
-            return await request.read()  # all in already (the common case): no timer
-        try:
-            async with asyncio.timeout(s.body_timeout_s):
-                if declared is not None:
-                    return await request.read()
-                parts: list[bytes] = []
-                while chunk := await request.content.readany():
-                    if taken + len(chunk) > s.max_body_bytes:
-                        raise _RefusedError(
-                            _closing(413, f"body is over {s.max_body_bytes} bytes"), "too_large"
-                        )
-                    if not self.bodies.take(len(chunk)):
-                        raise self._busy()
-                    taken += len(chunk)
-                    parts.append(chunk)
-                return b"".join(parts)
-        except TimeoutError:
-            self.bodies.give(taken)
-            log.info(
-                "client too slow: body not in time",
-                peer=_peer(request.transport),
-                body_timeout_s=s.body_timeout_s,
-            )
-            raise _RefusedError(
-                _closing(408, f"body not received within {s.body_timeout_s} s"), "slow_client"
-            ) from None
-        except (ConnectionError, aiohttp.ClientPayloadError, web.HTTPException) as exc:
-            self.bodies.give(taken)
-            log.info(
-                "client went away while sending its body",
-                peer=_peer(request.transport),
-                error=type(exc).__name__,
-            )
-            raise _ClientGoneError from None
-        except BaseException:
-            self.bodies.give(taken)
-            raise
 
     def _upstream_url(self, base: str, path: str) -> URL:
         """The engine URL of ``path`` at ``base``, parsed once and kept."""
@@ -517,18 +308,6 @@ class Router:
         if url is None:
             url = self._urls[(base, path)] = URL(base + path)
         return url
-
-    def _busy(self) -> _RefusedError:
-        s = self.settings
-        return _RefusedError(
-            _closing(
-                429,
-                f"request bodies in flight are at the router's bound "
-                f"({s.max_inflight_body_bytes} bytes)",
-                **{"Retry-After": str(s.retry_after_s)},
-            ),
-            "bodies_in_flight",
-        )
 
     async def _dispatch(
         self,
@@ -553,7 +332,7 @@ class Router:
             if choice.rank is None:
                 if choice.reason == "overloaded":
                     self.metrics.rejects.labels(tier, "overloaded").inc()
-                    return _error(
+                    return error(
                         429,
                         f"every rank of tier {tier!r} is at its queue limit "
                         f"({s.queue_limit} open requests)",
@@ -574,9 +353,9 @@ class Router:
                     self.health.record(rank.instance, False)
         if last:
             self.metrics.rejects.labels(tier, "upstream").inc()
-            return _error(502, f"no engine answered: {last}")
+            return error(502, f"no engine answered: {last}")
         self.metrics.rejects.labels(tier, "no_rank").inc()
-        return _error(503, f"tier {tier!r} has no admitted rank with weight > 0")
+        return error(503, f"tier {tier!r} has no admitted rank with weight > 0")
 
     async def _forward(
         self,
@@ -671,7 +450,9 @@ class Router:
         if outcome == "complete":
             await resp.write_eof()
         elif outcome == "client_gone":
-            log.info("client went away during its answer", peer=_peer(sink), instance=rank.instance)
+            log.info(
+                "client went away during its answer", peer=peer_name(sink), instance=rank.instance
+            )
             sink.close()  # gone, or too slow to read: either way its connection ends
         else:
             self.metrics.stream_aborts.inc()
@@ -733,7 +514,7 @@ class Router:
                 except (ConnectionError, RuntimeError):  # the client went away
                     log.info(
                         "client went away during its stream",
-                        peer=_peer(request.transport),
+                        peer=peer_name(request.transport),
                         instance=rank.instance,
                     )
                     return resp
@@ -763,7 +544,7 @@ class Router:
                     )
             except (aiohttp.ClientError, OSError, TimeoutError):
                 continue
-        return _error(503, "no admitted engine instance")
+        return error(503, "no admitted engine instance")
 
     async def _health(self, request: web.Request) -> web.StreamResponse:
         ok = any(
