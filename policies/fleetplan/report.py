@@ -26,8 +26,9 @@ Fleet plan document::
             requestsPerS: 10.8
             predicted: {ttftMs: 154, tpotMs: 43.8}
             instances: [{variant: ..., role: aggregated, makeUp: "1x (8x H200-SXM-141GB)",
-                         count: 1, nodes: [[h200-0]], batchLimit: 325, gpus: 8,
-                         attentionTp: 1, expertParallel: 8, requestsPerSEach: 10.8,
+                         count: 1, nodes: [[h200-0]], batchLimit: 325,
+                         workload: {phase: decode, tokensPerGpu: 40, contextLen: 4608},
+                         gpus: 8, attentionTp: 1, expertParallel: 8, requestsPerSEach: 10.8,
                          usdPerHourEach: 30.4}]
             kvPath: {gbytesPerS: 42.5, latencyUs: 25, path: RDMA ib0}   # P/D pools only
         servingPlan: {pools: [...]}        # policies.serving.plan document
@@ -42,6 +43,7 @@ Pure: no I/O.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from policies.fleetplan.types import DeploymentPlan, FleetPlan, PlannedGroup, PlannedPool
@@ -52,7 +54,7 @@ from policies.serving.plan import (
     ServingPlan,
     plan_to_doc,
 )
-from policies.serving.traffic import slo_to_doc, traffic_to_doc
+from policies.serving.traffic import Traffic, slo_to_doc, traffic_to_doc
 
 
 def _round(x: float, digits: int = 4) -> float:
@@ -94,7 +96,28 @@ def serving_plan(dp: DeploymentPlan, chunk_tokens: int) -> ServingPlan | None:
     return ServingPlan(tuple(pools)) if pools else None
 
 
-def _group_doc(g: PlannedGroup) -> dict[str, Any]:
+def planned_workload(g: PlannedGroup, traffic: Traffic) -> dict[str, Any]:
+    """What one instance of ``g`` is planned to run, per GPU, as a deployment's ``workload``
+    block: the batch the planner sized and the KV each sequence reserves (prefill: its
+    prompt-token budget and the mean prompt; aggregated and decode: its sequences and the
+    mean prompt plus output, as :func:`policies.fleetplan.sizing` reserves them). The engine
+    placement of the instance is solved at this workload (``plan launch --fleet-plan``)."""
+    gpus = max(1, g.variant.gpus)
+    isl = traffic.input_len.mean
+    if g.variant.role == "prefill":
+        return {
+            "phase": "prefill",
+            "tokensPerGpu": max(1, g.batch_limit // gpus),
+            "contextLen": max(1, math.ceil(isl)),
+        }
+    return {
+        "phase": "decode",
+        "tokensPerGpu": max(1, g.batch_limit // gpus),
+        "contextLen": max(1, math.ceil(isl + max(1.0, traffic.output_len.mean))),
+    }
+
+
+def _group_doc(g: PlannedGroup, traffic: Traffic) -> dict[str, Any]:
     v = g.variant
     return {
         "variant": v.key,
@@ -103,6 +126,7 @@ def _group_doc(g: PlannedGroup) -> dict[str, Any]:
         "count": g.count,
         "nodes": [list(n) for n in g.nodes],
         "batchLimit": g.batch_limit,
+        "workload": planned_workload(g, traffic),
         "gpus": v.gpus,
         "attentionTp": v.attention_tp,
         "expertParallel": v.expert_parallel,
@@ -111,7 +135,7 @@ def _group_doc(g: PlannedGroup) -> dict[str, Any]:
     }
 
 
-def _pool_doc(p: PlannedPool) -> dict[str, Any]:
+def _pool_doc(p: PlannedPool, traffic: Traffic) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "name": p.name,
         "requestsPerS": _round(p.requests_per_s),
@@ -119,9 +143,9 @@ def _pool_doc(p: PlannedPool) -> dict[str, Any]:
         "predicted": {"ttftMs": _round(p.ttft_ms), "tpotMs": _round(p.tpot_ms)},
     }
     if p.instances is not None:
-        doc["instances"] = [_group_doc(p.instances)]
+        doc["instances"] = [_group_doc(p.instances, traffic)]
     else:
-        doc["instances"] = [_group_doc(g) for g in p.groups()]
+        doc["instances"] = [_group_doc(g, traffic) for g in p.groups()]
         doc["kvPath"] = {
             "gbytesPerS": _round(p.kv_gbytes_per_s),
             "latencyUs": _round(p.kv_latency_us),
@@ -151,7 +175,7 @@ def deployment_doc(dp: DeploymentPlan, chunk_tokens: int) -> dict[str, Any]:
         if dp.served_requests_per_s > 0
         else None,
         "gpus": dp.gpus,
-        "pools": [_pool_doc(p) for p in dp.pools],
+        "pools": [_pool_doc(p, dp.traffic) for p in dp.pools],
     }
     sp = serving_plan(dp, chunk_tokens)
     if sp is not None:

@@ -8,7 +8,7 @@ Pure: builds values, does no I/O.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from policies.defaults import PLACEMENT_FILES, TRTLLM_OPTIONS_FILE
@@ -22,6 +22,7 @@ from policies.launch.types import (
     KvTransfer,
     LaunchRecipe,
 )
+from policies.limits import MAX_WIRE_INT32
 from policies.models import ModelSpec
 from policies.plan import Plan
 
@@ -44,6 +45,8 @@ class PlannedInstance:
         gpus: GPUs of the instance.
         attention_tp: its attention tensor-parallel size (1 = data-parallel attention).
         kv_path: prefill/decode: the pool's KV path in the planner's words ("" aggregated).
+        workload: what the planner sized the instance for, per GPU: ``(phase, tokens per
+            GPU, context tokens)`` (the group's ``workload``); None in a document without it.
     """
 
     name: str
@@ -53,6 +56,7 @@ class PlannedInstance:
     gpus: int
     attention_tp: int
     kv_path: str = ""
+    workload: tuple[str, int, int] | None = None
 
 
 _KIND_WORDS = {list: "a list", str: "a string", int: "an integer", Mapping: "a mapping"}
@@ -121,6 +125,7 @@ def planned_instances(doc: Any, deployment: str) -> tuple[PlannedInstance, ...]:
             gpus = _doc_field(g, "gpus", int, at)
             tp = _doc_field(g, "attentionTp", int, at)
             node_lists = _doc_field(g, "nodes", list, at)
+            workload = _planned_workload(g.get("workload"), f"{at}.workload")
             if len(node_lists) != _doc_field(g, "count", int, at):
                 raise InputError(
                     f"{len(node_lists)} node lists for count {g['count']}", field=f"{at}.nodes"
@@ -137,7 +142,11 @@ def planned_instances(doc: Any, deployment: str) -> tuple[PlannedInstance, ...]:
                     )
                 name = f"{deployment}-{role}-{counts[role]}"
                 counts[role] += 1
-                out.append(PlannedInstance(name, pool_name, role, tuple(nodes), gpus, tp, kv_path))
+                out.append(
+                    PlannedInstance(
+                        name, pool_name, role, tuple(nodes), gpus, tp, kv_path, workload
+                    )
+                )
     if not out:
         raise InputError(
             f"the fleet plan serves {deployment} with no instance (see its shortfalls)",
@@ -146,12 +155,29 @@ def planned_instances(doc: Any, deployment: str) -> tuple[PlannedInstance, ...]:
     return tuple(out)
 
 
+def _planned_workload(doc: Any, where: str) -> tuple[str, int, int] | None:
+    """A group's ``workload`` block (``{phase, tokensPerGpu, contextLen}``), or None when the
+    document has none."""
+    if doc is None:
+        return None
+    phase = _doc_field(doc, "phase", str, where)
+    if phase not in ("prefill", "decode"):
+        raise InputError(f"must be prefill or decode, not {phase!r}", field=f"{where}.phase")
+    tokens = _doc_field(doc, "tokensPerGpu", int, where)
+    context = _doc_field(doc, "contextLen", int, where)
+    for key, value in (("tokensPerGpu", tokens), ("contextLen", context)):
+        if not 1 <= value <= MAX_WIRE_INT32:
+            raise InputError(f"must be from 1 to {MAX_WIRE_INT32}", field=f"{where}.{key}")
+    return phase, tokens, context
+
+
 def instance_request(
     spec: DeploymentSpec, fleet: Fleet, instance: PlannedInstance
 ) -> PlacementRequest:
     """The placement request of one instance: the deployment's own
-    (:func:`policies.spec.build_request`: model, workload, policy, engine) on the instance's
-    nodes.
+    (:func:`policies.spec.build_request`: model, policy, engine) on the instance's nodes, at
+    the workload the fleet planner sized the instance for (its phase, batch and context;
+    the deployment's own workload when the document states none).
 
     Raises:
         InputError: a node the fleet does not have; an invalid spec.
@@ -159,6 +185,10 @@ def instance_request(
     from policies.deployment import sub_fleet
     from policies.spec import build_request
 
+    if instance.workload is not None:
+        phase, tokens, context = instance.workload
+        w = replace(spec.workload, phase=phase, tokens_per_gpu=tokens, context_len=context)
+        spec = replace(spec, workload=w)
     return build_request(spec, sub_fleet(fleet, instance.nodes, f"{fleet.name}/{instance.name}"))
 
 

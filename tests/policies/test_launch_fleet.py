@@ -120,6 +120,35 @@ def test_trtllm_pools_get_their_disaggregated_server_yaml() -> None:
         assert flags(il.recipe.nodes[0].argv)["--extra_llm_api_options"] == opts
 
 
+def test_each_instance_is_placed_at_the_batch_and_context_the_planner_sized() -> None:
+    """The planner's batch limit and the KV each sequence reserves, not the deployment's
+    default batch: at the default a planned instance can overflow its GPUs' memory."""
+    doc, spec = fleet_plan_doc("sglang", "on")
+    groups = [g for p in doc["deployments"][0]["pools"] for g in p["instances"]]
+    instances = planned_instances(doc, "q")
+    assert len(instances) == sum(g["count"] for g in groups)
+    for inst in instances:
+        (g,) = (g for g in groups if inst.nodes in [tuple(n) for n in g["nodes"]])
+        phase = "prefill" if g["role"] == "prefill" else "decode"
+        context = 4096 if phase == "prefill" else 4096 + 512
+        tokens = max(1, g["batchLimit"] // g["gpus"])
+        assert inst.workload == (phase, tokens, context)
+        w = instance_request(spec, H100X3, inst).workload
+        assert (w.phase, w.tokens_per_gpu, w.context_len) == (phase, tokens, context)
+        assert solve(instance_request(spec, H100X3, inst)).plan.summary.feasible
+    without = json.loads(json.dumps(doc))
+    for p in without["deployments"][0]["pools"]:
+        for g in p["instances"]:
+            del g["workload"]
+    (first, *_) = planned_instances(without, "q")
+    assert first.workload is None  # older documents: the deployment's own workload
+    bad = json.loads(json.dumps(doc))
+    bad["deployments"][0]["pools"][0]["instances"][0]["workload"]["tokensPerGpu"] = 0
+    with pytest.raises(InputError) as exc:
+        planned_instances(bad, "q")
+    assert exc.value.field == "deployments[q].pools[0].instances[0].workload.tokensPerGpu"
+
+
 def test_fleet_plan_refusals_name_the_field() -> None:
     doc, spec = fleet_plan_doc("sglang", "on")
     with pytest.raises(InputError, match="no deployment 'x'; it has q"):
