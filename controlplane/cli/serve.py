@@ -108,13 +108,14 @@ def _slo_of_flags(args: argparse.Namespace) -> Slo | None:
 
     if args.ttft_ms is None and args.tpot_ms is None:
         return None
-    doc = _fields_given(
-        args, {"ttftMs": "ttft_ms", "tpotMs": "tpot_ms", "percentile": "percentile"}
-    )
+    keys = {"ttftMs": "ttft_ms", "tpotMs": "tpot_ms", "percentile": "percentile"}
+    doc = _fields_given(args, keys)
     try:
         return slo_from_doc(doc, "slo")
     except InputError as exc:
-        raise _flag_error(exc, "--" + exc.field.split(".")[-1]) from exc
+        attr = keys.get((exc.field or "").rpartition(".")[2])
+        flag = "--" + attr.replace("_", "-") if attr else "--ttft-ms/--tpot-ms"
+        raise _flag_error(exc, flag) from exc
 
 
 def _fields_given(args: argparse.Namespace, keys: dict[str, str]) -> dict[str, Any]:
