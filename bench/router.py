@@ -32,6 +32,8 @@ stream target is then reported as not decided (``met: null``).
 * ``cost_model``: the mixed-24 DeepSeek-V3 plan solved for SGLang with router weights, its
   predicted step time, the step time with the router's achieved shares and with SGLang's own
   equal balancing (:func:`policies.solve.rescore`, engine-faithful scoring).
+
+The requests sent and the percentiles made of them are :mod:`bench.router_client`.
 """
 
 from __future__ import annotations
@@ -43,7 +45,6 @@ import json
 import multiprocessing as mp
 import os
 import platform
-import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -55,6 +56,14 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "tests"), str(REPO / "proto")]
 
 from bench.common import log, package_versions  # noqa: E402
+from bench.router_client import (  # noqa: E402
+    achieved_shares,
+    added_ms,
+    latency_level,
+    pooled,
+    round_added,
+    short_rate,
+)
 from policies.errors import InputError  # noqa: E402
 
 LEVELS = (100, 500, 2000)
@@ -133,145 +142,6 @@ class _Proc:
         self.p.join(10)
 
 
-# ------------------------------------------------------------------ client side
-
-
-def _pct(values: Sequence[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    return s[min(len(s) - 1, int(q * (len(s) - 1) + 0.5))]
-
-
-async def _stream(session: Any, url: str, chunks: int, ttfb: list[float], lag: list[float]) -> bool:
-    body = {"model": "m", "prompt": "hello", "max_tokens": chunks, "stream": True}
-    t0 = time.monotonic()
-    first = True
-    async with session.post(f"{url}/v1/completions", json=body) as r:
-        if r.status != 200:
-            await r.read()
-            return False
-        buf = b""
-        async for data in r.content.iter_any():
-            now = time.monotonic()
-            if first:
-                ttfb.append(now - t0)
-                first = False
-            buf += data
-            *events, buf = buf.split(b"\n\n")
-            for ev in events:
-                if ev.startswith(b"data: {"):
-                    lag.append(now - json.loads(ev[6:])["mono_s"])
-    return True
-
-
-async def _latency_level(url: str, streams: int, chunks: int, chunk_rate: float) -> dict[str, Any]:
-    import aiohttp
-
-    interval_s = streams / chunk_rate
-    ttfb: list[float] = []
-    lag: list[float] = []
-    conn = aiohttp.TCPConnector(limit=0)
-    timeout = aiohttp.ClientTimeout(total=None, sock_read=120)
-    async with aiohttp.ClientSession(connector=conn, timeout=timeout) as s:
-        # Warm-up: one short request per stream, so both paths start with open connections
-        # (clients of a router keep theirs alive; a cold start measures TCP set-up instead).
-        warm = {"model": "m", "prompt": "hi", "max_tokens": 0}
-
-        async def short() -> None:
-            async with s.post(f"{url}/v1/completions", json=warm) as r:
-                await r.read()
-
-        await asyncio.gather(*(short() for _ in range(streams)), return_exceptions=True)
-
-        async def one(i: int) -> bool:
-            await asyncio.sleep(interval_s * i / streams)  # spread the starts over one interval
-            return await _stream(s, url, chunks, ttfb, lag)
-
-        ok = await asyncio.gather(*(one(i) for i in range(streams)), return_exceptions=True)
-    done = sum(1 for x in ok if x is True)
-    return {
-        "streams": streams,
-        "completed": done,
-        "chunk_interval_ms": round(interval_s * 1000, 1),
-        "samples": {"ttfb_ms": ttfb, "chunk_lag_ms": lag},
-    }
-
-
-def _pooled(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Percentiles over the samples of every round of one path (the samples dropped)."""
-    out: dict[str, Any] = {
-        "streams": runs[0]["streams"],
-        "completed": sum(r["completed"] for r in runs),
-        "chunk_interval_ms": runs[0]["chunk_interval_ms"],
-        "rounds": len(runs),
-    }
-    for k in ("ttfb_ms", "chunk_lag_ms"):
-        values = [v for r in runs for v in r["samples"][k]]
-        out[k] = {"p50": _pct(values, 0.5) * 1e3, "p99": _pct(values, 0.99) * 1e3}
-    return out
-
-
-def _round_added(runs: dict[str, list[dict[str, Any]]], path: str) -> dict[str, Any]:
-    """Added latency round by round (each round's path against that round's direct run)
-    and the median over the rounds: one round disturbed by other work on the host moves
-    the pooled percentiles, not this median."""
-    per = [
-        _added(_pooled([r]), _pooled([d])) for r, d in zip(runs[path], runs["direct"], strict=True)
-    ]
-    med = {
-        k: {q: round(statistics.median(x[k][q] for x in per), 3) for q in ("p50", "p99")}
-        for k in ("ttfb_ms", "chunk_lag_ms")
-    }
-    return {"median": med, "rounds": per}
-
-
-def _added(routed: dict[str, Any], direct: dict[str, Any]) -> dict[str, Any]:
-    return {
-        k: {q: round(routed[k][q] - direct[k][q], 3) for q in ("p50", "p99")}
-        for k in ("ttfb_ms", "chunk_lag_ms")
-    }
-
-
-async def _short(url: str, seconds: float, clients: int) -> dict[str, Any]:
-    import aiohttp
-
-    body = {"model": "m", "prompt": "hi", "max_tokens": 0}
-    done = [0, 0]
-    end = time.monotonic() + seconds
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
-
-        async def loop() -> None:
-            while time.monotonic() < end:
-                async with s.post(f"{url}/v1/completions", json=body) as r:
-                    await r.read()
-                    done[0 if r.status == 200 else 1] += 1
-
-        t0 = time.monotonic()
-        await asyncio.gather(*(loop() for _ in range(clients)))
-        wall = time.monotonic() - t0
-    return {"requests_per_s": round(done[0] / wall, 1), "errors": done[1], "clients": clients}
-
-
-async def _shares(url: str, requests: int, clients: int) -> list[float]:
-    import aiohttp
-
-    body = {"model": "m", "prompt": "x" * 64, "max_tokens": 8}
-    left = [requests]
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
-
-        async def loop() -> None:
-            while left[0] > 0:
-                left[0] -= 1
-                async with s.post(f"{url}/v1/completions", json=body) as r:
-                    await r.read()
-
-        await asyncio.gather(*(loop() for _ in range(clients)))
-        async with s.get(f"{url}/router/status") as r:
-            status = await r.json()
-    return [float(x["achieved_share"]) for x in status["tiers"]["default"]]
-
-
 # ------------------------------------------------------------------ the plan
 
 
@@ -348,11 +218,11 @@ def _latency(
         try:
             for url in urls.values():
                 # untimed pass: the processes' first requests run cold code paths
-                asyncio.run(_latency_level(url, min(streams, 100), 2, chunk_rate))
+                asyncio.run(latency_level(url, min(streams, 100), 2, chunk_rate))
             for i in range(rounds):
                 for name in _order(list(urls), i):
                     runs[name].append(
-                        asyncio.run(_latency_level(urls[name], streams, chunks, chunk_rate))
+                        asyncio.run(latency_level(urls[name], streams, chunks, chunk_rate))
                     )
                 loads.append(round(os.getloadavg()[0], 2))
         finally:
@@ -360,12 +230,12 @@ def _latency(
                 proc.stop()
             engine.stop()
         row: dict[str, Any] = {"streams": streams, "load_average_1m": loads}
-        row.update({name: _pooled(r) for name, r in runs.items()})
-        row["added_ms"] = _added(row["router"], row["direct"])
-        row["round_added_ms"] = _round_added(runs, "router")
+        row.update({name: pooled(r) for name, r in runs.items()})
+        row["added_ms"] = added_ms(row["router"], row["direct"])
+        row["round_added_ms"] = round_added(runs, "router")
         if baseline:
-            row["baseline_added_ms"] = _added(row["baseline"], row["direct"])
-            row["baseline_round_added_ms"] = _round_added(runs, "baseline")
+            row["baseline_added_ms"] = added_ms(row["baseline"], row["direct"])
+            row["baseline_round_added_ms"] = round_added(runs, "baseline")
         rows.append(row)
         log(f"latency {streams:5d} streams: added {row['round_added_ms']['median']}")
         if baseline:
@@ -385,7 +255,7 @@ def _short_part(seconds: float, rounds: int, baseline: str) -> dict[str, Any]:
     try:
         for i in range(rounds):
             for name in _order(list(urls), i):
-                runs[name].append(asyncio.run(_short(urls[name], seconds / rounds, 64)))
+                runs[name].append(asyncio.run(short_rate(urls[name], seconds / rounds, 64)))
     finally:
         for proc in procs.values():
             proc.stop()
@@ -411,7 +281,7 @@ def _shares_part(weights: Sequence[float], requests: int) -> dict[str, Any]:
     rt.get()
     rport = rt.get()
     try:
-        achieved = asyncio.run(_shares(f"http://127.0.0.1:{rport}", requests, 48))
+        achieved = asyncio.run(achieved_shares(f"http://127.0.0.1:{rport}", requests, 48))
     finally:
         rt.stop()
         engine.stop()
@@ -493,6 +363,17 @@ def _targets(doc: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _write(doc: dict[str, Any], out: str | None) -> None:
+    """``doc`` as indented JSON: to the file ``out`` (its folder made) when given, else on
+    stdout."""
+    text = json.dumps(doc, indent=2) + "\n"
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(text)
+    else:
+        sys.stdout.write(text)
+
+
 def _run_peers(args: argparse.Namespace) -> int:
     """``--peers``: mixfleet-router against sglang-router and vllm-router
     (:mod:`bench.router_peers`)."""
@@ -501,13 +382,7 @@ def _run_peers(args: argparse.Namespace) -> int:
     if args.rounds < 1:
         raise InputError("must be >= 1", field="--rounds")
     args.streams = args.streams or "100,500"
-    doc = run_peers(args)
-    text = json.dumps(doc, indent=2) + "\n"
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text)
-    else:
-        sys.stdout.write(text)
+    _write(run_peers(args), args.out)
     return 0
 
 
@@ -544,12 +419,7 @@ def run(args: argparse.Namespace) -> int:
         }
         log(f"cost model {cost}")
     doc["targets"] = _targets(doc)
-    text = json.dumps(doc, indent=2) + "\n"
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text)
-    else:
-        sys.stdout.write(text)
+    _write(doc, args.out)
     return 0
 
 

@@ -46,11 +46,13 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from bench.router_client import pct
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -306,7 +308,7 @@ async def _streams(
     return {
         "completed": done[0],
         "failed": done[1],
-        "ttft_ms": {"p50": _pct(ttft, 0.5) * 1e3, "p99": _pct(ttft, 0.99) * 1e3},
+        "ttft_ms": {"p50": pct(ttft, 0.5) * 1e3, "p99": pct(ttft, 0.99) * 1e3},
     }
 
 
@@ -335,13 +337,6 @@ async def _short(urls: Sequence[str], clients: int, seconds: float) -> dict[str,
     return {"requests_per_s": round(done[0] / wall, 1), "failed": done[1]}
 
 
-def _pct(values: Sequence[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    return s[min(len(s) - 1, int(q * (len(s) - 1) + 0.5))]
-
-
 def _rotated(names: Sequence[str], round_: int) -> list[str]:
     k = round_ % len(names)
     return [*names[k:], *names[:k]]
@@ -362,26 +357,56 @@ def _ejections(url: str) -> float:
     )
 
 
-def _level(
-    streams: int, args: Any, venv: Path, log_dir: Path, paths: Sequence[str]
-) -> dict[str, Any]:
-    interval_s = streams / args.chunk_rate
-    engines, urls = start_engines(1.0 / interval_s, log_dir)
+@contextlib.contextmanager
+def _fleet(
+    tokens_per_s: float, venv: Path, log_dir: Path, paths: Sequence[str]
+) -> Iterator[tuple[list[str], dict[str, Proc]]]:
+    """The engines (``tokens_per_s`` tokens/s per stream) and the routers of ``paths`` in
+    front of them, started and answering: (engine URLs, routers by name); all stopped when
+    the block ends."""
+    engines, urls = start_engines(tokens_per_s, log_dir)
     routers = start_routers(urls, venv, log_dir, paths)
-    rounds: list[dict[str, Any]] = []
     try:
         for p in routers.values():
             asyncio.run(_wait_ready(p.url, 60))
         asyncio.run(_wait_ready(urls[0], 60))
+        yield urls, routers
+    finally:
+        for p in routers.values():
+            p.stop()
+        engines.stop()
+
+
+def _on_path(
+    name: str,
+    urls: list[str],
+    routers: dict[str, Proc],
+    measure: Callable[[list[str]], dict[str, Any]],
+) -> tuple[dict[str, Any], float]:
+    """``measure`` run on one path, the engines directly (``direct``) or one router: its
+    result and the CPU seconds that router spent meanwhile (0.0 for ``direct``)."""
+    router = routers.get(name)
+    cpu0 = router.cpu_s() if router is not None else 0.0
+    res = measure(urls if router is None else [router.url])
+    return res, (router.cpu_s() - cpu0 if router is not None else 0.0)
+
+
+def _level(
+    streams: int, args: Any, venv: Path, log_dir: Path, paths: Sequence[str]
+) -> dict[str, Any]:
+    interval_s = streams / args.chunk_rate
+    rounds: list[dict[str, Any]] = []
+
+    def measure(targets: list[str]) -> dict[str, Any]:
+        return asyncio.run(_streams(targets, streams, args.chunks, args.seconds))
+
+    with _fleet(1.0 / interval_s, venv, log_dir, paths) as (urls, routers):
         names = ["direct", *routers]
         for i in range(args.rounds):
             row: dict[str, Any] = {"order": _rotated(names, i)}
             for name in row["order"]:
-                targets = urls if name == "direct" else [routers[name].url]
-                cpu0 = routers[name].cpu_s() if name in routers else 0.0
-                res = asyncio.run(_streams(targets, streams, args.chunks, args.seconds))
+                res, cpu = _on_path(name, urls, routers, measure)
                 if name in routers:
-                    cpu = routers[name].cpu_s() - cpu0
                     res["router_cpu_ms_per_request"] = round(
                         cpu * 1e3 / max(res["completed"], 1), 4
                     )
@@ -399,10 +424,6 @@ def _level(
             }
             print(f"{streams} streams, round {i + 1}: {log_line}", file=sys.stderr, flush=True)
         ejected = {"mixfleet": _ejections(routers["mixfleet"].url)} if "mixfleet" in routers else {}
-    finally:
-        for p in routers.values():
-            p.stop()
-        engines.stop()
     return {
         "streams": streams,
         "chunk_interval_ms": round(interval_s * 1e3, 1),
@@ -443,25 +464,20 @@ def _summary(rounds: Sequence[dict[str, Any]], routers: Sequence[str]) -> dict[s
 
 
 def _short_part(args: Any, venv: Path, log_dir: Path, paths: Sequence[str]) -> dict[str, Any]:
-    engines, urls = start_engines(1e6, log_dir)
-    routers = start_routers(urls, venv, log_dir, paths)
     rounds: list[dict[str, Any]] = []
-    try:
-        for p in routers.values():
-            asyncio.run(_wait_ready(p.url, 60))
-        asyncio.run(_wait_ready(urls[0], 60))
+
+    def measure(targets: list[str]) -> dict[str, Any]:
+        return asyncio.run(_short(targets, 64, args.short_s))
+
+    with _fleet(1e6, venv, log_dir, paths) as (urls, routers):
         names = ["direct", *routers]
         for i in range(args.rounds):
             row: dict[str, Any] = {"order": _rotated(names, i)}
             for name in row["order"]:
-                targets = urls if name == "direct" else [routers[name].url]
-                cpu0 = routers[name].cpu_s() if name in routers else 0.0
-                row[name] = asyncio.run(_short(targets, 64, args.short_s))
+                row[name], cpu = _on_path(name, urls, routers, measure)
                 if name in routers:
                     done = row[name]["requests_per_s"] * args.short_s
-                    row[name]["router_cpu_ms_per_request"] = round(
-                        (routers[name].cpu_s() - cpu0) * 1e3 / max(done, 1), 4
-                    )
+                    row[name]["router_cpu_ms_per_request"] = round(cpu * 1e3 / max(done, 1), 4)
             for name in routers:
                 row[name]["vs_direct"] = round(
                     row[name]["requests_per_s"] / row["direct"]["requests_per_s"], 3
@@ -472,10 +488,6 @@ def _short_part(args: Any, venv: Path, log_dir: Path, paths: Sequence[str]) -> d
                 file=sys.stderr,
                 flush=True,
             )
-    finally:
-        for p in routers.values():
-            p.stop()
-        engines.stop()
     return {
         "clients": 64,
         "rounds": rounds,
