@@ -29,6 +29,20 @@ pytestmark = pytest.mark.timeout(120)
 WAIT_S = 20.0
 
 
+@contextmanager
+def router_logs() -> Iterator[list[MutableMapping[str, Any]]]:
+    """Every log event of the block, whatever level an earlier test's structlog
+    configuration filters at (a filtering wrapper drops info lines before any processor, so
+    ``capture_logs`` alone sees nothing after, say, a controller test set WARNING)."""
+    before = structlog.get_config()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG))
+    try:
+        with structlog.testing.capture_logs() as logs:
+            yield logs
+    finally:
+        structlog.configure(**before)
+
+
 def _static(engine: LoopbackEngine, name: str = "e0", tier: str = "default") -> InstanceSpec:
     return InstanceSpec(name, engine.url, tier, ranks=len(engine.tokens_per_s))
 
@@ -146,7 +160,7 @@ def test_malformed_or_deep_json_is_a_400_and_never_a_traceback(
         engine = await LoopbackEngine(tokens_per_s=[5000.0] * 2).start()
         async with running_router(instances=(_static(engine),)) as router:
             url = f"http://127.0.0.1:{router.port}"
-            with structlog.testing.capture_logs() as logs:
+            with router_logs() as logs:
                 async with aiohttp.ClientSession() as s:
                     status, text = await _post(s, url, raw)
             assert status == 400, text
@@ -287,7 +301,7 @@ def test_a_client_leaving_mid_body_is_one_log_line(caplog: pytest.LogCaptureFixt
     async def main() -> list[MutableMapping[str, Any]]:
         engine = await LoopbackEngine(tokens_per_s=[5000.0]).start()
         async with running_router(instances=(_static(engine),)) as router:
-            with structlog.testing.capture_logs() as logs:
+            with router_logs() as logs:
                 for _ in range(3):
                     _, writer = await _raw(router.port)
                     writer.write(_head(5000) + b'{"prompt": "' + b"x" * 100)
