@@ -4,7 +4,7 @@ In Kubernetes mode the operator decides the plans, so it is the one writer of th
 (the controller's own scheduler is off there: ``ReconcileSettings.solves`` False). It runs
 the same :func:`policies.scheduling.schedule` the standalone controller runs, over every
 ModelDeployment it serves: each one's spec resolved against its PlacementPolicy
-(:func:`operators.inputs.effective_spec`) and its eligible GPUNodes
+(:func:`operators.effective.effective_spec`) and its eligible GPUNodes
 (:func:`operators.inputs.eligible_fleet`). The answer is cached by a fingerprint of every
 deployment's generation and eligible nodes, so the workers' reconciles share one solve; a
 new answer re-queues every deployment. A deployment without nodes gets the Pending reason,
