@@ -33,7 +33,9 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="SPEC",
         help="engine instance: url=http://HOST:PORT[,name=N][,deployment=D][,tier=T]"
-        "[,engine=sglang|vllm|trtllm|native][,ranks=R][,share=S] (repeatable)",
+        "[,engine=sglang|vllm|trtllm|native][,ranks=R][,share=S], or a prefill/decode pair: "
+        "pd=sglang|vllm,prefill=URL[+URL...],decode=URL[+URL...][,bootstrap_port=P] "
+        "(repeatable)",
     )
     p.add_argument("--listen", default="0.0.0.0:8000", metavar="HOST:PORT")
     p.add_argument("--default-tier", default="default", metavar="TIER")

@@ -24,6 +24,7 @@ listening socket's head deadline and the collector settings are :mod:`.listener`
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -47,6 +48,7 @@ from controlplane.router.intake import (
 )
 from controlplane.router.listener import GuardedSite, peer_name, tune_gc
 from controlplane.router.metrics import RouterMetrics
+from controlplane.router.pd import PairError, open_pair
 from controlplane.router.relay import EngineConnection, EngineError, EnginePool
 from controlplane.router.requests import (
     RANK_HEADER,
@@ -88,6 +90,7 @@ _DROP = frozenset(
 )
 _DROP_BACK = frozenset(("content-length", "transfer-encoding", "connection", "keep-alive"))
 _RETRYABLE_STATUS = frozenset((502, 503, 504))
+_JSON = {"Content-Type": "application/json"}
 #: Seconds an idle engine connection is kept for reuse by aiohttp's client (https engines):
 #: below uvicorn's default keep-alive of 5 s, so a reused connection is not one the engine
 #: is closing (aiohttp cannot tell that from an unreachable engine).
@@ -145,6 +148,7 @@ class Router:
         self.runner: web.AppRunner | None = None
         self.port = 0
         self._tasks: list[asyncio.Task[None]] = []
+        self._turns = itertools.count()  # round robin over a pair's URL sets
 
     # ------------------------------------------------------------- lifecycle
 
@@ -369,13 +373,15 @@ class Router:
         inst = self.state.instances[rank.instance]
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROP}
         headers["Content-Type"] = "application/json"
-        data = pinned_body(inst.engine, raw, body, headers, rank.rank)
         requests, tokens = self.metrics.rank_counters(rank.tier, rank.instance, rank.rank)
         requests.inc()
         tokens.inc(work.tokens)
         rank.acquire(work.tokens)
         assert self.session is not None
         try:
+            if inst.spec.pd:
+                return await self._pair(request, body, headers, rank, arrived)
+            data = pinned_body(inst.engine, raw, body, headers, rank.rank)
             plain = self._plain.get(rank.instance)
             if plain is not None and request.version >= (1, 1):
                 return await self._exchange(request, plain, data, headers, rank, arrived)
@@ -395,6 +401,31 @@ class Router:
                 return await self._relay(request, upstream, rank, arrived)
         finally:
             rank.release(work.tokens)
+
+    async def _pair(
+        self,
+        request: web.Request,
+        body: dict[str, Any],
+        headers: dict[str, str],
+        rank: RankState,
+        arrived: float,
+    ) -> web.StreamResponse:
+        """Through a prefill/decode pair (:mod:`.pd`); the decode answer is relayed."""
+        assert self.session is not None
+        spec = self.state.instances[rank.instance].spec
+        try:
+            upstream = await open_pair(
+                self.session, spec, request.path, body, headers, rank.rank, next(self._turns)
+            )
+        except PairError as exc:
+            if exc.status:  # the prefill server refused the request: its answer
+                return web.Response(status=exc.status, body=exc.body, headers=_JSON)
+            raise _UnreachableError(f"{rank.instance}: {exc}") from exc
+        async with upstream:
+            if upstream.status in _RETRYABLE_STATUS:
+                raise _UnreachableError(f"{rank.instance}: decode HTTP {upstream.status}")
+            self.health.answered(rank.instance)
+            return await self._relay(request, upstream, rank, arrived)
 
     async def _exchange(
         self,

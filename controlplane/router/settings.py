@@ -14,6 +14,12 @@ behind it), given as ``--instance url=URL[,name=N][,deployment=D][,tier=T][,engi
 * ``engine``: ``sglang`` | ``vllm`` | ``trtllm`` | ``native``: which rank field to set;
   default the engine the routing names, else ``sglang``.
 * ``share``: the instance's share of its tier (default: its number of DP ranks).
+
+A prefill/decode pair is one instance too: ``--instance pd=sglang|vllm,prefill=URL[+URL...],
+decode=URL[+URL...][,bootstrap_port=P][,name=...]`` (no ``url=``; its health is checked on
+its first decode URL). ``pd`` names the protocol the router drives the pair with
+(:mod:`.pd`); ``bootstrap_port`` is SGLang's ``--disaggregation-bootstrap-port`` of the
+prefill servers (default 8998).
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from policies.errors import InputError
 
@@ -31,7 +37,24 @@ ENGINES = ("sglang", "vllm", "trtllm", "native")
 #: Default cap on a request's output tokens (``--max-output-tokens``): 128 Ki, the context
 #: of the largest models served (a limit above it cannot be generated anyway).
 MAX_OUTPUT_TOKENS = 131_072
-_KEYS = ("url", "name", "deployment", "tier", "engine", "ranks", "share", "weights")
+_KEYS = (
+    "url",
+    "name",
+    "deployment",
+    "tier",
+    "engine",
+    "ranks",
+    "share",
+    "weights",
+    "pd",
+    "prefill",
+    "decode",
+    "bootstrap_port",
+)
+#: Protocols of a prefill/decode pair (``pd=``).
+PD_PROTOCOLS = ("sglang", "vllm")
+#: SGLang's default ``--disaggregation-bootstrap-port``.
+DEFAULT_BOOTSTRAP_PORT = 8998
 
 
 @dataclass(frozen=True)
@@ -47,6 +70,9 @@ class InstanceSpec:
         ranks: static DP ranks (no deployment), >= 1.
         share: its share of its tier's traffic (any positive scale); None = its rank count.
         weights: fixed per-rank weights of a static instance (empty = ``ranks`` equal).
+        pd: protocol of a prefill/decode pair (``sglang`` | ``vllm``); "" = one server.
+        prefill, decode: base URLs of a pair's prefill and decode servers (empty = none).
+        bootstrap_port: SGLang prefill servers' bootstrap port (a pair of protocol sglang).
     """
 
     name: str
@@ -57,6 +83,10 @@ class InstanceSpec:
     ranks: int = 1
     share: float | None = None
     weights: tuple[float, ...] = ()
+    pd: str = ""
+    prefill: tuple[str, ...] = ()
+    decode: tuple[str, ...] = ()
+    bootstrap_port: int = DEFAULT_BOOTSTRAP_PORT
 
 
 @dataclass(frozen=True)
@@ -179,13 +209,9 @@ def parse_instance(text: str, default_tier: str) -> InstanceSpec:
                 field="--instance",
             )
         fields[key] = value.strip()
-    url = fields.get("url", "")
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise InputError(
-            f"url {url!r} is not http(s)://HOST:PORT. To fix: give url=http://HOST:PORT",
-            field="--instance",
-        )
+    pair = _pair(fields)
+    url = pair[1][0] if pair[0] else fields.get("url", "")
+    parts = _http_url(url, "url")
     engine = fields.get("engine", "")
     if engine and engine not in ENGINES:
         raise InputError(
@@ -212,11 +238,85 @@ def parse_instance(text: str, default_tier: str) -> InstanceSpec:
         url=url.rstrip("/"),
         tier=fields.get("tier") or default_tier,
         deployment=fields.get("deployment", ""),
-        engine=engine,
+        engine=engine or pair[0],
         ranks=len(weights) or ranks,
         share=share_v,
         weights=weights,
+        pd=pair[0],
+        prefill=pair[2],
+        decode=pair[1],
+        bootstrap_port=_port(fields.get("bootstrap_port", str(DEFAULT_BOOTSTRAP_PORT))),
     )
+
+
+def _http_url(url: str, key: str) -> SplitResult:
+    parts = urlsplit(url)
+    try:
+        port_ok = parts.port is None or parts.port > 0
+    except ValueError:
+        port_ok = False
+    if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
+        raise InputError(
+            f"{key} {url!r} is not http(s)://HOST:PORT. To fix: give {key}=http://HOST:PORT",
+            field="--instance",
+        )
+    return parts
+
+
+def _pair(fields: Mapping[str, str]) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+    """(protocol, decode URLs, prefill URLs) of a prefill/decode pair; ("", (), ()) for one
+    server.
+
+    Raises:
+        InputError: a pair key without the others, ``url=`` with a pair, a bad URL.
+    """
+    pd = fields.get("pd", "")
+    named = [k for k in ("prefill", "decode", "bootstrap_port") if k in fields]
+    if not pd:
+        if named:
+            raise InputError(
+                f"{named[0]}= needs pd=sglang|vllm. To fix: e.g. --instance pd=sglang,"
+                "prefill=http://10.0.0.1:30000,decode=http://10.0.0.2:30000",
+                field="--instance",
+            )
+        return "", (), ()
+    if pd not in PD_PROTOCOLS:
+        raise InputError(
+            f"pd {pd!r} is unknown; use one of {', '.join(PD_PROTOCOLS)}", field="--instance"
+        )
+    if "url" in fields:
+        raise InputError(
+            "url= and pd= exclude each other (a pair has prefill= and decode= URLs)",
+            field="--instance",
+        )
+    if fields.get("engine", pd) != pd:
+        raise InputError(f"engine= must be {pd!r} for pd={pd}", field="--instance")
+    sides: list[tuple[str, ...]] = []
+    for key in ("decode", "prefill"):
+        urls = tuple(u.strip().rstrip("/") for u in fields.get(key, "").split("+"))
+        if not any(urls):
+            raise InputError(
+                f"pd={pd} needs {key}=URL[+URL...]. To fix: e.g. {key}=http://10.0.0.1:30000",
+                field="--instance",
+            )
+        for u in urls:
+            _http_url(u, key)
+        sides.append(urls)
+    if pd != "sglang" and "bootstrap_port" in fields:
+        raise InputError("bootstrap_port= is for pd=sglang only", field="--instance")
+    return pd, sides[0], sides[1]
+
+
+def _port(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if not 0 < n < 65536:
+        raise InputError(
+            f"bootstrap_port {value!r} must be an integer in 1..65535", field="--instance"
+        )
+    return n
 
 
 def _weights(text: str) -> tuple[float, ...]:

@@ -22,6 +22,11 @@ Where the rank is read, per ``engine`` (the engines' own code):
 
 A request without a rank is balanced round-robin (the engine's own equal balancing).
 
+Prefill/decode roles (``role``), speaking the protocol of ``engine`` (what the router's
+:mod:`controlplane.router.pd` sends, from the engines' own routers): :mod:`support.pd_side`.
+Run on its own (from ``tests/``): ``python -m support.openai_engine --port P
+--role prefill|decode|aggregated --protocol sglang|vllm``.
+
 Recorder endpoints, as SGLang 0.5.23 answers them (``srt/entrypoints/http_server.py``
 1267-1297: GET or POST, 200, plain text ``"Start recording the expert distribution.\\n"``,
 ``"Stop recording the expert distribution.\\n"``, ``"Dump expert distribution record.\\n"``).
@@ -37,6 +42,7 @@ of one request is one step; which experts it selects follows a fixed skewed patt
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import time
@@ -45,6 +51,8 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+
+from support import pd_side
 
 #: Body fields trtllm-serve's request models do not have (they forbid extra fields).
 TRTLLM_FORBIDDEN = ("attention_dp_rank", "attention_dp_relax")
@@ -84,6 +92,10 @@ class LoopbackEngine:
         held: ranks that hold every request they receive, generating nothing until
             :meth:`release` (a rank stalled as far as the router can see, whatever the
             machine's speed).
+        role: ``aggregated`` | ``prefill`` | ``decode`` (:mod:`support.pd_side`).
+        fail_status: answer every generation request with this HTTP status (0 = serve).
+        pd_wait_s: longest wait of a decode request for its prefill's KV, seconds.
+        pd_seen: the disaggregation fields of each request a prefill/decode role received.
     """
 
     engine: str = "sglang"
@@ -96,7 +108,12 @@ class LoopbackEngine:
     port: int = 0
     stamp: bool = False
     held: frozenset[int] = frozenset()
+    role: str = "aggregated"
+    fail_status: int = 0
+    pd_wait_s: float = 30.0
     records: list[Record] = field(default_factory=list)
+    pd_seen: list[dict[str, Any]] = field(default_factory=list)
+    _kv: dict[str, asyncio.Event] = field(default_factory=dict)
     _released: asyncio.Event = field(default_factory=asyncio.Event)
     _server: asyncio.AbstractServer | None = None
     _runner: web.AppRunner | None = None
@@ -115,6 +132,7 @@ class LoopbackEngine:
             app.router.add_post(path, self._generate)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
+        app.router.add_get("/loopback/kv/{key}", self._kv_wait)
         for verb, text in (
             ("start", "Start recording the expert distribution.\n"),
             ("stop", "Stop recording the expert distribution.\n"),
@@ -188,6 +206,14 @@ class LoopbackEngine:
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
+        if self.fail_status:
+            return web.json_response(
+                {"error": {"message": "injected failure"}}, status=self.fail_status
+            )
+        if self.role != "aggregated":
+            answer = await pd_side.serve(self, request, body)
+            if answer is not None:
+                return answer
         extra = sorted(k for k in TRTLLM_FORBIDDEN if k in body)
         if self.engine == "trtllm" and extra:
             return web.json_response(
@@ -216,13 +242,13 @@ class LoopbackEngine:
             await asyncio.sleep(delay * tokens)
             self._record_steps(tokens)
             rec.tokens, rec.done = tokens, True
-            return web.json_response(self._answer(request.path, "t" * tokens, tokens, done=True))
+            return web.json_response(self.answer(request.path, "t" * tokens, tokens, done=True))
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         for i in range(tokens):
             await asyncio.sleep(delay)
             self._record_steps(1)
-            chunk = self._answer(request.path, "t", i + 1, done=i == tokens - 1)
+            chunk = self.answer(request.path, "t", i + 1, done=i == tokens - 1)
             if self.stamp:
                 chunk["mono_s"] = time.monotonic()
             await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
@@ -232,7 +258,8 @@ class LoopbackEngine:
         await resp.write_eof()
         return resp
 
-    def _answer(self, path: str, text: str, n: int, *, done: bool) -> dict[str, Any]:
+    def answer(self, path: str, text: str, n: int, *, done: bool) -> dict[str, Any]:
+        """One answer (or streamed chunk) of ``path`` carrying ``text``; ``n`` tokens so far."""
         finish = "length" if done else None
         if path == "/generate":
             return {"text": text, "meta_info": {"completion_tokens": n, "finish_reason": finish}}
@@ -249,6 +276,20 @@ class LoopbackEngine:
             "model": self.model,
             "choices": [{"index": 0, "text": text, "finish_reason": finish}],
         }
+
+    def kv_ready(self, key: str) -> None:
+        """The KV of ``key`` (an SGLang room, a vLLM request) is here: decodes may read it."""
+        self._kv.setdefault(key, asyncio.Event()).set()
+
+    async def _kv_wait(self, request: web.Request) -> web.Response:
+        """``GET /loopback/kv/{key}``: 200 once the KV of ``key`` is ready, 404 after
+        :attr:`pd_wait_s` (the transfer a decode server makes from its prefill server)."""
+        event = self._kv.setdefault(request.match_info["key"], asyncio.Event())
+        try:
+            await asyncio.wait_for(event.wait(), self.pd_wait_s)
+        except TimeoutError:
+            return web.Response(status=404, text="no such KV")
+        return web.Response(text="ok")
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(text="ok")
@@ -302,3 +343,36 @@ class LoopbackEngine:
         counts = [sum(1 for r in recs if r.rank == i) for i in range(n)]
         total = sum(counts) or 1
         return [c / total for c in counts]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m support.openai_engine``: serve one loopback engine until interrupted."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m support.openai_engine", description=__doc__)
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--role", choices=pd_side.ROLES, default="aggregated")
+    p.add_argument("--protocol", choices=("sglang", "vllm", "trtllm"), default="sglang")
+    p.add_argument("--ranks", type=int, default=1, help="DP ranks")
+    p.add_argument("--tokens-per-s", type=float, default=100.0, help="per rank, tokens/s")
+    args = p.parse_args(argv)
+    if args.role != "aggregated" and args.protocol == "trtllm":
+        p.error("--role prefill|decode needs --protocol sglang|vllm")
+
+    async def serve() -> None:
+        engine = LoopbackEngine(
+            engine=args.protocol,
+            role=args.role,
+            port=args.port,
+            tokens_per_s=[args.tokens_per_s] * max(1, args.ranks),
+        )
+        await engine.start()
+        print(f"{args.role} {args.protocol} engine on {engine.url}", flush=True)
+        await asyncio.Event().wait()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+"""Driving a prefill/decode pair (an instance given with ``pd=``) the way its engine expects.
+
+* ``sglang``, as SGLang's own router does in PD mode (``sgl-router``,
+  ``py_src/sglang_router/mini_lb.py``: ``MiniLoadBalancer.generate`` / ``generate_stream``
+  and ``modify_request``): the same request goes to a prefill and a decode server at once,
+  both carrying ``bootstrap_host`` (the prefill server's host), ``bootstrap_port`` (its
+  ``--disaggregation-bootstrap-port``) and ``bootstrap_room`` (a random 63-bit integer that
+  pairs the two sides' KV transfer); the client gets the decode server's answer. The DP
+  rank the router picked is set on the decode request only; a request whose prefill side
+  is pinned (the client sent ``routed_dp_rank``) also carries ``disagg_prefill_dp_rank``,
+  without which SGLang 0.5.23's KV sender refuses a rank other than ``bootstrap_room mod
+  DP size`` (``srt/disaggregation/common/conn.py``, ``CommonKVSender``).
+* ``vllm``, as vLLM's proxy for ``NixlConnector`` does
+  (``tests/v1/kv_connector/nixl_integration/toy_proxy_server.py``,
+  ``send_request_to_service`` and ``stream_service_response``): first the prefill request,
+  with ``kv_transfer_params = {"do_remote_decode": true, "do_remote_prefill": false,
+  "remote_engine_id": null, "remote_block_ids": null, "remote_host": null,
+  "remote_port": null}``, ``stream: false``, ``max_tokens: 1`` (and
+  ``max_completion_tokens: 1`` when set) and no ``stream_options``; then the decode request,
+  the client's own, carrying the ``kv_transfer_params`` the prefill answer returned
+  (``CompletionResponse.kv_transfer_params``, ``vllm/entrypoints/openai/protocol.py``). The
+  DP rank goes in the decode request's ``X-data-parallel-rank`` header.
+
+A prefill side that cannot be reached or answers 5xx fails the pair as an unreachable
+engine does (the router may try another instance, then answers 502); a 4xx of the prefill
+side (a request the engine refuses) is the client's answer as the engine gave it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from controlplane.router.requests import pin_rank
+from controlplane.router.settings import InstanceSpec
+
+#: The ``kv_transfer_params`` of a vLLM prefill request (toy_proxy_server.py).
+VLLM_PREFILL_PARAMS: Mapping[str, Any] = {
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+    "remote_host": None,
+    "remote_port": None,
+}
+#: Body fields of SGLang's rank pin (current name first; ``data_parallel_rank`` deprecated).
+_SGLANG_RANK = ("routed_dp_rank", "data_parallel_rank")
+
+
+class PairError(Exception):
+    """One side of a pair failed before anything went to the client.
+
+    Attributes:
+        status: the prefill server's 4xx status (its answer is the client's), else 0 (the
+            side was unreachable or answered 5xx: the request may go elsewhere).
+        body: the engine's answer to a 4xx, bytes.
+    """
+
+    def __init__(self, message: str, *, status: int = 0, body: bytes = b"") -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = body
+
+
+async def open_pair(
+    session: aiohttp.ClientSession,
+    spec: InstanceSpec,
+    path: str,
+    body: Mapping[str, Any],
+    headers: Mapping[str, str],
+    rank: int,
+    turn: int,
+) -> aiohttp.ClientResponse:
+    """Send a request through the pair ``spec`` (module docstring); returns the decode
+    server's response, unread (the caller relays it and closes it).
+
+    Args:
+        path: the endpoint (``/v1/completions`` ...), the same on both sides.
+        body: the client's parsed JSON body (not modified).
+        headers: headers to forward (no Content-Length).
+        rank: the decode server's DP rank to pin.
+        turn: picks the prefill and decode URL of the sets (round robin).
+
+    Raises:
+        PairError: a side failed before the decode answer's head came back.
+    """
+    prefill = spec.prefill[turn % len(spec.prefill)]
+    decode = spec.decode[turn % len(spec.decode)]
+    if spec.pd == "sglang":
+        return await _sglang(session, spec, prefill, decode, path, body, headers, rank)
+    kv = await _vllm_prefill(session, prefill + path, body, headers)
+    dbody, dheaders = {**body, "kv_transfer_params": kv}, dict(headers)
+    pin_rank("vllm", dbody, dheaders, rank)
+    return await _post(session, decode + path, dbody, dheaders, "decode")
+
+
+async def _sglang(
+    session: aiohttp.ClientSession,
+    spec: InstanceSpec,
+    prefill: str,
+    decode: str,
+    path: str,
+    body: Mapping[str, Any],
+    headers: Mapping[str, str],
+    rank: int,
+) -> aiohttp.ClientResponse:
+    """Both sides at once; the decode response once the prefill side answered well."""
+    common = {
+        **body,
+        "bootstrap_host": urlsplit(prefill).hostname,
+        "bootstrap_port": spec.bootstrap_port,
+        "bootstrap_room": random.getrandbits(63),
+    }
+    pbody = dict(common)
+    pinned = next((pbody[f] for f in _SGLANG_RANK if f in pbody), None)
+    if isinstance(pinned, int):
+        pbody["disagg_prefill_dp_rank"] = pinned
+    dbody, dheaders = dict(common), dict(headers)
+    for f in _SGLANG_RANK:
+        dbody.pop(f, None)
+    pin_rank("sglang", dbody, dheaders, rank)
+    decoding = asyncio.ensure_future(_post(session, decode + path, dbody, dheaders, "decode"))
+    try:
+        answer = await _post(session, prefill + path, pbody, headers, "prefill")
+        async with answer:
+            await _check(answer, "prefill", prefill)
+            await answer.read()
+    except BaseException:
+        decoding.cancel()
+        done = await asyncio.gather(decoding, return_exceptions=True)
+        if isinstance(done[0], aiohttp.ClientResponse):
+            done[0].close()
+        raise
+    return await decoding
+
+
+async def _vllm_prefill(
+    session: aiohttp.ClientSession, url: str, body: Mapping[str, Any], headers: Mapping[str, str]
+) -> Any:
+    """The ``kv_transfer_params`` the prefill side returns."""
+    pbody = {**body, "kv_transfer_params": dict(VLLM_PREFILL_PARAMS), "stream": False}
+    pbody["max_tokens"] = 1
+    if "max_completion_tokens" in pbody:
+        pbody["max_completion_tokens"] = 1
+    pbody.pop("stream_options", None)
+    answer = await _post(session, url, pbody, headers, "prefill")
+    async with answer:
+        await _check(answer, "prefill", url)
+        try:
+            doc = json.loads(await answer.read())
+        except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
+            raise PairError(f"prefill {url}: no JSON answer ({exc!r})") from exc
+    kv = doc.get("kv_transfer_params") if isinstance(doc, dict) else None
+    if not isinstance(kv, dict):
+        raise PairError(f"prefill {url}: the answer has no kv_transfer_params object")
+    return kv
+
+
+async def _post(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: Mapping[str, Any],
+    headers: Mapping[str, str],
+    side: str,
+) -> aiohttp.ClientResponse:
+    try:
+        return await session.post(url, data=json.dumps(body).encode(), headers=headers)
+    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        raise PairError(f"{side} {url}: {exc!r}") from exc
+
+
+async def _check(answer: aiohttp.ClientResponse, side: str, url: str) -> None:
+    """Raise :class:`PairError` for an answer other than 2xx."""
+    if answer.status < 300:
+        return
+    try:
+        text = await answer.read()
+    except (aiohttp.ClientError, OSError, TimeoutError):
+        text = b""
+    status = answer.status if 400 <= answer.status < 500 else 0
+    detail = text[:200].decode("utf-8", "replace")
+    raise PairError(f"{side} {url}: HTTP {answer.status} {detail}", status=status, body=text)
