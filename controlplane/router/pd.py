@@ -1,25 +1,31 @@
 """Driving a prefill/decode pair (an instance given with ``pd=``) the way its engine expects.
 
-* ``sglang``, as SGLang's own router does in PD mode (``sgl-router``,
-  ``py_src/sglang_router/mini_lb.py``: ``MiniLoadBalancer.generate`` / ``generate_stream``
-  and ``modify_request``): the same request goes to a prefill and a decode server at once,
-  both carrying ``bootstrap_host`` (the prefill server's host), ``bootstrap_port`` (its
-  ``--disaggregation-bootstrap-port``) and ``bootstrap_room`` (a random 63-bit integer that
-  pairs the two sides' KV transfer); the client gets the decode server's answer. The DP
+* ``sglang``, as SGLang's own router does in PD mode (sgl-project/sglang,
+  ``sgl-router/py_src/sglang_router/mini_lb.py``: ``_forward_to_backend``,
+  ``handle_generate_request``, ``MiniLoadBalancer.generate`` / ``generate_stream``,
+  ``_generate_bootstrap_room``, ``maybe_wrap_ipv6_address``): the same request goes to a
+  prefill and a decode server at once, both carrying ``bootstrap_host`` (the prefill
+  server's host, an IPv6 address in brackets), ``bootstrap_port`` (its
+  ``--disaggregation-bootstrap-port``) and ``bootstrap_room`` (a random integer in
+  [0, 2**63) that pairs the two sides' KV transfer); a batched ``/generate`` (``text`` or
+  ``input_ids`` a list of prompts) gets one of each per prompt. The client gets the decode
+  server's answer. The DP
   rank the router picked is set on the decode request only; a request whose prefill side
   is pinned (the client sent ``routed_dp_rank``) also carries ``disagg_prefill_dp_rank``,
   without which SGLang 0.5.23's KV sender refuses a rank other than ``bootstrap_room mod
   DP size`` (``srt/disaggregation/common/conn.py``, ``CommonKVSender``).
-* ``vllm``, as vLLM's proxy for ``NixlConnector`` does
-  (``tests/v1/kv_connector/nixl_integration/toy_proxy_server.py``,
-  ``send_request_to_service`` and ``stream_service_response``): first the prefill request,
+* ``vllm``, as vLLM's proxy for ``NixlConnector`` does (vllm-project/vllm,
+  ``tests/v1/kv_connector/nixl_integration/toy_proxy_server.py``: ``_handle_completions``,
+  ``send_request_to_service``, ``stream_service_response``): first the prefill request,
   with ``kv_transfer_params = {"do_remote_decode": true, "do_remote_prefill": false,
   "remote_engine_id": null, "remote_block_ids": null, "remote_host": null,
   "remote_port": null}``, ``stream: false``, ``max_tokens: 1`` (and
-  ``max_completion_tokens: 1`` when set) and no ``stream_options``; then the decode request,
-  the client's own, carrying the ``kv_transfer_params`` the prefill answer returned
-  (``CompletionResponse.kv_transfer_params``, ``vllm/entrypoints/openai/protocol.py``). The
-  DP rank goes in the decode request's ``X-data-parallel-rank`` header.
+  ``max_completion_tokens: 1`` when set), no ``stream_options``, ``min_tokens`` or
+  ``min_completion_tokens``; then the decode request, the client's own, carrying the
+  ``kv_transfer_params`` the prefill answer returned (when it returned a non-empty object;
+  else the decode server prefills itself). Both carry one ``X-Request-Id`` (the client's,
+  else a new UUID). The DP rank goes in the decode request's ``X-data-parallel-rank``
+  header.
 
 A prefill side that cannot be reached or answers 5xx fails the pair as an unreachable
 engine does (the router may try another instance, then answers 502); a 4xx of the prefill
@@ -31,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import uuid
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -94,8 +101,11 @@ async def open_pair(
     decode = spec.decode[turn % len(spec.decode)]
     if spec.pd == "sglang":
         return await _sglang(session, spec, prefill, decode, path, body, headers, rank)
-    kv = await _vllm_prefill(session, prefill + path, body, headers)
-    dbody, dheaders = {**body, "kv_transfer_params": kv}, dict(headers)
+    dheaders = dict(headers)
+    if not any(k.lower() == "x-request-id" for k in dheaders):
+        dheaders["X-Request-Id"] = str(uuid.uuid4())
+    kv = await _vllm_prefill(session, prefill + path, body, dheaders)
+    dbody = {**body, "kv_transfer_params": kv} if kv else dict(body)
     pin_rank("vllm", dbody, dheaders, rank)
     return await _post(session, decode + path, dbody, dheaders, "decode")
 
@@ -111,12 +121,22 @@ async def _sglang(
     rank: int,
 ) -> aiohttp.ClientResponse:
     """Both sides at once; the decode response once the prefill side answered well."""
-    common = {
-        **body,
-        "bootstrap_host": urlsplit(prefill).hostname,
-        "bootstrap_port": spec.bootstrap_port,
-        "bootstrap_room": random.getrandbits(63),
-    }
+    host = urlsplit(prefill).hostname or ""
+    host = f"[{host}]" if ":" in host else host
+    batch = _batch_size(body) if path == "/generate" else None
+    common: dict[str, Any] = {**body}
+    if batch is None:
+        common.update(
+            bootstrap_host=host,
+            bootstrap_port=spec.bootstrap_port,
+            bootstrap_room=random.getrandbits(63),
+        )
+    else:
+        common.update(
+            bootstrap_host=[host] * batch,
+            bootstrap_port=[spec.bootstrap_port] * batch,
+            bootstrap_room=[random.getrandbits(63) for _ in range(batch)],
+        )
     pbody = dict(common)
     pinned = next((pbody[f] for f in _SGLANG_RANK if f in pbody), None)
     if isinstance(pinned, int):
@@ -140,15 +160,28 @@ async def _sglang(
     return await decoding
 
 
+def _batch_size(body: Mapping[str, Any]) -> int | None:
+    """Prompts of a batched ``/generate`` (mini_lb's ``_get_request_batch_size``); None =
+    one prompt."""
+    text = body.get("text")
+    if text is not None:
+        return None if isinstance(text, str) else len(text)
+    ids = body.get("input_ids")
+    if isinstance(ids, list) and ids and not isinstance(ids[0], int):
+        return len(ids)
+    return None
+
+
 async def _vllm_prefill(
     session: aiohttp.ClientSession, url: str, body: Mapping[str, Any], headers: Mapping[str, str]
-) -> Any:
-    """The ``kv_transfer_params`` the prefill side returns."""
+) -> dict[str, Any] | None:
+    """The ``kv_transfer_params`` the prefill side returns (None: none)."""
     pbody = {**body, "kv_transfer_params": dict(VLLM_PREFILL_PARAMS), "stream": False}
     pbody["max_tokens"] = 1
     if "max_completion_tokens" in pbody:
         pbody["max_completion_tokens"] = 1
-    pbody.pop("stream_options", None)
+    for key in ("stream_options", "min_tokens", "min_completion_tokens"):
+        pbody.pop(key, None)
     answer = await _post(session, url, pbody, headers, "prefill")
     async with answer:
         await _check(answer, "prefill", url)
@@ -157,9 +190,7 @@ async def _vllm_prefill(
         except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
             raise PairError(f"prefill {url}: no JSON answer ({exc!r})") from exc
     kv = doc.get("kv_transfer_params") if isinstance(doc, dict) else None
-    if not isinstance(kv, dict):
-        raise PairError(f"prefill {url}: the answer has no kv_transfer_params object")
-    return kv
+    return kv if isinstance(kv, dict) else None
 
 
 async def _post(

@@ -289,6 +289,11 @@ def _pair(fields: Mapping[str, str]) -> tuple[str, tuple[str, ...], tuple[str, .
             "url= and pd= exclude each other (a pair has prefill= and decode= URLs)",
             field="--instance",
         )
+    if "deployment" in fields:
+        raise InputError(
+            "deployment= with pd= is not supported yet: give the pair's ranks= or weights=",
+            field="--instance",
+        )
     if fields.get("engine", pd) != pd:
         raise InputError(f"engine= must be {pd!r} for pd={pd}", field="--instance")
     sides: list[tuple[str, ...]] = []

@@ -100,6 +100,35 @@ def test_sglang_rooms_differ_and_a_client_pin_reaches_the_prefill_side() -> None
     asyncio.run(main())
 
 
+def test_sglang_batch_gets_a_room_per_prompt_and_vllm_sides_share_a_request_id() -> None:
+    async def main() -> None:
+        async with (
+            pair("sglang") as (p, d, spec),
+            running_router(instances=(spec,)) as router,
+            aiohttp.ClientSession() as s,
+        ):
+            body = {"text": ["a", "b", "c"], "sampling_params": {"max_new_tokens": 2}}
+            async with s.post(f"http://127.0.0.1:{router.port}/generate", json=body) as r:
+                assert r.status == 200, await r.text()
+        rooms = p.pd_seen[0]["bootstrap_room"]
+        assert isinstance(rooms, list) and len(set(rooms)) == 3
+        assert d.pd_seen[0]["bootstrap_room"] == rooms
+        assert p.pd_seen[0]["bootstrap_port"] == [p.port] * 3
+        async with (
+            pair("vllm") as (p, d, spec),
+            running_router(instances=(spec,)) as router,
+            aiohttp.ClientSession() as s,
+        ):
+            body = {"prompt": "x", "max_tokens": 3, "min_tokens": 2}
+            async with s.post(f"http://127.0.0.1:{router.port}/v1/completions", json=body) as r:
+                assert r.status == 200, await r.text()
+        ps, ds = p.pd_seen[0], d.pd_seen[0]
+        assert ps["request_id"] and ps["request_id"] == ds["request_id"]
+        assert "min_tokens" not in ps and ds["min_tokens"] == 2
+
+    asyncio.run(main())
+
+
 @pytest.mark.parametrize("protocol", ["sglang", "vllm"])
 @pytest.mark.parametrize("failure", ["500", "400", "down"])
 def test_a_prefill_failure_is_one_clean_error(protocol: str, failure: str) -> None:
@@ -157,6 +186,7 @@ def test_shares_across_a_pair_and_an_aggregated_instance_follow_the_weights() ->
         ("pd=sglang,prefill=http://a:1,decode=http://b:2,bootstrap_port=0", "bootstrap_port"),
         ("pd=vllm,prefill=http://a:1,decode=http://b:2,bootstrap_port=9", "pd=sglang only"),
         ("pd=vllm,prefill=http://a:1,decode=http://b:2,engine=sglang", "engine= must be"),
+        ("pd=vllm,prefill=http://a:1,decode=http://b:2,deployment=x", "not supported yet"),
     ],
 )
 def test_bad_pair_specs_are_refused(text: str, expected: str) -> None:
