@@ -119,8 +119,8 @@ def test_sglang_batch_gets_a_room_per_prompt_and_vllm_sides_share_a_request_id()
             running_router(instances=(spec,)) as router,
             aiohttp.ClientSession() as s,
         ):
-            body = {"prompt": "x", "max_tokens": 3, "min_tokens": 2}
-            async with s.post(f"http://127.0.0.1:{router.port}/v1/completions", json=body) as r:
+            vbody = {"prompt": "x", "max_tokens": 3, "min_tokens": 2}
+            async with s.post(f"http://127.0.0.1:{router.port}/v1/completions", json=vbody) as r:
                 assert r.status == 200, await r.text()
         ps, ds = p.pd_seen[0], d.pd_seen[0]
         assert ps["request_id"] and ps["request_id"] == ds["request_id"]
