@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18mixfleet/v1/engine.proto\x12\x0bmixfleet.v1\"S\n\x11GetRoutingRequest\x12\x12\n\ndeployment\x18\x01 \x01(\t\x12*\n\x06\x66ormat\x18\x02 \x01(\x0e\x32\x1a.mixfleet.v1.RoutingFormat\"\'\n\x08LayerMap\x12\x1b\n\x13physical_to_logical\x18\x01 \x03(\x05\"\xe1\x02\n\x07Routing\x12\x12\n\ndeployment\x18\x01 \x01(\t\x12\x0f\n\x07plan_id\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x04\x12*\n\x06\x66ormat\x18\x04 \x01(\x0e\x32\x1a.mixfleet.v1.RoutingFormat\x12\x12\n\nworld_size\x18\x05 \x01(\x05\x12\x16\n\x0eslots_per_rank\x18\x06 \x01(\x05\x12\x1b\n\x13num_logical_experts\x18\x07 \x01(\x05\x12\x12\n\nmoe_layers\x18\x08 \x03(\x05\x12%\n\x06layers\x18\t \x03(\x0b\x32\x15.mixfleet.v1.LayerMap\x12\x12\n\ndp_weights\x18\n \x03(\x01\x12\x11\n\trank_gpus\x18\x0b \x03(\t\x12\x13\n\x0b\x65ngine_json\x18\x0c \x01(\x0c\x12\x0e\n\x06\x65ngine\x18\r \x01(\t\x12\x10\n\x08\x64p_ranks\x18\x0e \x03(\x05\x12\x12\n\ndp_balance\x18\x0f \x01(\t\"\xb2\x01\n\x10\x45xpertLoadWindow\x12\x12\n\ndeployment\x18\x01 \x01(\t\x12\x11\n\tengine_id\x18\x02 \x01(\t\x12\x14\n\x0cstart_unix_s\x18\x03 \x01(\x01\x12\x12\n\nend_unix_s\x18\x04 \x01(\x01\x12\x12\n\nnum_layers\x18\x05 \x01(\x05\x12\x13\n\x0bnum_experts\x18\x06 \x01(\x05\x12\x0e\n\x06\x63ounts\x18\x07 \x03(\x01\x12\x14\n\x0cplan_version\x18\x08 \x01(\x04\"4\n\x18ReportExpertLoadResponse\x12\x18\n\x10windows_accepted\x18\x01 \x01(\x05*\x99\x01\n\rRoutingFormat\x12\x1e\n\x1aROUTING_FORMAT_UNSPECIFIED\x10\x00\x12\x19\n\x15ROUTING_FORMAT_SGLANG\x10\x01\x12\x17\n\x13ROUTING_FORMAT_VLLM\x10\x02\x12\x19\n\x15ROUTING_FORMAT_TRTLLM\x10\x03\x12\x19\n\x15ROUTING_FORMAT_NATIVE\x10\x04\x32\xf7\x01\n\rEngineService\x12\x42\n\nGetRouting\x12\x1e.mixfleet.v1.GetRoutingRequest\x1a\x14.mixfleet.v1.Routing\x12\x46\n\x0cWatchRouting\x12\x1e.mixfleet.v1.GetRoutingRequest\x1a\x14.mixfleet.v1.Routing0\x01\x12Z\n\x10ReportExpertLoad\x12\x1d.mixfleet.v1.ExpertLoadWindow\x1a%.mixfleet.v1.ReportExpertLoadResponse(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18mixfleet/v1/engine.proto\x12\x0bmixfleet.v1\"S\n\x11GetRoutingRequest\x12\x12\n\ndeployment\x18\x01 \x01(\t\x12*\n\x06\x66ormat\x18\x02 \x01(\x0e\x32\x1a.mixfleet.v1.RoutingFormat\"\'\n\x08LayerMap\x12\x1b\n\x13physical_to_logical\x18\x01 \x03(\x05\"\xe1\x02\n\x07Routing\x12\x12\n\ndeployment\x18\x01 \x01(\t\x12\x0f\n\x07plan_id\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x04\x12*\n\x06\x66ormat\x18\x04 \x01(\x0e\x32\x1a.mixfleet.v1.RoutingFormat\x12\x12\n\nworld_size\x18\x05 \x01(\x05\x12\x16\n\x0eslots_per_rank\x18\x06 \x01(\x05\x12\x1b\n\x13num_logical_experts\x18\x07 \x01(\x05\x12\x12\n\nmoe_layers\x18\x08 \x03(\x05\x12%\n\x06layers\x18\t \x03(\x0b\x32\x15.mixfleet.v1.LayerMap\x12\x12\n\ndp_weights\x18\n \x03(\x01\x12\x11\n\trank_gpus\x18\x0b \x03(\t\x12\x13\n\x0b\x65ngine_json\x18\x0c \x01(\x0c\x12\x0e\n\x06\x65ngine\x18\r \x01(\t\x12\x10\n\x08\x64p_ranks\x18\x0e \x03(\x05\x12\x12\n\ndp_balance\x18\x0f \x01(\t\"\xb2\x01\n\x10\x45xpertLoadWindow\x12\x12\n\ndeployment\x18\x01 \x01(\t\x12\x11\n\tengine_id\x18\x02 \x01(\t\x12\x14\n\x0cstart_unix_s\x18\x03 \x01(\x01\x12\x12\n\nend_unix_s\x18\x04 \x01(\x01\x12\x12\n\nnum_layers\x18\x05 \x01(\x05\x12\x13\n\x0bnum_experts\x18\x06 \x01(\x05\x12\x0e\n\x06\x63ounts\x18\x07 \x03(\x01\x12\x14\n\x0cplan_version\x18\x08 \x01(\x04\"4\n\x18ReportExpertLoadResponse\x12\x18\n\x10windows_accepted\x18\x01 \x01(\x05\")\n\x13GetInstancesRequest\x12\x12\n\ndeployment\x18\x01 \x01(\t\"\x9b\x02\n\x08Instance\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0c\n\x04pool\x18\x03 \x01(\t\x12\r\n\x05nodes\x18\x04 \x03(\t\x12\x0b\n\x03url\x18\x05 \x01(\t\x12\x16\n\x0e\x62ootstrap_port\x18\x06 \x01(\x05\x12\x16\n\x0erequests_per_s\x18\x07 \x01(\x01\x12\x13\n\x0b\x62\x61tch_limit\x18\x08 \x01(\x05\x12\x0f\n\x07version\x18\t \x01(\x04\x12\r\n\x05ready\x18\n \x01(\x08\x12\x0f\n\x07variant\x18\x0b \x01(\t\x12\x0f\n\x07ttft_ms\x18\x0c \x01(\x01\x12\x0f\n\x07tpot_ms\x18\r \x01(\x01\x12\x1f\n\x17\x63\x61pacity_requests_per_s\x18\x0e \x01(\x01\x12\x10\n\x08\x64raining\x18\x0f \x01(\x08\"m\n\tInstances\x12\x12\n\ndeployment\x18\x01 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x02 \x01(\t\x12\x12\n\ngeneration\x18\x03 \x01(\x04\x12(\n\tinstances\x18\x04 \x03(\x0b\x32\x15.mixfleet.v1.Instance\"\xb1\x02\n\rTrafficReport\x12\x12\n\ndeployment\x18\x01 \x01(\t\x12\x10\n\x08reporter\x18\x02 \x01(\t\x12\x14\n\x0cstart_unix_s\x18\x03 \x01(\x01\x12\x12\n\nend_unix_s\x18\x04 \x01(\x01\x12\x10\n\x08requests\x18\x05 \x01(\x04\x12\x19\n\x11input_tokens_mean\x18\x06 \x01(\x01\x12\x18\n\x10input_tokens_p90\x18\x07 \x01(\x01\x12\x1a\n\x12output_tokens_mean\x18\x08 \x01(\x01\x12\x19\n\x11output_tokens_p90\x18\t \x01(\x01\x12\x13\n\x0bttft_ms_p50\x18\n \x01(\x01\x12\x13\n\x0bttft_ms_p99\x18\x0b \x01(\x01\x12\x13\n\x0btpot_ms_p50\x18\x0c \x01(\x01\x12\x13\n\x0btpot_ms_p99\x18\r \x01(\x01\")\n\x15ReportTrafficResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08*\x99\x01\n\rRoutingFormat\x12\x1e\n\x1aROUTING_FORMAT_UNSPECIFIED\x10\x00\x12\x19\n\x15ROUTING_FORMAT_SGLANG\x10\x01\x12\x17\n\x13ROUTING_FORMAT_VLLM\x10\x02\x12\x19\n\x15ROUTING_FORMAT_TRTLLM\x10\x03\x12\x19\n\x15ROUTING_FORMAT_NATIVE\x10\x04\x32\x96\x03\n\rEngineService\x12\x42\n\nGetRouting\x12\x1e.mixfleet.v1.GetRoutingRequest\x1a\x14.mixfleet.v1.Routing\x12\x46\n\x0cWatchRouting\x12\x1e.mixfleet.v1.GetRoutingRequest\x1a\x14.mixfleet.v1.Routing0\x01\x12Z\n\x10ReportExpertLoad\x12\x1d.mixfleet.v1.ExpertLoadWindow\x1a%.mixfleet.v1.ReportExpertLoadResponse(\x01\x12L\n\x0eWatchInstances\x12 .mixfleet.v1.GetInstancesRequest\x1a\x16.mixfleet.v1.Instances0\x01\x12O\n\rReportTraffic\x12\x1a.mixfleet.v1.TrafficReport\x1a\".mixfleet.v1.ReportTrafficResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'mixfleet.v1.engine_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ROUTINGFORMAT']._serialized_start=759
-  _globals['_ROUTINGFORMAT']._serialized_end=912
+  _globals['_ROUTINGFORMAT']._serialized_start=1550
+  _globals['_ROUTINGFORMAT']._serialized_end=1703
   _globals['_GETROUTINGREQUEST']._serialized_start=41
   _globals['_GETROUTINGREQUEST']._serialized_end=124
   _globals['_LAYERMAP']._serialized_start=126
@@ -43,6 +43,16 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_EXPERTLOADWINDOW']._serialized_end=702
   _globals['_REPORTEXPERTLOADRESPONSE']._serialized_start=704
   _globals['_REPORTEXPERTLOADRESPONSE']._serialized_end=756
-  _globals['_ENGINESERVICE']._serialized_start=915
-  _globals['_ENGINESERVICE']._serialized_end=1162
+  _globals['_GETINSTANCESREQUEST']._serialized_start=758
+  _globals['_GETINSTANCESREQUEST']._serialized_end=799
+  _globals['_INSTANCE']._serialized_start=802
+  _globals['_INSTANCE']._serialized_end=1085
+  _globals['_INSTANCES']._serialized_start=1087
+  _globals['_INSTANCES']._serialized_end=1196
+  _globals['_TRAFFICREPORT']._serialized_start=1199
+  _globals['_TRAFFICREPORT']._serialized_end=1504
+  _globals['_REPORTTRAFFICRESPONSE']._serialized_start=1506
+  _globals['_REPORTTRAFFICRESPONSE']._serialized_end=1547
+  _globals['_ENGINESERVICE']._serialized_start=1706
+  _globals['_ENGINESERVICE']._serialized_end=2112
 # @@protoc_insertion_point(module_scope)

@@ -263,3 +263,218 @@ class ReportExpertLoadResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReportExpertLoadResponse: _TypeAlias = ReportExpertLoadResponse  # noqa: Y015
+
+@_typing.final
+class GetInstancesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DEPLOYMENT_FIELD_NUMBER: _builtins.int
+    deployment: _builtins.str
+    def __init__(
+        self,
+        *,
+        deployment: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deployment", b"deployment"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetInstancesRequest: _TypeAlias = GetInstancesRequest  # noqa: Y015
+
+@_typing.final
+class Instance(_message.Message):
+    """One engine instance of a deployment."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    ROLE_FIELD_NUMBER: _builtins.int
+    POOL_FIELD_NUMBER: _builtins.int
+    NODES_FIELD_NUMBER: _builtins.int
+    URL_FIELD_NUMBER: _builtins.int
+    BOOTSTRAP_PORT_FIELD_NUMBER: _builtins.int
+    REQUESTS_PER_S_FIELD_NUMBER: _builtins.int
+    BATCH_LIMIT_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    READY_FIELD_NUMBER: _builtins.int
+    VARIANT_FIELD_NUMBER: _builtins.int
+    TTFT_MS_FIELD_NUMBER: _builtins.int
+    TPOT_MS_FIELD_NUMBER: _builtins.int
+    CAPACITY_REQUESTS_PER_S_FIELD_NUMBER: _builtins.int
+    DRAINING_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """The instance's own name: a deployment the controller writes and plans
+    (WatchRouting(name) gives its ranks and weights).
+    """
+    role: _builtins.str
+    """"aggregated" | "prefill" | "decode" """
+    pool: _builtins.str
+    """its pool; a prefill/decode pool's instances pair up"""
+    url: _builtins.str
+    """its engine's HTTP endpoint ("http://host:port")"""
+    bootstrap_port: _builtins.int
+    """SGLang prefill: its bootstrap server's TCP port"""
+    requests_per_s: _builtins.float
+    """traffic the plan sends it, requests/s"""
+    batch_limit: _builtins.int
+    """most sequences it runs (prefill: prompt tokens per step)"""
+    version: _builtins.int
+    """its committed plan version (0 = none yet)"""
+    ready: _builtins.bool
+    """committed: it may take traffic"""
+    variant: _builtins.str
+    """the planner's variant key ("<make-up>/<role>")"""
+    ttft_ms: _builtins.float
+    """predicted TTFT of its pool at the SLO percentile, ms"""
+    tpot_ms: _builtins.float
+    """predicted TPOT of its pool, ms"""
+    capacity_requests_per_s: _builtins.float
+    """what it serves within the SLO, requests/s"""
+    draining: _builtins.bool
+    """being replaced: finish open requests, send no new ones"""
+    @_builtins.property
+    def nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """its nodes, rank order"""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        role: _builtins.str = ...,
+        pool: _builtins.str = ...,
+        nodes: _abc.Iterable[_builtins.str] | None = ...,
+        url: _builtins.str = ...,
+        bootstrap_port: _builtins.int = ...,
+        requests_per_s: _builtins.float = ...,
+        batch_limit: _builtins.int = ...,
+        version: _builtins.int = ...,
+        ready: _builtins.bool = ...,
+        variant: _builtins.str = ...,
+        ttft_ms: _builtins.float = ...,
+        tpot_ms: _builtins.float = ...,
+        capacity_requests_per_s: _builtins.float = ...,
+        draining: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_limit", b"batch_limit", "bootstrap_port", b"bootstrap_port", "capacity_requests_per_s", b"capacity_requests_per_s", "draining", b"draining", "name", b"name", "nodes", b"nodes", "pool", b"pool", "ready", b"ready", "requests_per_s", b"requests_per_s", "role", b"role", "tpot_ms", b"tpot_ms", "ttft_ms", b"ttft_ms", "url", b"url", "variant", b"variant", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Instance: _TypeAlias = Instance  # noqa: Y015
+
+@_typing.final
+class Instances(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DEPLOYMENT_FIELD_NUMBER: _builtins.int
+    ENGINE_FIELD_NUMBER: _builtins.int
+    GENERATION_FIELD_NUMBER: _builtins.int
+    INSTANCES_FIELD_NUMBER: _builtins.int
+    deployment: _builtins.str
+    engine: _builtins.str
+    """"sglang" | "vllm" | "trtllm" | "native" """
+    generation: _builtins.int
+    """grows whenever anything listed changes"""
+    @_builtins.property
+    def instances(self) -> _containers.RepeatedCompositeFieldContainer[Global___Instance]: ...
+    def __init__(
+        self,
+        *,
+        deployment: _builtins.str = ...,
+        engine: _builtins.str = ...,
+        generation: _builtins.int = ...,
+        instances: _abc.Iterable[Global___Instance] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deployment", b"deployment", "engine", b"engine", "generation", b"generation", "instances", b"instances"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Instances: _TypeAlias = Instances  # noqa: Y015
+
+@_typing.final
+class TrafficReport(_message.Message):
+    """A router's measurement of one deployment's traffic over [start_unix_s, end_unix_s)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DEPLOYMENT_FIELD_NUMBER: _builtins.int
+    REPORTER_FIELD_NUMBER: _builtins.int
+    START_UNIX_S_FIELD_NUMBER: _builtins.int
+    END_UNIX_S_FIELD_NUMBER: _builtins.int
+    REQUESTS_FIELD_NUMBER: _builtins.int
+    INPUT_TOKENS_MEAN_FIELD_NUMBER: _builtins.int
+    INPUT_TOKENS_P90_FIELD_NUMBER: _builtins.int
+    OUTPUT_TOKENS_MEAN_FIELD_NUMBER: _builtins.int
+    OUTPUT_TOKENS_P90_FIELD_NUMBER: _builtins.int
+    TTFT_MS_P50_FIELD_NUMBER: _builtins.int
+    TTFT_MS_P99_FIELD_NUMBER: _builtins.int
+    TPOT_MS_P50_FIELD_NUMBER: _builtins.int
+    TPOT_MS_P99_FIELD_NUMBER: _builtins.int
+    deployment: _builtins.str
+    reporter: _builtins.str
+    """who measured (router name); non-empty"""
+    start_unix_s: _builtins.float
+    end_unix_s: _builtins.float
+    """> start_unix_s"""
+    requests: _builtins.int
+    """requests that arrived in the window"""
+    input_tokens_mean: _builtins.float
+    """prompt length, tokens"""
+    input_tokens_p90: _builtins.float
+    output_tokens_mean: _builtins.float
+    """output length, tokens"""
+    output_tokens_p90: _builtins.float
+    ttft_ms_p50: _builtins.float
+    """time to first token the router observed, ms"""
+    ttft_ms_p99: _builtins.float
+    tpot_ms_p50: _builtins.float
+    """time per output token the router observed, ms"""
+    tpot_ms_p99: _builtins.float
+    def __init__(
+        self,
+        *,
+        deployment: _builtins.str = ...,
+        reporter: _builtins.str = ...,
+        start_unix_s: _builtins.float = ...,
+        end_unix_s: _builtins.float = ...,
+        requests: _builtins.int = ...,
+        input_tokens_mean: _builtins.float = ...,
+        input_tokens_p90: _builtins.float = ...,
+        output_tokens_mean: _builtins.float = ...,
+        output_tokens_p90: _builtins.float = ...,
+        ttft_ms_p50: _builtins.float = ...,
+        ttft_ms_p99: _builtins.float = ...,
+        tpot_ms_p50: _builtins.float = ...,
+        tpot_ms_p99: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deployment", b"deployment", "end_unix_s", b"end_unix_s", "input_tokens_mean", b"input_tokens_mean", "input_tokens_p90", b"input_tokens_p90", "output_tokens_mean", b"output_tokens_mean", "output_tokens_p90", b"output_tokens_p90", "reporter", b"reporter", "requests", b"requests", "start_unix_s", b"start_unix_s", "tpot_ms_p50", b"tpot_ms_p50", "tpot_ms_p99", b"tpot_ms_p99", "ttft_ms_p50", b"ttft_ms_p50", "ttft_ms_p99", b"ttft_ms_p99"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TrafficReport: _TypeAlias = TrafficReport  # noqa: Y015
+
+@_typing.final
+class ReportTrafficResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACCEPTED_FIELD_NUMBER: _builtins.int
+    accepted: _builtins.bool
+    def __init__(
+        self,
+        *,
+        accepted: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportTrafficResponse: _TypeAlias = ReportTrafficResponse  # noqa: Y015

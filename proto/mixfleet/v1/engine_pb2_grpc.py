@@ -49,6 +49,16 @@ class EngineServiceStub:
                 request_serializer=mixfleet_dot_v1_dot_engine__pb2.ExpertLoadWindow.SerializeToString,
                 response_deserializer=mixfleet_dot_v1_dot_engine__pb2.ReportExpertLoadResponse.FromString,
                 _registered_method=True)
+        self.WatchInstances = channel.unary_stream(
+                '/mixfleet.v1.EngineService/WatchInstances',
+                request_serializer=mixfleet_dot_v1_dot_engine__pb2.GetInstancesRequest.SerializeToString,
+                response_deserializer=mixfleet_dot_v1_dot_engine__pb2.Instances.FromString,
+                _registered_method=True)
+        self.ReportTraffic = channel.unary_unary(
+                '/mixfleet.v1.EngineService/ReportTraffic',
+                request_serializer=mixfleet_dot_v1_dot_engine__pb2.TrafficReport.SerializeToString,
+                response_deserializer=mixfleet_dot_v1_dot_engine__pb2.ReportTrafficResponse.FromString,
+                _registered_method=True)
 
 
 class EngineServiceServicer:
@@ -78,6 +88,26 @@ class EngineServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchInstances(self, request, context):
+        """The engine instances a deployment with traffic and SLOs is served by (the fleet
+        planner's cut), now and again every time the set, an endpoint, a share or a committed
+        version changes. A deployment planned as one instance (no traffic/SLO) lists itself.
+        NOT_FOUND when the deployment is unknown.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportTraffic(self, request, context):
+        """What a router measured of a deployment's traffic over one window. The controller
+        compares it with the demand its fleet plan was made for and re-plans on sustained
+        drift. INVALID_ARGUMENT naming the field for a malformed report; NOT_FOUND for an
+        unknown deployment.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EngineServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -95,6 +125,16 @@ def add_EngineServiceServicer_to_server(servicer, server):
                     servicer.ReportExpertLoad,
                     request_deserializer=mixfleet_dot_v1_dot_engine__pb2.ExpertLoadWindow.FromString,
                     response_serializer=mixfleet_dot_v1_dot_engine__pb2.ReportExpertLoadResponse.SerializeToString,
+            ),
+            'WatchInstances': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchInstances,
+                    request_deserializer=mixfleet_dot_v1_dot_engine__pb2.GetInstancesRequest.FromString,
+                    response_serializer=mixfleet_dot_v1_dot_engine__pb2.Instances.SerializeToString,
+            ),
+            'ReportTraffic': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportTraffic,
+                    request_deserializer=mixfleet_dot_v1_dot_engine__pb2.TrafficReport.FromString,
+                    response_serializer=mixfleet_dot_v1_dot_engine__pb2.ReportTrafficResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -178,6 +218,60 @@ class EngineService:
             '/mixfleet.v1.EngineService/ReportExpertLoad',
             mixfleet_dot_v1_dot_engine__pb2.ExpertLoadWindow.SerializeToString,
             mixfleet_dot_v1_dot_engine__pb2.ReportExpertLoadResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchInstances(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/mixfleet.v1.EngineService/WatchInstances',
+            mixfleet_dot_v1_dot_engine__pb2.GetInstancesRequest.SerializeToString,
+            mixfleet_dot_v1_dot_engine__pb2.Instances.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportTraffic(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mixfleet.v1.EngineService/ReportTraffic',
+            mixfleet_dot_v1_dot_engine__pb2.TrafficReport.SerializeToString,
+            mixfleet_dot_v1_dot_engine__pb2.ReportTrafficResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -46,6 +46,18 @@ class EngineServiceStub:
     INVALID_ARGUMENT naming the field for a window of the wrong shape or with negative / NaN
     counts; NOT_FOUND for an unknown deployment.
     """
+    WatchInstances: _grpc.UnaryStreamMultiCallable[_engine_pb2.GetInstancesRequest, _engine_pb2.Instances]
+    """The engine instances a deployment with traffic and SLOs is served by (the fleet
+    planner's cut), now and again every time the set, an endpoint, a share or a committed
+    version changes. A deployment planned as one instance (no traffic/SLO) lists itself.
+    NOT_FOUND when the deployment is unknown.
+    """
+    ReportTraffic: _grpc.UnaryUnaryMultiCallable[_engine_pb2.TrafficReport, _engine_pb2.ReportTrafficResponse]
+    """What a router measured of a deployment's traffic over one window. The controller
+    compares it with the demand its fleet plan was made for and re-plans on sustained
+    drift. INVALID_ARGUMENT naming the field for a malformed report; NOT_FOUND for an
+    unknown deployment.
+    """
 
 @_typing.type_check_only
 class EngineServiceAsyncStub(EngineServiceStub):
@@ -60,6 +72,18 @@ class EngineServiceAsyncStub(EngineServiceStub):
     """A client stream of load windows; the reply comes when the client closes the stream.
     INVALID_ARGUMENT naming the field for a window of the wrong shape or with negative / NaN
     counts; NOT_FOUND for an unknown deployment.
+    """
+    WatchInstances: _aio.UnaryStreamMultiCallable[_engine_pb2.GetInstancesRequest, _engine_pb2.Instances]  # type: ignore[assignment]
+    """The engine instances a deployment with traffic and SLOs is served by (the fleet
+    planner's cut), now and again every time the set, an endpoint, a share or a committed
+    version changes. A deployment planned as one instance (no traffic/SLO) lists itself.
+    NOT_FOUND when the deployment is unknown.
+    """
+    ReportTraffic: _aio.UnaryUnaryMultiCallable[_engine_pb2.TrafficReport, _engine_pb2.ReportTrafficResponse]  # type: ignore[assignment]
+    """What a router measured of a deployment's traffic over one window. The controller
+    compares it with the demand its fleet plan was made for and re-plans on sustained
+    drift. INVALID_ARGUMENT naming the field for a malformed report; NOT_FOUND for an
+    unknown deployment.
     """
 
 class EngineServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -90,6 +114,30 @@ class EngineServiceServicer(metaclass=_abc_1.ABCMeta):
         """A client stream of load windows; the reply comes when the client closes the stream.
         INVALID_ARGUMENT naming the field for a window of the wrong shape or with negative / NaN
         counts; NOT_FOUND for an unknown deployment.
+        """
+
+    @_abc_1.abstractmethod
+    def WatchInstances(
+        self,
+        request: _engine_pb2.GetInstancesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_engine_pb2.Instances], _abc.AsyncIterator[_engine_pb2.Instances]]:
+        """The engine instances a deployment with traffic and SLOs is served by (the fleet
+        planner's cut), now and again every time the set, an endpoint, a share or a committed
+        version changes. A deployment planned as one instance (no traffic/SLO) lists itself.
+        NOT_FOUND when the deployment is unknown.
+        """
+
+    @_abc_1.abstractmethod
+    def ReportTraffic(
+        self,
+        request: _engine_pb2.TrafficReport,
+        context: _ServicerContext,
+    ) -> _typing.Union[_engine_pb2.ReportTrafficResponse, _abc.Awaitable[_engine_pb2.ReportTrafficResponse]]:
+        """What a router measured of a deployment's traffic over one window. The controller
+        compares it with the demand its fleet plan was made for and re-plans on sustained
+        drift. INVALID_ARGUMENT naming the field for a malformed report; NOT_FOUND for an
+        unknown deployment.
         """
 
 def add_EngineServiceServicer_to_server(servicer: EngineServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -312,12 +312,17 @@ class Inventory(_message.Message):
     AGENT_VERSION_FIELD_NUMBER: _builtins.int
     SIMULATED_FIELD_NUMBER: _builtins.int
     DISCOVERED_BY_FIELD_NUMBER: _builtins.int
+    ADDRESS_FIELD_NUMBER: _builtins.int
     node: _builtins.str
     """node name: the node's identity (non-empty)"""
     agent_version: _builtins.str
     """reporting agent's version"""
     simulated: _builtins.bool
     """true for agents run by --simulate-fleet (no hardware)"""
+    address: _builtins.str
+    """Host name or IP address at which this node's engines serve (mixfleet-agent
+    --advertise-address); "" = the node name.
+    """
     @_builtins.property
     def gpus(self) -> _containers.RepeatedCompositeFieldContainer[Global___Gpu]:
         """GPUs in index order"""
@@ -344,10 +349,11 @@ class Inventory(_message.Message):
         agent_version: _builtins.str = ...,
         simulated: _builtins.bool = ...,
         discovered_by: _abc.Iterable[_builtins.str] | None = ...,
+        address: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "discovered_by", b"discovered_by", "gpus", b"gpus", "labels", b"labels", "nics", b"nics", "node", b"node", "simulated", b"simulated"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "agent_version", b"agent_version", "discovered_by", b"discovered_by", "gpus", b"gpus", "labels", b"labels", "nics", b"nics", "node", b"node", "simulated", b"simulated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
