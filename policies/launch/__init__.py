@@ -75,6 +75,7 @@ from policies.launch.fleet import (
     deployment_launch_to_doc,
     instance_path,
     instance_request,
+    instance_spec,
     planned_instances,
     trtllm_disagg_config,
 )
@@ -118,6 +119,7 @@ __all__ = [
     "failing_script",
     "instance_path",
     "instance_request",
+    "instance_spec",
     "launch_recipe",
     "launch_script",
     "node_command",

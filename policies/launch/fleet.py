@@ -7,6 +7,7 @@ Pure: builds values, does no I/O.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -47,6 +48,15 @@ class PlannedInstance:
         kv_path: prefill/decode: the pool's KV path in the planner's words ("" aggregated).
         workload: what the planner sized the instance for, per GPU: ``(phase, tokens per
             GPU, context tokens)`` (the group's ``workload``); None in a document without it.
+        variant: the planner's variant key (``<make-up>/<role>``; "" when not stated).
+        batch_limit: most sequences it runs (prefill: prompt tokens per forward); 0 = not
+            stated.
+        requests_per_s: traffic the plan sends it (its pool's share split evenly over the
+            pool's instances of its role), requests per second.
+        capacity_requests_per_s: what one instance of its variant serves within the SLO,
+            requests per second.
+        ttft_ms: its pool's predicted TTFT at the SLO percentile, ms.
+        tpot_ms: its pool's predicted TPOT, ms.
     """
 
     name: str
@@ -57,6 +67,12 @@ class PlannedInstance:
     attention_tp: int
     kv_path: str = ""
     workload: tuple[str, int, int] | None = None
+    variant: str = ""
+    batch_limit: int = 0
+    requests_per_s: float = 0.0
+    capacity_requests_per_s: float = 0.0
+    ttft_ms: float = 0.0
+    tpot_ms: float = 0.0
 
 
 _KIND_WORDS = {list: "a list", str: "a string", int: "an integer", Mapping: "a mapping"}
@@ -84,6 +100,7 @@ def planned_instances(doc: Any, deployment: str) -> tuple[PlannedInstance, ...]:
             named); a deployment nothing serves; a malformed pool or instance (the field is
             named).
     """
+    from policies.fleetplan.instances import instance_name
     from policies.fleetplan.types import ROLES
 
     if not isinstance(doc, Mapping) or doc.get("kind") != "FleetPlan":
@@ -119,40 +136,79 @@ def planned_instances(doc: Any, deployment: str) -> tuple[PlannedInstance, ...]:
         kv_path = ""
         if pd:
             kv_path = str(_doc_field(pool, "kvPath", Mapping, where).get("path") or "")
+        base = PlannedInstance(
+            "",
+            pool_name,
+            "",
+            (),
+            0,
+            1,
+            kv_path,
+            requests_per_s=_number(pool, "requestsPerS", where),
+            ttft_ms=_number(pool.get("predicted"), "ttftMs", f"{where}.predicted"),
+            tpot_ms=_number(pool.get("predicted"), "tpotMs", f"{where}.predicted"),
+        )
         for gi, g in enumerate(groups):
-            at = f"{where}.instances[{gi}]"
             role = str(roles[gi])
-            gpus = _doc_field(g, "gpus", int, at)
-            tp = _doc_field(g, "attentionTp", int, at)
-            node_lists = _doc_field(g, "nodes", list, at)
-            workload = _planned_workload(g.get("workload"), f"{at}.workload")
-            if len(node_lists) != _doc_field(g, "count", int, at):
-                raise InputError(
-                    f"{len(node_lists)} node lists for count {g['count']}", field=f"{at}.nodes"
-                )
-            for nodes in node_lists:
-                if (
-                    not isinstance(nodes, list)
-                    or not nodes
-                    or not all(isinstance(n, str) for n in nodes)
-                ):
-                    raise InputError(
-                        "must be a list of node-name lists, one per instance",
-                        field=f"{at}.nodes",
-                    )
-                name = f"{deployment}-{role}-{counts[role]}"
+            for nodes, inst in _group_instances(g, f"{where}.instances[{gi}]", role, base):
+                name = instance_name(deployment, role, counts[role])
                 counts[role] += 1
-                out.append(
-                    PlannedInstance(
-                        name, pool_name, role, tuple(nodes), gpus, tp, kv_path, workload
-                    )
-                )
+                out.append(replace(inst, name=name, nodes=nodes))
     if not out:
         raise InputError(
             f"the fleet plan serves {deployment} with no instance (see its shortfalls)",
             field="deployment",
         )
     return tuple(out)
+
+
+def _group_instances(
+    g: Any, at: str, role: str, pool: PlannedInstance
+) -> list[tuple[tuple[str, ...], PlannedInstance]]:
+    """Per instance of the group document ``g`` (at ``at``) its nodes and what it is, from
+    ``pool`` (its pool's name, KV path, share and predictions: the share is split evenly
+    over the group's instances)."""
+    gpus = _doc_field(g, "gpus", int, at)
+    tp = _doc_field(g, "attentionTp", int, at)
+    node_lists = _doc_field(g, "nodes", list, at)
+    if len(node_lists) != _doc_field(g, "count", int, at):
+        raise InputError(
+            f"{len(node_lists)} node lists for count {g['count']}", field=f"{at}.nodes"
+        )
+    inst = replace(
+        pool,
+        role=role,
+        gpus=gpus,
+        attention_tp=tp,
+        workload=_planned_workload(g.get("workload"), f"{at}.workload"),
+        variant=str(g.get("variant") or ""),
+        batch_limit=int(_number(g, "batchLimit", at)),
+        requests_per_s=pool.requests_per_s / max(1, len(node_lists)),
+        capacity_requests_per_s=_number(g, "requestsPerSEach", at),
+    )
+    out = []
+    for nodes in node_lists:
+        if not isinstance(nodes, list) or not nodes or not all(isinstance(n, str) for n in nodes):
+            raise InputError(
+                "must be a list of node-name lists, one per instance", field=f"{at}.nodes"
+            )
+        out.append((tuple(nodes), inst))
+    return out
+
+
+def _number(doc: Any, key: str, where: str) -> float:
+    """An optional non-negative finite number ``doc[key]`` (0 when absent)."""
+    if not isinstance(doc, Mapping) or doc.get(key) is None:
+        return 0.0
+    value = doc[key]
+    if (
+        not isinstance(value, int | float)
+        or isinstance(value, bool)
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise InputError(f"must be a number >= 0, not {value!r}", field=f"{where}.{key}")
+    return float(value)
 
 
 def _planned_workload(doc: Any, where: str) -> tuple[str, int, int] | None:
@@ -185,11 +241,35 @@ def instance_request(
     from policies.deployment import sub_fleet
     from policies.spec import build_request
 
+    spec = replace(instance_spec(spec, instance), name=spec.name)
+    return build_request(spec, sub_fleet(fleet, instance.nodes, f"{fleet.name}/{instance.name}"))
+
+
+def instance_spec(spec: DeploymentSpec, instance: PlannedInstance) -> DeploymentSpec:
+    """The deployment one engine instance runs as: ``spec`` renamed to the instance, planned
+    for the workload the fleet planner sized it for (its phase, batch and context; the
+    deployment's own workload when none is stated), without the demand, SLOs, budget and
+    GPU bounds (those belong to the deployment the instance serves, which the fleet planner
+    plans; the instance is planned as one engine on its nodes)."""
+    from policies.spec_types import Budget
+
+    w = spec.workload
     if instance.workload is not None:
         phase, tokens, context = instance.workload
-        w = replace(spec.workload, phase=phase, tokens_per_gpu=tokens, context_len=context)
-        spec = replace(spec, workload=w)
-    return build_request(spec, sub_fleet(fleet, instance.nodes, f"{fleet.name}/{instance.name}"))
+        w = replace(
+            w, phase=phase, tokens_per_gpu=tokens, tokens_per_gpu_set=True, context_len=context
+        )
+    return replace(
+        spec,
+        name=instance.name,
+        workload=w,
+        traffic=None,
+        slo=None,
+        disaggregation="off",
+        budget=Budget(),
+        min_gpus=0,
+        max_gpus=0,
+    )
 
 
 def instance_path(path: str, instance: str) -> str:
