@@ -31,7 +31,9 @@ if TYPE_CHECKING:
 
 def planned(spec: DeploymentSpec) -> bool:
     """Whether the fleet planner plans ``spec`` (it states both traffic and SLOs)."""
-    return spec.traffic is not None and spec.slo is not None
+    from policies.fleetplan.instances import is_planned
+
+    return is_planned(spec)
 
 
 def curve_cache_dir(args: argparse.Namespace) -> Path:

@@ -23,9 +23,17 @@ from policies.errors import InputError
 from policies.fleetplan.report import deployment_doc
 from policies.fleetplan.types import ROLES, DeploymentPlan
 from policies.launch.fleet import PlannedInstance, planned_instances
+from policies.spec import DeploymentSpec
 
 MAX_NAME = 63
 """Longest deployment (and so instance) name: a DNS label, characters."""
+
+
+def is_planned(spec: DeploymentSpec) -> bool:
+    """Whether the fleet planner plans ``spec`` as instances: it states both its traffic
+    and its SLOs (an instance's own spec, :func:`policies.launch.instance_spec`, states
+    neither)."""
+    return spec.traffic is not None and spec.slo is not None
 
 
 def instance_name(deployment: str, role: str, index: int) -> str:
@@ -92,4 +100,11 @@ def _lowest_free(deployment: str, role: str, taken: Iterable[str]) -> str:
     return instance_name(deployment, role, i)
 
 
-__all__ = ["MAX_NAME", "ROLES", "instance_name", "keep_names", "plan_instances"]
+__all__ = [
+    "MAX_NAME",
+    "ROLES",
+    "instance_name",
+    "is_planned",
+    "keep_names",
+    "plan_instances",
+]

@@ -1,0 +1,131 @@
+"""What the controller records of a deployment served by several engine instances.
+
+A deployment that states traffic and SLOs (:func:`~policies.fleetplan.instances.is_planned`) is cut by the fleet planner
+into engine instances (:func:`policies.fleetplan.instances.plan_instances`). Each instance
+runs as a deployment of its own - its spec is :func:`policies.launch.instance_spec` of the
+deployment it serves, its name ``<deployment>-<role>-<i>`` - with its own plans, versions,
+two-phase rollouts and contingency plans. The controller is the one writer of an instance's
+spec and of its :class:`InstanceRecord`, kept in the instance's status under
+:data:`INSTANCE_KEY`; a user never applies or deletes an instance directly (deleting the
+deployment it serves removes its instances).
+
+The record says which deployment the instance serves and what the plan wants of it: its
+role, pool, nodes, engine port, planned share of the traffic and batch limit. The gRPC
+service (``EngineService.WatchInstances``) lists instances from these records; routers follow
+them.
+
+Units: requests per second, milliseconds (``_ms``); ports are TCP port numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from policies.fleetplan.instances import is_planned
+
+INSTANCE_KEY = "instance"
+"""Status key of an instance's :class:`InstanceRecord` (absent on other deployments)."""
+
+INSTANCES_KEY = "instances"
+"""Status key, on a deployment served by instances, of its instances' names (live and
+draining)."""
+
+ENGINE_BASE_PORT = 30000
+"""Lowest engine HTTP port given to an instance (SGLang's default ``--port``); each live
+instance of the controller gets its own, the lowest free."""
+
+BOOTSTRAP_BASE_PORT = 8998
+"""Lowest SGLang bootstrap port given to a prefill instance (SGLang's default
+``--disaggregation-bootstrap-port``); each live prefill instance gets its own."""
+
+
+@dataclass(frozen=True)
+class InstanceRecord:
+    """One engine instance as the controller runs it.
+
+    Attributes:
+        of: the deployment it serves.
+        role: ``aggregated`` | ``prefill`` | ``decode``.
+        pool: its pool (a prefill/decode pool's instances pair up).
+        variant: the planner's variant key.
+        nodes: its nodes, rank order.
+        port: its engine's HTTP port (TCP).
+        bootstrap_port: a prefill instance's SGLang bootstrap port (0 otherwise).
+        requests_per_s: traffic the plan sends it, requests/s.
+        batch_limit: most sequences it runs (prefill: prompt tokens per forward).
+        capacity_requests_per_s: what it serves within the SLO, requests/s.
+        ttft_ms: its pool's predicted TTFT at the SLO percentile, ms.
+        tpot_ms: its pool's predicted TPOT, ms.
+        draining: the current plan no longer has it; it serves its open requests and is
+            removed once the instances that replace it are committed.
+    """
+
+    of: str
+    role: str
+    pool: str
+    variant: str
+    nodes: tuple[str, ...]
+    port: int
+    bootstrap_port: int = 0
+    requests_per_s: float = 0.0
+    batch_limit: int = 0
+    capacity_requests_per_s: float = 0.0
+    ttft_ms: float = 0.0
+    tpot_ms: float = 0.0
+    draining: bool = False
+
+    def to_status(self) -> dict[str, Any]:
+        """The record as stored under :data:`INSTANCE_KEY` (JSON values)."""
+        return {
+            "of": self.of,
+            "role": self.role,
+            "pool": self.pool,
+            "variant": self.variant,
+            "nodes": list(self.nodes),
+            "port": self.port,
+            "bootstrapPort": self.bootstrap_port,
+            "requestsPerS": self.requests_per_s,
+            "batchLimit": self.batch_limit,
+            "capacityRequestsPerS": self.capacity_requests_per_s,
+            "ttftMs": self.ttft_ms,
+            "tpotMs": self.tpot_ms,
+            "draining": self.draining,
+        }
+
+    @staticmethod
+    def from_status(status: Mapping[str, Any]) -> InstanceRecord | None:
+        """The record in a deployment's ``status`` (None when it is not an instance, or the
+        record does not read: the controller rewrites it)."""
+        doc = status.get(INSTANCE_KEY)
+        if not isinstance(doc, Mapping):
+            return None
+        try:
+            return InstanceRecord(
+                of=str(doc["of"]),
+                role=str(doc["role"]),
+                pool=str(doc["pool"]),
+                variant=str(doc.get("variant", "")),
+                nodes=tuple(str(n) for n in doc["nodes"]),
+                port=int(doc["port"]),
+                bootstrap_port=int(doc.get("bootstrapPort", 0)),
+                requests_per_s=float(doc.get("requestsPerS", 0.0)),
+                batch_limit=int(doc.get("batchLimit", 0)),
+                capacity_requests_per_s=float(doc.get("capacityRequestsPerS", 0.0)),
+                ttft_ms=float(doc.get("ttftMs", 0.0)),
+                tpot_ms=float(doc.get("tpotMs", 0.0)),
+                draining=bool(doc.get("draining", False)),
+            )
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
+__all__ = [
+    "BOOTSTRAP_BASE_PORT",
+    "ENGINE_BASE_PORT",
+    "INSTANCES_KEY",
+    "INSTANCE_KEY",
+    "InstanceRecord",
+    "is_planned",
+]
