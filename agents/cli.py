@@ -5,7 +5,7 @@ Commands::
     mixfleet-agent run --controller HOST:PORT (--tls-cert C --tls-key K --tls-ca CA | --insecure)
                        [--discovery nvml|static] [--fleet FILE --node NAME]
                        --plan-dir DIR [--hook CMD] ...
-    mixfleet-agent simulate --fleet FILE --controller HOST:PORT ...
+    mixfleet-agent simulate --fleet FILE --controller HOST:PORT [--advertise-address HOST] ...
     mixfleet-agent --simulate-fleet FILE --controller HOST:PORT ...   (same as simulate)
     mixfleet-agent calibrate ...                                      (agents.calibrate)
 
@@ -24,6 +24,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -44,7 +45,7 @@ from apis.cliargs import (
 )
 from apis.documents import read_limited
 from policies.errors import InputError, MixfleetError
-from policies.inventory import NodeInventory
+from policies.inventory import NodeInventory, check_host_address
 from policies.limits import decode_utf8
 
 EXIT_OK = 0
@@ -101,6 +102,28 @@ def _add_connection_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", choices=LEVELS, default="info")
 
 
+def _add_address_flag(p: argparse.ArgumentParser, whose: str) -> None:
+    p.add_argument(
+        "--advertise-address",
+        default="",
+        metavar="HOST",
+        help=f"host name or IP address at which {whose} engines serve, as routers reach them "
+        "(default: the node name)",
+    )
+
+
+def _advertise_address(args: argparse.Namespace) -> str:
+    """``--advertise-address``, checked (``""`` when not given: the node name).
+
+    Raises:
+        InputError: neither an IP address nor a host name.
+    """
+    address: str = args.advertise_address
+    if address:
+        check_host_address(address, "--advertise-address")
+    return address
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="mixfleet-agent",
@@ -122,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="Fleet file (static discovery; --fleet-file is the older name)",
     )
     d.add_argument("--node", default="", metavar="NAME", help="node name (default: host name)")
+    _add_address_flag(d, "this node's")
     d.add_argument(
         "--label", action="append", default=[], metavar="K=V", help="node label (nvml; repeat)"
     )
@@ -164,6 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sim.add_argument("--hook", default="", metavar="CMD")
     sim.add_argument("--agents-per-channel", type=positive_int, default=100, metavar="N")
+    _add_address_flag(sim, "every simulated node's")
     sim.set_defaults(handler=_cmd_simulate)
 
     # Listed for --help only: main() hands "calibrate ..." to _cmd_calibrate, which lets
@@ -272,7 +297,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         )
     fabrics = _pairs(args.nic_fabric, "--nic-fabric")
     labels = _pairs(args.label, "--label")
-    discover = _discovery(args, fabrics, labels)
+    discover = _with_address(_discovery(args, fabrics, labels), _advertise_address(args))
     node = discover().node  # fail fast, before any connection, on a discovery problem
     try:
         applier = PlanApplier(
@@ -342,8 +367,22 @@ def _discovery(
     return discover
 
 
+def _with_address(
+    discover: Callable[[], NodeInventory], address: str
+) -> Callable[[], NodeInventory]:
+    """``discover`` whose inventories carry ``address`` (unchanged when it is ``""``)."""
+    if not address:
+        return discover
+
+    def with_address() -> NodeInventory:
+        return replace(discover(), address=address)
+
+    return with_address
+
+
 def _cmd_simulate(args: argparse.Namespace) -> int:
     settings = _agent_settings(args)
+    address = _advertise_address(args)
     fleet = load_fleet_file(args.fleet)
     configure_logging(args.log_level)
     sim = SimulatedFleet(
@@ -352,6 +391,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         plan_dir=args.plan_dir,
         hook=_hook(args),
         agents_per_channel=args.agents_per_channel,
+        address=address,
     )
 
     async def main() -> None:

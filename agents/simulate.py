@@ -36,6 +36,9 @@ class SimulatedFleet:
         agents_per_channel: agents multiplexed on one gRPC connection.
         observer: called after every handled assignment of any agent.
         seed: seed of the agents' jitter (reproducible runs).
+        address: host name or IP address every simulated node advertises for its engines
+            (``--advertise-address``; a loopback demo says ``127.0.0.1``); ``""`` = each
+            node's name.
     """
 
     def __init__(
@@ -48,6 +51,7 @@ class SimulatedFleet:
         agents_per_channel: int = 100,
         observer: Callable[[AssignmentEvent], None] | None = None,
         seed: int = 0,
+        address: str = "",
     ) -> None:
         self.fleet = fleet
         self.settings = settings
@@ -57,7 +61,8 @@ class SimulatedFleet:
         self.observer = observer
         self._rng = random.Random(seed)
         self.inventories: dict[str, NodeInventory] = {
-            n.name: inventory_from_node(n, simulated=True) for n in fleet.nodes
+            n.name: replace(inventory_from_node(n, simulated=True), address=address)
+            for n in fleet.nodes
         }
         self.appliers: dict[str, Applier] = {}
         self.agents: dict[str, Agent] = {}

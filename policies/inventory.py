@@ -11,6 +11,8 @@ datasheets), Gb/s for NIC ports, MHz for clocks, W for power.
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -193,6 +195,8 @@ class NodeInventory:
         agent_version: reporting agent's version.
         simulated: True for agents run by ``--simulate-fleet`` (no real hardware).
         discovered_by: backend names, e.g. ``("nvml", "sysfs")``.
+        address: host name or IP address at which the node's engines serve
+            (``mixfleet-agent --advertise-address``); ``""`` = the node name.
     """
 
     node: str
@@ -202,6 +206,12 @@ class NodeInventory:
     agent_version: str = AGENT_VERSION
     simulated: bool = False
     discovered_by: tuple[str, ...] = ()
+    address: str = ""
+
+    @property
+    def host(self) -> str:
+        """Where the node's engines serve: :attr:`address`, or the node name without one."""
+        return self.address or self.node
 
     def healthy_gpus(self) -> tuple[GpuInventory, ...]:
         return tuple(g for g in self.gpus if g.health.healthy)
@@ -309,6 +319,8 @@ def check_inventory(inv: NodeInventory) -> None:
     if not inv.node:
         raise InputError("node name is empty", field="inventory.node")
     check_node_name(inv.node, "inventory.node")
+    if inv.address:
+        check_host_address(inv.address, "inventory.address")
     if len(inv.gpus) > MAX_GPUS_PER_NODE:
         raise InputError(
             f"reports {len(inv.gpus):,} GPUs, over the limit of {MAX_GPUS_PER_NODE:,} per node",
@@ -343,6 +355,36 @@ def check_inventory(inv: NodeInventory) -> None:
     for k, nic in enumerate(inv.nics):
         rate_path = f"inventory.nics[{k}].rate_per_direction_gbits_per_s"
         check_figure(nic.rate_per_direction_gbits_per_s, *NIC_GBITS_RANGE, rate_path)
+
+
+_HOST_LABEL = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
+MAX_HOST_CHARS = 253
+"""Longest host name, characters (RFC 1123)."""
+
+
+def check_host_address(address: str, path: str) -> None:
+    """Refuse what is neither an IP literal (IPv4, or IPv6 without brackets) nor a host name
+    (RFC 1123: dot-separated labels of letters, digits and '-', each 1-63 characters, not
+    starting or ending with '-'; at most 253 characters).
+
+    Raises:
+        InputError: naming ``path`` and the rule.
+    """
+    try:
+        ipaddress.ip_address(address)
+        return
+    except ValueError:
+        pass
+    labels = address.split(".")
+    if len(address) <= MAX_HOST_CHARS and all(_HOST_LABEL.match(label) for label in labels):
+        return
+    shown = address if len(address) <= 40 else address[:40] + "..."
+    raise InputError(
+        f"{shown!r} is neither an IP address nor a host name. To fix: give an IPv4 or IPv6 "
+        "address (no brackets, no port) or a host name of letters, digits, '-' and '.' "
+        f"(labels of at most 63 characters, at most {MAX_HOST_CHARS} in all)",
+        field=path,
+    )
 
 
 # --------------------------------------------------------------------------- JSON codec
@@ -382,6 +424,7 @@ def inventory_to_dict(inv: NodeInventory) -> dict[str, Any]:
         "agent_version": inv.agent_version,
         "simulated": inv.simulated,
         "discovered_by": list(inv.discovered_by),
+        "address": inv.address,
     }
 
 
@@ -530,6 +573,7 @@ def inventory_from_dict(doc: Any, path: str = "inventory") -> NodeInventory:
             _str_value(v, f"{path}.discovered_by[{k}]")
             for k, v in enumerate(r.list_("discovered_by"))
         ),
+        address=r.str_("address", ""),
     )
 
 

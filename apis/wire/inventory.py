@@ -126,6 +126,7 @@ def inventory_to_proto(inv: NodeInventory) -> pb.Inventory:
         agent_version=inv.agent_version,
         simulated=inv.simulated,
         discovered_by=list(inv.discovered_by),
+        address=inv.address,
     )
 
 
@@ -150,6 +151,7 @@ def inventory_from_proto(msg: pb.Inventory) -> NodeInventory:
         agent_version=msg.agent_version,
         simulated=msg.simulated,
         discovered_by=tuple(msg.discovered_by),
+        address=msg.address,
     )
 
 

@@ -1,11 +1,11 @@
 """``mixfleetctl nodes list|show|delete``: the nodes registered with the controller.
 
-``list``: one row per node (health, healthy GPUs, GPU models, labels, last heartbeat);
-``show NODE``: the node as YAML (health, agent, labels, applied plan versions, the deployments
-the fleet scheduler assigned it to, those its agent runs that the controller has no record
-of: left running), then its GPUs and NICs as tables; ``delete NODE``: forget a node whose agent is gone
-(refused while it serves a plan or still heartbeats, unless ``--force``). ``-o json`` for
-scripts.
+``list``: one row per node (health, healthy GPUs, GPU models, labels, the address its
+engines serve at, last heartbeat); ``show NODE``: the node as YAML (health, address, agent,
+labels, applied plan versions, the deployments the fleet scheduler assigned it to, those its
+agent runs that the controller has no record of: left running), then its GPUs and NICs as
+tables; ``delete NODE``: forget a node whose agent is gone (refused while it serves a plan or
+still heartbeats, unless ``--force``). ``-o json`` for scripts.
 """
 
 from __future__ import annotations
@@ -39,11 +39,13 @@ def cmd_nodes_list(args: argparse.Namespace) -> int:
                 f"{n.healthy_gpus}/{len(inv.gpus)}",
                 ",".join(models),
                 ",".join(f"{k}={v}" for k, v in sorted(inv.labels.items())) or "-",
+                inv.address or inv.node,
                 "yes" if inv.simulated else "no",
                 age(n.last_heartbeat_unix_s),
             ]
         )
-    print(table(["NODE", "HEALTH", "GPUS", "MODELS", "LABELS", "SIMULATED", "SEEN"], rows))
+    header = ["NODE", "HEALTH", "GPUS", "MODELS", "LABELS", "ADDRESS", "SIMULATED", "SEEN"]
+    print(table(header, rows))
     return 0
 
 
@@ -63,6 +65,7 @@ def cmd_nodes_show(args: argparse.Namespace) -> int:
     }
     if n.message:
         header["message"] = n.message
+    header["address"] = inv.address or f"{inv.node} (the node name)"  # where its engines serve
     header["agent"] = inv.agent_version + (" (simulated)" if inv.simulated else "")
     header["discoveredBy"] = list(inv.discovered_by)
     header["labels"] = dict(sorted(inv.labels.items()))

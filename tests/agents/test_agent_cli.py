@@ -10,10 +10,13 @@ import types
 from pathlib import Path
 
 import pytest
-from fake_controller import FakeAgentService, start_fake
+from fake_controller import FakeAgentService, start_fake, wait_for
 from support.waits import HANG_GUARD_S
 
+from agents.agent import AgentSettings
 from agents.cli import _rewrite_simulate_fleet, main
+from agents.discovery.static import load_fleet_file
+from agents.simulate import SimulatedFleet
 
 REPO = Path(__file__).resolve().parents[2]
 MIXED_24 = str(REPO / "examples" / "fleets" / "mixed-24.yaml")
@@ -231,3 +234,30 @@ def test_refused_simulated_agents_exit_1(capsys: pytest.CaptureFixture[str]) -> 
     assert rc == 1
     line = _one_error(capsys)
     assert "3 simulated agent(s) failed" in line and "UNAUTHENTICATED" in line
+
+
+@pytest.mark.parametrize("address", ["bad host", "-x", "[::1]", "h:8000", "a" * 64])
+def test_a_bad_advertise_address_is_one_error_line(
+    address: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--simulate-fleet", MIXED_24, "--controller", "h:1", "--insecure"]
+    assert main([*argv, "--advertise-address", address]) == 2
+    assert "--advertise-address: " in _one_error(capsys)
+
+
+def test_advertise_address_reaches_every_simulated_inventory() -> None:
+    svc = FakeAgentService()
+
+    async def go() -> list[str]:
+        server, port = await start_fake(svc)
+        settings = AgentSettings(controller=f"127.0.0.1:{port}", insecure=True)
+        sim = SimulatedFleet(load_fleet_file(MIXED_24), settings, address="127.0.0.1")
+        sim.start()
+        try:
+            await wait_for(lambda: len(svc.registers) == 3, what="3 registrations")
+            return [r.inventory.address for r in svc.registers]
+        finally:
+            await sim.stop()
+            await server.stop(None)
+
+    assert asyncio.run(go()) == ["127.0.0.1"] * 3

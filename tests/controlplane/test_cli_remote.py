@@ -51,6 +51,7 @@ def test_nodes_deploy_plans_watch(
         "GPUS",
         "MODELS",
         "LABELS",
+        "ADDRESS",
         "SIMULATED",
         "SEEN",
     ]

@@ -100,6 +100,7 @@ node_inventory = st.builds(
     agent_version=names.filter(lambda s: s != "0.1.0"),
     simulated=st.just(True),
     discovered_by=st.lists(names, min_size=1, max_size=2).map(tuple),
+    address=st.sampled_from(["10.0.0.7", "fd00::7", "gpu-7.example.net"]),
 )
 
 # Shares are multiples of 1/8: exact in the 9 decimals the plan codec keeps. Counts and
