@@ -102,7 +102,7 @@ def _add_connection_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", choices=LEVELS, default="info")
 
 
-def _add_address_flag(p: argparse.ArgumentParser, whose: str) -> None:
+def _add_address_flag(p: argparse.ArgumentParser | argparse._ArgumentGroup, whose: str) -> None:
     p.add_argument(
         "--advertise-address",
         default="",
