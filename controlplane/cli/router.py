@@ -15,6 +15,7 @@ import argparse
 import dataclasses
 import json
 import os
+import socket
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -36,6 +37,20 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
         "[,engine=sglang|vllm|trtllm|native][,ranks=R][,share=S], or a prefill/decode pair: "
         "pd=sglang|vllm,prefill=URL[+URL...],decode=URL[+URL...][,bootstrap_port=P] "
         "(repeatable)",
+    )
+    p.add_argument(
+        "--deployment",
+        action="append",
+        default=[],
+        metavar="NAME[,tier=T]",
+        help="take this deployment's instances, shares and batch limits from the controller "
+        "(WatchInstances) and report its measured traffic (repeatable)",
+    )
+    p.add_argument(
+        "--reporter",
+        default=socket.gethostname() or "mixfleet-router",
+        metavar="NAME",
+        help="the router's name in its traffic reports (default: the host name)",
     )
     p.add_argument("--listen", default="0.0.0.0:8000", metavar="HOST:PORT")
     p.add_argument("--default-tier", default="default", metavar="TIER")
@@ -94,6 +109,15 @@ _LIMITS = (
     ),
     ("--max-output-tokens", "max_output_tokens", positive_int, "a request's max_tokens", "N"),
     ("--max-json-depth", "max_json_depth", positive_int, "nesting of a request's JSON", "N"),
+    ("--batch-queue", "batch_queue", positive_int, "requests waiting for a batch slot", "N"),
+    ("--batch-wait-s", "batch_wait_s", positive_float, "a request's wait for a slot", "S"),
+    (
+        "--traffic-report-s",
+        "traffic_report_s",
+        positive_float,
+        "one measured traffic window",
+        "S",
+    ),
 )
 
 
@@ -133,6 +157,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
 
     host, port = rs.parse_listen(args.listen)
     instances = tuple(rs.parse_instance(t, args.default_tier) for t in args.instance)
+    watched = tuple(rs.parse_deployment(t, args.default_tier) for t in args.deployment)
     priority: dict[str, str] = {}
     for item in args.priority_tier:
         cls, sep, tier = item.partition("=")
@@ -158,6 +183,8 @@ def settings_from_args(args: argparse.Namespace) -> Any:
     return rs.check(
         rs.RouterSettings(
             instances=instances,
+            watched=watched,
+            reporter=args.reporter,
             listen_host=host,
             listen_port=port,
             controller=_env(args, "controller", "MIXFLEET_CONTROLLER"),

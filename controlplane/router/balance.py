@@ -14,8 +14,9 @@ work at any concurrency, idle or loaded (in an expert-parallel engine all ranks 
 together, so the plan's shares are shares of work). The backed-up rule is the load
 feedback: a rank that serves slower than planned holds its work longer, falls more than
 ``slack`` requests behind the least loaded rank (per unit weight) and is skipped until it
-drains, so it receives less. Eligible: weight > 0, its instance healthy and not excluded
-(already tried), fewer than ``queue_limit`` requests open. The weights of one instance's
+drains, so it receives less. Eligible: weight > 0, its instance healthy, not excluded
+(already tried) and not at its batch limit (``full``), fewer than ``queue_limit`` requests
+open. The weights of one instance's
 ranks are scaled to the instance's share of its tier (:func:`effective_weights`).
 """
 
@@ -70,8 +71,10 @@ class Choice:
 
     Attributes:
         rank: the chosen rank; None when none is eligible.
-        reason: "" when a rank was chosen; ``overloaded`` when every otherwise eligible rank
-            is at its queue limit; ``no_rank`` when no rank is healthy with weight > 0.
+        reason: "" when a rank was chosen; ``batch_full`` when some otherwise eligible rank's
+            instance is at its batch limit (a slot may free up: the request may wait);
+            else ``overloaded`` when every otherwise eligible rank is at its queue limit;
+            ``no_rank`` when no rank is healthy with weight > 0.
     """
 
     rank: RankState | None
@@ -85,6 +88,7 @@ def choose(
     queue_limit: int,
     healthy: Container[str],
     exclude: Container[str] = (),
+    full: Container[str] = (),
     slack: float = 2.0,
 ) -> Choice:
     """Pick the rank for a request of ``work`` tokens (rules in the module docstring).
@@ -95,20 +99,24 @@ def choose(
         queue_limit: most requests open per rank.
         healthy: names of the instances that pass their health checks.
         exclude: instances not to use (tried already for this request).
+        full: instances at their batch limit (skipped; see :attr:`Choice.reason`).
         slack: how many requests of this size a rank may be behind the least loaded one
             (per unit weight) before it counts as backed up.
     """
     candidates: list[RankState] = []
-    full = False
+    queued = batched = False
     for r in ranks:
         if r.weight <= 0 or r.instance not in healthy or r.instance in exclude:
             continue
+        if r.instance in full:
+            batched = True
+            continue
         if r.open_requests >= queue_limit:
-            full = True
+            queued = True
             continue
         candidates.append(r)
     if not candidates:
-        return Choice(None, "overloaded" if full else "no_rank")
+        return Choice(None, "batch_full" if batched else "overloaded" if queued else "no_rank")
     unit = max(work, 1.0)
     floor = min(r.outstanding_tokens / r.weight for r in candidates)
     best: RankState | None = None

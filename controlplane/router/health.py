@@ -71,6 +71,12 @@ class HealthBook:
         if self._fails.get(name):
             self._fails[name] = 0
 
+    def forget(self, name: str) -> None:
+        """An instance that is gone: no more bookkeeping for it."""
+        self.healthy.discard(name)
+        self._fails.pop(name, None)
+        self._passes.pop(name, None)
+
     def eject(self, name: str) -> None:
         """Take an instance out now (a request found nothing listening)."""
         self._passes[name] = 0
@@ -125,6 +131,10 @@ class CheckThread:
     def start(self) -> None:
         self._thread.start()
 
+    def set_urls(self, urls: Mapping[str, str]) -> None:
+        """Check these instances (name -> base URL) from the next round on."""
+        self.urls = dict(urls)
+
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop the checks and wait for the thread, at most ``timeout_s`` seconds."""
         self._stop.set()
@@ -140,7 +150,8 @@ class CheckThread:
 
     def _hand_over(self, names: Sequence[str], results: Sequence[bool]) -> None:
         for n, ok in zip(names, results, strict=True):
-            self.book.record(n, ok)
+            if n in self.urls:  # not an instance removed during the round
+                self.book.record(n, ok)
 
     async def _checks(self) -> None:
         loop = self._loop = asyncio.get_running_loop()
@@ -148,9 +159,10 @@ class CheckThread:
         async with aiohttp.ClientSession() as session:
             while not self._stop.is_set():
                 start = loop.time()
-                names = list(self.urls)
+                urls = self.urls  # one round checks one set (set_urls replaces it whole)
+                names = list(urls)
                 results = await asyncio.gather(
-                    *(probe(session, self.urls[n], self.timeout_s) for n in names)
+                    *(probe(session, urls[n], self.timeout_s) for n in names)
                 )
                 if self._stop.is_set():
                     return

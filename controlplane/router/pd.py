@@ -97,10 +97,12 @@ async def open_pair(
     Raises:
         PairError: a side failed before the decode answer's head came back.
     """
-    prefill = spec.prefill[turn % len(spec.prefill)]
+    side = turn % len(spec.prefill)
+    prefill = spec.prefill[side]
     decode = spec.decode[turn % len(spec.decode)]
     if spec.pd == "sglang":
-        return await _sglang(session, spec, prefill, decode, path, body, headers, rank)
+        port = spec.bootstrap_ports[side] if spec.bootstrap_ports else spec.bootstrap_port
+        return await _sglang(session, port, prefill, decode, path, body, headers, rank)
     dheaders = dict(headers)
     if not any(k.lower() == "x-request-id" for k in dheaders):
         dheaders["X-Request-Id"] = str(uuid.uuid4())
@@ -112,7 +114,7 @@ async def open_pair(
 
 async def _sglang(
     session: aiohttp.ClientSession,
-    spec: InstanceSpec,
+    bootstrap_port: int,
     prefill: str,
     decode: str,
     path: str,
@@ -128,13 +130,13 @@ async def _sglang(
     if batch is None:
         common.update(
             bootstrap_host=host,
-            bootstrap_port=spec.bootstrap_port,
+            bootstrap_port=bootstrap_port,
             bootstrap_room=random.getrandbits(63),
         )
     else:
         common.update(
             bootstrap_host=[host] * batch,
-            bootstrap_port=[spec.bootstrap_port] * batch,
+            bootstrap_port=[bootstrap_port] * batch,
             bootstrap_room=[random.getrandbits(63) for _ in range(batch)],
         )
     pbody = dict(common)

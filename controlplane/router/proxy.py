@@ -14,7 +14,9 @@ request (the per-rank metric children are kept). When the engine cannot be reach
 sent back*, the instance is ejected and the request tried on another instance (at most
 ``max_attempts`` tries); once a byte has gone to the client a failure cuts the response and
 is never retried (a half-streamed answer must not be generated twice). When every rank of
-the tier is at its queue limit: 429 with ``Retry-After``.
+the tier is at its queue limit: 429 with ``Retry-After``; when every instance that could
+take it is at its batch limit, the request waits for a slot (:class:`.fleet.SlotQueue`,
+bounded in number and time), then 429.
 
 The client side before routing (error answers, body bounds) is :mod:`.intake`; the
 listening socket's head deadline and the collector settings are :mod:`.listener`
@@ -38,6 +40,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from yarl import URL
 
 from controlplane.router.balance import RankState, choose
+from controlplane.router.fleet import Fleet, plain_target
 from controlplane.router.health import CheckThread, HealthBook
 from controlplane.router.intake import (
     BodyBudget,
@@ -48,6 +51,7 @@ from controlplane.router.intake import (
 )
 from controlplane.router.listener import GuardedSite, peer_name, tune_gc
 from controlplane.router.metrics import RouterMetrics
+from controlplane.router.passthrough import DROP_BACK, relay_client
 from controlplane.router.pd import PairError, open_pair
 from controlplane.router.relay import EngineConnection, EngineError, EnginePool
 from controlplane.router.requests import (
@@ -62,6 +66,7 @@ from controlplane.router.requests import (
 )
 from controlplane.router.settings import RouterSettings
 from controlplane.router.state import RouterState
+from controlplane.router.traffic import Sample
 from policies.errors import InputError
 
 if TYPE_CHECKING:
@@ -88,7 +93,6 @@ _DROP = frozenset(
         RANK_HEADER,
     )
 )
-_DROP_BACK = frozenset(("content-length", "transfer-encoding", "connection", "keep-alive"))
 _RETRYABLE_STATUS = frozenset((502, 503, 504))
 _JSON = {"Content-Type": "application/json"}
 #: Seconds an idle engine connection is kept for reuse by aiohttp's client (https engines):
@@ -101,16 +105,8 @@ KEEPALIVE_S = 4.0
 POOL_KEEPALIVE_S = 60.0
 
 
-class _UnreachableError(Exception):
-    """The engine failed before anything was sent back: the request may be tried again.
-
-    Attributes:
-        refused: nothing listens at the engine's address (it is down, not slow).
-    """
-
-    def __init__(self, message: str, *, refused: bool = False) -> None:
-        super().__init__(message)
-        self.refused = refused
+#: The engine failed before anything was sent back: the request may be tried again.
+_UnreachableError = EngineError
 
 
 class Router:
@@ -136,11 +132,11 @@ class Router:
         self.pool: EnginePool | None = None
         #: instance -> (host, port, Host header) of the engines reached over plain HTTP (the
         #: pool's relay); others (https) go through the aiohttp client.
-        self._plain: dict[str, tuple[str, int, bytes]] = {}
+        self.plain: dict[str, tuple[str, int, bytes]] = {}
         for name, inst in self.state.instances.items():
-            u = URL(inst.spec.url)
-            if u.scheme == "http" and u.host is not None and u.port is not None:
-                self._plain[name] = (u.host, u.port, f"Host: {u.host}:{u.port}\r\n".encode())
+            if (target := plain_target(inst.spec.url)) is not None:
+                self.plain[name] = target
+        self.fleet = Fleet(self)
         self.checks: CheckThread | None = None
         self.connected: dict[str, bool] = dict.fromkeys(settings.deployments, False)
         self.watcher: RoutingWatcher | None = None
@@ -194,11 +190,17 @@ class Router:
             home=asyncio.get_running_loop(),
         )
         self.checks.start()
-        if s.deployments:  # gRPC only when a controller is used (static routers need none)
+        if s.deployments or s.watched:  # gRPC only with a controller (static routers: none)
             from controlplane.router.routing import RoutingWatcher
 
-            self.watcher = RoutingWatcher(s, self._on_routing, self._on_connected)
-            self.watcher.start()
+            self.watcher = w = RoutingWatcher(
+                s, self._on_routing, self._on_connected, self.fleet.on_instances
+            )
+            w.start()
+        watcher = self.watcher
+        self.fleet.start(
+            None if watcher is None else lambda rep: watcher.report(rep, s.connect_timeout_s * 2)
+        )
         self.runner = web.AppRunner(
             self.app(),
             access_log=None,
@@ -225,6 +227,7 @@ class Router:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.fleet.stop()
         if self.watcher is not None:
             await self.watcher.stop()
         if self.runner is not None:
@@ -254,6 +257,7 @@ class Router:
 
     def _health_changed(self, name: str, ok: bool) -> None:
         self.metrics.healthy.labels(name).set(1 if ok else 0)
+        self.fleet.slots.wake_all()
         if not ok:
             self.metrics.ejections.labels(name).inc()
             log.warning("instance ejected", instance=name)
@@ -325,27 +329,36 @@ class Router:
         s = self.settings
         tried: set[str] = set()
         last = ""
-        for attempt in range(s.max_attempts):
+        attempt = 0
+        deadline = 0.0
+        slots = self.fleet.slots
+        if slots.waiting(tier):  # behind the requests that wait already
+            deadline = asyncio.get_running_loop().time() + s.batch_wait_s
+            if not await slots.wait(tier, deadline):
+                return self._refuse(tier, "batch_full")
+        while attempt < s.max_attempts:
             choice = choose(
                 self.state.tiers.get(tier, []),
                 work.tokens,
                 queue_limit=s.queue_limit,
                 healthy=self.health.healthy,
                 exclude=tried,
+                full=self.state.full,
             )
             if choice.rank is None:
-                if choice.reason == "overloaded":
-                    self.metrics.rejects.labels(tier, "overloaded").inc()
-                    return error(
-                        429,
-                        f"every rank of tier {tier!r} is at its queue limit "
-                        f"({s.queue_limit} open requests)",
-                        **{"Retry-After": str(s.retry_after_s)},
-                    )
+                if choice.reason == "batch_full":
+                    deadline = deadline or asyncio.get_running_loop().time() + s.batch_wait_s
+                    if await slots.wait(tier, deadline):
+                        continue
+                if choice.reason in ("batch_full", "overloaded"):
+                    return self._refuse(tier, choice.reason)
                 break
+            rank = choice.rank
             if attempt:
                 self.metrics.retries.inc()
-            rank = choice.rank
+            else:
+                self.fleet.traffic.arrive(self.state.instances[rank.instance].spec.source)
+            attempt += 1
             try:
                 return await self._forward(request, raw, body, work, rank, arrived)
             except _UnreachableError as exc:
@@ -360,6 +373,20 @@ class Router:
             return error(502, f"no engine answered: {last}")
         self.metrics.rejects.labels(tier, "no_rank").inc()
         return error(503, f"tier {tier!r} has no admitted rank with weight > 0")
+
+    def _refuse(self, tier: str, reason: str) -> web.Response:
+        """429: every rank at its queue limit, or no batch slot within the wait."""
+        s = self.settings
+        self.metrics.rejects.labels(tier, reason).inc()
+        self.fleet.traffic.arrive(self.fleet.tier_deployment.get(tier, ""))
+        why = (
+            f"every instance of tier {tier!r} is at its batch limit (waited up to "
+            f"{s.batch_wait_s} s, {s.batch_queue} requests at most)"
+            if reason == "batch_full"
+            else f"every rank of tier {tier!r} is at its queue limit ({s.queue_limit} open "
+            "requests)"
+        )
+        return error(429, why, **{"Retry-After": str(s.retry_after_s)})
 
     async def _forward(
         self,
@@ -377,14 +404,16 @@ class Router:
         requests.inc()
         tokens.inc(work.tokens)
         rank.acquire(work.tokens)
+        self.state.acquire(inst)
+        seen = self.fleet.sample(inst, arrived, work.prompt_tokens, work.output_tokens)
         assert self.session is not None
         try:
             if inst.spec.pd:
-                return await self._pair(request, body, headers, rank, arrived)
+                return await self._pair(request, body, headers, rank, arrived, seen)
             data = pinned_body(inst.engine, raw, body, headers, rank.rank)
-            plain = self._plain.get(rank.instance)
+            plain = self.plain.get(rank.instance)
             if plain is not None and request.version >= (1, 1):
-                return await self._exchange(request, plain, data, headers, rank, arrived)
+                return await self._exchange(request, plain, data, headers, rank, arrived, seen)
             try:
                 upstream = await self.session.post(
                     self._upstream_url(inst.spec.url, request.path), data=data, headers=headers
@@ -398,9 +427,16 @@ class Router:
                 if upstream.status in _RETRYABLE_STATUS:
                     raise _UnreachableError(f"{rank.instance}: HTTP {upstream.status}")
                 self.health.answered(rank.instance)
-                return await self._relay(request, upstream, rank, arrived)
+                return await relay_client(request, upstream, rank, self.metrics, arrived, seen)
+        except _UnreachableError:
+            seen = None  # no answer: another instance may take it
+            raise
         finally:
             rank.release(work.tokens)
+            if self.state.release(inst):
+                self.fleet.slots.wake(rank.tier)
+            if seen is not None and seen.status:
+                self.fleet.traffic.finish(seen)
 
     async def _pair(
         self,
@@ -409,6 +445,7 @@ class Router:
         headers: dict[str, str],
         rank: RankState,
         arrived: float,
+        seen: Sample | None,
     ) -> web.StreamResponse:
         """Through a prefill/decode pair (:mod:`.pd`); the decode answer is relayed."""
         assert self.session is not None
@@ -425,7 +462,7 @@ class Router:
             if upstream.status in _RETRYABLE_STATUS:
                 raise _UnreachableError(f"{rank.instance}: decode HTTP {upstream.status}")
             self.health.answered(rank.instance)
-            return await self._relay(request, upstream, rank, arrived)
+            return await relay_client(request, upstream, rank, self.metrics, arrived, seen)
 
     async def _exchange(
         self,
@@ -435,6 +472,7 @@ class Router:
         headers: dict[str, str],
         rank: RankState,
         arrived: float,
+        seen: Sample | None,
     ) -> web.StreamResponse:
         """Forward over the engine pool (:mod:`.relay`): the engine's body goes to the
         client from the engine connection's own reads."""
@@ -450,7 +488,7 @@ class Router:
                 b"Content-Length: %d\r\n\r\n" % len(data),
             )
         )
-        conn = await self._send((head, data), host, port, rank)
+        conn = await self._send((head, data), host, port, rank, seen)
         try:
             status = conn.head.status if conn.head is not None else 0
             if status in _RETRYABLE_STATUS:
@@ -460,7 +498,9 @@ class Router:
             await conn.first_fut
             if conn.error or conn.head is None:  # nothing sent to the client yet
                 raise _UnreachableError(f"{rank.instance}: {conn.error}")
-            back = CIMultiDict((k, v) for k, v in conn.head.headers if k.lower() not in _DROP_BACK)
+            back = CIMultiDict((k, v) for k, v in conn.head.headers if k.lower() not in DROP_BACK)
+            if seen is not None:
+                seen.answer(status, back.get("Content-Type", ""))
             whole = conn.whole_body()
             if whole is not None:  # a short answer, all in: head and body in one write
                 self.metrics.tier_ttfb(rank.tier).observe(time.perf_counter() - arrived)
@@ -492,7 +532,12 @@ class Router:
         return resp
 
     async def _send(
-        self, request: Sequence[bytes], host: str, port: int, rank: RankState
+        self,
+        request: Sequence[bytes],
+        host: str,
+        port: int,
+        rank: RankState,
+        seen: Sample | None = None,
     ) -> EngineConnection:
         """Send ``request`` on a pooled connection and wait for the response head; a pooled
         connection that the engine had closed is replaced once.
@@ -506,7 +551,7 @@ class Router:
                 conn, reused = await self.pool.acquire(host, port)
             except EngineError as exc:
                 raise _UnreachableError(f"{rank.instance}: {exc}", refused=exc.refused) from exc
-            conn.send(request)
+            conn.send(request, None if seen is None else seen.body)
             assert conn.head_fut is not None
             await conn.head_fut
             if not conn.error:
@@ -515,52 +560,6 @@ class Router:
             if not (reused and not conn.got_bytes and not conn.timed_out):
                 break
         raise _UnreachableError(f"{rank.instance}: {conn.error}")
-
-    async def _relay(
-        self,
-        request: web.Request,
-        upstream: aiohttp.ClientResponse,
-        rank: RankState,
-        arrived: float,
-    ) -> web.StreamResponse:
-        back = {k: v for k, v in upstream.headers.items() if k.lower() not in _DROP_BACK}
-        stream = upstream.headers.get("Content-Type", "").startswith("text/event-stream")
-        if not stream:
-            try:
-                data = await upstream.read()
-            except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-                raise _UnreachableError(f"{rank.instance}: {exc!r}") from exc
-            self.metrics.tier_ttfb(rank.tier).observe(time.perf_counter() - arrived)
-            return web.Response(status=upstream.status, body=data, headers=back)
-        resp = web.StreamResponse(status=upstream.status, headers=back)
-        first = True
-        try:
-            async for chunk in upstream.content.iter_any():
-                if first:
-                    await resp.prepare(request)
-                    self.metrics.tier_ttfb(rank.tier).observe(time.perf_counter() - arrived)
-                    first = False
-                try:
-                    await resp.write(chunk)
-                except (ConnectionError, RuntimeError):  # the client went away
-                    log.info(
-                        "client went away during its stream",
-                        peer=peer_name(request.transport),
-                        instance=rank.instance,
-                    )
-                    return resp
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            if first:  # nothing sent yet: another rank may take it
-                raise _UnreachableError(f"{rank.instance}: {exc!r}") from exc
-            self.metrics.stream_aborts.inc()
-            log.warning("stream cut by the engine; not retried", instance=rank.instance)
-            if request.transport is not None:
-                request.transport.close()
-            return resp
-        if first:
-            await resp.prepare(request)
-        await resp.write_eof()
-        return resp
 
     async def _models(self, request: web.Request) -> web.StreamResponse:
         assert self.session is not None

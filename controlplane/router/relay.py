@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -102,6 +102,7 @@ class EngineConnection(asyncio.Protocol):
         self.paused_since_s = 0.0
         self.timed_out = False
         self.got_bytes = False
+        self.observe: Callable[[bytes], None] | None = None  # sees the body's bytes
 
     # ------------------------------------------------------------ protocol
 
@@ -133,6 +134,8 @@ class EngineConnection(asyncio.Protocol):
             data, self._buf = self._buf, b""
             if not data:
                 return
+        if self.observe is not None:
+            self.observe(data)
         if self._mode == "chunked":
             self._chunked(data)
         else:
@@ -287,10 +290,14 @@ class EngineConnection(asyncio.Protocol):
 
     # ------------------------------------------------------------ for the exchange
 
-    def send(self, request: Sequence[bytes]) -> None:
+    def send(
+        self, request: Sequence[bytes], observe: Callable[[bytes], None] | None = None
+    ) -> None:
         """Write ``request`` (the parts of a whole HTTP/1.1 request: head, body) on this
-        connection, without joining them (a large body is not copied again)."""
+        connection, without joining them (a large body is not copied again); ``observe``
+        is shown the response body's bytes as they arrive (framing included)."""
         self._reset()
+        self.observe = observe
         self.head_fut = self.loop.create_future()
         self.first_fut = self.loop.create_future()
         self.done_fut = self.loop.create_future()

@@ -1,18 +1,24 @@
-"""Live weights from the controller: one ``EngineService.WatchRouting`` stream per
-deployment, reopened with exponential backoff (and jitter) whenever it fails or ends.
+"""Live weights and instances from the controller: one ``EngineService.WatchRouting`` stream
+per deployment whose routing an instance takes, one ``WatchInstances`` stream per
+``--deployment``, each reopened with exponential backoff (and jitter) whenever it fails or
+ends; and the ``ReportTraffic`` calls of the traffic reporter (:mod:`.traffic`).
 
-While the controller is unreachable the router keeps the last committed weights it
-received; a deployment it never heard of keeps its instances unroutable (no weights).
-A new version is handed to ``on_routing`` as soon as its message arrives: weights are read
-at the next choice, so streams already open are not touched.
+While the controller is unreachable the router keeps the last committed weights and the
+last instance set it received; a deployment it never heard of keeps its instances
+unroutable (no weights). A code that will not heal by itself (NOT_FOUND: the deployment
+may be created later; a bad token) is logged as an error and retried at the longest
+backoff. A new version is handed to ``on_routing`` as soon as its message arrives: weights
+are read at the next choice, so streams already open are not touched.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
-from collections.abc import Callable
+from collections.abc import AsyncIterable, Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 import structlog
@@ -68,12 +74,14 @@ def controller_channel(settings: RouterSettings) -> aio.Channel:
 
 
 class RoutingWatcher:
-    """Watches the committed routing of each deployment (module docstring).
+    """Watches the controller (module docstring).
 
     Args:
-        settings: controller address, credentials, backoff.
+        settings: controller address, credentials, backoff, watched deployments.
         on_routing: called with every Routing message received.
-        on_connected: called with (deployment, connected) when a watch opens or drops.
+        on_connected: called with (deployment, connected) when a routing watch opens or
+            drops (``instances/<deployment>`` for an instances watch).
+        on_instances: called with every Instances message of a ``--deployment``.
     """
 
     def __init__(
@@ -81,50 +89,107 @@ class RoutingWatcher:
         settings: RouterSettings,
         on_routing: Callable[[engine_pb2.Routing], None],
         on_connected: Callable[[str, bool], None],
+        on_instances: Callable[[engine_pb2.Instances], None] = lambda m: None,
     ) -> None:
         self.settings = settings
         self.on_routing = on_routing
         self.on_connected = on_connected
+        self.on_instances = on_instances
         self._channel: aio.Channel | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._stub: engine_pb2_grpc.EngineServiceAsyncStub | None = None
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        s = settings
+        self._md = (("authorization", f"Bearer {s.token}"),) if s.token else None
 
     def start(self) -> None:
-        """Open the channel and one watch task per deployment."""
+        """Open the channel, a routing watch per deployment of the ``--instance`` flags and
+        an instances watch per ``--deployment``."""
         self._channel = controller_channel(self.settings)
-        stub = engine_pb2_grpc.EngineServiceStub(self._channel)
+        self._stub = engine_pb2_grpc.EngineServiceStub(self._channel)
         for d in self.settings.deployments:
-            self._tasks.append(asyncio.create_task(self._watch(stub, d), name=f"watch-{d}"))
+            self.watch(d)
+        stub = self._stub
+        for w in self.settings.watched:
+            request = engine_pb2.GetInstancesRequest(deployment=w.name)
+            self._tasks[f"instances/{w.name}"] = asyncio.create_task(
+                self._follow(
+                    f"instances/{w.name}",
+                    functools.partial(stub.WatchInstances, request, metadata=self._md),
+                    self.on_instances,
+                ),
+                name=f"instances-{w.name}",
+            )
+
+    def watch(self, deployment: str) -> None:
+        """Follow ``deployment``'s committed routing (no-op when already followed)."""
+        if deployment in self._tasks or self._stub is None:
+            return
+        stub = self._stub
+        request = engine_pb2.GetRoutingRequest(
+            deployment=deployment, format=engine_pb2.ROUTING_FORMAT_NATIVE
+        )
+        self._tasks[deployment] = asyncio.create_task(
+            self._follow(
+                deployment,
+                functools.partial(stub.WatchRouting, request, metadata=self._md),
+                self.on_routing,
+            ),
+            name=f"watch-{deployment}",
+        )
+
+    def unwatch(self, deployment: str) -> None:
+        """Stop following ``deployment``'s routing."""
+        task = self._tasks.pop(deployment, None)
+        if task is not None:
+            task.cancel()
+
+    @property
+    def watched_routings(self) -> set[str]:
+        return {k for k in self._tasks if not k.startswith("instances/")}
+
+    async def report(self, report: engine_pb2.TrafficReport, timeout_s: float) -> None:
+        """Send one traffic report.
+
+        Raises:
+            grpc.aio.AioRpcError: the call failed.
+        """
+        assert self._stub is not None
+        await self._stub.ReportTraffic(report, metadata=self._md, timeout=timeout_s)
 
     async def stop(self) -> None:
-        for t in self._tasks:
+        tasks = list(self._tasks.values())
+        for t in tasks:
             t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks.clear()
         if self._channel is not None:
             await self._channel.close(grace=None)
 
-    async def _watch(self, stub: engine_pb2_grpc.EngineServiceAsyncStub, deployment: str) -> None:
+    async def _follow(
+        self,
+        key: str,
+        call: Callable[[], AsyncIterable[Any]],
+        on_message: Callable[[Any], None],
+    ) -> None:
+        """Read the stream ``call()`` opens, handing each message to ``on_message``; reopen
+        it with backoff whenever it fails or ends."""
         s = self.settings
-        md = (("authorization", f"Bearer {s.token}"),) if s.token else None
         backoff = s.backoff_initial_s
-        request = engine_pb2.GetRoutingRequest(
-            deployment=deployment, format=engine_pb2.ROUTING_FORMAT_NATIVE
-        )
         while True:
             connected = False
             try:
-                async for routing in stub.WatchRouting(request, metadata=md):
+                async for message in call():
                     if not connected:
                         connected = True
-                        self.on_connected(deployment, True)
+                        self.on_connected(key, True)
                     backoff = s.backoff_initial_s
-                    self.on_routing(routing)
-                log.warning("routing watch ended", deployment=deployment)
+                    on_message(message)
+                log.warning("controller watch ended", watch=key)
             except aio.AioRpcError as exc:
                 permanent = exc.code() in _PERMANENT
                 (log.error if permanent else log.warning)(
-                    "routing watch failed; keeping the last committed weights",
-                    deployment=deployment,
+                    "controller watch failed; keeping the last state received",
+                    watch=key,
                     code=exc.code().name,
                     details=exc.details(),
                     retry_in_s=round(s.backoff_max_s if permanent else backoff, 3),
@@ -132,6 +197,6 @@ class RoutingWatcher:
                 if permanent:
                     backoff = s.backoff_max_s
             if connected:
-                self.on_connected(deployment, False)
+                self.on_connected(key, False)
             await asyncio.sleep(backoff * random.uniform(0.8, 1.2))
             backoff = min(backoff * 2, s.backoff_max_s)

@@ -20,6 +20,9 @@ decode=URL[+URL...][,bootstrap_port=P][,name=...]`` (no ``url=``; its health is 
 its first decode URL). ``pd`` names the protocol the router drives the pair with
 (:mod:`.pd`); ``bootstrap_port`` is SGLang's ``--disaggregation-bootstrap-port`` of the
 prefill servers (default 8998).
+
+``--deployment NAME[,tier=T]`` takes a deployment's instances from the controller instead
+(``EngineService.WatchInstances``, :mod:`.instances`); both kinds may be combined.
 """
 
 from __future__ import annotations
@@ -73,6 +76,12 @@ class InstanceSpec:
         pd: protocol of a prefill/decode pair (``sglang`` | ``vllm``); "" = one server.
         prefill, decode: base URLs of a pair's prefill and decode servers (empty = none).
         bootstrap_port: SGLang prefill servers' bootstrap port (a pair of protocol sglang).
+        bootstrap_ports: the bootstrap port of each prefill URL (empty: ``bootstrap_port``
+            for all).
+        source: the ``--deployment`` whose controller-listed instances it is one of ("" = an
+            ``--instance`` flag).
+        batch_limit: most requests open on it at once, requests (0 = no cap; the plan's SLO
+            batch of a controller-listed instance).
     """
 
     name: str
@@ -87,6 +96,21 @@ class InstanceSpec:
     prefill: tuple[str, ...] = ()
     decode: tuple[str, ...] = ()
     bootstrap_port: int = DEFAULT_BOOTSTRAP_PORT
+    bootstrap_ports: tuple[int, ...] = ()
+    source: str = ""
+    batch_limit: int = 0
+
+
+@dataclass(frozen=True)
+class Watched:
+    """A deployment whose instances come from the controller (``--deployment``).
+
+    Attributes:
+        name: the deployment. tier: the tier its instances serve.
+    """
+
+    name: str
+    tier: str
 
 
 @dataclass(frozen=True)
@@ -108,7 +132,8 @@ class RouterSettings:
     """Everything ``mixfleet-router`` runs with.
 
     Attributes:
-        instances: engine instances.
+        instances: engine instances given by ``--instance``.
+        watched: deployments whose instances come from the controller (``--deployment``).
         listen_host, listen_port: where the router listens (port 0 = any free port).
         controller: controller ``HOST:PORT``; "" = no controller (static ranks only).
         token: bearer token for the controller ("" = none).
@@ -144,9 +169,16 @@ class RouterSettings:
             seconds (keep-alive; also bounds a connection that sends nothing at all).
         tier_headers: honour ``X-Mixfleet-Tier`` and ``X-Priority-Class``; None = only
             when no API key defines tiers (see :attr:`honour_tier_headers`).
+        batch_queue: most requests of one tier waiting for a slot while every instance is
+            at its batch limit, requests (one more: 429 at once).
+        batch_wait_s: longest wait of a request for a slot, seconds (then 429).
+        traffic_report_s: length of a measured traffic window (one ``ReportTraffic`` per
+            watched deployment each), seconds.
+        reporter: the router's name in its traffic reports.
     """
 
     instances: tuple[InstanceSpec, ...]
+    watched: tuple[Watched, ...] = ()
     listen_host: str = "0.0.0.0"
     listen_port: int = 8000
     controller: str = ""
@@ -176,6 +208,10 @@ class RouterSettings:
     body_timeout_s: float = 30.0
     idle_timeout_s: float = 60.0
     tier_headers: bool | None = None
+    batch_queue: int = 256
+    batch_wait_s: float = 10.0
+    traffic_report_s: float = 10.0
+    reporter: str = "mixfleet-router"
 
     @property
     def honour_tier_headers(self) -> bool:
@@ -185,7 +221,7 @@ class RouterSettings:
 
     @property
     def tiers(self) -> frozenset[str]:
-        return frozenset(i.tier for i in self.instances)
+        return frozenset(i.tier for i in self.instances) | {w.tier for w in self.watched}
 
     @property
     def deployments(self) -> tuple[str, ...]:
@@ -247,6 +283,31 @@ def parse_instance(text: str, default_tier: str) -> InstanceSpec:
         decode=pair[1],
         bootstrap_port=_port(fields.get("bootstrap_port", str(DEFAULT_BOOTSTRAP_PORT))),
     )
+
+
+def parse_deployment(text: str, default_tier: str) -> Watched:
+    """One ``--deployment NAME[,tier=T]`` value.
+
+    Raises:
+        InputError: naming ``--deployment``: no name, or a key other than ``tier``.
+    """
+    name, *rest = (p.strip() for p in text.split(","))
+    tier = default_tier
+    for part in rest:
+        key, sep, value = part.partition("=")
+        if key.strip() != "tier" or not sep or not value.strip():
+            raise InputError(
+                f"{part!r} is not tier=TIER. To fix: e.g. --deployment ds3,tier=batch",
+                field="--deployment",
+            )
+        tier = value.strip()
+    if not name or "=" in name:
+        raise InputError(
+            f"{text!r} does not start with the deployment's name. To fix: e.g. "
+            "--deployment ds3,tier=batch",
+            field="--deployment",
+        )
+    return Watched(name, tier)
 
 
 def _http_url(url: str, key: str) -> SplitResult:
@@ -394,10 +455,21 @@ def check(settings: RouterSettings) -> RouterSettings:
         InputError: no instance, duplicate names, a tier of a key map that no instance
             serves, a deployment without a controller, non-positive limits.
     """
-    if not settings.instances:
+    if not settings.instances and not settings.watched:
         raise InputError(
-            "no engine instance. To fix: give --instance url=http://HOST:PORT (repeatable)",
+            "no engine instance. To fix: give --instance url=http://HOST:PORT or "
+            "--deployment NAME (repeatable)",
             field="--instance",
+        )
+    watched = [w.name for w in settings.watched]
+    twice = sorted({n for n in watched if watched.count(n) > 1})
+    if twice:
+        raise InputError(f"deployment(s) {', '.join(twice)} given twice", field="--deployment")
+    if watched and not settings.controller:
+        raise InputError(
+            "--deployment needs a controller. To fix: give --controller HOST:PORT (or env "
+            "MIXFLEET_CONTROLLER)",
+            field="--controller",
         )
     names = [i.name for i in settings.instances]
     dup = sorted({n for n in names if names.count(n) > 1})
@@ -434,6 +506,7 @@ def check(settings: RouterSettings) -> RouterSettings:
         "max_inflight_body_bytes",
         "max_output_tokens",
         "max_json_depth",
+        "batch_queue",
     ):
         if getattr(settings, name) < 1:
             raise InputError("must be >= 1", field="--" + name.replace("_", "-"))
@@ -444,12 +517,16 @@ def check(settings: RouterSettings) -> RouterSettings:
         "header_timeout_s",
         "body_timeout_s",
         "idle_timeout_s",
+        "batch_wait_s",
+        "traffic_report_s",
     ):
         value = getattr(settings, name)
         if not (value > 0 and math.isfinite(value)):
             raise InputError(
                 f"must be > 0 seconds, got {value}", field="--" + name.replace("_", "-")
             )
+    if not settings.reporter:
+        raise InputError("must not be empty", field="--reporter")
     if settings.max_inflight_body_bytes < settings.max_body_bytes:
         raise InputError(
             f"{settings.max_inflight_body_bytes} is below --max-body-bytes "

@@ -24,6 +24,10 @@ class InstanceState:
         planned: the plan's weight of each DP rank (index = the engine's DP rank).
         version: plan version of ``planned`` (0 = static ranks, or none received yet).
         plan_id: the plan's id ("" = static).
+        routable: it may take new requests (a controller-listed instance that is not
+            ready, draining or no longer listed may not; its open requests finish).
+        listed: the controller still lists it (always True for an ``--instance``).
+        open_requests: requests open on it, all ranks together.
     """
 
     spec: InstanceSpec
@@ -31,6 +35,19 @@ class InstanceState:
     planned: list[float]
     version: int = 0
     plan_id: str = ""
+    routable: bool = True
+    listed: bool = True
+    open_requests: int = 0
+
+
+@dataclass(frozen=True)
+class _Weights:
+    """The last committed routing of one deployment, as ranks take it."""
+
+    planned: list[float]
+    version: int
+    plan_id: str
+    engine: str
 
 
 def rank_weights(routing: engine_pb2.Routing) -> list[float]:
@@ -53,10 +70,13 @@ class RouterState:
     Attributes:
         instances: by name.
         tiers: tier -> its ranks (all instances of the tier).
+        full: names of the instances at their batch limit.
     """
 
     instances: dict[str, InstanceState] = field(default_factory=dict)
     tiers: dict[str, list[RankState]] = field(default_factory=dict)
+    full: set[str] = field(default_factory=set)
+    _weights: dict[str, _Weights] = field(default_factory=dict)
 
     @classmethod
     def from_specs(cls, specs: Sequence[InstanceSpec]) -> RouterState:
@@ -74,22 +94,81 @@ class RouterState:
     def apply_routing(self, routing: engine_pb2.Routing) -> list[str]:
         """Take the weights of a committed routing for the deployment's instances; returns
         the names of the instances it changed."""
-        planned = rank_weights(routing)
-        changed = []
-        for inst in self.instances.values():
-            if inst.spec.deployment != routing.deployment:
-                continue
-            if inst.version == routing.version and inst.planned == planned:
-                continue
-            inst.planned = planned
-            inst.version = routing.version
-            inst.plan_id = routing.plan_id
-            if not inst.spec.engine and routing.engine:
-                inst.engine = routing.engine
-            changed.append(inst.spec.name)
+        weights = _Weights(rank_weights(routing), routing.version, routing.plan_id, routing.engine)
+        self._weights[routing.deployment] = weights
+        changed = [
+            inst.spec.name
+            for inst in self.instances.values()
+            if inst.spec.deployment == routing.deployment and _take(inst, weights)
+        ]
         for tier in {self.instances[n].spec.tier for n in changed}:
             self._rebuild(tier)
         return changed
+
+    def sync(self, source: str, listed: Sequence[tuple[InstanceSpec, bool]]) -> list[str]:
+        """Make the instances of the watched deployment ``source`` those of ``listed``
+        ((spec, routable) pairs); returns the names added. One listed under a name that an
+        instance of another origin has is left out. Instances of ``source`` no longer
+        listed stop taking requests and are removed by :meth:`prune` once idle; the rank
+        objects of those that remain are kept (their open counts with them)."""
+        added: list[str] = []
+        tiers: set[str] = set()
+        seen: set[str] = set()
+        for spec, routable in listed:
+            inst = self.instances.get(spec.name)
+            if inst is not None and inst.spec.source != source:
+                continue
+            seen.add(spec.name)
+            if inst is None:
+                inst = self.instances[spec.name] = InstanceState(spec, spec.engine or "sglang", [])
+                added.append(spec.name)
+            elif inst.spec.deployment != spec.deployment:
+                inst.planned, inst.version, inst.plan_id = [], 0, ""
+            tiers |= {inst.spec.tier, spec.tier}
+            inst.spec, inst.routable, inst.listed = spec, routable, True
+            inst.engine = spec.engine or inst.engine
+            weights = self._weights.get(spec.deployment)
+            if weights is not None:
+                _take(inst, weights)
+        for inst in self.instances.values():
+            if inst.spec.source == source and inst.spec.name not in seen and inst.listed:
+                inst.listed = inst.routable = False
+                tiers.add(inst.spec.tier)
+        for tier in tiers:
+            self._rebuild(tier)
+        self.full = {n for n, i in self.instances.items() if _at_cap(i)}
+        return added
+
+    def prune(self) -> list[str]:
+        """Remove the instances the controller no longer lists that have no open request;
+        returns their names."""
+        gone = [n for n, i in self.instances.items() if not i.listed and i.open_requests <= 0]
+        tiers = {self.instances[n].spec.tier for n in gone}
+        for n in gone:
+            del self.instances[n]
+            self.full.discard(n)
+        for tier in tiers:
+            self._rebuild(tier)
+        return gone
+
+    def routing_keys(self) -> set[str]:
+        """The deployments whose committed routing some instance takes its ranks from."""
+        return {i.spec.deployment for i in self.instances.values() if i.spec.deployment}
+
+    def acquire(self, inst: InstanceState) -> None:
+        """Count a request as open on ``inst``."""
+        inst.open_requests += 1
+        if _at_cap(inst):
+            self.full.add(inst.spec.name)
+
+    def release(self, inst: InstanceState) -> bool:
+        """The request on ``inst`` has ended; returns whether that freed a slot of a full
+        instance (a waiting request may go)."""
+        inst.open_requests = max(0, inst.open_requests - 1)
+        if inst.spec.name in self.full and not _at_cap(inst):
+            self.full.discard(inst.spec.name)
+            return True
+        return False
 
     def _rebuild(self, tier: str) -> None:
         """Recompute the tier's ranks, keeping the objects (and open counts) of ranks that
@@ -100,9 +179,8 @@ class RouterState:
             if inst.spec.tier != tier:
                 continue
             share = inst.spec.share if inst.spec.share is not None else len(inst.planned)
-            for rank, (w, p) in enumerate(
-                zip(effective_weights(inst.planned, share), inst.planned, strict=True)
-            ):
+            scaled = effective_weights(inst.planned, share if inst.routable else 0.0)
+            for rank, (w, p) in enumerate(zip(scaled, inst.planned, strict=True)):
                 r = old.get((inst.spec.name, rank)) or RankState(inst.spec.name, rank, tier, w)
                 r.weight, r.planned_weight = w, p
                 r.routed_tokens, r.routed_requests = 0.0, 0
@@ -143,9 +221,28 @@ class RouterState:
                     "ranks": len(i.planned),
                     "version": i.version,
                     "plan_id": i.plan_id,
+                    "source": i.spec.source,
+                    "routable": i.routable,
+                    "listed": i.listed,
+                    "open_requests": i.open_requests,
+                    "batch_limit": i.spec.batch_limit,
                 }
                 for i in self.instances.values()
             ],
             "controller_connected": connected,
             "tiers": tiers,
         }
+
+
+def _take(inst: InstanceState, weights: _Weights) -> bool:
+    """Give ``inst`` the routing's weights; whether anything changed."""
+    if inst.version == weights.version and inst.planned == weights.planned:
+        return False
+    inst.planned, inst.version, inst.plan_id = weights.planned, weights.version, weights.plan_id
+    if not inst.spec.engine and weights.engine:
+        inst.engine = weights.engine
+    return True
+
+
+def _at_cap(inst: InstanceState) -> bool:
+    return 0 < inst.spec.batch_limit <= inst.open_requests

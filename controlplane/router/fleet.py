@@ -1,0 +1,202 @@
+"""The router's controller-listed side: instances that come and go with each
+``WatchInstances`` message (:mod:`.instances`), the requests that wait while every instance
+of their tier is at its batch limit (:class:`SlotQueue`), and the traffic windows of the
+watched deployments (:mod:`.traffic`).
+
+An instance set applies at once: new instances are admitted (the health checks eject the
+dead ones), start their routing watch and take requests once their weights arrive;
+instances that are not ready, are draining or are no longer listed get no new request, and
+those no longer listed are removed once their open requests have ended (checked every
+health interval). A stream is never cut because its instance left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+import structlog
+from mixfleet.v1 import engine_pb2
+from yarl import URL
+
+from controlplane.router.instances import instance_set
+from controlplane.router.settings import RouterSettings
+from controlplane.router.state import InstanceState
+from controlplane.router.traffic import Sample, TrafficBook, report_forever
+
+if TYPE_CHECKING:
+    from controlplane.router.proxy import Router
+
+log = structlog.get_logger("mixfleet.router.fleet")
+
+
+def plain_target(url: str) -> tuple[str, int, bytes] | None:
+    """(host, port, Host header line) of an engine reached over plain HTTP through the
+    relay pool; None for one reached through aiohttp's client (https)."""
+    u = URL(url)
+    if u.scheme == "http" and u.host is not None and u.port is not None:
+        return u.host, u.port, f"Host: {u.host}:{u.port}\r\n".encode()
+    return None
+
+
+class SlotQueue:
+    """Requests waiting, per tier, for an instance below its batch limit; woken in arrival
+    order, one per freed slot.
+
+    Args:
+        limit: most requests waiting in one tier.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._waiting: dict[str, collections.deque[asyncio.Future[None]]] = {}
+
+    def waiting(self, tier: str) -> int:
+        return len(self._waiting.get(tier, ()))
+
+    async def wait(self, tier: str, deadline: float) -> bool:
+        """Wait for a slot of ``tier`` until ``deadline`` (the loop's clock, seconds);
+        False when the queue is full or the deadline passed."""
+        q = self._waiting.setdefault(tier, collections.deque())
+        if len(q) >= self.limit:
+            return False
+        fut = asyncio.get_running_loop().create_future()
+        q.append(fut)
+        try:
+            async with asyncio.timeout_at(deadline):
+                await fut
+            return True
+        except TimeoutError:
+            if fut.done() and not fut.cancelled():
+                self.wake(tier)  # woken as the deadline passed: the slot goes on
+            return False
+        finally:
+            if fut in q:
+                q.remove(fut)
+
+    def wake(self, tier: str) -> None:
+        """A slot of ``tier`` is free: the longest waiting request may go."""
+        q = self._waiting.get(tier)
+        while q:
+            fut = q.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                return
+
+    def wake_all(self) -> None:
+        """The instances changed: every waiting request looks again."""
+        for tier, q in self._waiting.items():
+            for _ in range(len(q)):
+                self.wake(tier)
+
+
+class Fleet:
+    """The controller-listed instances of one router (module docstring).
+
+    Args:
+        router: the router whose state, health checks and watches it keeps in step.
+    """
+
+    def __init__(self, router: Router) -> None:
+        self.router = router
+        s: RouterSettings = router.settings
+        self.watched = {w.name: w for w in s.watched}
+        self.slots = SlotQueue(s.batch_queue)
+        self.traffic = TrafficBook(list(self.watched), router.metrics.registry)
+        by_tier: dict[str, list[str]] = {}
+        for w in s.watched:
+            by_tier.setdefault(w.tier, []).append(w.name)
+        #: tier -> the watched deployment that alone serves it (its refused requests count)
+        self.tier_deployment = {t: ds[0] for t, ds in by_tier.items() if len(ds) == 1}
+        self._noted: set[str] = set()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self, send: Callable[[engine_pb2.TrafficReport], Awaitable[None]] | None) -> None:
+        """Start pruning (and, with a watcher, reporting traffic through ``send``)."""
+        s = self.router.settings
+        self._tasks.append(asyncio.create_task(self._prune_forever(), name="fleet-prune"))
+        if self.watched and send is not None:
+            self._tasks.append(
+                asyncio.create_task(
+                    report_forever(
+                        self.traffic, send, reporter=s.reporter, window_s=s.traffic_report_s
+                    ),
+                    name="traffic-reports",
+                )
+            )
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+
+    def on_instances(self, message: engine_pb2.Instances) -> None:
+        """Apply one ``Instances`` message of a watched deployment."""
+        watched = self.watched.get(message.deployment)
+        if watched is None:
+            return
+        r = self.router
+        got = instance_set(message, watched)
+        for line in got.skipped:
+            if line not in self._noted:  # once per router, not once per message
+                self._noted.add(line)
+                log.warning("instance left out", deployment=message.deployment, why=line)
+        added = r.state.sync(watched.name, [(i.spec, i.routable) for i in got.listed])
+        r.health.admit_all(added)
+        self._changed()
+        log.info(
+            "instances applied",
+            deployment=message.deployment,
+            generation=message.generation,
+            routable=sorted(i.spec.name for i in got.listed if i.routable),
+            added=added,
+        )
+
+    def prune(self) -> list[str]:
+        """Remove the idle instances that are no longer listed; their names."""
+        r = self.router
+        gone = r.state.prune()
+        for name in gone:
+            r.health.forget(name)
+            r.plain.pop(name, None)
+        if gone:
+            self._changed()
+            log.info("instances removed", instances=gone)
+        return gone
+
+    def _changed(self) -> None:
+        """Health checks, plain-HTTP targets and routing watches follow the instances."""
+        r = self.router
+        urls = {n: i.spec.url for n, i in r.state.instances.items()}
+        if r.checks is not None:
+            r.checks.set_urls(urls)
+        for name, inst in r.state.instances.items():
+            target = plain_target(inst.spec.url)
+            if target is None:
+                r.plain.pop(name, None)
+            else:
+                r.plain[name] = target
+        if r.watcher is not None:
+            keys = r.state.routing_keys()
+            for key in keys - r.watcher.watched_routings:
+                r.watcher.watch(key)
+            for key in r.watcher.watched_routings - keys:
+                r.watcher.unwatch(key)
+        self.slots.wake_all()
+
+    async def _prune_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.router.settings.health_interval_s)
+            self.prune()
+
+    def sample(
+        self, inst: InstanceState, arrived_s: float, prompt: int, output: int
+    ) -> Sample | None:
+        """A measurement of a request routed to ``inst`` (None when it is not a watched
+        deployment's instance)."""
+        if not inst.spec.source:
+            return None
+        return Sample(inst.spec.source, arrived_s, prompt, output)
