@@ -62,47 +62,37 @@ def _read_specs(args: argparse.Namespace) -> tuple[Fleet, list[DeploymentSpec]]:
     return fleet, specs
 
 
-def _solve(
-    args: argparse.Namespace, fleet: Fleet, specs: list[DeploymentSpec]
-) -> tuple[ScheduleRequest, Schedule]:
-    """Schedule ``specs`` on ``fleet`` (the fleet scheduler, whole nodes)."""
-    from policies.scheduling import schedule
-    from policies.scheduling.table import TableSettings
-    from policies.spec import selects
-
-    pairs = [(s, [n.name for n in fleet.nodes if selects(s, n.labels)]) for s in specs]
-    settings = TableSettings(
-        estimate_policy=args.estimate_policy, max_instances=args.replica_groups
-    )
-    if args.workers == 1:  # --workers is at least 1 (positive_int)
-        return schedule(fleet, pairs, quotas_gpus=_quotas(args.quota), settings=settings)
-    from concurrent.futures import ProcessPoolExecutor
-
-    with ProcessPoolExecutor(args.workers) as pool:
-        return schedule(fleet, pairs, quotas_gpus=_quotas(args.quota), settings=settings, pool=pool)
-
-
 def _plan_and_schedule(
     args: argparse.Namespace,
 ) -> tuple[FleetPlan | None, tuple[ScheduleRequest, Schedule] | None]:
     """Deployments with traffic and SLOs through the fleet planner; the others through the
-    fleet scheduler on the nodes the plan leaves free (either part None when empty)."""
-    from controlplane.cli.schedule_plan import planned, run_planner
+    fleet scheduler on the nodes the plan leaves free (either part None when empty):
+    :func:`policies.fleetplan.combined.plan_and_schedule`, as the controller decides."""
+    from controlplane.cli.schedule_plan import curve_cache_dir
+    from controlplane.curvecache import FileCurveCache
+    from policies.fleetplan.combined import PlanOptions, ScheduleOptions, plan_and_schedule
+    from policies.scheduling.table import TableSettings
+    from policies.spec import selects
 
     fleet, specs = _read_specs(args)
-    mine = [s for s in specs if planned(s)]
-    rest = [s for s in specs if not planned(s)]
-    plan = run_planner(args, fleet, mine) if mine else None
-    if not rest:
-        return plan, None
-    if plan is not None:
-        from policies.fleet import Fleet as _Fleet
+    pairs = [(s, [n.name for n in fleet.nodes if selects(s, n.labels)]) for s in specs]
+    planning = PlanOptions(cache=FileCurveCache(curve_cache_dir(args)))
+    scheduling = ScheduleOptions(
+        quotas_gpus=_quotas(args.quota),
+        settings=TableSettings(
+            estimate_policy=args.estimate_policy, max_instances=args.replica_groups
+        ),
+    )
+    if args.workers == 1:  # --workers is at least 1 (positive_int)
+        d = plan_and_schedule(fleet, pairs, planning=planning, scheduling=scheduling)
+    else:
+        from concurrent.futures import ProcessPoolExecutor
 
-        free = set(plan.free_nodes)
-        fleet = _Fleet(
-            fleet.name, tuple(n for n in fleet.nodes if n.name in free), fleet.fabric_links
-        )
-    return plan, _solve(args, fleet, rest)
+        with ProcessPoolExecutor(args.workers) as pool:
+            d = plan_and_schedule(fleet, pairs, planning=planning, scheduling=scheduling, pool=pool)
+    if d.request is None or d.schedule is None:
+        return d.plan, None
+    return d.plan, (d.request, d.schedule)
 
 
 def schedule_document(req: ScheduleRequest, s: Schedule) -> dict[str, Any]:

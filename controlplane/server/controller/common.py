@@ -50,6 +50,8 @@ class ControllerSettings:
             usable node matching its selector (GPUs shared, as before the scheduler).
         namespace_quotas_gpus: namespace -> most GPUs its deployments may hold together
             (the fleet scheduler's quotas; ``spec.namespace``); absent = no limit.
+        curve_cache_dir: directory of the fleet planner's step curves, kept across
+            restarts (``controller run``: next to the SQLite file); "" = in memory.
     """
 
     heartbeat_interval_s: float = 5.0
@@ -68,6 +70,7 @@ class ControllerSettings:
     contingency_max_nodes: int = 32
     fleet_scheduler: bool = True
     namespace_quotas_gpus: Mapping[str, int] = field(default_factory=dict)
+    curve_cache_dir: str = ""
 
     def reconcile_settings(self, *, solves: bool = True) -> rc.ReconcileSettings:
         """The decision's timing; ``solves`` False where another component (the Kubernetes

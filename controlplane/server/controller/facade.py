@@ -54,6 +54,7 @@ from controlplane.server.controller.common import (
     RegisterResult,
 )
 from controlplane.server.controller.contingency import Contingencies
+from controlplane.server.controller.instances import curve_cache
 from controlplane.server.controller.loads import Loads
 from controlplane.server.controller.nodes import NodeRegistry
 from controlplane.server.controller.rollout import Rollouts
@@ -118,7 +119,14 @@ class Controller:
             ctx, self.nodes, self.rollouts, self.loads, self.watchers, self.contingencies
         )
         self.views = DeploymentViews(ctx, self._observe_deployment)
-        self.scheduler = FleetScheduler(ctx, self.nodes, self.rollouts, self.watchers)
+        self.scheduler = FleetScheduler(
+            ctx,
+            self.nodes,
+            self.rollouts,
+            self.watchers,
+            remove=self._remove_deployment,
+            curves=curve_cache(self.settings.curve_cache_dir),
+        )
         self._status: dict[str, tuple[str, str, tuple[str, ...]]] = {}
         self._wake = asyncio.Event()
         self._stopping = False
@@ -205,11 +213,16 @@ class Controller:
         due = self.views.due(nodes, now, settings)
         assigned: dict[str, tuple[str, ...]] | None = None
         unscheduled: dict[str, str] = {}
+        planned: dict[str, tuple[str, str]] = {}
         if settings.solves and self.settings.fleet_scheduler:
             assigned, unscheduled = self.scheduler.view(nodes, now, settings, self.views.records())
+            # A deployment served by engine instances is never solved as one engine.
+            planned = self.scheduler.instances.phases
+            due = tuple(d for d in due if d.name not in planned)
         elif not settings.solves:  # the operator withdraws by deleting PartitionPlans
             self.scheduler.sweep_withdrawn(self.views.records(), now)
         actions = rc.reconcile(rc.Observed(now, nodes, due, assigned, unscheduled), settings)
+        actions += [rc.SetStatus(n, phase, why) for n, (phase, why) in planned.items()]
         for action in actions:
             try:
                 self._act(action)
@@ -436,6 +449,7 @@ class Controller:
         """
         if not checked:
             check_spec(spec)
+        self._refuse_instance(spec.name)
         before = self.store.get_deployment(spec.name)
         d = self.store.put_deployment(
             spec, now_s=self.clock(), create_only=create_only, update_only=update_only
@@ -448,7 +462,31 @@ class Controller:
         return d
 
     def delete_deployment(self, name: str) -> bool:
-        """Delete a deployment: abort its rollout, REMOVE its parts from agents."""
+        """Delete a deployment: abort its rollout, REMOVE its parts from agents; a
+        deployment served by engine instances takes its instances with it.
+
+        Raises:
+            PreconditionError: ``name`` is an engine instance (the controller writes it).
+        """
+        self._refuse_instance(name)
+        deleted = self._remove_deployment(name)
+        for instance in self.scheduler.instances.forget(name):
+            self.log.info(
+                "instance deleted with its deployment", deployment=name, instance=instance
+            )
+        return deleted
+
+    def _refuse_instance(self, name: str) -> None:
+        """Refuse a user's change to an engine instance (the controller writes them)."""
+        of = self.scheduler.instances.parent_of(name)
+        if of:
+            raise PreconditionError(
+                f"{name} is an instance of {of}, written by the controller: change {of}",
+                field="name",
+            )
+
+    def _remove_deployment(self, name: str) -> bool:
+        """Delete a deployment the controller's way (rollout aborted, parts REMOVEd)."""
         r, c = self.rollouts.delete(name)
         self.solves.cancel(name)
         deleted = self.store.delete_deployment(name, now_s=self.clock())

@@ -15,6 +15,13 @@ graceful drain: a node moves only after its old holder committed a plan without 
 waiting deployment is marked changed when its view changes, so it is decided then). A
 deployment the new assignment leaves Pending has its committed plan withdrawn (its parts
 removed from the agents) so its nodes free at once.
+
+Deployments that state their traffic and SLOs are planned by the fleet planner instead, and
+the others scheduled on the nodes its plan leaves free
+(:func:`policies.fleetplan.combined.plan_and_schedule`); such a deployment runs as engine
+instances (:class:`~controlplane.server.controller.instances.Instances`), each a deployment
+assigned its planned nodes. A draining instance holds its nodes: an instance that needs
+them waits, as for any other holder.
 """
 
 from __future__ import annotations
@@ -22,18 +29,26 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from controlplane.errors import StoreError
 from controlplane.server import reconcile as rc
 from controlplane.server.controller.common import AssignmentEvent, Context
+from controlplane.server.controller.instances import Instances
 from controlplane.server.controller.nodes import NodeRegistry
 from controlplane.server.controller.rollout import Rollouts
 from controlplane.server.controller.watchers import Watchers
 from controlplane.store import PlanWithdrawal, StoredDeployment
 from policies.errors import InputError
 from policies.fleet import Fleet
-from policies.scheduling import schedule
+from policies.fleetplan.combined import (
+    FleetDecision,
+    PlanOptions,
+    ScheduleOptions,
+    plan_and_schedule,
+)
+from policies.fleetplan.curves import CurveCache, MemoryCurveCache
+from policies.fleetplan.instances import is_planned
 from policies.scheduling.explain import why_placed
 from policies.scheduling.table import EstimateCache
 from policies.scheduling.types import Schedule, ScheduleRequest
@@ -46,16 +61,29 @@ WITHDRAWN_CHECK_S = 1.0
 
 
 class FleetScheduler:
-    """Fleet-level assignment of nodes to deployments (see the module docstring)."""
+    """Fleet-level assignment of nodes to deployments (see the module docstring).
+
+    Args:
+        remove: deletes a deployment the controller's way (a drained instance).
+        curves: the fleet planner's step curves, kept between plans (in memory when None).
+    """
 
     def __init__(
-        self, ctx: Context, nodes: NodeRegistry, rollouts: Rollouts, watchers: Watchers
+        self,
+        ctx: Context,
+        nodes: NodeRegistry,
+        rollouts: Rollouts,
+        watchers: Watchers,
+        remove: Callable[[str], bool] = lambda _name: False,
+        curves: CurveCache | None = None,
     ) -> None:
         self.ctx = ctx
         self.nodes = nodes
         self.rollouts = rollouts
         self.watchers = watchers
         self.cache = EstimateCache()
+        self.curves: CurveCache = curves if curves is not None else MemoryCurveCache()
+        self.instances = Instances(ctx, remove)
         self.assigned: dict[str, tuple[str, ...]] = {}
         self.reasons: dict[str, str] = {}
         self.request: ScheduleRequest | None = None
@@ -79,8 +107,11 @@ class FleetScheduler:
         changed."""
         if not self._recovered:
             self._recover(deps)
+        inst = self.instances
+        deps = [d for d in deps if not inst.is_instance(d.name)]
         eligible = {d.name: rc.usable_gpus(d.spec, nodes, now_s, settings)[0] for d in deps}
-        key = _fingerprint(deps, eligible)
+        traffic = {d.name: inst.traffic_key(d) for d in deps if is_planned(d.spec)}
+        key = _fingerprint(deps, eligible, traffic)
         if key != self._key and self._task is None:
             try:
                 loop = asyncio.get_running_loop()
@@ -89,10 +120,15 @@ class FleetScheduler:
             else:
                 self._task = loop.create_task(self._solve(key, deps, eligible), name="schedule")
         assigned: dict[str, tuple[str, ...]] = {}
-        unscheduled = {d.name: self.reasons.get(d.name, WAITING) for d in deps}
+        unscheduled = {
+            d.name: self.reasons.get(d.name, WAITING) for d in deps if d.name not in traffic
+        }
         drain_view: dict[str, tuple[tuple[str, ...], str]] = {}
-        for name, mine in self.assigned.items():
-            assigned[name], why = drain_view[name] = self._drained(name, mine)
+        holders = self.assigned | inst.assigned()
+        waiting: dict[str, list[str]] = {}
+        for name, mine in holders.items():
+            assigned[name], why = self._drained(name, mine, holders, waiting)
+            drain_view[name] = (assigned[name], why)
             if why:
                 unscheduled[name] = why
             else:
@@ -102,16 +138,29 @@ class FleetScheduler:
                 # the waiting deployment, so decide it again now.
                 self.ctx.changed(name)
         self._drain_view = drain_view
+        inst.tick(traffic, waiting)
         return assigned, unscheduled
 
-    def _drained(self, name: str, mine: Sequence[str]) -> tuple[tuple[str, ...], str]:
+    def _drained(
+        self,
+        name: str,
+        mine: Sequence[str],
+        holders: Mapping[str, Sequence[str]],
+        waiting: dict[str, list[str]],
+    ) -> tuple[tuple[str, ...], str]:
         """The deployment's nodes it may plan on now: while another placed deployment still
-        holds one of them, only the nodes it already holds (it grows once they are free)."""
+        holds one of them (a draining instance holds all of its own), only the nodes it
+        already holds (it grows once they are free). ``waiting`` gets, per deployment, the
+        holders it waits for."""
         blocked: dict[str, list[str]] = {}
         for n in mine:
             for o in self.rollouts.serving(n):
-                if o != name and o in self.assigned and n not in self.assigned[o]:
+                if o == name or o not in holders:
+                    continue
+                if n not in holders[o] or self.instances.draining(o):
                     blocked.setdefault(n, []).append(o)
+        if blocked:
+            waiting[name] = sorted({o for os in blocked.values() for o in os})
         if not blocked:
             return tuple(mine), ""
         c = self.rollouts.committed_cached(name)
@@ -121,9 +170,13 @@ class FleetScheduler:
         return keep, f"waiting for nodes to drain ({who})"
 
     def _recover(self, deps: Sequence[StoredDeployment]) -> None:
-        """The previous assignment from the stored statuses (after a restart)."""
+        """The previous assignment and instances from the stored statuses (after a
+        restart)."""
         self._recovered = True
+        self.instances.recover(deps)
         for d in deps:
+            if is_planned(d.spec) or self.instances.is_instance(d.name):
+                continue
             nodes = d.status.get("assigned_nodes")
             if isinstance(nodes, list) and nodes:
                 self.assigned[d.name] = tuple(str(n) for n in nodes)
@@ -133,18 +186,10 @@ class FleetScheduler:
     ) -> None:
         try:
             fleet, specs, previous = self._inputs(deps, eligible)
-            req, sched = await asyncio.to_thread(
-                schedule,
-                fleet,
-                specs,
-                previous=previous,
-                cache=self.cache,
-                quotas_gpus=self.ctx.settings.namespace_quotas_gpus,
-            )
-            self._adopt(key, deps, req, sched)
+            decision = await asyncio.to_thread(self._decide, fleet, specs, previous)
+            self._adopt(key, deps, decision)
         except InputError as exc:
-            self.ctx.log.warning("fleet schedule failed", error=str(exc))
-            self._key = key
+            self._failed(key, exc)
         except Exception:  # the scheduler's boundary: keep the old assignment, retry later
             self.ctx.log.exception("fleet schedule failed")
         finally:
@@ -157,36 +202,60 @@ class FleetScheduler:
         """:meth:`_solve` without an event loop (a tick called directly)."""
         try:
             fleet, specs, previous = self._inputs(deps, eligible)
-            req, sched = schedule(
-                fleet,
-                specs,
-                previous=previous,
-                cache=self.cache,
-                quotas_gpus=self.ctx.settings.namespace_quotas_gpus,
-            )
-            self._adopt(key, deps, req, sched)
+            self._adopt(key, deps, self._decide(fleet, specs, previous))
         except InputError as exc:
-            self.ctx.log.warning("fleet schedule failed", error=str(exc))
-            self._key = key
+            self._failed(key, exc)
+
+    def _failed(self, key: str, exc: InputError) -> None:
+        self.ctx.log.warning("fleet schedule failed", error=str(exc))
+        self._key = key
+        self.instances.failure = str(exc)
+
+    def _decide(
+        self,
+        fleet: Fleet,
+        specs: list[tuple[DeploymentSpec, tuple[str, ...]]],
+        previous: dict[str, frozenset[str]],
+    ) -> FleetDecision:
+        """The fleet plan of the planned deployments and the assignment of the others."""
+        return plan_and_schedule(
+            fleet,
+            specs,
+            planning=PlanOptions(
+                previous=self.instances.plan,
+                settings=self.instances.settings,
+                cache=self.curves,
+            ),
+            scheduling=ScheduleOptions(
+                previous=previous,
+                quotas_gpus=self.ctx.settings.namespace_quotas_gpus,
+                cache=self.cache,
+            ),
+        )
 
     def _inputs(
         self, deps: Sequence[StoredDeployment], eligible: Mapping[str, tuple[str, ...]]
     ) -> tuple[Fleet, list[tuple[DeploymentSpec, tuple[str, ...]]], dict[str, frozenset[str]]]:
-        """The fleet of every usable node, each spec with its nodes, the previous assignment."""
+        """The fleet of every usable node, each spec with its nodes (a planned deployment's
+        at the traffic it is planned for), the previous assignment."""
         names = sorted({n for ns in eligible.values() for n in ns})
         fleet = self.nodes.fleet_for("fleet", names)
         previous = {k: frozenset(v) for k, v in self.assigned.items()}
-        return fleet, [(d.spec, eligible[d.name]) for d in deps], previous
+        specs = [
+            (self.instances.planning_spec(d) if is_planned(d.spec) else d.spec, eligible[d.name])
+            for d in deps
+        ]
+        return fleet, specs, previous
 
-    def _adopt(
-        self, key: str, deps: Sequence[StoredDeployment], req: ScheduleRequest, s: Schedule
-    ) -> None:
-        """Make ``s`` the assignment: record it, withdraw preempted plans, re-decide all."""
-        self._key, self.request, self.schedule = key, req, s
-        self.assigned = {k: p.nodes for k, p in s.placements.items()}
-        self.reasons = {k: p.message for k, p in s.pending.items()}
+    def _adopt(self, key: str, deps: Sequence[StoredDeployment], decision: FleetDecision) -> None:
+        """Make ``decision`` the assignment: record it, withdraw preempted plans, run the
+        planned deployments' instances, re-decide all."""
+        s = decision.schedule
+        self._key, self.request, self.schedule = key, decision.request, s
+        self.assigned = {k: p.nodes for k, p in s.placements.items()} if s else {}
+        self.reasons = {k: p.message for k, p in s.pending.items()} if s else {}
         log = self.ctx.log
-        for dec in s.decisions:
+        for dec in s.decisions if s else ():
             log.info(
                 "fleet schedule decision",
                 deployment=dec.deployment,
@@ -195,9 +264,16 @@ class FleetScheduler:
                 removed=list(dec.nodes_removed),
                 reason=dec.reason,
             )
-        reasons = {dec.deployment: dec.reason for dec in s.decisions}
+        reasons = {dec.deployment: dec.reason for dec in s.decisions} if s else {}
         now = self.ctx.clock()
+        planned = [d for d in deps if is_planned(d.spec)]
+        self.instances.adopt(decision.plan, planned)
+        for d in planned:
+            if d.committed_version is not None:  # solved as one engine before: withdrawn
+                self._withdraw(d, "served by its engine instances", now)
         for d in deps:
+            if s is None or is_planned(d.spec):
+                continue
             self._record(d, s, reasons.get(d.name, ""))
             if d.name in s.pending and d.committed_version is not None:
                 self._withdraw(d, s.pending[d.name].message, now)
@@ -296,10 +372,15 @@ class FleetScheduler:
         self.ctx.log.warning("plan withdrawn: deployment preempted", deployment=d.name)
 
 
-def _fingerprint(deps: Sequence[StoredDeployment], eligible: Mapping[str, tuple[str, ...]]) -> str:
-    """What the assignment depends on: each deployment's generation and usable nodes."""
+def _fingerprint(
+    deps: Sequence[StoredDeployment],
+    eligible: Mapping[str, tuple[str, ...]],
+    traffic: Mapping[str, str],
+) -> str:
+    """What the assignment depends on: each deployment's generation and usable nodes, and
+    each planned deployment's planning traffic."""
     text = "\n".join(
-        f"{d.name}:{d.generation}:{','.join(eligible[d.name])}"
+        f"{d.name}:{d.generation}:{','.join(eligible[d.name])}:{traffic.get(d.name, '')}"
         for d in sorted(deps, key=lambda d: d.name)
     )
     return hashlib.sha256(text.encode()).hexdigest()[:16]

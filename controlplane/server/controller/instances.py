@@ -1,0 +1,429 @@
+"""Engine instances of planned deployments in the standalone controller.
+
+A deployment that states its traffic and SLOs
+(:func:`~policies.fleetplan.instances.is_planned`) - a *planned* deployment - is never solved
+as one engine. The fleet scheduler plans it with the fleet planner
+(:func:`policies.fleetplan.combined.plan_and_schedule`) and :class:`Instances` runs what the
+plan says: each engine instance (:func:`policies.fleetplan.instances.plan_instances`) is a
+stored deployment of its own, its spec :func:`policies.launch.instance_spec` of the planned
+deployment, its status carrying an
+:class:`~controlplane.server.controller.instance_records.InstanceRecord` under
+``INSTANCE_KEY``. So each instance has its own solve, versions, two-phase rollout,
+contingency plans and routing, through the machinery every deployment uses. This module is
+the one writer of instance specs and records:
+
+* **Sync** (:meth:`Instances.adopt`, at each new fleet plan): an instance the plan keeps
+  (same role and nodes) keeps its name and ports; its spec is written only when it
+  changed. A new instance gets the lowest free engine port at or above
+  :data:`~.instance_records.ENGINE_BASE_PORT` among every instance of the controller, a
+  prefill instance also a bootstrap port from
+  :data:`~.instance_records.BOOTSTRAP_BASE_PORT`. An instance the plan drops is marked
+  ``draining``: it keeps its nodes and its committed plan.
+* **Drain** (:meth:`Instances.tick`, every tick): a draining instance is deleted (its
+  parts REMOVEd from the agents through the controller's delete path) once every
+  non-draining instance of its deployment is committed - or waits for the nodes of a
+  draining instance (the fleet scheduler's drain view): those are removed first, so a fully
+  used fleet still moves.
+* **Status**: the planned deployment's status lists its instances under
+  ``INSTANCES_KEY`` (live and draining) and the plan's summary under ``fleet_plan``
+  (``demand_requests_per_s``, ``served_requests_per_s``, predicted ``ttft_ms`` /
+  ``tpot_ms``, ``usd_per_hour``, ``gpus``, ``solver`` and ``shortfalls``: ``resource``,
+  ``missing_requests_per_s``, ``fix``, ``message``); its phase is ``ready`` when every
+  non-draining instance is committed and the plan serves its demand, ``rolling_out`` while
+  instances are not committed yet (``2 of 3 instances committed``), ``degraded`` when all
+  are but the plan is short, ``pending`` when nothing serves it.
+
+The traffic a deployment is planned for is :attr:`Instances.traffic_for` of its stored
+record (default: its spec's ``traffic``); demand measurement replaces the hook, and its value
+is part of the fleet scheduler's fingerprint, so a changed planning traffic re-plans.
+
+State survives a restart: instance records (names, ports, draining) are read back from the
+stored statuses; with nothing changed, a re-plan rewrites nothing and rolls nothing out.
+
+Units: requests per second, milliseconds (``_ms``), USD per hour; ports are TCP ports.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from controlplane.server.controller.common import Context
+from controlplane.server.controller.instance_records import (
+    BOOTSTRAP_BASE_PORT,
+    ENGINE_BASE_PORT,
+    INSTANCE_KEY,
+    INSTANCES_KEY,
+    InstanceRecord,
+)
+from controlplane.store import StoredDeployment
+from policies.errors import InputError
+from policies.fleetplan.curves import CurveCache, MemoryCurveCache
+from policies.fleetplan.instances import is_planned, plan_instances
+from policies.fleetplan.types import DeploymentPlan, FleetPlan, PlannerSettings
+from policies.launch import PlannedInstance, instance_spec
+from policies.serving.traffic import Traffic, traffic_to_doc
+from policies.spec import DeploymentSpec
+
+#: Status key of a planned deployment's fleet plan summary.
+FLEET_PLAN_KEY = "fleet_plan"
+#: Phase message of a planned deployment before the first fleet plan.
+WAITING_PLAN = "waiting for the fleet planner"
+
+TrafficFor = Callable[[StoredDeployment], Traffic]
+"""The traffic a planned deployment is planned for, from its stored record."""
+
+
+def curve_cache(directory: str) -> CurveCache:
+    """The fleet planner's step curves: on disk under ``directory``
+    (:class:`controlplane.curvecache.FileCurveCache`), in memory when it is ""."""
+    if not directory:
+        return MemoryCurveCache()
+    from controlplane.curvecache import FileCurveCache
+
+    return FileCurveCache(Path(directory))
+
+
+def spec_traffic(d: StoredDeployment) -> Traffic:
+    """The default :data:`TrafficFor`: the deployment's own ``spec.traffic``."""
+    if d.spec.traffic is None:
+        raise InputError("a planned deployment states its traffic", field="spec.traffic")
+    return d.spec.traffic
+
+
+class Instances:
+    """The engine instances of every planned deployment (see the module docstring).
+
+    Args:
+        ctx: the controller's shared dependencies.
+        remove: deletes a deployment the controller's way (rollout aborted, parts REMOVEd
+            from the agents, solves cancelled); True when it existed.
+        settings: the fleet planner's settings (its chunk size reads the plan's instances).
+    """
+
+    def __init__(
+        self,
+        ctx: Context,
+        remove: Callable[[str], bool],
+        settings: PlannerSettings | None = None,
+    ) -> None:
+        self.ctx = ctx
+        self._remove = remove
+        self.settings = settings or PlannerSettings()
+        self.traffic_for: TrafficFor = spec_traffic
+        #: Every instance (live and draining) by name.
+        self.records: dict[str, InstanceRecord] = {}
+        #: The last fleet plan adopted (None before the first).
+        self.plan: FleetPlan | None = None
+        #: Why the last fleet plan failed ("" when it did not).
+        self.failure = ""
+        #: Planned deployment -> why its instances cannot be written ("" for none).
+        self._errors: dict[str, str] = {}
+        #: Planned deployment -> (phase, message) as of the last tick.
+        self.phases: dict[str, tuple[str, str]] = {}
+
+    # ------------------------------------------------------------------ reading
+
+    def recover(self, deps: Iterable[StoredDeployment]) -> None:
+        """The instances from their stored records (after a restart)."""
+        for d in deps:
+            r = InstanceRecord.from_status(d.status)
+            if r is not None:
+                self.records[d.name] = r
+
+    def is_instance(self, name: str) -> bool:
+        """Whether ``name`` is an instance the controller runs."""
+        return name in self.records
+
+    def parent_of(self, name: str) -> str:
+        """The planned deployment an instance serves ("" when ``name`` is none)."""
+        r = self.records.get(name)
+        return r.of if r is not None else ""
+
+    def of(self, parent: str) -> list[str]:
+        """The instances (live and draining) of ``parent``, by name."""
+        return sorted(n for n, r in self.records.items() if r.of == parent)
+
+    def draining(self, name: str) -> bool:
+        """Whether ``name`` is a draining instance."""
+        r = self.records.get(name)
+        return r is not None and r.draining
+
+    def assigned(self) -> dict[str, tuple[str, ...]]:
+        """Every instance's nodes (a draining instance keeps its own)."""
+        return {n: r.nodes for n, r in self.records.items()}
+
+    def planning_spec(self, d: StoredDeployment) -> DeploymentSpec:
+        """``d``'s spec with the traffic it is planned for (:attr:`traffic_for`)."""
+        return replace(d.spec, traffic=self.traffic_for(d))
+
+    def traffic_key(self, d: StoredDeployment) -> str:
+        """The planning traffic of ``d`` as text (part of the scheduler's fingerprint)."""
+        return json.dumps(traffic_to_doc(self.traffic_for(d)), sort_keys=True)
+
+    # ------------------------------------------------------------------ a new plan
+
+    def adopt(self, plan: FleetPlan | None, parents: Sequence[StoredDeployment]) -> None:
+        """Run ``plan`` (the planned deployments ``parents``, as last read): write each
+        instance's spec and record, mark dropped instances draining, remove the instances
+        of deployments no longer planned, and record each deployment's summary."""
+        self.plan, self.failure = plan, ""
+        live = {d.name for d in parents}
+        for name in sorted(n for n, r in self.records.items() if r.of not in live):
+            self._drop(name, "its deployment is no longer planned")
+        for d in parents:
+            current = self.ctx.store.get_deployment(d.name)
+            if current is None or not is_planned(current.spec):
+                continue
+            dp = plan.deployments.get(d.name) if plan is not None else None
+            try:
+                self._sync(current, dp)
+                self._errors.pop(d.name, None)
+            except InputError as exc:
+                self._errors[d.name] = str(exc)
+            self._write_parent(d.name)
+            self.ctx.changed(d.name)
+
+    def _sync(self, parent: StoredDeployment, dp: DeploymentPlan | None) -> None:
+        """Make ``parent``'s instances those of ``dp``."""
+        mine = {n: r for n, r in self.records.items() if r.of == parent.name}
+        previous = [PlannedInstance(n, r.pool, r.role, r.nodes, 0, 1) for n, r in mine.items()]
+        fresh = plan_instances(dp, self.settings.chunk_tokens, previous) if dp else ()
+        store = self.ctx.store
+        for inst in fresh:
+            stored = store.get_deployment(inst.name)
+            if stored is not None and inst.name not in mine:
+                raise InputError(
+                    f"deployment {inst.name!r} exists and is not an instance of "
+                    f"{parent.name}. To fix: delete or rename {inst.name}",
+                    field="metadata.name",
+                )
+        for inst in fresh:
+            spec = instance_spec(parent.spec, inst)
+            stored = store.get_deployment(inst.name)
+            if stored is None or stored.spec != spec:
+                store.put_deployment(spec, now_s=self.ctx.clock())
+                self.ctx.log.info(
+                    "instance written",
+                    deployment=parent.name,
+                    instance=inst.name,
+                    role=inst.role,
+                    nodes=list(inst.nodes),
+                )
+            old = mine.get(inst.name)
+            rec = InstanceRecord(
+                of=parent.name,
+                role=inst.role,
+                pool=inst.pool,
+                variant=inst.variant,
+                nodes=inst.nodes,
+                port=old.port if old is not None else self._free_port(ENGINE_BASE_PORT),
+                bootstrap_port=self._bootstrap_port(inst.role, old),
+                requests_per_s=inst.requests_per_s,
+                batch_limit=inst.batch_limit,
+                capacity_requests_per_s=inst.capacity_requests_per_s,
+                ttft_ms=inst.ttft_ms,
+                tpot_ms=inst.tpot_ms,
+            )
+            self.records[inst.name] = rec
+            self._write_instance(inst.name, rec, inst.gpus)
+        kept = {i.name for i in fresh}
+        for name, r in sorted(mine.items()):
+            if name not in kept and not r.draining:
+                rec = replace(r, draining=True)
+                self.records[name] = rec
+                self._write_instance(name, rec, None)
+                self.ctx.log.info("instance draining", deployment=parent.name, instance=name)
+
+    def _free_port(self, base: int, *, bootstrap: bool = False) -> int:
+        """The lowest port at or above ``base`` no instance of the controller uses."""
+        used = {r.bootstrap_port if bootstrap else r.port for r in self.records.values()}
+        port = base
+        while port in used:
+            port += 1
+        return port
+
+    def _bootstrap_port(self, role: str, old: InstanceRecord | None) -> int:
+        if role != "prefill":
+            return 0
+        if old is not None and old.bootstrap_port:
+            return old.bootstrap_port
+        return self._free_port(BOOTSTRAP_BASE_PORT, bootstrap=True)
+
+    # ------------------------------------------------------------------ every tick
+
+    def tick(
+        self, parents: Collection[str], waiting: Mapping[str, Collection[str]]
+    ) -> dict[str, tuple[str, str]]:
+        """Remove the draining instances that may go (see the module docstring) and return
+        each planned deployment's ``(phase, message)``.
+
+        Args:
+            parents: the planned deployments now live.
+            waiting: deployment -> the deployments whose nodes it waits for (the fleet
+                scheduler's drain view).
+        """
+        committed = {n: self._committed(n, r) for n, r in self.records.items() if not r.draining}
+        draining = {n for n, r in self.records.items() if r.draining}
+        for name in sorted(draining):
+            of = self.records[name].of
+            live = [n for n, r in self.records.items() if r.of == of and not r.draining]
+            if all(committed[n] or draining & set(waiting.get(n, ())) for n in live):
+                self._drop(name, "drained: the instances that replace it are committed")
+        self.phases = {p: self._phase(p, committed) for p in sorted(parents)}
+        return self.phases
+
+    def _committed(self, name: str, r: InstanceRecord) -> bool:
+        """Whether the instance serves a committed plan made for its current spec, on its
+        nodes."""
+        store = self.ctx.store
+        d = store.get_deployment(name)
+        if d is None or d.committed_version is None:
+            return False
+        p = store.get_plan(name, d.committed_version, with_plan=False)
+        return (
+            p is not None
+            and p.inputs_key.startswith(f"g{d.generation}:")
+            and set(p.nodes) <= set(r.nodes)
+        )
+
+    def _phase(self, parent: str, committed: Mapping[str, bool]) -> tuple[str, str]:
+        if self._errors.get(parent):
+            return "failed", self._errors[parent]
+        if self.failure:
+            return "failed", f"fleet plan failed: {self.failure}"
+        if self.plan is None or parent not in self.plan.deployments:
+            return "pending", WAITING_PLAN
+        short = self.plan.shortfalls.get(parent)
+        live = [n for n, r in self.records.items() if r.of == parent and not r.draining]
+        if not live:
+            return "pending", short.message if short else "the fleet plan gives it no instance"
+        done = sum(1 for n in live if committed.get(n))
+        drains = sum(1 for r in self.records.values() if r.of == parent and r.draining)
+        words = [f"{done} of {len(live)} instances committed"]
+        if drains:
+            words.append(f"{drains} draining")
+        if short is not None:
+            words.append(short.message)
+        if done < len(live):
+            return "rolling_out", "; ".join(words)[:1024]
+        if short is not None:
+            return "degraded", "; ".join(words)[:1024]
+        return "ready", ""
+
+    # ------------------------------------------------------------------ removal
+
+    def _drop(self, name: str, why: str) -> None:
+        """Delete the instance ``name`` (parts REMOVEd from the agents)."""
+        r = self.records.pop(name, None)
+        self._remove(name)
+        self.ctx.log.info("instance removed", instance=name, reason=why)
+        if r is not None and self.ctx.store.get_deployment(r.of) is not None:
+            self._write_parent(r.of)
+
+    def forget(self, parent: str) -> list[str]:
+        """``parent`` was deleted: delete its instances; returns their names."""
+        gone = self.of(parent)
+        for name in gone:
+            self.records.pop(name, None)
+            self._remove(name)
+        self._errors.pop(parent, None)
+        self.phases.pop(parent, None)
+        return gone
+
+    # ------------------------------------------------------------------ status
+
+    def _write_instance(self, name: str, r: InstanceRecord, gpus: int | None) -> None:
+        """The instance's record and assignment in its status."""
+        verb = "drains" if r.draining else "serves"
+        updates: dict[str, Any] = {
+            INSTANCE_KEY: r.to_status(),
+            "assigned_nodes": list(r.nodes),
+            "scheduling": {
+                "placed": True,
+                "reason": f"instance of {r.of}: {verb} as {r.role} in pool {r.pool}, "
+                f"planned by the fleet planner at {r.requests_per_s:.3g} requests/s",
+                "resource": "",
+                "missing": 0,
+                "missing_unit": "",
+                "predicted_tokens_per_s": 0.0,
+                "decision": "draining" if r.draining else "",
+                "solver": self.plan.solver if self.plan is not None else "",
+            },
+        }
+        if gpus is not None:
+            updates["assigned_gpus"] = gpus
+        self._update_status(name, updates)
+
+    def _write_parent(self, parent: str) -> None:
+        """The planned deployment's instances and its fleet plan summary in its status."""
+        dp = self.plan.deployments.get(parent) if self.plan is not None else None
+        short = self.plan.shortfalls.get(parent) if self.plan is not None else None
+        nodes = sorted({n for r in self.records.values() if r.of == parent for n in r.nodes})
+        summary: dict[str, Any] = {}
+        if dp is not None and self.plan is not None:
+            summary = {
+                "demand_requests_per_s": dp.demand_requests_per_s,
+                "served_requests_per_s": dp.served_requests_per_s,
+                "ttft_ms": dp.ttft_ms,
+                "tpot_ms": dp.tpot_ms,
+                "usd_per_hour": dp.usd_per_hour,
+                "gpus": dp.gpus,
+                "solver": self.plan.solver,
+                "shortfalls": []
+                if short is None
+                else [
+                    {
+                        "resource": short.resource,
+                        "missing_requests_per_s": short.missing_requests_per_s,
+                        "fix": short.fix,
+                        "message": short.message,
+                    }
+                ],
+            }
+        self._update_status(
+            parent,
+            {
+                INSTANCES_KEY: self.of(parent),
+                FLEET_PLAN_KEY: summary,
+                "assigned_nodes": nodes,
+                "assigned_gpus": dp.gpus if dp is not None else 0,
+                "scheduling": {
+                    "placed": bool(dp is not None and dp.pools),
+                    "reason": short.message
+                    if short is not None
+                    else f"served by {len(self.of(parent))} engine instances",
+                    "resource": short.resource if short is not None else "",
+                    "missing": 0,
+                    "missing_unit": "",
+                    "predicted_tokens_per_s": dp.goodput_output_tokens_per_s if dp else 0.0,
+                    "decision": "",
+                    "solver": self.plan.solver if self.plan is not None else "",
+                },
+            },
+        )
+
+    def _update_status(self, name: str, updates: Mapping[str, Any]) -> None:
+        """Merge ``updates`` into the deployment's stored status (written only when it
+        changes)."""
+        d = self.ctx.store.get_deployment(name)
+        if d is None:
+            return
+        status = dict(d.status)
+        status.update(updates)
+        if status != dict(d.status):
+            self.ctx.store.set_deployment_status(name, status)
+            self.ctx.changed(name)
+
+
+__all__ = [
+    "FLEET_PLAN_KEY",
+    "WAITING_PLAN",
+    "Instances",
+    "TrafficFor",
+    "curve_cache",
+    "spec_traffic",
+]
