@@ -15,7 +15,6 @@ import argparse
 import dataclasses
 import json
 import os
-import socket
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -28,6 +27,8 @@ from policies.errors import InputError, MixfleetError
 
 def add_run_args(p: argparse.ArgumentParser) -> None:
     """The flags of ``router run`` / ``mixfleet-router``."""
+    from controlplane.router.settings import host_name
+
     p.add_argument(
         "--instance",
         action="append",
@@ -48,7 +49,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--reporter",
-        default=socket.gethostname() or "mixfleet-router",
+        default=host_name(),
         metavar="NAME",
         help="the router's name in its traffic reports (default: the host name)",
     )

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import math
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,6 +100,11 @@ class InstanceSpec:
     bootstrap_ports: tuple[int, ...] = ()
     source: str = ""
     batch_limit: int = 0
+
+
+def host_name() -> str:
+    """This machine's host name (the default ``--reporter``), else ``mixfleet-router``."""
+    return socket.gethostname() or "mixfleet-router"
 
 
 @dataclass(frozen=True)
@@ -211,7 +217,7 @@ class RouterSettings:
     batch_queue: int = 256
     batch_wait_s: float = 10.0
     traffic_report_s: float = 10.0
-    reporter: str = "mixfleet-router"
+    reporter: str = field(default_factory=host_name)
 
     @property
     def honour_tier_headers(self) -> bool:
@@ -448,12 +454,11 @@ def read_key_tiers(path: str) -> dict[str, str]:
     return doc
 
 
-def check(settings: RouterSettings) -> RouterSettings:
-    """Cross-field checks.
+def _check_sources(settings: RouterSettings) -> None:
+    """Some instance or watched deployment; each deployment watched once, with a controller.
 
     Raises:
-        InputError: no instance, duplicate names, a tier of a key map that no instance
-            serves, a deployment without a controller, non-positive limits.
+        InputError: naming the flag.
     """
     if not settings.instances and not settings.watched:
         raise InputError(
@@ -471,6 +476,16 @@ def check(settings: RouterSettings) -> RouterSettings:
             "MIXFLEET_CONTROLLER)",
             field="--controller",
         )
+
+
+def check(settings: RouterSettings) -> RouterSettings:
+    """Cross-field checks.
+
+    Raises:
+        InputError: no instance, duplicate names, a tier of a key map that no instance
+            serves, a deployment without a controller, non-positive limits.
+    """
+    _check_sources(settings)
     names = [i.name for i in settings.instances]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:

@@ -1,0 +1,279 @@
+"""Measured traffic (``ReportTraffic`` and ``/metrics``), the instance set's rules, a
+deployment the controller does not know yet, a controller outage, and the ``--deployment``
+family of flags."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import socket
+from typing import Any
+
+import aiohttp
+import pytest
+from mixfleet.v1 import engine_pb2
+from router_world import complete, running_router, until
+from scripted_controller import ScriptedEngineService, instance, scripted_controller
+from support.openai_engine import LoopbackEngine
+
+from controlplane.router.instances import instance_set
+from controlplane.router.settings import Watched
+from controlplane.router.traffic import Sample, TrafficBook
+
+DS = "ds"
+W = Watched(DS, "gold")
+
+
+def _metric(text: str, name: str) -> float:
+    """The value of the sample ``name`` (with its labels) in a /metrics page."""
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+def test_traffic_is_reported_per_window_with_the_right_counts() -> None:
+    async def main() -> None:
+        engine = await LoopbackEngine(tokens_per_s=[2000.0]).start()
+        svc = ScriptedEngineService()
+        svc.route("ds-a", [1.0])
+        svc.publish(DS, [instance("ds-a", engine.url)])
+        try:
+            async with (
+                scripted_controller(svc) as addr,
+                running_router(
+                    instances=(),
+                    watched=(Watched(DS, "default"),),
+                    controller=addr,
+                    traffic_report_s=0.2,
+                    reporter="r1",
+                ) as router,
+                aiohttp.ClientSession() as s,
+            ):
+                url = f"http://127.0.0.1:{router.port}"
+                await until(lambda: "ds-a" in router.state.instances, what="instance listed")
+                await until(lambda: bool(router.state.instances["ds-a"].planned), what="ranks")
+                prompt = "x" * 40  # 10 tokens by the router's estimate (characters / 4)
+                for _ in range(5):
+                    st, _ = await complete(s, url, max_tokens=4, stream=True, prompt=prompt)
+                    assert st == 200
+                for _ in range(3):
+                    assert (await complete(s, url, max_tokens=2, prompt=prompt))[0] == 200
+                await until(lambda: sum(r.requests for r in svc.reports) == 8, what="8 reported")
+                metrics = await (await s.get(f"{url}/metrics")).text()
+        finally:
+            await engine.stop()
+        assert {(r.deployment, r.reporter) for r in svc.reports} == {(DS, "r1")}
+        assert all(r.end_unix_s > r.start_unix_s for r in svc.reports)
+        busy = [r for r in svc.reports if r.output_tokens_mean > 0]
+        assert all(r.input_tokens_mean == 10 for r in busy)
+        lab = '{deployment="ds"}'
+        assert _metric(metrics, f"mixfleet_router_traffic_requests_total{lab}") == 8
+        assert _metric(metrics, f"mixfleet_router_traffic_input_tokens_total{lab}") == 80
+        # streamed: 4 events each (the [DONE] line not counted); not streamed and no usage:
+        # the request's max_tokens
+        assert _metric(metrics, f"mixfleet_router_traffic_output_tokens_total{lab}") == 26
+        assert _metric(metrics, f"mixfleet_router_traffic_ttft_seconds_count{lab}") == 5
+        assert _metric(metrics, f"mixfleet_router_traffic_tpot_seconds_count{lab}") == 5
+        assert max(r.ttft_ms_p99 for r in svc.reports) > 0
+
+    asyncio.run(main())
+
+
+def test_a_failing_report_never_touches_requests_and_reports_resume() -> None:
+    async def main() -> None:
+        engine = await LoopbackEngine(tokens_per_s=[2000.0]).start()
+        svc = ScriptedEngineService()
+        svc.route("ds-a", [1.0])
+        svc.publish(DS, [instance("ds-a", engine.url)])
+        svc.refuse_reports = True
+        try:
+            async with (
+                scripted_controller(svc) as addr,
+                running_router(
+                    instances=(),
+                    watched=(Watched(DS, "default"),),
+                    controller=addr,
+                    traffic_report_s=0.1,
+                ) as router,
+                aiohttp.ClientSession() as s,
+            ):
+                url = f"http://127.0.0.1:{router.port}"
+                await until(lambda: bool(router.state.instances.get("ds-a")), what="listed")
+                await until(lambda: bool(router.state.instances["ds-a"].planned), what="ranks")
+                failed = router.fleet.traffic.reports.labels(DS, "failed")
+                await until(lambda: failed._value.get() >= 2, what="two failed reports")
+                for _ in range(4):
+                    assert (await complete(s, url))[0] == 200
+                svc.refuse_reports = False
+                await until(lambda: sum(r.requests for r in svc.reports) == 4, what="resumed")
+        finally:
+            await engine.stop()
+
+    asyncio.run(main())
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_a_deployment_created_later_is_picked_up_and_an_outage_keeps_the_last_set() -> None:
+    async def main() -> None:
+        a = await LoopbackEngine(tokens_per_s=[2000.0]).start()
+        b = await LoopbackEngine(tokens_per_s=[2000.0]).start()
+        port = _free_port()
+        svc = ScriptedEngineService()
+        svc.route("ds-a", [1.0])
+        try:
+            async with (
+                running_router(
+                    instances=(), watched=(Watched(DS, "default"),), controller=f"127.0.0.1:{port}"
+                ) as router,
+                aiohttp.ClientSession() as s,
+            ):
+                url = f"http://127.0.0.1:{router.port}"
+                async with scripted_controller(svc, port):
+                    assert (await complete(s, url))[0] == 503  # NOT_FOUND: nothing to route
+                    svc.publish(DS, [instance("ds-a", a.url)])
+                    await until(lambda: bool(router.state.instances.get("ds-a")), what="found")
+                    await until(lambda: bool(router.state.instances["ds-a"].planned))
+                    assert (await complete(s, url))[0] == 200
+                await until(lambda: not router.connected["instances/ds"], what="watch down")
+                for _ in range(3):  # the last set and weights route meanwhile
+                    assert (await complete(s, url))[0] == 200
+                again = ScriptedEngineService()
+                again.route("ds-a", [1.0])
+                again.route("ds-b", [1.0])
+                again.publish(DS, [instance("ds-a", a.url), instance("ds-b", b.url)])
+                async with scripted_controller(again, port):
+                    await until(
+                        lambda: (
+                            bool(router.state.instances.get("ds-b"))
+                            and bool(router.state.instances["ds-b"].planned)
+                        ),
+                        what="the new set after reconnecting",
+                    )
+                    for _ in range(4):
+                        assert (await complete(s, url))[0] == 200
+            assert (len(a.records), len(b.records)) == (6, 2)
+        finally:
+            await a.stop()
+            await b.stop()
+
+    asyncio.run(main())
+
+
+def test_instance_set_rules() -> None:
+    def inst(name: str, role: str, pool: str, **kw: Any) -> engine_pb2.Instance:
+        return instance(name, f"http://10.0.0.{len(name)}:30000", role=role, pool=pool, **kw)
+
+    msg = engine_pb2.Instances(
+        deployment=DS,
+        engine="sglang",
+        generation=7,
+        instances=[
+            inst("a", "aggregated", "agg", rps=2.0, batch_limit=8),
+            inst("p1", "prefill", "p", bootstrap_port=9001),
+            inst("p22", "prefill", "p", bootstrap_port=9002, ready=False),
+            inst("d1", "decode", "p", rps=3.0, batch_limit=4),
+            inst("d22", "decode", "p", rps=5.0, batch_limit=6),
+            inst("d333", "decode", "p", rps=7.0, batch_limit=9, draining=True),
+            inst("x", "prefill", "only-prefill"),
+            inst("y", "encode", "z"),
+        ],
+    )
+    got = instance_set(msg, W)
+    by = {i.spec.name: i for i in got.listed}
+    assert set(by) == {"a", "ds/p"} and got.generation == 7
+    a, pair = by["a"].spec, by["ds/p"].spec
+    assert (a.tier, a.deployment, a.source, a.share, a.batch_limit) == ("gold", "a", DS, 2.0, 8)
+    assert pair.prefill == ("http://10.0.0.2:30000",) and pair.bootstrap_ports == (9001,)
+    assert pair.decode == ("http://10.0.0.2:30000", "http://10.0.0.3:30000")
+    assert (pair.pd, pair.deployment, pair.share, pair.batch_limit) == ("sglang", "d1", 8.0, 10)
+    assert by["ds/p"].routable and len(got.skipped) == 2  # no decode side; unknown role
+    trt = instance_set(
+        engine_pb2.Instances(deployment=DS, engine="trtllm", instances=msg.instances[1:4]), W
+    )
+    assert not trt.listed and "TensorRT-LLM" in trt.skipped[0]
+    idle = engine_pb2.Instances(
+        deployment=DS,
+        engine="vllm",
+        instances=[inst("a", "aggregated", "agg"), inst("b", "aggregated", "agg", ready=False)],
+    )
+    shares = {i.spec.name: (i.spec.share, i.routable) for i in instance_set(idle, W).listed}
+    assert shares == {"a": (None, True), "b": (None, False)}  # all 0 req/s: by ranks
+
+
+def test_sample_counts_usage_then_events_then_the_expected_output() -> None:
+    s = Sample(DS, 0.0, prompt_tokens=10, expected_output=50)
+    s.answer(200, "text/event-stream")
+    for i in range(1, 4):
+        s.body(
+            b'data: {"text": "t", "meta_info": {"prompt_tokens": 7, "completion_tokens": %d}}\n\n'
+            % i
+        )
+    s.body(b"data: [DONE]\n\n")
+    assert s.counts() == (7, 3)  # SGLang's cumulative meta_info: the last one
+    s = Sample(DS, 0.0, prompt_tokens=10, expected_output=50)
+    s.answer(200, "text/event-stream")
+    s.body(b'data: {"choices": []}\n\ndata: {"choices": []}\n\ndata: [DONE]\n\n')
+    assert s.counts() == (10, 2)  # no usage: the events but [DONE]; the router's estimate
+    s = Sample(DS, 0.0, prompt_tokens=10, expected_output=50)
+    s.answer(200, "application/json")
+    s.body(b'{"choices": [], "usage": {"prompt_tokens": 12, "completion_tokens": 30}}')
+    assert s.counts() == (12, 30)
+    s = Sample(DS, 0.0, prompt_tokens=10, expected_output=50)
+    s.answer(200, "application/json")
+    s.body(b'{"choices": []}')
+    assert s.counts() == (10, 50)
+
+
+def test_a_window_report_has_the_window_figures() -> None:
+    from prometheus_client import CollectorRegistry
+
+    now = [100.0]
+    book = TrafficBook([DS], CollectorRegistry(), clock=lambda: now[0])
+    for i in range(10):
+        book.arrive(DS)
+        s = Sample(DS, 0.0, prompt_tokens=10 * (i + 1), expected_output=4)
+        s.answer(200, "text/event-stream")
+        s.first_s, s.last_s, s.events = 0.05, 0.05 + 0.01 * 3, 5  # 4 tokens, then [DONE]
+        s.tail = b"data: [DONE]\n\n"
+        book.finish(s)
+    book.arrive("other")  # not watched: ignored
+    now[0] = 110.0
+    r = book.close(DS, "me")
+    assert (r.start_unix_s, r.end_unix_s, r.requests) == (100.0, 110.0, 10)
+    assert r.input_tokens_mean == 55 and r.input_tokens_p90 == pytest.approx(91)
+    assert (r.output_tokens_mean, r.output_tokens_p90) == (4, 4)
+    assert r.ttft_ms_p50 == pytest.approx(50) and r.tpot_ms_p99 == pytest.approx(10)
+    now[0] = 120.0
+    empty = book.close(DS, "me")
+    assert (empty.start_unix_s, empty.requests, empty.ttft_ms_p50) == (110.0, 0, 0)
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--deployment", "ds"], "--controller"),
+        (["--deployment", "", "--controller", "c:1"], "--deployment"),
+        (["--deployment", "ds,pool=x", "--controller", "c:1"], "tier=TIER"),
+        (["--deployment", "ds", "--deployment", "ds", "--controller", "c:1"], "twice"),
+        (["--deployment", "ds", "--controller", "c:1", "--batch-wait-s", "0"], "--batch-wait-s"),
+        (["--deployment", "ds", "--controller", "c:1", "--batch-queue", "-1"], "--batch-queue"),
+        (["--deployment", "ds", "--controller", "c:1", "--traffic-report-s", "x"], "traffic"),
+        (["--deployment", "ds", "--controller", "c:1", "--reporter", ""], "--reporter"),
+    ],
+)
+def test_bad_deployment_flags_are_one_error_line(argv: list[str], expected: str) -> None:
+    from controlplane.cli import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = main(["router", "run", *argv])
+    lines = err.getvalue().strip().splitlines()
+    assert code != 0 and len(lines) == 1 and lines[0].startswith("error:"), err.getvalue()
+    assert expected in lines[0], lines[0]
