@@ -64,17 +64,19 @@ class SlotQueue:
             return False
         fut = asyncio.get_running_loop().create_future()
         q.append(fut)
+        woken = False
         try:
             async with asyncio.timeout_at(deadline):
                 await fut
+            woken = True
             return True
         except TimeoutError:
-            if fut.done() and not fut.cancelled():
-                self.wake(tier)  # woken as the deadline passed: the slot goes on
             return False
         finally:
             if fut in q:
                 q.remove(fut)
+            if not woken and fut.done() and not fut.cancelled():
+                self.wake(tier)  # woken, but gone (deadline, client): the slot goes on
 
     def wake(self, tier: str) -> None:
         """A slot of ``tier`` is free: the longest waiting request may go."""

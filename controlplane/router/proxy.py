@@ -138,7 +138,8 @@ class Router:
                 self.plain[name] = target
         self.fleet = Fleet(self)
         self.checks: CheckThread | None = None
-        self.connected: dict[str, bool] = dict.fromkeys(settings.deployments, False)
+        watches = [*settings.deployments, *(f"instances/{w.name}" for w in settings.watched)]
+        self.connected: dict[str, bool] = dict.fromkeys(watches, False)
         self.watcher: RoutingWatcher | None = None
         self.session: aiohttp.ClientSession | None = None
         self.runner: web.AppRunner | None = None
@@ -243,6 +244,7 @@ class Router:
         changed = self.state.apply_routing(routing)
         self.metrics.version.labels(routing.deployment).set(routing.version)
         if changed:
+            self.fleet.slots.wake_all()  # an instance that had no weights may take requests
             log.info(
                 "weights applied",
                 deployment=routing.deployment,

@@ -277,3 +277,33 @@ def test_bad_deployment_flags_are_one_error_line(argv: list[str], expected: str)
     lines = err.getvalue().strip().splitlines()
     assert code != 0 and len(lines) == 1 and lines[0].startswith("error:"), err.getvalue()
     assert expected in lines[0], lines[0]
+
+
+def test_slot_queue_wakes_in_arrival_order_is_bounded_and_passes_an_unused_wake_on() -> None:
+    from controlplane.router.fleet import SlotQueue
+
+    async def main() -> None:
+        q = SlotQueue(limit=3)
+        far = asyncio.get_running_loop().time() + 60.0
+        order: list[int] = []
+
+        async def waiter(i: int) -> None:
+            if await q.wait("t", far):
+                order.append(i)
+
+        tasks = [asyncio.create_task(waiter(i)) for i in range(3)]
+        await until(lambda: q.waiting("t") == 3, what="three waiting")
+        assert not await q.wait("t", far)  # the fourth: the queue is full
+        q.wake("t")
+        q.wake("t")
+        await until(lambda: len(order) == 2, what="two woken")
+        assert order == [0, 1]
+        late = asyncio.create_task(waiter(3))
+        await until(lambda: q.waiting("t") == 2)
+        q.wake("t")  # wakes waiter 2, which is cancelled before it runs: 3 gets the slot
+        tasks[2].cancel()
+        await until(lambda: order == [0, 1, 3], what="the wake passed on")
+        await asyncio.gather(*tasks, late, return_exceptions=True)
+        assert q.waiting("t") == 0
+
+    asyncio.run(main())
