@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from controlplane.server import reconcile as rc
+from controlplane.server.controller.demand import DemandSettings
 from controlplane.server.metrics import Metrics
 from controlplane.store import Store, StoredNode
 from policies.assignment import NodePart
@@ -45,6 +46,8 @@ class ControllerSettings:
         contingency_max_nodes: keep a contingency plan per single-node loss for deployments
             on 2 to this many usable nodes, so a node loss commits a plan solved in advance;
             0 = off.
+        demand: when the demand routers measure re-plans a deployment planned for traffic
+            and SLOs (:mod:`.demand`).
         fleet_scheduler: assign nodes to deployments exclusively (:mod:`policies.scheduling`)
             where the controller decides the plans; off, every deployment plans on every
             usable node matching its selector (GPUs shared, as before the scheduler).
@@ -68,6 +71,7 @@ class ControllerSettings:
     restart_grace_max_s: float = 30.0
     contingency_processes: int = 1
     contingency_max_nodes: int = 32
+    demand: DemandSettings = field(default_factory=DemandSettings)
     fleet_scheduler: bool = True
     namespace_quotas_gpus: Mapping[str, int] = field(default_factory=dict)
     curve_cache_dir: str = ""

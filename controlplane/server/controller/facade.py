@@ -54,6 +54,8 @@ from controlplane.server.controller.common import (
     RegisterResult,
 )
 from controlplane.server.controller.contingency import Contingencies
+from controlplane.server.controller.demand import Demands, TrafficWindow
+from controlplane.server.controller.endpoints import InstanceSet, instance_set
 from controlplane.server.controller.instances import curve_cache
 from controlplane.server.controller.loads import Loads
 from controlplane.server.controller.nodes import NodeRegistry
@@ -127,6 +129,9 @@ class Controller:
             remove=self._remove_deployment,
             curves=curve_cache(self.settings.curve_cache_dir),
         )
+        self.demands = Demands(ctx)
+        # a planned deployment is planned for the demand measured after a sustained drift
+        self.scheduler.instances.traffic_for = self.demands.traffic_for
         self._status: dict[str, tuple[str, str, tuple[str, ...]]] = {}
         self._wake = asyncio.Event()
         self._stopping = False
@@ -177,9 +182,10 @@ class Controller:
 
     def changed(self, deployment: str) -> None:
         """What the decision observes of ``deployment`` changed: decide it at the next tick
-        (soon)."""
+        (soon). Instance watchers read again: an instance or its record may have changed."""
         self.views.mark(deployment)
         self._wake.set()
+        self.watchers.instances_changed()
 
     async def run(self) -> None:
         """The reconcile loop (until :meth:`stop`)."""
@@ -346,6 +352,7 @@ class Controller:
         """
         result = self.nodes.register(inventory)
         self.watchers.end_stream(inventory.node)
+        self.watchers.instances_changed()  # its address may be new
         return result
 
     def heartbeat(
@@ -496,6 +503,7 @@ class Controller:
         self.loads.forget_samples(name)
         self.solves.forget_failure(name)
         self.contingencies.forget(name)
+        self.demands.forget(name)
         self._status.pop(name, None)
         self.log.info("deployment deleted", deployment=name)
         self.changed(name)
@@ -612,6 +620,36 @@ class Controller:
     def record_imbalance(self, deployment: str, at_s: float, excess: float) -> None:
         """Add an imbalance sample (measured minus the plan's predicted imbalance)."""
         self.loads.record_imbalance(deployment, at_s, excess)
+
+    def instances(self, deployment: str) -> InstanceSet:
+        """The engine instances ``deployment`` is served by now (:mod:`.endpoints`).
+
+        Raises:
+            NotFoundError: unknown deployment.
+        """
+        return instance_set(self.store, self._host_of, deployment)
+
+    def watch_instances(self, deployment: str) -> AsyncIterator[tuple[int, InstanceSet]]:
+        """``(generation, instances)`` of ``deployment`` now, then on every change.
+
+        Raises (on the first read):
+            NotFoundError: unknown deployment.
+        """
+        return self.watchers.watch_instances(deployment, lambda: self.instances(deployment))
+
+    def _host_of(self, node: str) -> str:
+        """Where ``node``'s engines serve: its advertised address, or its name."""
+        stored = self.nodes.get(node)
+        return stored.inventory.host if stored is not None else node
+
+    def report_traffic(self, window: TrafficWindow) -> bool:
+        """Take a router's traffic window; False when it is too old to count. A sustained
+        drift from the planned demand re-plans (:mod:`.demand`).
+
+        Raises:
+            InputError: naming the ``TrafficReport`` field. NotFoundError: unknown deployment.
+        """
+        return self.demands.report(window)
 
 
 def _plan_obs(p: StoredPlan, gpus: tuple[str, ...] = ()) -> rc.PlanObs:

@@ -1,10 +1,17 @@
-"""The controller's open streams: each node's assignment stream and the plan and routing
-watchers of PlanService and EngineService.
+"""The controller's open streams: each node's assignment stream and the plan, routing and
+instance watchers of PlanService and EngineService.
 
 :class:`Watchers` owns the queues behind those streams. Other parts push events into them
-(:meth:`Watchers.send`, :meth:`Watchers.emit`, :meth:`Watchers.emit_routing`); the
-servicers read them through the async iterators here. Every queue ends with a stop marker
-when the controller stops.
+(:meth:`Watchers.send`, :meth:`Watchers.emit`, :meth:`Watchers.emit_routing`,
+:meth:`Watchers.instances_changed`); the servicers read them through the async iterators
+here. Every queue ends with a stop marker when the controller stops.
+
+Instance watchers (``EngineService.WatchInstances``) are told that *something* changed (a
+commit, a deployment or instance record written, a node's address); each reads its
+deployment's instances again and sends them only when they differ from what it sent last.
+A burst of changes costs one read per watcher. Every message carries a generation from one
+counter of the controller, started at its start time in milliseconds: it grows with every
+change, across streams.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from typing import Any
 
 from controlplane.errors import NotFoundError
 from controlplane.server.controller.common import AssignmentEvent, Context
+from controlplane.server.controller.endpoints import InstanceSet
 from controlplane.store import StoredPlan
 
 _STOP: Any = object()
@@ -39,9 +47,15 @@ class Watchers:
         self._streams: dict[str, _Stream] = {}
         self._plan_watchers: set[asyncio.Queue[StoredPlan]] = set()
         self._routing_watchers: dict[str, set[asyncio.Queue[StoredPlan]]] = {}
+        self._instance_watchers: set[asyncio.Event] = set()
+        self._instances_generation = int(ctx.clock() * 1000)
+        self._stopped = False
 
     def stop(self) -> None:
         """End every stream and watcher."""
+        self._stopped = True
+        for ev in self._instance_watchers:
+            ev.set()
         for s in self._streams.values():
             s.queue.put_nowait(None)
         for q in self._plan_watchers:
@@ -110,9 +124,18 @@ class Watchers:
         return stored
 
     def emit_routing(self, deployment: str, stored: StoredPlan) -> None:
-        """Tell the deployment's routing watchers about its newly committed plan."""
+        """Tell the deployment's routing watchers about its newly committed plan (and the
+        instance watchers: a committed version is part of what they list)."""
         for q in self._routing_watchers.get(deployment, set()):
             q.put_nowait(stored)
+        self.instances_changed()
+
+    def instances_changed(self) -> None:
+        """Something an instance watcher lists may have changed: each reads its
+        deployment's instances again."""
+        self._instances_generation += 1
+        for ev in self._instance_watchers:
+            ev.set()
 
     async def watch_plans(self, deployment: str = "") -> AsyncIterator[StoredPlan]:
         """Latest record of each (matching) deployment, then every change."""
@@ -159,3 +182,37 @@ class Watchers:
                     yield full
         finally:
             self._routing_watchers.get(deployment, set()).discard(q)
+
+    async def watch_instances(
+        self, deployment: str, read: Callable[[], InstanceSet]
+    ) -> AsyncIterator[tuple[int, InstanceSet]]:
+        """``(generation, instances)`` of ``deployment`` now, then again each time
+        ``read()`` (run in a thread: it reads the store) answers differently after
+        :meth:`instances_changed`.
+
+        Raises:
+            NotFoundError: unknown deployment (on the first read; later, when it is deleted,
+                ending the stream).
+        """
+        event = asyncio.Event()
+        self._instance_watchers.add(event)
+        try:
+            generation = self._instances_generation
+            current = await asyncio.to_thread(read)
+            yield generation, current
+            while not self._stopped:
+                await event.wait()
+                event.clear()
+                if self._stopped:
+                    return
+                now = self._instances_generation
+                fresh = await asyncio.to_thread(read)
+                if fresh == current:
+                    continue
+                if now <= generation:  # changed without a word: a generation of its own
+                    self._instances_generation += 1
+                    now = self._instances_generation
+                generation, current = now, fresh
+                yield generation, current
+        finally:
+            self._instance_watchers.discard(event)

@@ -1,4 +1,5 @@
-"""EngineService: inference engines read the routing and report expert load."""
+"""EngineService: inference engines read the routing and report expert load; routers follow a
+deployment's engine instances and report the traffic they measure."""
 
 # ruff: noqa: N802  (gRPC servicer methods are named after the RPCs)
 
@@ -10,6 +11,8 @@ from collections.abc import AsyncIterator
 from mixfleet.v1 import engine_pb2, engine_pb2_grpc
 
 from controlplane.server.controller import Controller
+from controlplane.server.controller.demand import TrafficWindow
+from controlplane.server.controller.endpoints import InstanceSet
 from controlplane.server.services.guard import Ctx
 from controlplane.store import LoadWindow
 from controlplane.wire.plans import routing_to_proto
@@ -62,3 +65,59 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
                 raise InputError(str(exc).split(": ", 1)[-1], field=f"{path}.{exc.field}") from exc
             accepted += 1
         return engine_pb2.ReportExpertLoadResponse(windows_accepted=accepted)
+
+    async def WatchInstances(
+        self, request: engine_pb2.GetInstancesRequest, context: Ctx
+    ) -> AsyncIterator[engine_pb2.Instances]:
+        async for generation, instances in self.c.watch_instances(request.deployment):
+            yield instances_to_proto(instances, generation)
+
+    async def ReportTraffic(
+        self, request: engine_pb2.TrafficReport, context: Ctx
+    ) -> engine_pb2.ReportTrafficResponse:
+        r = request
+        window = TrafficWindow(
+            deployment=r.deployment,
+            reporter=r.reporter,
+            start_s=r.start_unix_s,
+            end_s=r.end_unix_s,
+            requests=r.requests,
+            input_tokens_mean=r.input_tokens_mean,
+            input_tokens_p90=r.input_tokens_p90,
+            output_tokens_mean=r.output_tokens_mean,
+            output_tokens_p90=r.output_tokens_p90,
+            ttft_ms_p50=r.ttft_ms_p50,
+            ttft_ms_p99=r.ttft_ms_p99,
+            tpot_ms_p50=r.tpot_ms_p50,
+            tpot_ms_p99=r.tpot_ms_p99,
+        )
+        return engine_pb2.ReportTrafficResponse(accepted=self.c.report_traffic(window))
+
+
+def instances_to_proto(s: InstanceSet, generation: int) -> engine_pb2.Instances:
+    """A deployment's instances as ``mixfleet.v1.Instances``."""
+    return engine_pb2.Instances(
+        deployment=s.deployment,
+        engine=s.engine,
+        generation=generation,
+        instances=[
+            engine_pb2.Instance(
+                name=i.name,
+                role=i.role,
+                pool=i.pool,
+                nodes=list(i.nodes),
+                url=i.url,
+                bootstrap_port=i.bootstrap_port,
+                requests_per_s=i.requests_per_s,
+                batch_limit=i.batch_limit,
+                version=i.version,
+                ready=i.ready,
+                variant=i.variant,
+                ttft_ms=i.ttft_ms,
+                tpot_ms=i.tpot_ms,
+                capacity_requests_per_s=i.capacity_requests_per_s,
+                draining=i.draining,
+            )
+            for i in s.instances
+        ],
+    )
