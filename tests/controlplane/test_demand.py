@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -240,3 +241,18 @@ def test_settings_that_cannot_work_are_refused() -> None:
         DemandSettings(drift_threshold=0.0).check()
     assert err.value.field == "drift_threshold"
     DemandSettings().check()
+
+
+def test_controller_run_refuses_a_sustain_shorter_than_a_bucket(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from controlplane.cli import main
+
+    store = f"sqlite:{tmp_path / 'state.db'}"
+    argv = ["controller", "run", "--insecure", "--store", store, "--store-new"]
+    assert main([*argv, "--drift-sustain", "5"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --drift-sustain: "), err
+    assert not (tmp_path / "state.db").exists()  # refused before the store was opened
+    assert main([*argv, "--drift-threshold", "-1"]) == 2
+    assert "--drift-threshold" in capsys.readouterr().err
