@@ -1,13 +1,14 @@
 """The goodput benchmark's fixed setup (:mod:`bench.goodput`): models, fleets, prompt and
 output lengths, the SLO, traffic and deployment specs, and the yardstick every plan is
 measured by (:func:`max_goodput`: the serving simulator's goodput at the largest rate where
-90% of requests meet the SLO).
+90% of requests meet the SLO, in steady state: :func:`sim_options`).
 
 Units: requests per second, tokens, milliseconds.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,11 @@ LENGTHS = {"4096-512": (4096, 512), "1024-1024": (1024, 1024)}
 SLO = Slo(ttft_ms=2000.0, tpot_ms=50.0, percentile=90.0)
 HUGE_DEMAND_RPS = 10_000.0
 SIM = SimOptions(requests=4000, seed=1, warmup_requests=400)
+"""The least a simulation of the yardstick runs (:func:`sim_options` lengthens it)."""
+WINDOW_LIFETIMES = 3.0
+"""The yardstick's warm-up and its measured window, each at least this many lifetimes of a
+request within the SLO (:func:`request_lifetime_s`): a shorter run measures the fleet's
+start, while batches fill, not its steady state."""
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -53,24 +59,59 @@ def spec(name: str, model: str, tr: Traffic, slo: Slo = SLO, priority: int = 0) 
     )
 
 
+_LOWEST_POWER = -10
+"""The yardstick's lowest bracket, 2^-10 requests/s (a plan failing there scores 0)."""
+
+
+def request_lifetime_s(tr: Traffic) -> float:
+    """How long a request within the SLO lives at most, s: the TTFT target and the output
+    at the SLO's percentile length, one TPOT target per token."""
+    out = tr.output_len.quantile(SLO.percentile / 100.0)
+    return (SLO.ttft_ms + out * SLO.tpot_ms) / 1e3
+
+
+def sim_options(tr: Traffic, rate: float) -> SimOptions:
+    """The yardstick's simulation at ``rate`` requests/s: a warm-up and a measured window of
+    :data:`WINDOW_LIFETIMES` request lifetimes each, or :data:`SIM`'s counts where those are
+    more. (4,000 requests at 200 requests/s arrive in 20 s, less than one 1,024-token output
+    lives at 45 ms per token: no batch fills and no queue forms, and a plan's goodput there
+    is what its instances absorb while they fill.)"""
+    n = math.ceil(rate * WINDOW_LIFETIMES * request_lifetime_s(tr))
+    warmup = max(SIM.warmup_requests, n)
+    measured = max(SIM.requests - SIM.warmup_requests, n)
+    return replace(SIM, requests=warmup + measured, warmup_requests=warmup)
+
+
 def attained(plan: ServingPlan, tr: Traffic, rate: float) -> tuple[bool, float, Any]:
-    """Simulate ``plan`` at ``rate`` requests/s: ``(>= 90% within the SLOs, goodput requests/s,
-    the simulator's report)``."""
-    rep = simulate(plan, replace(tr, requests_per_s=rate), SLO, SIM)
+    """Simulate ``plan`` at ``rate`` requests/s (:func:`sim_options`): ``(>= 90% within the
+    SLOs, goodput requests/s, the simulator's report)``."""
+    rep = simulate(plan, replace(tr, requests_per_s=rate), SLO, sim_options(tr, rate))
     return rep.attainment >= SLO.percentile / 100.0, rep.goodput_rps, rep
 
 
 def max_goodput(plan: ServingPlan | None, tr: Traffic, guess_rps: float) -> dict[str, Any]:
     """The simulated goodput yardstick: the largest rate with >= 90% of requests within the
-    SLOs (bisection from ``guess_rps``), and the goodput there."""
+    SLOs, and the goodput there. The rate is bracketed between two powers of two (the
+    first that fails, scanning up from ``guess_rps``, and the largest below it that
+    passes), then bisected 8 times: the bracket does not depend on the guess, so two
+    plans that serve alike score alike whatever capacity each was planned at."""
     if plan is None or guess_rps <= 0:
         return {"rate_rps": 0.0, "goodput_rps": 0.0, "goodput_tokens_per_s": 0.0}
-    lo, hi = 0.0, guess_rps * 1.5
-    ok, good, _ = attained(plan, tr, hi)
-    while ok:
-        lo, hi = hi, hi * 1.5
-        ok, good, _ = attained(plan, tr, hi)
-    best = 0.0
+    k = math.ceil(math.log2(guess_rps))
+    lo, best = 0.0, 0.0
+    while True:
+        ok, good, _ = attained(plan, tr, 2.0**k)
+        if not ok:
+            break
+        lo, best, k = 2.0**k, good, k + 1
+    hi = 2.0**k
+    j = k - 1
+    while lo == 0.0 and j >= _LOWEST_POWER:
+        ok, good, _ = attained(plan, tr, 2.0**j)
+        if ok:
+            lo, best = 2.0**j, good
+        else:
+            hi, j = 2.0**j, j - 1
     for _ in range(8):
         mid = (lo + hi) / 2
         ok, good, _ = attained(plan, tr, mid)
@@ -78,8 +119,6 @@ def max_goodput(plan: ServingPlan | None, tr: Traffic, guess_rps: float) -> dict
             lo, best = mid, good
         else:
             hi = mid
-    if best == 0.0 and lo > 0:
-        _, best, _ = attained(plan, tr, lo)
     return {
         "rate_rps": round(lo, 4),
         "goodput_rps": round(best, 4),

@@ -335,6 +335,7 @@ def _variants(
                 d.slo,
                 chunk_tokens=s.chunk_tokens,
                 utilisation=s.utilisation,
+                queueing=s.queueing,
             )
             if sz.ok:
                 agg.append(replace(base, key=f"{label}/aggregated", role="aggregated", sizing=sz))

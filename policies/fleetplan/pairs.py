@@ -81,6 +81,7 @@ def pairs_for(
                 prefill_nic_gbytes_per_s=p.nic_gbytes_per_s or gbs,
                 decode_nic_gbytes_per_s=q.nic_gbytes_per_s or gbs,
                 utilisation=s.utilisation,
+                queueing=s.queueing,
             )
             if not ps.prefill.ok or not ps.decode.ok:
                 continue

@@ -22,9 +22,11 @@ simulator reserves prompt + output per admitted sequence); the **capacity** is
 
 **Prefill** (a batched forward of up to ``T`` prompt tokens): ``TTFT = 2 P(T) + KV transfer
 + one decode step`` (the running forward, its own, the transfer of ``ISL_q`` tokens' KV, the
-wait for a decode slot) must meet the target with ``T >= ISL_q``; ``T`` is the largest such
-budget (larger forwards amortise the fixed cost), and ``rate = T / (ISL P(T))``, no more
-than the instance's NICs move: ``bandwidth / (ISL x KV bytes per token)``.
+wait for a decode slot) must meet the target with ``T >= ISL_q``; ``T`` is the budget of
+the highest ``rate = T / (ISL P(T))`` among those (larger forwards amortise the fixed cost,
+but past a point the attention of the prompts batched makes a token dearer: the largest
+budget is not the fastest), no more than the instance's NICs move: ``bandwidth / (ISL x KV
+bytes per token)``.
 
 **Decode**: ``TPOT(B) = decode_us(B, ISL + OSL/2) <= tpot``, ``B (ISL + OSL) <=`` KV
 capacity, ``rate = B / (OSL TPOT(B))``, and no more than its NICs receive.
@@ -37,15 +39,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from policies.fleetplan.queueing import slo_rate
 from policies.serving.curves import StepCurve
 from policies.serving.plan import DEFAULT_CHUNK_TOKENS
-from policies.serving.traffic import Slo, Traffic
+from policies.serving.traffic import LengthDist, Slo, Traffic
 
 UTILISATION = 0.85
-"""Share of an instance's rate at its batch limit the planner fills (headroom for the
-bursts of Poisson arrivals)."""
+"""Share of an instance's capacity the planner fills: of its rate at the batch limit, or
+with ``queueing`` of the rate its slots hold within the TTFT target
+(:func:`policies.fleetplan.queueing.slo_rate`)."""
 
 
 @dataclass(frozen=True)
@@ -191,8 +195,11 @@ def size_aggregated(
     *,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     utilisation: float = UTILISATION,
+    queueing: bool = False,
 ) -> Sizing:
-    """Batch limit and capacity of one aggregated instance (see the module docstring)."""
+    """Batch limit and capacity of one aggregated instance (see the module docstring);
+    with ``queueing`` the capacity is ``utilisation`` of the rate its ``B`` slots hold
+    while the wait for one keeps the TTFT target (:func:`queue_rate`), not of ``rate(B)``."""
     n = Lengths.of(traffic, slo)
     tpot, ttft = _limit(slo.tpot_ms), _limit(slo.ttft_ms)
     hi = min(_mem_batch(curve, n), int(chunk_tokens * n.osl / max(1.0, n.isl)) or 1)
@@ -217,8 +224,37 @@ def size_aggregated(
             f"{aggregated_ttft_us(curve, n, 1, chunk_tokens) / 1e3:.0f} ms)",
         )
     t = aggregated_step_us(curve, n, b, chunk_tokens)
-    rate = b / (n.osl * t * 1e-6) * utilisation
-    return Sizing(b, rate, aggregated_ttft_us(curve, n, b, chunk_tokens) / 1e3, t / 1e3)
+    ttft0 = aggregated_ttft_us(curve, n, b, chunk_tokens)
+    rate = b / (n.osl * t * 1e-6)
+    if queueing:
+        # A slot is held from admission: the prompt's chunks, then one step per token.
+        steps = math.ceil(n.isl / chunk_tokens) + n.osl - 1.0
+        rate = queue_rate(b, steps * t * 1e-6, ttft - ttft0, traffic, slo)
+    return Sizing(b, rate * utilisation, ttft0 / 1e3, t / 1e3)
+
+
+def queue_rate(slots: int, hold_s: float, slack_us: float, traffic: Traffic, slo: Slo) -> float:
+    """Requests/s ``slots`` slots held ``hold_s`` s each take while at most the share of
+    requests the SLO's percentile lets miss wait longer than ``slack_us`` (what the TTFT
+    target leaves after the queueing-free TTFT) for a slot: Erlang C
+    (:func:`policies.fleetplan.queueing.slo_rate`) with the output lengths' variation.
+    Without a TTFT target, the rate at which every slot is busy."""
+    if math.isinf(slack_us):
+        return slots / hold_s
+    miss = 1.0 - slo.percentile / 100.0
+    return slo_rate(slots, hold_s, slack_us * 1e-6, miss, _cv2(traffic.output_len))
+
+
+def _cv2(dist: LengthDist) -> float:
+    """Squared coefficient of variation of a length distribution (its histogram, or the
+    lognormal of its mean and p90)."""
+    if dist.histogram:
+        total = sum(w for _, w in dist.histogram)
+        mean = sum(x * w for x, w in dist.histogram) / total
+        var = sum(w * (x - mean) ** 2 for x, w in dist.histogram) / total
+        return var / (mean * mean) if mean > 0 else 0.0
+    _, sigma = dist.lognormal()
+    return math.expm1(sigma * sigma)
 
 
 def decode_capacity(
@@ -266,10 +302,13 @@ def size_pair(
     prefill_nic_gbytes_per_s: float,
     decode_nic_gbytes_per_s: float,
     utilisation: float = UTILISATION,
+    queueing: bool = False,
 ) -> PairSizing:
     """Sizing of a prefill/decode pair over a KV path of ``kv_gbytes_per_s`` (one transfer's
     bandwidth) whose instances have NICs of ``*_nic_gbytes_per_s`` in all (see the module
-    docstring)."""
+    docstring); with ``queueing`` the decode side's capacity is ``utilisation`` of what its
+    slots hold while the wait for one fits in the TTFT the prefill leaves
+    (:func:`queue_rate`)."""
     n = Lengths.of(traffic, slo)
     d = decode_capacity(decode, traffic, slo, utilisation=utilisation)
     kv_bytes = prefill.kv_bytes_per_token * n.isl
@@ -287,14 +326,18 @@ def size_pair(
 
     budget = 0
     if ok(lo_t):
-        # Budgets from ISL_q up, on a geometric ladder (the rate grows with the budget).
+        # Budgets from ISL_q up, on a geometric ladder; the one of the highest rate. A
+        # larger forward amortises the fixed cost but its attention grows with the prompts
+        # batched, so past a point a token costs more (the rate is not monotone).
         budget = lo_t
+        best = lo_t / prefill.prefill_time_us(lo_t)
         t = lo_t
         while t < top:
             t = min(top, int(t * 1.25) + 1)
             if not ok(t):
                 break
-            budget = t
+            if t / prefill.prefill_time_us(t) > best * (1.0 + 1e-9):
+                budget, best = t, t / prefill.prefill_time_us(t)
     if budget == 0:
         p = prefill.prefill_time_us(lo_t)
         why = (
@@ -303,6 +346,10 @@ def size_pair(
         )
         return PairSizing(Sizing(0, 0.0, (2 * p + kv_us) / 1e3, 0.0, why), d, kv_us / 1e3)
     p = prefill.prefill_time_us(budget)
+    if queueing and d.ok:
+        hold_s = n.osl * d.tpot_ms * 1e-3
+        held = queue_rate(d.batch_limit, hold_s, ttft - 2.0 * p, traffic, slo)
+        d = replace(d, requests_per_s=min(d.requests_per_s, held * utilisation))
     rate = budget / (n.isl * p * 1e-6)
     nic = prefill_nic_gbytes_per_s * 1e9 / kv_bytes
     sized = Sizing(

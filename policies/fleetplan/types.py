@@ -96,7 +96,12 @@ class PlannerSettings:
         mixed_max_groups: two-group instances (one node of each of two groups, when one node
             of either cannot hold the model alone) are candidates when the fleet has at most
             this many node groups (0 = never).
-        utilisation: share of an instance's rate at its batch limit that is planned.
+        utilisation: share of an instance's capacity that is planned (of its rate at its
+            batch limit, or with ``queueing`` of what its slots hold within the TTFT
+            target).
+        queueing: size aggregated and decode capacity by the wait for a slot (Erlang C,
+            :mod:`policies.fleetplan.queueing`): few slots queue sooner than many at the
+            same utilisation. False: ``utilisation`` of the rate at the batch limit alone.
         chunk_tokens: chunked-prefill budget of an aggregated step, tokens.
         pairs_per_decode: prefill variants kept per decode variant (cheapest per request).
         decode_variants: decode variants kept per deployment (cheapest per request).
@@ -114,6 +119,7 @@ class PlannerSettings:
     sizes_per_group: int = 2
     mixed_max_groups: int = 4
     utilisation: float = UTILISATION
+    queueing: bool = True
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS
     pairs_per_decode: int = 1
     decode_variants: int = 3

@@ -142,3 +142,40 @@ def test_pair_charges_the_kv_transfer_and_the_nic() -> None:
         decode_nic_gbytes_per_s=100.0,
     )
     assert not slow_path.prefill.ok and "KV transfer" in slow_path.prefill.reason
+
+
+def test_prefill_budget_is_the_fastest_not_the_largest() -> None:
+    """A forward's cost per token falls to 16,384 tokens and rises past it (the attention of
+    the prompts batched): the budget is the one of the highest rate, below the largest the
+    TTFT target allows."""
+    grid = (1, 4096, 16_384, 65_536)
+    c = StepCurve(
+        batch_grid=BATCHES,
+        context_grid=(1024, 8192),
+        decode_step_us=tuple((10_000.0 + 100 * b, 10_000.0 + 100 * b) for b in BATCHES),
+        prefill_grid=grid,
+        prefill_us=(10_000.0, 30_000.0, 100_000.0, 550_000.0),
+        max_batch=1000,
+        kv_bytes_per_token=1000.0,
+        kv_capacity_tokens=10**9,
+    )
+    pair = size_pair(
+        c,
+        c,
+        constant_traffic(),
+        Slo(ttft_ms=10_000, tpot_ms=50),  # 2 P(65,536) = 1.1 s: every budget meets it
+        kv_gbytes_per_s=100.0,
+        kv_latency_us=0.0,
+        prefill_nic_gbytes_per_s=1e6,
+        decode_nic_gbytes_per_s=1e6,
+        utilisation=1.0,
+    )
+    budget = pair.prefill.batch_limit
+    assert 4096 < budget <= 16_384
+    peak = 16_384 / (1000 * 100_000 * 1e-6)  # 163.8 requests/s at 16,384 tokens
+    largest = 65_536 / (1000 * 550_000 * 1e-6)  # 119.2 at 65,536
+    assert 0.95 * peak <= pair.prefill.requests_per_s <= peak
+    assert pair.prefill.requests_per_s > 1.3 * largest
+    assert pair.prefill.requests_per_s == pytest.approx(
+        budget / (1000 * c.prefill_time_us(budget) * 1e-6)
+    )

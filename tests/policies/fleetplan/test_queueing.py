@@ -1,0 +1,96 @@
+"""The queueing bound the planner sizes capacity with: Erlang C against its closed forms and
+the textbook recursion, the SLO rate against its own tail, and one aggregated instance's
+sized capacity against the serving simulator run to steady state."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from policies.fleetplan.queueing import erlang_c, slo_rate, wait_tail
+from policies.fleetplan.sizing import size_aggregated
+from policies.serving.curves import StepCurve
+from policies.serving.plan import InstanceGroup, Pool, ServingPlan
+from policies.serving.simulate import SimOptions, simulate
+from policies.serving.traffic import LengthDist, Slo, Traffic
+
+
+def _recursion(c: int, a: float) -> float:
+    """Erlang C by the Erlang B recursion B(k) = a B(k-1) / (k + a B(k-1))."""
+    b = 1.0
+    for k in range(1, c + 1):
+        b = a * b / (k + a * b)
+    rho = a / c
+    return b / (1.0 - rho + rho * b)
+
+
+def test_erlang_c_closed_forms_and_recursion() -> None:
+    assert erlang_c(1, 0.7) == pytest.approx(0.7)  # M/M/1: an arrival waits w.p. rho
+    assert erlang_c(2, 1.0) == pytest.approx(1.0 / 3.0)  # B = 0.2, C = 0.2 / 0.6
+    for c, a in ((8, 6.5), (50, 45.0), (700, 690.0), (3000, 2950.0), (3000, 1200.0)):
+        assert erlang_c(c, a) == pytest.approx(_recursion(c, a), rel=1e-9)
+    assert erlang_c(10, 0.0) == 0.0 and erlang_c(10, 10.0) == 1.0
+
+
+def test_slo_rate_is_the_largest_rate_within_the_tail() -> None:
+    c, hold, wait, miss = 64, 20.0, 1.0, 0.1
+    r = slo_rate(c, hold, wait, miss, cv2=0.05)
+    assert wait_tail(c, hold, r, wait, 0.05) <= miss
+    assert wait_tail(c, hold, r * 1.001, wait, 0.05) > miss
+    assert r < c / hold
+    # Many slots queue later than few at the same utilisation.
+    share = [slo_rate(n, hold, wait, miss, 0.05) * hold / n for n in (32, 256, 4096)]
+    assert share[0] < share[1] < share[2] < 1.0
+    assert share[0] < 0.9 and share[2] > 0.98
+    # A larger slack or a looser percentile takes more.
+    assert slo_rate(c, hold, 2 * wait, miss, 0.05) > r
+    assert slo_rate(c, hold, wait, 0.2, 0.05) > r
+    assert slo_rate(c, hold, wait, 1.0, 0.05) == pytest.approx(c / hold)
+
+
+def _curve() -> StepCurve:
+    """Step 20 ms + 0.5 ms per sequence; prefill 10 ms + 10 us per token."""
+    batches = (1, 64, 256)
+    return StepCurve(
+        batch_grid=batches,
+        context_grid=(128, 2048),
+        decode_step_us=tuple((20_000.0 + 500 * b, 20_000.0 + 500 * b) for b in batches),
+        prefill_grid=(1, 8192),
+        prefill_us=(10_000.0, 10_000.0 + 10 * 8192),
+        max_batch=256,
+        kv_bytes_per_token=1000.0,
+        kv_capacity_tokens=24 * (256 + 64),  # 24 sequences of 256 + 64 tokens
+    )
+
+
+def _max_rate(plan: ServingPlan, tr: Traffic, slo: Slo, hi: float) -> float:
+    """The largest rate at which the simulator keeps the SLO's percentile, a long run (a
+    warm-up and a measured window of many request lifetimes), bisected."""
+    lo = 0.0
+    for _ in range(12):
+        mid = (lo + hi) / 2
+        rep = simulate(plan, replace(tr, requests_per_s=mid), slo, SimOptions(30_000, 1, 10_000))
+        if rep.attainment >= slo.percentile / 100.0:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def test_queueing_capacity_of_a_small_instance_against_the_simulator() -> None:
+    """24 slots (its KV room): the flat 85% of the rate at the batch limit overstates
+    what it holds within the TTFT target, the queueing bound is within 6% of the
+    simulator's steady state."""
+    tr = Traffic(1.0, LengthDist(256, 320), LengthDist(64, 80))
+    slo = Slo(ttft_ms=300, tpot_ms=50, percentile=90)
+    flat = size_aggregated(_curve(), tr, slo, utilisation=1.0)
+    queued = size_aggregated(_curve(), tr, slo, utilisation=1.0, queueing=True)
+    assert flat.batch_limit == queued.batch_limit == 24
+    assert queued.requests_per_s < 0.85 * flat.requests_per_s
+    g = InstanceGroup(1, _curve(), batch_limit=24)
+    sim = _max_rate(ServingPlan((Pool("p", 1.0, instances=g),)), tr, slo, flat.requests_per_s)
+    assert sim < 0.85 * flat.requests_per_s
+    assert queued.requests_per_s == pytest.approx(sim, rel=0.06)
+    assert not math.isclose(queued.requests_per_s, flat.requests_per_s)
