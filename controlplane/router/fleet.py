@@ -135,9 +135,9 @@ class Fleet:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
 
-    def on_instances(self, message: engine_pb2.Instances) -> None:
-        """Apply one ``Instances`` message of a watched deployment."""
-        watched = self.watched.get(message.deployment)
+    def on_instances(self, deployment: str, message: engine_pb2.Instances) -> None:
+        """Apply one ``Instances`` message of the watched ``deployment``."""
+        watched = self.watched.get(deployment)
         if watched is None:
             return
         r = self.router
@@ -145,13 +145,13 @@ class Fleet:
         for line in got.skipped:
             if line not in self._noted:  # once per router, not once per message
                 self._noted.add(line)
-                log.warning("instance left out", deployment=message.deployment, why=line)
+                log.warning("instance left out", deployment=deployment, why=line)
         added = r.state.sync(watched.name, [(i.spec, i.routable) for i in got.listed])
         r.health.admit_all(added)
         self._changed()
         log.info(
             "instances applied",
-            deployment=message.deployment,
+            deployment=deployment,
             generation=message.generation,
             routable=sorted(i.spec.name for i in got.listed if i.routable),
             added=added,

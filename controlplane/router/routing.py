@@ -81,7 +81,8 @@ class RoutingWatcher:
         on_routing: called with every Routing message received.
         on_connected: called with (deployment, connected) when a routing watch opens or
             drops (``instances/<deployment>`` for an instances watch).
-        on_instances: called with every Instances message of a ``--deployment``.
+        on_instances: called with (deployment, message) for every Instances message of a
+            ``--deployment``.
     """
 
     def __init__(
@@ -89,7 +90,7 @@ class RoutingWatcher:
         settings: RouterSettings,
         on_routing: Callable[[engine_pb2.Routing], None],
         on_connected: Callable[[str, bool], None],
-        on_instances: Callable[[engine_pb2.Instances], None] = lambda m: None,
+        on_instances: Callable[[str, engine_pb2.Instances], None] = lambda d, m: None,
     ) -> None:
         self.settings = settings
         self.on_routing = on_routing
@@ -115,7 +116,7 @@ class RoutingWatcher:
                 self._follow(
                     f"instances/{w.name}",
                     functools.partial(stub.WatchInstances, request, metadata=self._md),
-                    self.on_instances,
+                    functools.partial(self.on_instances, w.name),
                 ),
                 name=f"instances-{w.name}",
             )
