@@ -256,13 +256,15 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 0
     emit(
         table(
-            ["INSTANCE", "TIER", "ENGINE", "HEALTHY", "RANKS", "VERSION", "URL"],
+            ["INSTANCE", "TIER", "ENGINE", "HEALTHY", "STATE", "OPEN", "RANKS", "VERSION", "URL"],
             [
                 [
                     i["name"],
                     i["tier"],
                     i["engine"],
                     "yes" if i["healthy"] else "NO",
+                    _state(i),
+                    f"{i.get('open_requests', 0)}/{i.get('batch_limit') or '-'}",
                     i["ranks"],
                     i["version"] or "-",
                     i["url"],
@@ -291,6 +293,14 @@ def cmd_status(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 0
+
+
+def _state(inst: dict[str, Any]) -> str:
+    """``serving``; ``draining`` (listed by the controller, not ready or draining: no new
+    request); ``leaving`` (no longer listed; removed once its open requests end)."""
+    if inst.get("routable", True):
+        return "serving"
+    return "draining" if inst.get("listed", True) else "leaving"
 
 
 def register(groups: Groups) -> None:

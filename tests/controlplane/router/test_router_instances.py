@@ -7,6 +7,8 @@ its queue, measured traffic reports, a deployment created late and a controller 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import json
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -18,6 +20,7 @@ from router_world import complete, running_router, until
 from scripted_controller import ScriptedEngineService, instance, scripted_controller
 from support.openai_engine import LoopbackEngine
 
+from controlplane.cli import main
 from controlplane.router.proxy import Router
 from controlplane.router.settings import Watched
 
@@ -29,6 +32,14 @@ def _routable(router: Router) -> set[str]:
     return {
         n for n, i in router.state.instances.items() if i.routable and any(w > 0 for w in i.planned)
     }
+
+
+def _status_table(url: str) -> str:
+    """``mixfleetctl router status`` against a running router; its stdout."""
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(["router", "status", "--router", url]) == 0
+    return buf.getvalue()
 
 
 @asynccontextmanager
@@ -84,6 +95,9 @@ def test_instances_added_drained_and_removed_follow_the_controller_without_cutti
                 y.release()
                 svc.publish(DS, [instance(xname, x.url, draining=True), instance(yname, y.url)])
                 await until(lambda: _routable(router) == {yname}, what=f"{xname} draining")
+                table = await asyncio.to_thread(_status_table, url)
+                row = next(line for line in table.splitlines() if line.startswith(xname))
+                assert "draining" in row and " 1/-" in row, table  # its one open stream
                 n_x = len(x.records)
                 for _ in range(10):
                     assert (await complete(s, url))[0] == 200
