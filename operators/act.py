@@ -7,7 +7,8 @@ asks for, and the writes its actions stand for.
 * :func:`act` carries out the actions in order: PartitionPlans are created (a name already
   taken means another writer allocated the version first: re-observe), ConfigMaps and the
   status subresource go through server-side apply (forced: the operator is their only
-  author; it never applies the user's spec), deletes carry the uid as precondition,
+  author; it never applies the user's spec; an engine instance's ModelDeployment is its own
+  object, put back when someone else edits it), deletes carry the uid as precondition,
   and the finalizer is set through a JSON merge patch guarded by resourceVersion and
   retried on 409 (:func:`set_finalizer`).
 """
@@ -26,9 +27,11 @@ from apis.kube.names import FINALIZER
 from apis.kube.versions import record_version
 from operators.decide import (
     Action,
+    ApplyChild,
     ApplyConfigMap,
     ApplyPlan,
     ApplyStatus,
+    DeleteChild,
     DeleteConfigMap,
     DeletePlan,
     Requeue,
@@ -146,6 +149,12 @@ def act(
             kube.apply(CONFIGMAPS, a.body, force=True)  # the operator's own object
         elif isinstance(a, DeleteConfigMap):
             kube.delete(CONFIGMAPS, a.name, ns)
+        elif isinstance(a, ApplyChild):
+            kube.apply(MODEL_DEPLOYMENTS, a.body, force=True)  # the operator's own object
+            if a.remove:  # what another writer added to its spec: put back
+                kube.merge_patch(MODEL_DEPLOYMENTS, a.name, {"spec": a.remove}, ns)
+        elif isinstance(a, DeleteChild):
+            kube.delete(MODEL_DEPLOYMENTS, a.name, ns, uid=a.uid or None)
         elif isinstance(a, ApplyStatus):
             body = {"metadata": {"name": d.name, "namespace": ns}, "status": a.status}
             try:

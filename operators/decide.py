@@ -168,6 +168,25 @@ class DeleteConfigMap:
 
 
 @dataclass(frozen=True)
+class ApplyChild:
+    """Server-side apply (forced: the operator is its one writer) an engine instance's
+    ModelDeployment; then remove ``remove`` (a JSON merge patch of its spec: what another
+    writer added) when not empty."""
+
+    body: Json = field(repr=False)
+    name: str = ""
+    remove: Json = field(default_factory=dict, repr=False)
+
+
+@dataclass(frozen=True)
+class DeleteChild:
+    """Delete an engine instance's ModelDeployment (uid as precondition)."""
+
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True)
 class ApplyStatus:
     """Server-side apply of the deployment's status subresource."""
 
@@ -189,6 +208,8 @@ Action = (
     | DeletePlan
     | ApplyConfigMap
     | DeleteConfigMap
+    | ApplyChild
+    | DeleteChild
     | ApplyStatus
     | Requeue
 )
@@ -204,11 +225,13 @@ def reconcile(observed: Observed, settings: ReconcileSettings) -> tuple[Action, 
 
     The rules, in order: finalizer; inputs and tier split (:func:`_prepare_inputs`);
     solve (:func:`_solve_rule`); engine export (:func:`_export_rule`); plan history
-    (:func:`_prune_plans`); status (:func:`_status_action`); requeue.
+    (:func:`_prune_plans`); the instances of a deployment no longer planned from its traffic
+    and SLOs deleted; status (:func:`status_apply`); requeue. A planned deployment is
+    decided by :func:`operators.parent.reconcile_parent` instead.
     """
     d = observed.deployment
     if d.deleting:
-        return _finalize(observed)
+        return finalize(observed)
     actions: list[Action] = []
     if FINALIZER not in d.finalizers:
         actions.append(SetFinalizer(True))
@@ -244,6 +267,8 @@ def reconcile(observed: Observed, settings: ReconcileSettings) -> tuple[Action, 
     input_error = input_error or export_error
     actions += _prune_plans(plans, current, settings)
 
+    # Instances of a deployment no longer planned from traffic and SLOs: it runs as itself.
+    actions += [DeleteChild(c.name, c.uid) for c in observed.children if not c.deleting]
     ours = newest_plan([p for p in plans if p.spec.made_by == "operator"])
     status = deployment_status(
         observed,
@@ -256,7 +281,9 @@ def reconcile(observed: Observed, settings: ReconcileSettings) -> tuple[Action, 
         cm_wanted,
         prepared.tiers,
     )
-    status_action = _status_action(observed, status)
+    if observed.instance is not None:  # an engine instance says what it is
+        status = dataclasses.replace(status, instance=observed.instance)
+    status_action = status_apply(observed, status)
     if status_action is not None:
         actions.append(status_action)
     if inputs is not None and inputs.fleet_view.next_stale_s is not None:
@@ -469,7 +496,7 @@ def _prune_plans(
     ]
 
 
-def _status_action(observed: Observed, status: ModelDeploymentStatus) -> ApplyStatus | None:
+def status_apply(observed: Observed, status: ModelDeploymentStatus) -> ApplyStatus | None:
     """Apply the status when it differs from the observed one. ``committedVersion`` and
     ``controller`` belong to the controller's field manager: compare with them carried
     over, apply without them."""
@@ -514,7 +541,7 @@ def _tier_step(
     return TierAction(t_in.request, t_in.digest)
 
 
-def _finalize(observed: Observed) -> tuple[Action, ...]:
+def finalize(observed: Observed) -> tuple[Action, ...]:
     """Deletion: remove the ConfigMap and the PartitionPlans, then the finalizer."""
     d = observed.deployment
     if FINALIZER not in d.finalizers:

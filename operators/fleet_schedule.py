@@ -18,6 +18,14 @@ namespace's deployments may hold together come from ``OperatorSettings.namespace
 Graceful drain (:func:`drained`): a GPUNode moves to its new deployment only once every
 placed deployment it is taken from no longer has it in its current plan
 (``status.nodes``); until then the new holder plans on the assigned nodes it already has.
+
+Planned deployments (:mod:`operators.instances`): ModelDeployments that state traffic and
+SLOs go through the fleet planner first (:func:`operators.instances.plan_part`, the previous
+plan kept for the move penalty); the others through :func:`policies.scheduling.schedule` on
+the GPUNodes that plan and the draining instances leave. A planned deployment gets no nodes
+itself: each of its instances' ModelDeployments is assigned its planned nodes (less those a
+draining instance or another holder still has in its current plan); an instance the plan
+dropped keeps the nodes of its current plan until its parent deletes it.
 """
 
 from __future__ import annotations
@@ -25,16 +33,30 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
 from apis.kube.errors import PermanentError
 from apis.kube.schema import from_wire
-from apis.kube.v1alpha1 import ModelDeploymentSpec, PlacementPolicySpec
+from apis.kube.v1alpha1 import InstanceRecordStatus, ModelDeploymentSpec, PlacementPolicySpec
 from operators.inputs import effective_spec, eligible_fleet
-from operators.observe import NodeView
+from operators.instances import (
+    PlannedEntry,
+    child_record,
+    instance_record,
+    is_child,
+    parent_of,
+    plan_part,
+    running_instances,
+)
+from operators.observe import NodeView, ParentPlan
 from policies.errors import InputError
 from policies.fleet import Fleet, Node
+from policies.fleetplan import FleetPlan, MemoryCurveCache, PlannerSettings
+from policies.fleetplan.curves import CurveCache
+from policies.fleetplan.instances import is_planned
+from policies.launch import PlannedInstance
 from policies.scheduling.table import EstimateCache
 from policies.spec import DeploymentSpec, check_spec
 
@@ -44,15 +66,49 @@ Json = dict[str, Any]
 Entry = tuple[Key, int, DeploymentSpec, tuple[Node, ...], tuple[str, ...]]
 
 
-class FleetAssignments:
-    """One assignment of GPUNodes to the operator's ModelDeployments (thread-safe)."""
+@dataclass(frozen=True)
+class Child:
+    """An engine instance's ModelDeployment as the fleet schedule sees it.
 
-    def __init__(self, quotas_gpus: Mapping[str, int] | None = None) -> None:
+    Attributes:
+        parent: the deployment it serves (same namespace).
+        held: the GPUNodes of its current plan (``status.nodes``).
+        record: its ``status.instance`` (None before the first one is written).
+        obj: the object.
+    """
+
+    parent: str
+    held: tuple[str, ...]
+    record: InstanceRecordStatus | None
+    obj: Json
+
+
+class FleetAssignments:
+    """One assignment of GPUNodes to the operator's ModelDeployments (thread-safe).
+
+    Args:
+        quotas_gpus: Kubernetes namespace -> most GPUs its deployments may hold together.
+        planner: the fleet planner's settings (planned deployments).
+        curves: the planner's step curves kept between plans (in memory when None).
+    """
+
+    def __init__(
+        self,
+        quotas_gpus: Mapping[str, int] | None = None,
+        planner: PlannerSettings | None = None,
+        curves: CurveCache | None = None,
+    ) -> None:
         self.quotas_gpus = dict(quotas_gpus or {})
+        self.planner = planner or PlannerSettings()
+        self.curves: CurveCache = curves if curves is not None else MemoryCurveCache()
         self.cache = EstimateCache()
         self.assigned: dict[Key, tuple[str, ...]] = {}
         self.reasons: dict[Key, str] = {}
         self.unplaceable: set[Key] = set()
+        self.fleet_plan: FleetPlan | None = None
+        self.parents: dict[Key, ParentPlan] = {}
+        self.records: dict[Key, InstanceRecordStatus] = {}
+        self.children: dict[Key, Child] = {}
         self._key = ""
         self._held: dict[Key, tuple[str, ...]] = {}
         self._lock = threading.Lock()
@@ -70,19 +126,29 @@ class FleetAssignments:
         assignment was solved or a current plan's nodes changed (re-queue every
         deployment). None when ``key`` is not a deployment the scheduler could read (its
         own reconcile reports why)."""
-        entries = _entries(deployments, nodes, policy_of, now, stale_after_s)
+        entries, children = _entries(deployments, nodes, policy_of, now, stale_after_s)
         text = "\n".join(
             f"{k}:{gen}:{','.join(n.name for n in ns)}" for k, gen, _, ns, _ in entries
         )
+        text += "\n" + ",".join(f"{k[0]}/{k[1]}" for k in sorted(children))
         fingerprint = hashlib.sha256(text.encode()).hexdigest()[:16]
         changed = False
         with self._lock:
+            self.children = children
             if fingerprint != self._key:
                 self._solve(entries)
                 self._key, changed = fingerprint, True
-            held = {e[0]: e[4] for e in entries}
+            held = {e[0]: e[4] for e in entries} | {k: c.held for k, c in children.items()}
             if held != self._held:  # a drain may have ended: re-queue the waiting ones
                 self._held, changed = held, True
+            if key in self.records:
+                mine, why = self._instance_nodes(key, held)
+                return mine, why, changed
+            if key in children:  # dropped by the plan: keeps its nodes until deleted
+                kept = children[key].held
+                return kept, "" if kept else "the fleet plan no longer has this instance", changed
+            if key in self.parents:
+                return None, "", changed  # runs as its instances
             if key not in {e[0] for e in entries} or key in self.unplaceable:
                 return None, "", changed
             if key in self.reasons:
@@ -90,7 +156,77 @@ class FleetAssignments:
             mine, why = drained(key, self.assigned, held)
             return mine, why, changed
 
+    def parent(self, key: Key) -> ParentPlan | None:
+        """The fleet plan of ``key`` when it is a planned deployment (after :meth:`of`)."""
+        with self._lock:
+            return self.parents.get(key)
+
+    def record(self, key: Key) -> InstanceRecordStatus | None:
+        """The ``status.instance`` of ``key`` when it is an instance's ModelDeployment: what
+        the plan wants of it, or - dropped by the plan - its last record, draining."""
+        with self._lock:
+            if key in self.records:
+                return self.records[key]
+            child = self.children.get(key)
+            if child is None or child.record is None:
+                return None
+            return replace(child.record, draining=True)
+
+    def _instance_nodes(
+        self, key: Key, held: Mapping[Key, tuple[str, ...]]
+    ) -> tuple[tuple[str, ...], str]:
+        """A planned instance's nodes it may plan on now: :func:`drained`, and none that an
+        instance the plan dropped still has in its current plan."""
+        mine, why = drained(key, self.assigned, held)
+        draining = {
+            k: c.held for k, c in self.children.items() if k not in self.records and k != key
+        }
+        blocked = {n: k for n in mine for k, ns in draining.items() if n in ns}
+        if not blocked:
+            return mine, why
+        have = set(held.get(key, ()))
+        keep = tuple(n for n in mine if n in have and n not in blocked)
+        who = "; ".join(f"{n} by {k[0]}/{k[1]}" for n, k in sorted(blocked.items())[:5])
+        return keep, f"waiting for GPUNodes to drain ({who})"
+
     def _solve(self, entries: list[Entry]) -> None:
+        planned = [e for e in entries if is_planned(e[2])]
+        plan, self.parents = plan_part(
+            [PlannedEntry(k, spec, ns, self._running(k)) for k, _, spec, ns, _ in planned],
+            self.fleet_plan,
+            self.planner,
+            self.curves,
+        )
+        self.fleet_plan = plan if plan is not None else self.fleet_plan
+        insts = {(k[0], i.name): (k[1], i) for k, pp in self.parents.items() for i in pp.instances}
+        self.records = {ck: instance_record(p, i) for ck, (p, i) in insts.items()}
+        taken = {n for _, i in insts.values() for n in i.nodes}
+        taken |= {n for k, c in self.children.items() if k not in insts for n in c.held}
+        rest = [
+            (k, gen, spec, tuple(n for n in ns if n.name not in taken), held)
+            for k, gen, spec, ns, held in entries
+            if not is_planned(spec)
+        ]
+        self._schedule(rest)
+        self.assigned |= {ck: i.nodes for ck, (_, i) in insts.items()}
+        for (k, _, _, ns, _), left in zip(
+            (e for e in entries if not is_planned(e[2])), rest, strict=True
+        ):
+            if ns and not left[3]:  # its eligible nodes serve planned instances
+                self.unplaceable.discard(k)
+                self.reasons[k] = (
+                    "every eligible GPUNode serves a planned deployment's instances "
+                    "(deployments with traffic and SLOs are planned first). To fix: add "
+                    "GPUNodes, or widen spec.nodeSelector"
+                )
+
+    def _running(self, key: Key) -> tuple[PlannedInstance, ...]:
+        """The instances of planned ``key`` running now (their ModelDeployments' records)."""
+        mine = [c.obj for k, c in self.children.items() if k[0] == key[0] and c.parent == key[1]]
+        return running_instances(mine)
+
+    def _schedule(self, entries: list[Entry]) -> None:
+        """The fleet scheduler over the deployments that are not planned."""
         from policies.scheduling import schedule
 
         by_name: dict[str, Node] = {}
@@ -142,8 +278,6 @@ def drained(
 
 def _renamed(spec: DeploymentSpec, name: str, namespace: str) -> DeploymentSpec:
     """The spec under its scheduler name, its quota namespace its Kubernetes namespace."""
-    from dataclasses import replace
-
     return replace(spec, name=name, namespace=namespace or "default")
 
 
@@ -153,16 +287,21 @@ def _entries(
     policy_of: Callable[[str], PlacementPolicySpec],
     now: datetime,
     stale_after_s: float,
-) -> list[Entry]:
+) -> tuple[list[Entry], dict[Key, Child]]:
     """Every readable, live deployment: key, generation, resolved spec, eligible nodes, the
-    nodes of its current plan (sorted by key). A spec that does not parse or validate is
-    left out."""
+    nodes of its current plan (sorted by key); and the instances' ModelDeployments apart
+    (the plan assigns them). A spec that does not parse or validate is left out."""
     out = []
+    children: dict[Key, Child] = {}
     for obj in deployments:
         meta = obj.get("metadata") or {}
         if meta.get("deletionTimestamp"):
             continue
         key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+        held = tuple(str(n) for n in (obj.get("status") or {}).get("nodes") or ())
+        if is_child(obj):
+            children[key] = Child(parent_of(obj), held, child_record(obj), obj)
+            continue
         try:
             spec = from_wire(ModelDeploymentSpec, obj.get("spec") or {}, "spec", strict=True)
             ref = spec.policy_ref.name if spec.policy_ref else ""
@@ -172,6 +311,5 @@ def _entries(
         except (InputError, PermanentError):  # reported by the deployment's own reconcile
             continue
         view = eligible_fleet(nodes, spec.node_selector, policy, now, stale_after_s)
-        held = tuple(str(n) for n in (obj.get("status") or {}).get("nodes") or ())
         out.append((key, int(meta.get("generation") or 0), resolved, view.fleet.nodes, held))
-    return sorted(out, key=lambda e: e[0])
+    return sorted(out, key=lambda e: e[0]), children

@@ -3,7 +3,9 @@ owner reference, immutable spec and why it was made) and the ConfigMap of the en
 export (one file per engine format plus the sidecar) and, for a deployment whose
 ``spec.engine`` is that engine, the launch recipe (:mod:`policies.launch`: ``launch.sh``,
 ``launch.json``, and TensorRT-LLM's options YAML) with its paths under :data:`MOUNT_DIR`,
-which ``examples/k8s/sglang-engine.yaml`` runs. Pure: bodies for server-side apply.
+which ``examples/k8s/sglang-engine.yaml`` runs; an engine instance's ConfigMap launches it
+as its role (prefill or decode with its pool's KV transfer: its ``status.instance``). Pure:
+bodies for server-side apply.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from policies.launch import (
     launch_script,
     recipe_to_doc,
 )
+from policies.launch.types import SGLANG_BOOTSTRAP_PORT as BOOTSTRAP_PORT
 from policies.plan import Plan
 
 #: ConfigMap key of each engine format's file (mount the ConfigMap; pass the file path).
@@ -162,7 +165,12 @@ def config_map_object(observed: Observed, current: PlanView, engine_format: str)
         SIDECAR_FILE: json.dumps(export_sidecar(plan), separators=(",", ":")),
     }
     if d.spec is not None and launch_engine(d.spec) is not None:
-        data.update(launch_data(plan, d.spec, d.name))
+        rec = observed.instance  # an engine instance launches as its role
+        role = rec.role if rec is not None else "aggregated"
+        kv = None
+        if rec is not None and role != "aggregated":
+            kv = KvTransfer(rec.kv_path, bootstrap_port=rec.bootstrap_port or BOOTSTRAP_PORT)
+        data.update(launch_data(plan, d.spec, d.name, role=role, kv=kv))
     return {
         "metadata": {
             "name": config_map_name(d.name),

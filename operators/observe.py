@@ -6,19 +6,25 @@ version). Frozen dataclasses, no I/O: :mod:`operators.operator` fills them in.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
+from apis.kube.schema import from_wire
 from apis.kube.v1alpha1 import (
     GPUNodeSpec,
     GPUNodeStatus,
+    InstanceRecordStatus,
     ModelDeploymentSpec,
     ModelDeploymentStatus,
     PartitionPlanSpec,
     PartitionPlanStatus,
     PlacementPolicySpec,
 )
+from policies.errors import InputError
+from policies.launch import PlannedInstance
 from policies.plan import Plan
 from policies.tiers import TierPlan
 
@@ -144,6 +150,49 @@ class TierOutcome:
 
 
 @dataclass(frozen=True)
+class ChildView:
+    """An engine instance's ModelDeployment (label ``mixfleet.io/instance-of``) as its
+    parent's reconcile observes it.
+
+    Attributes:
+        name: object name (the instance's name).
+        uid: object uid.
+        owner_uid: uid of its controller ownerReference ("" when none).
+        spec: its spec as stored (wire form).
+        status: its status as last written.
+        deleting: has a deletionTimestamp.
+    """
+
+    name: str
+    uid: str
+    owner_uid: str
+    spec: Mapping[str, object]
+    status: ModelDeploymentStatus
+    deleting: bool = False
+
+
+@dataclass(frozen=True)
+class ParentPlan:
+    """What the operator's fleet plan makes of a ModelDeployment that states its traffic and
+    SLOs (:func:`policies.fleetplan.instances.is_planned`).
+
+    Attributes:
+        instances: its engine instances, pool by pool (names kept across re-plans).
+        demand_requests_per_s: its stated demand, requests per second.
+        served_requests_per_s: what the plan serves within the SLO, requests per second.
+        shortfall: ``(resource, message)`` when the plan serves only part of the demand
+            (resource: gpus, budget, slo or nodes); None when it serves all of it.
+        error: why it could not be planned ("" when it was): the condition's message.
+    """
+
+    instances: tuple[PlannedInstance, ...] = ()
+    demand_requests_per_s: float = 0.0
+    served_requests_per_s: float = 0.0
+    shortfall: tuple[str, str] | None = None
+    error: str = ""
+
+
+@dataclass(frozen=True)
 class Observed:
     """Everything one reconcile of one deployment looks at.
 
@@ -166,6 +215,11 @@ class Observed:
         assigned_nodes: the GPUNodes the fleet scheduler (:mod:`policies.scheduling`) gives
             this deployment; None = every eligible GPUNode (no scheduler).
         unschedulable: why the fleet scheduler gives it none (its Pending reason).
+        planned: the fleet plan of a deployment planned from its traffic and SLOs (it runs
+            as the instances there); None for any other.
+        children: the instances' ModelDeployments labelled as serving it.
+        instance: the record of an engine instance's ModelDeployment (written into its
+            status); None for any other.
     """
 
     deployment: DeploymentView
@@ -183,6 +237,9 @@ class Observed:
     unreadable_plans: tuple[str, ...] = ()
     assigned_nodes: tuple[str, ...] | None = None
     unschedulable: str = ""
+    planned: ParentPlan | None = None
+    children: tuple[ChildView, ...] = ()
+    instance: InstanceRecordStatus | None = None
 
 
 @dataclass(frozen=True)
@@ -225,3 +282,36 @@ def current_plan(plans: Sequence[PlanView]) -> PlanView | None:
 def next_version(observed: Observed) -> int:
     """The version a new plan gets: above every existing plan and every recorded version."""
     return max([observed.version_floor, *(p.spec.version for p in observed.plans)]) + 1
+
+
+def node_view(obj: Mapping[str, Any]) -> NodeView:
+    """A GPUNode object as observed; one that does not parse is kept out of placement,
+    saying why (cordoned, with ``error`` set)."""
+    meta = obj.get("metadata") or {}
+    error = ""
+    try:
+        spec = from_wire(GPUNodeSpec, obj.get("spec") or {}, "spec", strict=True)
+    except InputError as exc:
+        spec, error = GPUNodeSpec(cordon=True), f"its spec does not parse: {exc}"
+    try:
+        status = from_wire(GPUNodeStatus, obj.get("status") or {}, "status")
+    except InputError as exc:
+        status, error = GPUNodeStatus(), error or f"its status does not parse: {exc}"
+    return NodeView(
+        name=str(meta.get("name")),
+        labels=dict(meta.get("labels") or {}),
+        spec=spec,
+        status=status,
+        deleting=bool(meta.get("deletionTimestamp")),
+        error=error,
+    )
+
+
+def held_version(plan: Mapping[str, Any]) -> int:
+    """The version a PartitionPlan that does not parse holds: its ``spec.version`` when that
+    is a number, else the ``-vN`` of its name (0 when neither says)."""
+    raw = (plan.get("spec") or {}).get("version")
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        return raw
+    m = re.search(r"-v(\d+)$", str((plan.get("metadata") or {}).get("name") or ""))
+    return int(m.group(1)) if m else 0

@@ -25,7 +25,6 @@ key retried with backoff.
 from __future__ import annotations
 
 import dataclasses
-import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -55,8 +54,6 @@ from apis.kube.names import (
 )
 from apis.kube.schema import from_wire
 from apis.kube.v1alpha1 import (
-    GPUNodeSpec,
-    GPUNodeStatus,
     ModelDeploymentSpec,
     ModelDeploymentStatus,
     PartitionPlanSpec,
@@ -75,7 +72,9 @@ from operators.decide import (
 )
 from operators.fleet_schedule import FleetAssignments
 from operators.informer import Informer, Key, key_of, placement_relevant
+from operators.instances import child_views, parent_of
 from operators.observe import (
+    ChildView,
     ConfigMapView,
     DeploymentView,
     NodeView,
@@ -84,8 +83,12 @@ from operators.observe import (
     ReconcileSettings,
     SolveOutcome,
     TierOutcome,
+    held_version,
+    node_view,
 )
+from operators.parent import reconcile_parent
 from policies.errors import InputError
+from policies.fleetplan import PlannerSettings
 from policies.request import PlacementRequest, PlacementResult
 from policies.solve import solve
 from policies.tier_planner import plan_tiers
@@ -116,6 +119,8 @@ class OperatorSettings:
             (:mod:`operators.fleet_schedule`); off, each plans on every eligible GPUNode.
         namespace_quotas_gpus: Kubernetes namespace -> most GPUs its ModelDeployments may
             hold together (the fleet scheduler's quotas); a namespace not named has none.
+        fleet_planner: the fleet planner's settings, for ModelDeployments that state traffic
+            and SLOs (they run as engine instances: :mod:`operators.instances`).
     """
 
     field_manager: str = "mixfleet-operator"
@@ -131,6 +136,7 @@ class OperatorSettings:
     leader: LeaderSettings | None = field(default_factory=LeaderSettings)
     fleet_scheduler: bool = True
     namespace_quotas_gpus: Mapping[str, int] = field(default_factory=dict)
+    fleet_planner: PlannerSettings = field(default_factory=PlannerSettings)
 
 
 class Operator:
@@ -223,7 +229,9 @@ class Operator:
         self.policies = Informer(
             kube, PLACEMENT_POLICIES, on_event=self._on_policy, watch_timeout_s=t
         )
-        self.fleet = FleetAssignments(self.settings.namespace_quotas_gpus)
+        self.fleet = FleetAssignments(
+            self.settings.namespace_quotas_gpus, self.settings.fleet_planner
+        )
 
     # ------------------------------------------------------------------- events
 
@@ -243,7 +251,11 @@ class Operator:
         self.enqueue_all()
 
     def _on_deployment(self, _type: str, old: Json | None, new: Json | None) -> None:
-        self.queue.add(key_of(new or old or {}))
+        obj = new or old or {}
+        self.queue.add(key_of(obj))
+        parent = parent_of(obj)
+        if parent:  # an engine instance: its parent reports it (and puts back an edit)
+            self.queue.add((key_of(obj)[0], parent))
 
     def _on_owned(self, _type: str, old: Json | None, new: Json | None) -> None:
         obj = new or old or {}
@@ -307,7 +319,7 @@ class Operator:
                 policy_error = str(exc)
         elif spec is not None and spec.policy_ref is not None:
             missing = policy_name
-        nodes = tuple(self._node_view(o) for o in self.nodes.items())
+        nodes = tuple(node_view(o) for o in self.nodes.items())
         plan_objs, _ = self.kube.list(
             PARTITION_PLANS, ns, label_selector=f"{LABEL_DEPLOYMENT}={name}"
         )
@@ -324,7 +336,12 @@ class Operator:
                 keys=tuple(sorted((cm.get("data") or {}).keys())),
             )
         assigned, unschedulable = self._assignment(key, nodes)
+        planned = self.fleet.parent(key) if self.settings.fleet_scheduler else None
+        instance = self.fleet.record(key) if self.settings.fleet_scheduler else None
         return Observed(
+            planned=planned,
+            instance=instance,
+            children=self._children(key),
             assigned_nodes=assigned,
             unschedulable=unschedulable,
             deployment=d,
@@ -338,12 +355,17 @@ class Operator:
             policy_error=policy_error,
             # A plan that does not parse still holds its name: new versions go above it.
             version_floor=max(
-                [read_floor(self.kube, ns, name), *(_version(o) for o, _ in unreadable)]
+                [read_floor(self.kube, ns, name), *(held_version(o) for o, _ in unreadable)]
             ),
             unreadable_plans=tuple(
                 f"{(o.get('metadata') or {}).get('name')}: {why}" for o, why in unreadable
             ),
         )
+
+    def _children(self, key: Key) -> tuple[ChildView, ...]:
+        """The engine instances' ModelDeployments labelled as serving ``key`` (from the
+        informers' cache)."""
+        return child_views([o for inf in self.deployments for o in inf.items()], key)
 
     def _assignment(
         self, key: Key, nodes: tuple[NodeView, ...]
@@ -375,27 +397,7 @@ class Operator:
         except InputError:
             return PlacementPolicySpec()
 
-    @staticmethod
-    def _node_view(obj: Json) -> NodeView:
-        """The GPUNode; one that does not parse is kept out of placement, saying why."""
-        meta = obj.get("metadata") or {}
-        error = ""
-        try:
-            spec = from_wire(GPUNodeSpec, obj.get("spec") or {}, "spec", strict=True)
-        except InputError as exc:
-            spec, error = GPUNodeSpec(cordon=True), f"its spec does not parse: {exc}"
-        try:
-            status = from_wire(GPUNodeStatus, obj.get("status") or {}, "status")
-        except InputError as exc:
-            status, error = GPUNodeStatus(), error or f"its status does not parse: {exc}"
-        return NodeView(
-            name=str(meta.get("name")),
-            labels=dict(meta.get("labels") or {}),
-            spec=spec,
-            status=status,
-            deleting=bool(meta.get("deletionTimestamp")),
-            error=error,
-        )
+    _node_view = staticmethod(node_view)
 
     def _plan_view(self, obj: Json) -> PlanView | str:
         """The PartitionPlan, or why it does not parse (it is then left alone)."""
@@ -442,6 +444,10 @@ class Operator:
         observed = self.observe(key)
         if observed is None:
             return ()
+        if observed.planned is not None:  # runs as engine instances
+            actions = reconcile_parent(observed)
+            self.act(observed, actions)
+            return actions
         rs = self.settings.reconcile
         actions = reconcile(observed, rs)
         # At most a tier split, then a solve (and one more round if the inputs moved on
@@ -584,13 +590,3 @@ class Operator:
     def ready(self) -> bool:
         """Every informer listed at least once."""
         return all(inf.synced.is_set() for inf in self.informers)
-
-
-def _version(plan: Json) -> int:
-    """The version a PartitionPlan that does not parse holds: its ``spec.version`` when that
-    is a number, else the ``-vN`` of its name (0 when neither says)."""
-    raw = (plan.get("spec") or {}).get("version")
-    if isinstance(raw, int) and not isinstance(raw, bool):
-        return raw
-    m = re.search(r"-v(\d+)$", str((plan.get("metadata") or {}).get("name") or ""))
-    return int(m.group(1)) if m else 0

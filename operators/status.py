@@ -159,7 +159,7 @@ def _tiers_message(
     )
 
 
-def _condition(
+def condition(
     previous: Sequence[Condition],
     type_: str,
     status: str,
@@ -246,13 +246,13 @@ def deployment_status(
     )
     degraded = _degraded(inputs, current, solved, rolled, observed.unreadable_plans)
     conditions: tuple[Condition, ...] = (
-        _condition(prev, SOLVED, *solved, gen, now),
-        _condition(prev, ROLLED_OUT, *rolled, gen, now),
-        _condition(prev, DEGRADED, *degraded, gen, now),
+        condition(prev, SOLVED, *solved, gen, now),
+        condition(prev, ROLLED_OUT, *rolled, gen, now),
+        condition(prev, DEGRADED, *degraded, gen, now),
     )
     slo = _interactive_slo(observed, tiers, input_error)
     if slo is not None:
-        conditions += (_condition(prev, INTERACTIVE_SLO, *slo, gen, now),)
+        conditions += (condition(prev, INTERACTIVE_SLO, *slo, gen, now),)
     assigned = _assigned_gpus(observed)
     if current is None:
         return ModelDeploymentStatus(

@@ -12,6 +12,9 @@ MANAGED_BY = "mixfleet-operator"
 ANNOTATION_PLAN = "mixfleet.io/plan"
 ANNOTATION_PLAN_VERSION = "mixfleet.io/plan-version"
 ANNOTATION_PLAN_ID = "mixfleet.io/plan-id"
+LABEL_INSTANCE_OF = "mixfleet.io/instance-of"
+"""Label of an engine instance's ModelDeployment: the name of the ModelDeployment it serves
+(which owns it)."""
 
 
 def rfc3339(t: datetime) -> str:

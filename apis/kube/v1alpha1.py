@@ -1066,6 +1066,141 @@ class TiersStatus:
     )
 
 
+INSTANCE_ROLES = ("aggregated", "prefill", "decode")
+MAX_INSTANCES = 256
+"""Most engine instances one ModelDeployment lists in its status."""
+
+
+@dataclass(frozen=True)
+class InstanceSummary:
+    """One engine instance of a ModelDeployment planned from its traffic and SLOs: a child
+    ModelDeployment the operator owns (label ``mixfleet.io/instance-of``)."""
+
+    name: str = field(metadata=k8s("The instance's ModelDeployment.", max_length=63))
+    role: str = field(metadata=k8s("aggregated, prefill or decode.", enum=INSTANCE_ROLES))
+    pool: str = field(
+        metadata=k8s("Its pool (a prefill/decode pool's instances pair up).", max_length=253)
+    )
+    variant: str = field(
+        default="", metadata=k8s("The fleet planner's variant (make-up/role).", max_length=253)
+    )
+    nodes: tuple[str, ...] = field(
+        default=(), metadata=k8s("Its GPUNodes, rank order.", max_items=MAX_PLAN_NODES)
+    )
+    version: int | None = field(
+        default=None, metadata=k8s("Version of the instance's current plan.", minimum=1)
+    )
+    requests_per_s: float = field(
+        default=0.0,
+        metadata=k8s(
+            "Traffic the plan sends it, requests per second.",
+            json_name="requestsPerSecond",
+            minimum=0,
+        ),
+    )
+    capacity_requests_per_s: float = field(
+        default=0.0,
+        metadata=k8s(
+            "What it serves within the SLO, requests per second.",
+            json_name="capacityRequestsPerSecond",
+            minimum=0,
+        ),
+    )
+    ttft_ms: float = field(
+        default=0.0,
+        metadata=k8s(
+            "Its pool's predicted TTFT at the SLO percentile, milliseconds.",
+            json_name="ttftMs",
+            minimum=0,
+        ),
+    )
+    tpot_ms: float = field(
+        default=0.0,
+        metadata=k8s("Its pool's predicted TPOT, milliseconds.", json_name="tpotMs", minimum=0),
+    )
+    ready: bool = field(
+        default=False, metadata=k8s("Every node of the instance committed its current plan.")
+    )
+    draining: bool = field(
+        default=False,
+        metadata=k8s(
+            "The fleet plan no longer has it: it is removed once the instances that "
+            "replace it are ready."
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class InstanceRecordStatus:
+    """What an instance's ModelDeployment is, written by the operator into its own status:
+    the same record the standalone controller keeps (the controller reads it through its
+    Kubernetes store)."""
+
+    of: str = field(metadata=k8s("The ModelDeployment it serves.", max_length=63))
+    role: str = field(metadata=k8s("aggregated, prefill or decode.", enum=INSTANCE_ROLES))
+    pool: str = field(metadata=k8s("Its pool.", max_length=253))
+    variant: str = field(default="", metadata=k8s("The fleet planner's variant.", max_length=253))
+    nodes: tuple[str, ...] = field(
+        default=(), metadata=k8s("Its GPUNodes, rank order.", max_items=MAX_PLAN_NODES)
+    )
+    port: int = field(
+        default=0, metadata=k8s("Its engine's HTTP port (TCP).", minimum=0, maximum=65535)
+    )
+    bootstrap_port: int = field(
+        default=0,
+        metadata=k8s(
+            "A prefill instance's SGLang bootstrap port (TCP; 0 otherwise).",
+            minimum=0,
+            maximum=65535,
+        ),
+    )
+    requests_per_s: float = field(
+        default=0.0,
+        metadata=k8s(
+            "Traffic the plan sends it, requests per second.",
+            json_name="requestsPerS",
+            minimum=0,
+        ),
+    )
+    batch_limit: int = field(
+        default=0,
+        metadata=k8s("Most sequences it runs (prefill: prompt tokens per forward).", minimum=0),
+    )
+    capacity_requests_per_s: float = field(
+        default=0.0,
+        metadata=k8s(
+            "What it serves within the SLO, requests per second.",
+            json_name="capacityRequestsPerS",
+            minimum=0,
+        ),
+    )
+    ttft_ms: float = field(
+        default=0.0,
+        metadata=k8s(
+            "Its pool's predicted TTFT at the SLO percentile, milliseconds.",
+            json_name="ttftMs",
+            minimum=0,
+        ),
+    )
+    tpot_ms: float = field(
+        default=0.0,
+        metadata=k8s("Its pool's predicted TPOT, milliseconds.", json_name="tpotMs", minimum=0),
+    )
+    draining: bool = field(
+        default=False,
+        metadata=k8s("The fleet plan no longer has it; removed once its replacements are ready."),
+    )
+    kv_path: str = field(
+        default="",
+        metadata=k8s(
+            "Prefill/decode: its pool's KV path in the planner's words (RDMA ib0); "
+            "empty for an aggregated instance.",
+            json_name="kvPath",
+            max_length=253,
+        ),
+    )
+
+
 @dataclass(frozen=True)
 class ModelDeploymentStatus:
     """What the operator observed, rebuilt from the world on every reconcile."""
@@ -1077,7 +1212,8 @@ class ModelDeploymentStatus:
     conditions: tuple[Condition, ...] = field(
         default=(),
         metadata=k8s(
-            "Solved, RolledOut, Degraded and (with an interactive tier) InteractiveSLO.",
+            "Solved, RolledOut, Degraded, (with an interactive tier) InteractiveSLO and (a "
+            "deployment planned from its traffic and SLOs) Ready and DemandServed.",
             list_type="map",
             list_map_keys=("type",),
             max_items=16,
@@ -1146,6 +1282,38 @@ class ModelDeploymentStatus:
     controller: dict[str, Any] | None = field(
         default=None,
         metadata=k8s("The controller's own status document (rollout, rebalancing)."),
+    )
+    instances: tuple[InstanceSummary, ...] = field(
+        default=(),
+        metadata=k8s(
+            "A deployment planned from its traffic and SLOs: its engine instances, each a "
+            "ModelDeployment the operator owns.",
+            max_items=MAX_INSTANCES,
+        ),
+    )
+    instances_ready: str | None = field(
+        default=None,
+        metadata=k8s("Ready instances of all, READY/ALL (a planned deployment).", max_length=16),
+    )
+    planned_requests_per_s: float | None = field(
+        default=None,
+        metadata=k8s(
+            "Requests per second the fleet plan serves within the SLO (a planned deployment).",
+            json_name="plannedRequestsPerSecond",
+            minimum=0,
+        ),
+    )
+    demand_requests_per_s: float | None = field(
+        default=None,
+        metadata=k8s(
+            "Its stated demand, requests per second (a planned deployment).",
+            json_name="demandRequestsPerSecond",
+            minimum=0,
+        ),
+    )
+    instance: InstanceRecordStatus | None = field(
+        default=None,
+        metadata=k8s("An engine instance: which deployment it serves and as what."),
     )
 
 
@@ -1504,6 +1672,19 @@ MODEL_DEPLOYMENT = CrdDef(
             "TokensPerS", "number", ".status.predictedTokensPerSecond", "Predicted tokens/s"
         ),
         _cond("Degraded", "Serving an outdated plan or nodes are lost"),
+        PrinterColumn(
+            "Instances", "string", ".status.instancesReady", "Ready engine instances of all"
+        ),
+        PrinterColumn(
+            "PlannedRPS",
+            "number",
+            ".status.plannedRequestsPerSecond",
+            "Requests/s the fleet plan serves within the SLO",
+        ),
+        PrinterColumn(
+            "DemandRPS", "number", ".status.demandRequestsPerSecond", "Stated demand, req/s", 1
+        ),
+        PrinterColumn("InstanceOf", "string", ".status.instance.of", "Deployment it serves", 1),
         PrinterColumn(
             "USDPerMTok",
             "number",

@@ -56,7 +56,7 @@ class DeploymentsMixin(PlansMixin):
             updated_at_s=from_time(ann.get(ANNOTATION_UPDATED), created),
             deleted=bool(meta.get("deletionTimestamp")),
             committed_version=status.get("committedVersion"),
-            status=dict(status.get("controller") or {}),
+            status=controller_status(status),
             rollout_hold=rollout_hold(status),
         )
 
@@ -185,9 +185,10 @@ class DeploymentsMixin(PlansMixin):
         return bool(self._call(f"deleted deployment {deployment}", run))
 
     def set_deployment_status(self, name: str, status: Mapping[str, Any]) -> None:
+        own = {k: v for k, v in status.items() if k != INSTANCE_KEY}  # the operator's
         body = {
             "metadata": {"name": name, "namespace": self.namespace},
-            "status": {"controller": json.loads(json.dumps(dict(status)))},
+            "status": {"controller": json.loads(json.dumps(own))},
         }
 
         def run() -> None:
@@ -235,6 +236,24 @@ def unclaimed_defaults_removed(want: Json, live: Json | None, schema: Json) -> J
             continue
         else:
             out[key] = value
+    return out
+
+
+INSTANCE_KEY = "instance"
+"""The key of an engine instance's record: ``status.instance`` of its ModelDeployment, which
+the operator writes, and the same key in :attr:`StoredDeployment.status` (the standalone
+controller's ``instance_records.INSTANCE_KEY``)."""
+
+
+def controller_status(status: Json) -> dict[str, Any]:
+    """The deployment's status as the controller keeps it: its own document
+    (``status.controller``) and, on an engine instance's ModelDeployment, the operator's
+    record of the instance (``status.instance``) under :data:`INSTANCE_KEY`, so the
+    controller reads instances the same way as from its SQLite store."""
+    out = dict(status.get("controller") or {})
+    out.pop(INSTANCE_KEY, None)
+    if isinstance(status.get(INSTANCE_KEY), dict):
+        out[INSTANCE_KEY] = dict(status[INSTANCE_KEY])
     return out
 
 

@@ -1,0 +1,181 @@
+"""A ModelDeployment planned from its traffic and SLOs runs as engine instances, end to end
+against the API server (the fake one; with MIXFLEET_E2E_KUBECONFIG also a real cluster, whose
+kube-controller-manager runs the garbage collector): the operator plans it with the fleet
+planner and creates one ModelDeployment per instance (owned by the deployment, labelled
+``mixfleet.io/instance-of``), each with one PartitionPlan on its planned GPUNodes and one
+ConfigMap that launches it as its role; the deployment's status lists the instances and is
+Ready once every instance's plan is committed; a user's edit of an instance is put back;
+deleting the deployment removes its instances and what they own.
+
+Three GPUNodes of two H100s each; Qwen3-30B-A3B with prefill/decode disaggregation on, which
+the planner serves as one prefill and one decode instance of one node each.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator
+
+import pytest
+from k8s_builders import inventory, md_object, policy_object
+from k8s_cluster import RUN_LABEL, Cluster, wait_for
+from test_operator_e2e import ack, condition, plans, settings, status
+
+from apis.kube.client import CONFIGMAPS, MODEL_DEPLOYMENTS, PLACEMENT_POLICIES, Json, Kube
+from apis.kube.names import LABEL_INSTANCE_OF
+from operators.operator import Operator
+from policies.fleetplan import CurveGrid, PlannerSettings
+
+pytestmark = pytest.mark.slow
+
+#: A coarse curve grid: the plan takes well under a second.
+PLANNER = PlannerSettings(
+    grid=CurveGrid(
+        batch_per_gpu=(1, 8, 32, 128),
+        context_tokens=(1024, 8192),
+        prefill_per_gpu=(64, 1024, 8192),
+    )
+)
+
+CHAT = {
+    "model": "qwen3-30b-a3b",
+    "engine": {"name": "sglang"},
+    "engineFormat": "sglang",
+    "workload": {"phase": "decode", "contextLen": 2048, "kvCacheDtype": "fp8"},
+    "traffic": {
+        "requestsPerS": 20,
+        "inputTokens": {"mean": 1024, "p90": 1280},
+        "outputTokens": {"mean": 256, "p90": 320},
+    },
+    "slo": {"ttftMs": 2000, "tpotMs": 50, "percentile": 90},
+    "disaggregation": "on",
+}
+
+
+@pytest.fixture
+def fleet3(cluster: Cluster) -> Iterator[Kube]:
+    """Three 2-GPU H100 GPUNodes and a greedy default policy; yields the test's client."""
+    k = cluster.kube("mixfleet-test")
+    k.create(PLACEMENT_POLICIES, policy_object(cluster.name("default"), policy="greedy"))
+    for n in ("h100-0", "h100-1", "h100-2"):
+        cluster.put_gpunode(k, n, inventory(n, "h100-0"), labels={"rack": "r1"})
+    yield k
+
+
+def start(cluster: Cluster) -> Operator:
+    kube = cluster.kube("mixfleet-operator", user_agent="mixfleet-operator/op-0")
+    op = Operator(kube, dataclasses.replace(settings(cluster), fleet_planner=PLANNER))
+    op.start(wait_synced_s=10)
+    return op
+
+
+def instances(k: Kube, cluster: Cluster, parent: str) -> list[Json]:
+    items, _ = k.list(
+        MODEL_DEPLOYMENTS, cluster.namespace, label_selector=f"{LABEL_INSTANCE_OF}={parent}"
+    )
+    return sorted(items, key=lambda o: o["metadata"]["name"])
+
+
+def launch_doc(k: Kube, cluster: Cluster, name: str) -> Json | None:
+    cm = k.get(CONFIGMAPS, f"{name}-placement", cluster.namespace)
+    if cm is None or "launch.json" not in (cm.get("data") or {}):
+        return None
+    doc: Json = json.loads(cm["data"]["launch.json"])
+    return doc
+
+
+def test_a_planned_deployment_runs_as_owned_instances_with_their_own_plans_and_launches(
+    cluster: Cluster, fleet3: Kube
+) -> None:
+    k = fleet3
+    op = start(cluster)
+    try:
+        spec = {**CHAT, "nodeSelector": {RUN_LABEL: cluster.run}}
+        parent = k.create(MODEL_DEPLOYMENTS, md_object("chat", cluster.namespace, **spec))
+        uid = parent["metadata"]["uid"]
+        kids = wait_for(lambda: len(instances(k, cluster, "chat")) == 2, what="two instances")
+        kids = instances(k, cluster, "chat")
+        names = [o["metadata"]["name"] for o in kids]
+        assert names == ["chat-decode-0", "chat-prefill-0"], names
+        for o in kids:
+            (ref,) = o["metadata"]["ownerReferences"]
+            assert (ref["kind"], ref["name"], ref["uid"], ref["controller"]) == (
+                "ModelDeployment",
+                "chat",
+                uid,
+                True,
+            )
+            assert "traffic" not in o["spec"] and "slo" not in o["spec"]
+            assert o["spec"]["engineFormat"] == "sglang"
+
+        # One PartitionPlan and one ConfigMap per instance, launched as its role.
+        roles = {"chat-prefill-0": "prefill", "chat-decode-0": "decode"}
+        for name, role in roles.items():
+            wait_for(lambda n=name: len(plans(k, cluster, n)) == 1, what=f"{name}'s plan")
+            doc = wait_for(lambda n=name: launch_doc(k, cluster, n), what=f"{name}'s ConfigMap")
+            assert doc["role"] == role
+            argv = doc["nodes"][0]["argv"]
+            i = argv.index("--disaggregation-mode")
+            assert argv[i + 1] == role, argv
+            rec = wait_for(lambda n=name: status(k, cluster, n).get("instance"), what="record")
+            assert (rec["of"], rec["role"]) == ("chat", role)
+            assert rec["nodes"] == status(k, cluster, name)["nodes"]
+        prefill_nodes = status(k, cluster, "chat-prefill-0")["nodes"]
+        decode_nodes = status(k, cluster, "chat-decode-0")["nodes"]
+        assert len(prefill_nodes) == len(decode_nodes) == 1
+        assert prefill_nodes != decode_nodes  # whole GPUNodes of their own
+        assert status(k, cluster, "chat-prefill-0")["instance"]["bootstrapPort"] > 0
+        assert not plans(k, cluster, "chat")  # the parent has none of its own
+
+        st = wait_for(
+            lambda: (s := status(k, cluster, "chat")).get("instancesReady") == "0/2" and s,
+            what="the parent's status",
+        )
+        assert [i["name"] for i in st["instances"]] == ["chat-prefill-0", "chat-decode-0"]
+        assert st["instances"][0]["nodes"] == prefill_nodes
+        assert st["plannedRequestsPerSecond"] == pytest.approx(20.0)
+        assert st["instances"][0]["tpotMs"] > 0 and st["instances"][1]["ttftMs"] > 0
+        assert condition(k, cluster, "chat", "Solved")["status"] == "True"
+        assert condition(k, cluster, "chat", "DemandServed")["status"] == "True"
+        assert condition(k, cluster, "chat", "Ready")["status"] == "False"
+
+        # Every node commits each instance's plan: the deployment is Ready.
+        for name in roles:
+            (p,) = plans(k, cluster, name)
+            for node in p["spec"]["nodes"]:
+                ack(cluster, p["metadata"]["name"], node, "Committed")
+        wait_for(
+            lambda: condition(k, cluster, "chat", "Ready").get("status") == "True",
+            what="Ready",
+        )
+        assert status(k, cluster, "chat")["instancesReady"] == "2/2"
+        assert all(
+            i["version"] == 1 and i["ready"] for i in status(k, cluster, "chat")["instances"]
+        )
+
+        # A user's edit of an instance is put back: the operator is its one writer.
+        k.merge_patch(
+            MODEL_DEPLOYMENTS,
+            "chat-decode-0",
+            {"spec": {"workload": {"contextLen": 999}, "priority": 7}},
+            cluster.namespace,
+        )
+
+        def put_back() -> bool:
+            s = (k.get(MODEL_DEPLOYMENTS, "chat-decode-0", cluster.namespace) or {})["spec"]
+            return s["workload"]["contextLen"] != 999 and s.get("priority", 0) == 0
+
+        wait_for(put_back, what="the edit put back")
+
+        # Deleting the deployment removes its instances and what they own.
+        k.delete(MODEL_DEPLOYMENTS, "chat", cluster.namespace)
+        wait_for(lambda: not instances(k, cluster, "chat"), what="instances collected")
+        for name in roles:
+            wait_for(lambda n=name: not plans(k, cluster, n), what=f"{name}'s plans gone")
+            wait_for(
+                lambda n=name: k.get(CONFIGMAPS, f"{n}-placement", cluster.namespace) is None,
+                what=f"{name}'s ConfigMap gone",
+            )
+    finally:
+        op.stop()
