@@ -566,7 +566,8 @@ class Router:
     async def _models(self, request: web.Request) -> web.StreamResponse:
         assert self.session is not None
         for name in sorted(self.health.healthy):
-            inst = self.state.instances[name]
+            if (inst := self.state.instances.get(name)) is None:
+                continue  # an instance removed since its last check
             try:
                 async with self.session.get(inst.spec.url + "/v1/models") as r:
                     return web.Response(

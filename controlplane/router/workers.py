@@ -8,7 +8,9 @@ and keeps its own stride state. The stride rule gives each worker's own requests
 plan's shares to within one request per rank, so the sum over workers is within N
 requests per rank of the plan (a test holds the summed shares of two workers to the
 plan's). ``/metrics`` and ``/router/status`` answer for the worker that took the
-connection. A worker whose parent is gone stops.
+connection. Each worker reports the traffic it measured itself, as ``<reporter>/<i>`` (i = 0
+for the first process), so that the controller can add the workers' reports of a window. A
+worker whose parent is gone stops.
 """
 
 from __future__ import annotations
@@ -28,6 +30,11 @@ log = structlog.get_logger("mixfleet.router")
 
 #: Seconds between a worker's checks that its parent is still there.
 PARENT_CHECK_S = 1.0
+
+
+def as_worker(settings: RouterSettings, index: int) -> RouterSettings:
+    """The settings of worker ``index`` of several: its own traffic reporter name."""
+    return dataclasses.replace(settings, reporter=f"{settings.reporter}/{index}")
 
 
 def use_uvloop(wanted: bool | None) -> None:
@@ -100,7 +107,7 @@ def run(
     async def main() -> None:
         from controlplane.router.proxy import Router, tune_gc
 
-        first = Router(settings, _token_counter(settings))
+        first = Router(as_worker(settings, 0), _token_counter(settings))
         try:
             port = await first.start(reuse_port=True)
         except OSError as exc:
@@ -111,7 +118,7 @@ def run(
         procs = [
             ctx.Process(
                 target=_worker_main,
-                args=(same_port, log_format, log_level, uvloop is not False),
+                args=(as_worker(same_port, i), log_format, log_level, uvloop is not False),
                 name=f"mixfleet-router-worker-{i}",
                 daemon=True,
             )

@@ -307,3 +307,12 @@ def test_slot_queue_wakes_in_arrival_order_is_bounded_and_passes_an_unused_wake_
         assert q.waiting("t") == 0
 
     asyncio.run(main())
+
+
+def test_each_worker_reports_under_its_own_name() -> None:
+    from controlplane.router.settings import RouterSettings
+    from controlplane.router.workers import as_worker
+
+    base = RouterSettings(instances=(), watched=(W,), reporter="edge-1")
+    assert [as_worker(base, i).reporter for i in range(3)] == ["edge-1/0", "edge-1/1", "edge-1/2"]
+    assert as_worker(base, 1).watched == base.watched
