@@ -12,7 +12,13 @@ Estimate, then build, then solve:
    role (:mod:`policies.fleetplan.sizing`): an **aggregated** variant, a **decode** variant,
    and **prefill** variants paired with decode variants over the KV path between their
    nodes (:func:`~policies.fleetplan.pairs.kv_path`; a pair without an RDMA or NVLink
-   path is not a candidate).
+   path is not a candidate). A variant's capacity ``cap_v`` is its capacity at the SLO:
+   the rate its ``B`` slots hold while at most the SLO's miss share of requests waits for a
+   slot longer than the TTFT target leaves (Erlang C, :mod:`policies.fleetplan.queueing`),
+   times ``settings.utilisation``. Not a flat share of ``B / (OSL x step)``: few slots
+   queue sooner than many at the same utilisation, and the integer program trades
+   variants (and the router splits traffic) by these capacities, so a flat share would
+   favour small-batch variants and overload their pools first.
 2. **Integer program** (:mod:`policies.fleetplan.program`; HiGHS through
    :class:`policies.solvers.milp.Model`: one thread, fixed seed, a node limit - the same
    inputs give the same plan on a busy machine). Variables:
