@@ -1,7 +1,11 @@
 """``mixfleetctl deploy apply|get|delete``: model deployments held by the controller.
 
 ``apply -f FILE`` sends every deployment document of a YAML file (``-`` = stdin); ``get``
-lists them with their rollout phase and predicted figures, or shows one; ``delete`` removes
+lists them with their rollout phase, predicted figures, the deployment an engine instance
+serves and how many instances a deployment has; ``get NAME`` shows one, then its engine
+instances (role, pool, nodes, URL, committed version, state, planned share, batch limit,
+predicted TTFT/TPOT) and its demand, planned vs measured by the routers (requests/s, prompt
+and output lengths, observed TTFT/TPOT p99 against the plan's predictions); ``delete`` removes
 one (exit 1 when it does not exist). ``get -o yaml|json`` prints ModelDeployment documents
 (camelCase, as ``apply`` reads them, with the controller's ``status``, which ``apply``
 drops), so ``deploy get NAME -o yaml > d.yaml; deploy apply -f d.yaml`` round-trips.
@@ -143,6 +147,8 @@ def cmd_deploy_get(args: argparse.Namespace) -> int:
                 f"{st.cost_per_million_tokens_usd:.3f}" if st.cost_per_million_tokens_usd else "-",
                 len(st.nodes) or "-",
                 _assigned(st),
+                st.instance_of or "-",
+                st.instance_count or "-",
                 clip(st.message, 60),
             ]
         )
@@ -161,6 +167,8 @@ def cmd_deploy_get(args: argparse.Namespace) -> int:
                 "USD_PER_MTOK",
                 "NODES",
                 "ASSIGNED",
+                "SERVES",
+                "INSTANCES",
                 "MESSAGE",
             ],
             rows,
@@ -168,7 +176,112 @@ def cmd_deploy_get(args: argparse.Namespace) -> int:
     )
     for name, condition in conditions:  # e.g. a store row quarantined
         print(f"condition: {name}: {condition}")
+    if args.name:
+        _print_instances(ds[0].status)
+        _print_demand(ds[0].status)
     return 0
+
+
+def _ms(v: float) -> str:
+    return f"{v:.1f}" if v else "-"
+
+
+def _print_instances(st: Any) -> None:
+    """A deployment's engine instances, one row each."""
+    if not st.instances:
+        return
+    rows = [
+        [
+            i.name,
+            i.role,
+            i.pool or "-",
+            clip(",".join(i.nodes), 40) or "-",
+            i.url or "-",
+            i.version or "-",
+            "draining" if i.draining else "ready" if i.ready else "pending",
+            f"{i.requests_per_s:.3g}" if i.requests_per_s else "-",
+            i.batch_limit or "-",
+            _ms(i.ttft_ms),
+            _ms(i.tpot_ms),
+        ]
+        for i in st.instances
+    ]
+    print()
+    print(
+        table(
+            [
+                "INSTANCE",
+                "ROLE",
+                "POOL",
+                "NODES",
+                "URL",
+                "VERSION",
+                "STATE",
+                "REQ_PER_S",
+                "BATCH",
+                "TTFT_MS",
+                "TPOT_MS",
+            ],
+            rows,
+        )
+    )
+
+
+def _print_demand(st: Any) -> None:
+    """Planned vs measured demand: rates, lengths, latencies against the predictions."""
+    if not st.HasField("demand"):
+        return
+    d = st.demand
+    has_plan, has_measure = d.HasField("planned"), d.HasField("measured")
+
+    def cells(f: Any, present: bool) -> list[str]:
+        if not present:
+            return ["-"] * 5
+        return [
+            f"{f.requests_per_s:.3g}",
+            f"{f.input_tokens_mean:.0f}",
+            f"{f.input_tokens_p90:.0f}",
+            f"{f.output_tokens_mean:.0f}",
+            f"{f.output_tokens_p90:.0f}",
+        ]
+
+    measured = d.measured if has_measure else None
+    planned_from = "measured" if d.planned_from_measurement else "spec"
+    rows = [
+        [
+            f"planned ({planned_from})",
+            *cells(d.planned, has_plan),
+            _ms(d.predicted_ttft_ms),
+            _ms(d.predicted_tpot_ms),
+        ],
+        [
+            f"measured ({d.measured_seconds:.0f} s, {d.reporters} routers)"
+            if has_measure
+            else "measured",
+            *cells(d.measured, has_measure),
+            _ms(measured.ttft_ms_p99) if measured is not None else "-",
+            _ms(measured.tpot_ms_p99) if measured is not None else "-",
+        ],
+    ]
+    print()
+    print(
+        table(
+            [
+                "DEMAND",
+                "REQ_PER_S",
+                "ISL_MEAN",
+                "ISL_P90",
+                "OSL_MEAN",
+                "OSL_P90",
+                "TTFT_MS",
+                "TPOT_MS",
+            ],
+            rows,
+        )
+    )
+    print("(TTFT/TPOT: planned = the fleet plan's prediction; measured = p99 the routers saw)")
+    if d.replans:
+        print(f"re-planned for measured demand {d.replans} time(s); last: {d.last_replan_reason}")
 
 
 def cmd_deploy_delete(args: argparse.Namespace) -> int:

@@ -16,6 +16,7 @@ from apis.wire.deployment import spec_to_proto
 from apis.wire.inventory import inventory_to_proto
 from controlplane.server.controller import AssignmentEvent, NodeView
 from controlplane.store import AckState, PlanState, StoredDeployment, StoredPlan
+from controlplane.wire.instances import demand_to_proto, instance_fields
 from policies.assignment import PlanDiff, engine_document
 from policies.errors import InputError
 from policies.plan import Plan
@@ -176,6 +177,10 @@ def deployment_to_proto(d: StoredDeployment, *, latest_version: int = 0) -> plan
     sched = st.get("scheduling")
     if isinstance(sched, dict):
         status.scheduling.CopyFrom(scheduling_to_proto(sched))
+    status.instance_of, status.instance_count = instance_fields(st)
+    demand = demand_to_proto(d.spec, st)
+    if demand is not None:
+        status.demand.CopyFrom(demand)
     return plan_pb2.Deployment(
         spec=spec_to_proto(d.spec),
         status=status,

@@ -12,9 +12,9 @@ from mixfleet.v1 import engine_pb2, engine_pb2_grpc
 
 from controlplane.server.controller import Controller
 from controlplane.server.controller.demand import TrafficWindow
-from controlplane.server.controller.endpoints import InstanceSet
 from controlplane.server.services.guard import Ctx
 from controlplane.store import LoadWindow
+from controlplane.wire.instances import instances_to_proto
 from controlplane.wire.plans import routing_to_proto
 from policies.errors import InputError
 from policies.limits import MAX_VERSION, bounded_int
@@ -92,32 +92,3 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
             tpot_ms_p99=r.tpot_ms_p99,
         )
         return engine_pb2.ReportTrafficResponse(accepted=self.c.report_traffic(window))
-
-
-def instances_to_proto(s: InstanceSet, generation: int) -> engine_pb2.Instances:
-    """A deployment's instances as ``mixfleet.v1.Instances``."""
-    return engine_pb2.Instances(
-        deployment=s.deployment,
-        engine=s.engine,
-        generation=generation,
-        instances=[
-            engine_pb2.Instance(
-                name=i.name,
-                role=i.role,
-                pool=i.pool,
-                nodes=list(i.nodes),
-                url=i.url,
-                bootstrap_port=i.bootstrap_port,
-                requests_per_s=i.requests_per_s,
-                batch_limit=i.batch_limit,
-                version=i.version,
-                ready=i.ready,
-                variant=i.variant,
-                ttft_ms=i.ttft_ms,
-                tpot_ms=i.tpot_ms,
-                capacity_requests_per_s=i.capacity_requests_per_s,
-                draining=i.draining,
-            )
-            for i in s.instances
-        ],
-    )

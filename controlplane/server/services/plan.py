@@ -16,6 +16,7 @@ from controlplane.server.controller import Controller
 from controlplane.server.services.guard import Ctx
 from controlplane.server.strategies import StrategyService
 from controlplane.store import StoredDeployment
+from controlplane.wire.instances import instance_to_proto
 from controlplane.wire.plans import (
     deployment_to_proto,
     diff_to_proto,
@@ -86,7 +87,10 @@ class PlanServicer(plan_pb2_grpc.PlanServiceServicer):
     async def GetDeployment(
         self, request: plan_pb2.GetDeploymentRequest, context: Ctx
     ) -> plan_pb2.Deployment:
-        return self._deployment(self.c.get_deployment(request.name))
+        msg = self._deployment(self.c.get_deployment(request.name))
+        served = await asyncio.to_thread(self.c.instances, request.name)  # reads each instance
+        msg.status.instances.extend(instance_to_proto(i) for i in served.instances)
+        return msg
 
     async def ListDeployments(
         self, request: plan_pb2.ListDeploymentsRequest, context: Ctx

@@ -22,6 +22,7 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from mixfleet.v1 import engine_pb2 as _engine_pb2
 from mixfleet.v1 import inventory_pb2 as _inventory_pb2
 import builtins as _builtins
 import sys
@@ -610,6 +611,10 @@ class DeploymentStatus(_message.Message):
     ASSIGNED_NODES_FIELD_NUMBER: _builtins.int
     ASSIGNED_GPUS_FIELD_NUMBER: _builtins.int
     SCHEDULING_FIELD_NUMBER: _builtins.int
+    INSTANCE_OF_FIELD_NUMBER: _builtins.int
+    INSTANCE_COUNT_FIELD_NUMBER: _builtins.int
+    INSTANCES_FIELD_NUMBER: _builtins.int
+    DEMAND_FIELD_NUMBER: _builtins.int
     phase: Global___DeploymentPhase.ValueType
     message: _builtins.str
     """why (infeasibility reasons, last abort reason ...)"""
@@ -627,6 +632,12 @@ class DeploymentStatus(_message.Message):
     cost_per_million_tokens_usd: _builtins.float
     """committed plan's GPUs at gpu_hour_prices / its predicted tokens; 0 = unknown"""
     assigned_gpus: _builtins.int
+    instance_of: _builtins.str
+    """An engine instance the controller runs for a deployment planned for traffic and SLOs:
+    the deployment it serves ("" for any other deployment).
+    """
+    instance_count: _builtins.int
+    """A deployment served by engine instances: how many (live and draining)."""
     @_builtins.property
     def nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """nodes of the committed plan"""
@@ -645,6 +656,18 @@ class DeploymentStatus(_message.Message):
     def scheduling(self) -> Global___SchedulingStatus:
         """unset = not scheduled yet (or the scheduler is off)"""
 
+    @_builtins.property
+    def instances(self) -> _containers.RepeatedCompositeFieldContainer[_engine_pb2.Instance]:
+        """GetDeployment of a deployment served by engine instances (or as one engine): its
+        instances as EngineService.WatchInstances lists them. Empty in ListDeployments.
+        """
+
+    @_builtins.property
+    def demand(self) -> Global___DemandStatus:
+        """The demand it is planned for and what routers measured (EngineService.ReportTraffic);
+        unset when it has neither.
+        """
+
     def __init__(
         self,
         *,
@@ -662,14 +685,128 @@ class DeploymentStatus(_message.Message):
         assigned_nodes: _abc.Iterable[_builtins.str] | None = ...,
         assigned_gpus: _builtins.int = ...,
         scheduling: Global___SchedulingStatus | None = ...,
+        instance_of: _builtins.str = ...,
+        instance_count: _builtins.int = ...,
+        instances: _abc.Iterable[_engine_pb2.Instance] | None = ...,
+        demand: Global___DemandStatus | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["scheduling", b"scheduling"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["demand", b"demand", "scheduling", b"scheduling"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assigned_gpus", b"assigned_gpus", "assigned_nodes", b"assigned_nodes", "committed_plan_id", b"committed_plan_id", "committed_version", b"committed_version", "conditions", b"conditions", "cost_per_million_tokens_usd", b"cost_per_million_tokens_usd", "imbalance", b"imbalance", "latest_version", b"latest_version", "message", b"message", "nodes", b"nodes", "observed_imbalance", b"observed_imbalance", "phase", b"phase", "scheduling", b"scheduling", "step_time_us", b"step_time_us"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assigned_gpus", b"assigned_gpus", "assigned_nodes", b"assigned_nodes", "committed_plan_id", b"committed_plan_id", "committed_version", b"committed_version", "conditions", b"conditions", "cost_per_million_tokens_usd", b"cost_per_million_tokens_usd", "demand", b"demand", "imbalance", b"imbalance", "instance_count", b"instance_count", "instance_of", b"instance_of", "instances", b"instances", "latest_version", b"latest_version", "message", b"message", "nodes", b"nodes", "observed_imbalance", b"observed_imbalance", "phase", b"phase", "scheduling", b"scheduling", "step_time_us", b"step_time_us"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DeploymentStatus: _TypeAlias = DeploymentStatus  # noqa: Y015
+
+@_typing.final
+class DemandStatus(_message.Message):
+    """A deployment's demand: what its fleet plan is made for, and what routers measured."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PLANNED_FIELD_NUMBER: _builtins.int
+    PLANNED_FROM_MEASUREMENT_FIELD_NUMBER: _builtins.int
+    MEASURED_FIELD_NUMBER: _builtins.int
+    MEASURED_END_UNIX_S_FIELD_NUMBER: _builtins.int
+    MEASURED_SECONDS_FIELD_NUMBER: _builtins.int
+    REPORTERS_FIELD_NUMBER: _builtins.int
+    PREDICTED_TTFT_MS_FIELD_NUMBER: _builtins.int
+    PREDICTED_TPOT_MS_FIELD_NUMBER: _builtins.int
+    LAST_REPLAN_UNIX_S_FIELD_NUMBER: _builtins.int
+    LAST_REPLAN_REASON_FIELD_NUMBER: _builtins.int
+    REPLANS_FIELD_NUMBER: _builtins.int
+    planned_from_measurement: _builtins.bool
+    measured_end_unix_s: _builtins.float
+    measured_seconds: _builtins.float
+    reporters: _builtins.int
+    """routers whose windows the measurement sums"""
+    predicted_ttft_ms: _builtins.float
+    """the fleet plan's predicted TTFT at the SLO percentile, ms"""
+    predicted_tpot_ms: _builtins.float
+    """the fleet plan's predicted TPOT, ms"""
+    last_replan_unix_s: _builtins.float
+    """0 = the measured demand never re-planned it"""
+    last_replan_reason: _builtins.str
+    replans: _builtins.int
+    @_builtins.property
+    def planned(self) -> Global___DemandFigures:
+        """What it is planned for now: its spec's traffic, or the measured traffic after a
+        sustained drift (planned_from_measurement). The latencies are unset here.
+        """
+
+    @_builtins.property
+    def measured(self) -> Global___DemandFigures:
+        """the latest measurement over measured_seconds; unset = none"""
+
+    def __init__(
+        self,
+        *,
+        planned: Global___DemandFigures | None = ...,
+        planned_from_measurement: _builtins.bool = ...,
+        measured: Global___DemandFigures | None = ...,
+        measured_end_unix_s: _builtins.float = ...,
+        measured_seconds: _builtins.float = ...,
+        reporters: _builtins.int = ...,
+        predicted_ttft_ms: _builtins.float = ...,
+        predicted_tpot_ms: _builtins.float = ...,
+        last_replan_unix_s: _builtins.float = ...,
+        last_replan_reason: _builtins.str = ...,
+        replans: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["measured", b"measured", "planned", b"planned"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["last_replan_reason", b"last_replan_reason", "last_replan_unix_s", b"last_replan_unix_s", "measured", b"measured", "measured_end_unix_s", b"measured_end_unix_s", "measured_seconds", b"measured_seconds", "planned", b"planned", "planned_from_measurement", b"planned_from_measurement", "predicted_tpot_ms", b"predicted_tpot_ms", "predicted_ttft_ms", b"predicted_ttft_ms", "replans", b"replans", "reporters", b"reporters"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DemandStatus: _TypeAlias = DemandStatus  # noqa: Y015
+
+@_typing.final
+class DemandFigures(_message.Message):
+    """Traffic figures: requests/s, prompt (input) and output lengths in tokens, and observed
+    latencies in ms.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUESTS_PER_S_FIELD_NUMBER: _builtins.int
+    INPUT_TOKENS_MEAN_FIELD_NUMBER: _builtins.int
+    INPUT_TOKENS_P90_FIELD_NUMBER: _builtins.int
+    OUTPUT_TOKENS_MEAN_FIELD_NUMBER: _builtins.int
+    OUTPUT_TOKENS_P90_FIELD_NUMBER: _builtins.int
+    TTFT_MS_P50_FIELD_NUMBER: _builtins.int
+    TTFT_MS_P99_FIELD_NUMBER: _builtins.int
+    TPOT_MS_P50_FIELD_NUMBER: _builtins.int
+    TPOT_MS_P99_FIELD_NUMBER: _builtins.int
+    requests_per_s: _builtins.float
+    input_tokens_mean: _builtins.float
+    input_tokens_p90: _builtins.float
+    output_tokens_mean: _builtins.float
+    output_tokens_p90: _builtins.float
+    ttft_ms_p50: _builtins.float
+    ttft_ms_p99: _builtins.float
+    tpot_ms_p50: _builtins.float
+    tpot_ms_p99: _builtins.float
+    def __init__(
+        self,
+        *,
+        requests_per_s: _builtins.float = ...,
+        input_tokens_mean: _builtins.float = ...,
+        input_tokens_p90: _builtins.float = ...,
+        output_tokens_mean: _builtins.float = ...,
+        output_tokens_p90: _builtins.float = ...,
+        ttft_ms_p50: _builtins.float = ...,
+        ttft_ms_p99: _builtins.float = ...,
+        tpot_ms_p50: _builtins.float = ...,
+        tpot_ms_p99: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["input_tokens_mean", b"input_tokens_mean", "input_tokens_p90", b"input_tokens_p90", "output_tokens_mean", b"output_tokens_mean", "output_tokens_p90", b"output_tokens_p90", "requests_per_s", b"requests_per_s", "tpot_ms_p50", b"tpot_ms_p50", "tpot_ms_p99", b"tpot_ms_p99", "ttft_ms_p50", b"ttft_ms_p50", "ttft_ms_p99", b"ttft_ms_p99"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DemandFigures: _TypeAlias = DemandFigures  # noqa: Y015
 
 @_typing.final
 class SchedulingStatus(_message.Message):
