@@ -9,7 +9,8 @@ WatchInstances``), turned into the router's instances. Pure: no I/O, no clock.
   order), its protocol ``Instances.engine`` (``sglang`` | ``vllm``), its ranks and weights
   those of its first decode instance (one pool's decode instances are one planned make-up).
   A TensorRT-LLM pool is served by TensorRT-LLM's own disaggregated server: it is skipped
-  (with a note for the log), as is a pool of another engine or one without a decode side.
+  (with a note for the log), as is a pool of another engine or one without a prefill or a
+  decode instance that has a URL (an instance not placed yet has none).
 * Share of the tier: an instance's ``requests_per_s`` (a pair's: the sum over its decode
   instances that take traffic); when every instance of the deployment has 0, each gets
   its number of DP ranks (:attr:`InstanceSpec.share` None).
@@ -133,16 +134,15 @@ def _pair(
         return f"{where}: a TensorRT-LLM pool is served by its own disaggregated server"
     if engine not in PD_PROTOCOLS:
         return f"{where}: engine {engine!r} has no prefill/decode protocol here (sglang, vllm)"
-    bad = [m.name for m in members if not _url_ok(m.url)]
-    if bad:
-        return f"{where}: instance {bad[0]!r} has no http(s)://HOST:PORT url"
+    members = [m for m in members if _url_ok(m.url)]  # one not placed yet has no url
     sides = {
         role: sorted((m for m in members if m.role == role), key=lambda m: m.name)
         for role in ("prefill", "decode")
     }
     live = {role: [m for m in ms if _takes_traffic(m)] for role, ms in sides.items()}
     if not sides["prefill"] or not sides["decode"]:
-        return f"{where}: it lists no {'prefill' if not sides['prefill'] else 'decode'} instance"
+        side = "prefill" if not sides["prefill"] else "decode"
+        return f"{where}: it lists no {side} instance with an http(s)://HOST:PORT url"
     routable = bool(live["prefill"]) and bool(live["decode"])
     prefill = live["prefill"] or sides["prefill"]
     decode = live["decode"] or sides["decode"]

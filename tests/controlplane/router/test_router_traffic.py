@@ -181,6 +181,7 @@ def test_instance_set_rules() -> None:
             inst("d1", "decode", "p", rps=3.0, batch_limit=4),
             inst("d22", "decode", "p", rps=5.0, batch_limit=6),
             inst("d333", "decode", "p", rps=7.0, batch_limit=9, draining=True),
+            engine_pb2.Instance(name="d4444", role="decode", pool="p"),  # not placed: no url
             inst("x", "prefill", "only-prefill"),
             inst("y", "encode", "z"),
         ],
