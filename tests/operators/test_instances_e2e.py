@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Iterator
+from functools import partial
 
 import pytest
 from k8s_builders import inventory, md_object, policy_object
@@ -77,6 +78,19 @@ def instances(k: Kube, cluster: Cluster, parent: str) -> list[Json]:
     return sorted(items, key=lambda o: o["metadata"]["name"])
 
 
+def plan_count(k: Kube, cluster: Cluster, name: str, count: int) -> bool:
+    return len(plans(k, cluster, name)) == count
+
+
+def record(k: Kube, cluster: Cluster, name: str) -> Json | None:
+    rec: Json | None = status(k, cluster, name).get("instance")
+    return rec
+
+
+def no_config_map(k: Kube, cluster: Cluster, name: str) -> bool:
+    return k.get(CONFIGMAPS, f"{name}-placement", cluster.namespace) is None
+
+
 def launch_doc(k: Kube, cluster: Cluster, name: str) -> Json | None:
     cm = k.get(CONFIGMAPS, f"{name}-placement", cluster.namespace)
     if cm is None or "launch.json" not in (cm.get("data") or {}):
@@ -112,13 +126,13 @@ def test_a_planned_deployment_runs_as_owned_instances_with_their_own_plans_and_l
         # One PartitionPlan and one ConfigMap per instance, launched as its role.
         roles = {"chat-prefill-0": "prefill", "chat-decode-0": "decode"}
         for name, role in roles.items():
-            wait_for(lambda n=name: len(plans(k, cluster, n)) == 1, what=f"{name}'s plan")
-            doc = wait_for(lambda n=name: launch_doc(k, cluster, n), what=f"{name}'s ConfigMap")
+            wait_for(partial(plan_count, k, cluster, name, 1), what=f"{name}'s plan")
+            doc = wait_for(partial(launch_doc, k, cluster, name), what=f"{name}'s ConfigMap")
             assert doc["role"] == role
             argv = doc["nodes"][0]["argv"]
             i = argv.index("--disaggregation-mode")
             assert argv[i + 1] == role, argv
-            rec = wait_for(lambda n=name: status(k, cluster, n).get("instance"), what="record")
+            rec = wait_for(partial(record, k, cluster, name), what=f"{name}'s record")
             assert (rec["of"], rec["role"]) == ("chat", role)
             assert rec["nodes"] == status(k, cluster, name)["nodes"]
         prefill_nodes = status(k, cluster, "chat-prefill-0")["nodes"]
@@ -164,7 +178,7 @@ def test_a_planned_deployment_runs_as_owned_instances_with_their_own_plans_and_l
 
         def put_back() -> bool:
             s = (k.get(MODEL_DEPLOYMENTS, "chat-decode-0", cluster.namespace) or {})["spec"]
-            return s["workload"]["contextLen"] != 999 and s.get("priority", 0) == 0
+            return bool(s["workload"]["contextLen"] != 999 and s.get("priority", 0) == 0)
 
         wait_for(put_back, what="the edit put back")
 
@@ -172,10 +186,7 @@ def test_a_planned_deployment_runs_as_owned_instances_with_their_own_plans_and_l
         k.delete(MODEL_DEPLOYMENTS, "chat", cluster.namespace)
         wait_for(lambda: not instances(k, cluster, "chat"), what="instances collected")
         for name in roles:
-            wait_for(lambda n=name: not plans(k, cluster, n), what=f"{name}'s plans gone")
-            wait_for(
-                lambda n=name: k.get(CONFIGMAPS, f"{n}-placement", cluster.namespace) is None,
-                what=f"{name}'s ConfigMap gone",
-            )
+            wait_for(partial(plan_count, k, cluster, name, 0), what=f"{name}'s plans gone")
+            wait_for(partial(no_config_map, k, cluster, name), what=f"{name}'s ConfigMap gone")
     finally:
         op.stop()
