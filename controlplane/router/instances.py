@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from urllib.parse import urlsplit
 
 from mixfleet.v1 import engine_pb2
 
@@ -35,6 +34,7 @@ from controlplane.router.settings import (
     PD_PROTOCOLS,
     InstanceSpec,
     Watched,
+    is_http_url,
 )
 
 
@@ -71,15 +71,6 @@ def _takes_traffic(i: engine_pb2.Instance) -> bool:
     return i.ready and not i.draining
 
 
-def _url_ok(url: str) -> bool:
-    try:
-        parts = urlsplit(url)
-        port_ok = parts.port is None or parts.port > 0
-    except ValueError:
-        return False
-    return parts.scheme in ("http", "https") and bool(parts.hostname) and port_ok
-
-
 def instance_set(message: engine_pb2.Instances, watched: Watched) -> InstanceSet:
     """The router instances of ``message`` (rules in the module docstring)."""
     engine = message.engine if message.engine in ENGINES else ""
@@ -91,7 +82,7 @@ def instance_set(message: engine_pb2.Instances, watched: Watched) -> InstanceSet
             pools.setdefault(i.pool, []).append(i)
         elif i.role != "aggregated":
             skipped.append(f"instance {i.name!r}: role {i.role!r} is unknown")
-        elif not _url_ok(i.url):
+        elif not is_http_url(i.url):
             skipped.append(f"instance {i.name!r}: url {i.url!r} is not http(s)://HOST:PORT")
         else:
             spec = InstanceSpec(
@@ -134,7 +125,7 @@ def _pair(
         return f"{where}: a TensorRT-LLM pool is served by its own disaggregated server"
     if engine not in PD_PROTOCOLS:
         return f"{where}: engine {engine!r} has no prefill/decode protocol here (sglang, vllm)"
-    members = [m for m in members if _url_ok(m.url)]  # one not placed yet has no url
+    members = [m for m in members if is_http_url(m.url)]  # one not placed yet has no url
     sides = {
         role: sorted((m for m in members if m.role == role), key=lambda m: m.name)
         for role in ("prefill", "decode")

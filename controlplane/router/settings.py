@@ -316,18 +316,23 @@ def parse_deployment(text: str, default_tier: str) -> Watched:
     return Watched(name, tier)
 
 
-def _http_url(url: str, key: str) -> SplitResult:
-    parts = urlsplit(url)
+def is_http_url(url: str) -> bool:
+    """Whether ``url`` is ``http(s)://HOST[:PORT]`` with a port in 1..65535 when given."""
     try:
+        parts = urlsplit(url)
         port_ok = parts.port is None or parts.port > 0
-    except ValueError:
-        port_ok = False
-    if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
+    except ValueError:  # an unclosed IPv6 bracket, a port that is not a number
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname) and port_ok
+
+
+def _http_url(url: str, key: str) -> SplitResult:
+    if not is_http_url(url):
         raise InputError(
             f"{key} {url!r} is not http(s)://HOST:PORT. To fix: give {key}=http://HOST:PORT",
             field="--instance",
         )
-    return parts
+    return urlsplit(url)
 
 
 def _pair(fields: Mapping[str, str]) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
