@@ -18,10 +18,12 @@ arrivals; the demand is far above what any fleet serves, so the fleet is the lim
   factors), or the aggregated workers when they give more (aiconfigurator picks the
   better of the two).
 
-Every plan is run through :func:`policies.serving.simulate.simulate` (4,000 requests, 400
-of them warm-up, seed 1). **Goodput** is the same yardstick for all: the largest arrival
-rate (bisection, 8 steps) at which at least 90% of the requests meet both SLOs, and the
-rate of requests within the SLOs there. The planner's own prediction is checked against the
+Every plan is run through :func:`policies.serving.simulate.simulate` (seed 1) to steady
+state: a warm-up and a measured window of three request lifetimes each (at least 400 and
+3,600 requests; :func:`bench.goodput_setup.sim_options`). **Goodput** is the same
+yardstick for all: the largest arrival rate (bracketed between powers of two, then
+bisected 8 times) at which at least 90% of the requests meet both SLOs, and the rate of
+requests within the SLOs there. The planner's own prediction is checked against the
 simulation at the load it plans (``predicted`` vs ``simulated``). **USD per million
 tokens at equal goodput**: the planner asked for (b)'s goodput, priced at the GPUs it takes,
 against (b)'s GPUs.

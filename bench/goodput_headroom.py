@@ -28,6 +28,7 @@ from typing import Any
 
 from bench.common import command_line, log, run_main, write_results
 from bench.goodput_setup import (
+    FLEETS,
     HUGE_DEMAND_RPS,
     LENGTHS,
     MODELS,
@@ -152,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     names = list(SCENARIOS) if args.scenario == "all" else args.scenario.split(",")
     for n in names:
         model, fleet, lengths = _split(n) if n.count("-") >= 3 else ("", "", "")
-        if model not in MODELS or lengths not in LENGTHS or not fleet:
+        if model not in MODELS or lengths not in LENGTHS or fleet not in FLEETS:
             raise InputError(f"unknown scenario {n!r}", field="--scenario")
     results: dict[str, Any] = {}
     for n in names:

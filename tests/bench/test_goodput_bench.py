@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench import goodput, goodput_setup  # noqa: E402
+from bench import goodput, goodput_headroom, goodput_setup  # noqa: E402
 from policies.serving.curves import StepCurve  # noqa: E402
 from policies.serving.plan import InstanceGroup, Pool, ServingPlan  # noqa: E402
 from policies.serving.traffic import Traffic  # noqa: E402
@@ -84,3 +84,9 @@ def test_yardstick_does_not_depend_on_the_guess() -> None:
     assert 30.0 < rate < 80.0  # near the instance's rate at its batch limit
     assert goodput_setup.attained(plan, tr, rate)[0]
     assert not goodput_setup.attained(plan, tr, rate * 1.2)[0]
+
+
+def test_headroom_unknown_scenario_is_one_error_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert goodput_headroom.main(["--scenario", "dsv3-nowhere-1024-1024"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and "unknown scenario" in err and err.count("\n") == 1

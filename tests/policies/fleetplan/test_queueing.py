@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from policies.fleetplan.queueing import erlang_c, slo_rate, wait_tail
+from policies.fleetplan.queueing import EXACT_UP_TO, erlang_c, slo_rate, wait_tail
 from policies.fleetplan.sizing import size_aggregated
 from policies.serving.curves import StepCurve
 from policies.serving.plan import InstanceGroup, Pool, ServingPlan
@@ -32,6 +32,11 @@ def test_erlang_c_closed_forms_and_recursion() -> None:
     for c, a in ((8, 6.5), (50, 45.0), (700, 690.0), (3000, 2950.0), (3000, 1200.0)):
         assert erlang_c(c, a) == pytest.approx(_recursion(c, a), rel=1e-9)
     assert erlang_c(10, 0.0) == 0.0 and erlang_c(10, 10.0) == 1.0
+    # Above EXACT_UP_TO slots, the Halfin-Whitt limit: close to the recursion near full load.
+    c = 2 * EXACT_UP_TO
+    for rho in (0.99, 0.995, 0.999):
+        assert erlang_c(c, rho * c) == pytest.approx(_recursion(c, rho * c), rel=0.01)
+    assert erlang_c(c, 0.97 * c) == pytest.approx(_recursion(c, 0.97 * c), rel=0.1)
 
 
 def test_slo_rate_is_the_largest_rate_within_the_tail() -> None:
