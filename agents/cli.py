@@ -45,8 +45,8 @@ from apis.cliargs import (
 )
 from apis.documents import read_limited
 from policies.errors import InputError, MixfleetError
-from policies.inventory import NodeInventory, check_host_address
-from policies.limits import decode_utf8
+from policies.inventory import NodeInventory
+from policies.limits import check_host_address, decode_utf8
 
 EXIT_OK = 0
 EXIT_REFUSED = 1

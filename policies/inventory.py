@@ -11,8 +11,6 @@ datasheets), Gb/s for NIC ports, MHz for clocks, W for power.
 
 from __future__ import annotations
 
-import ipaddress
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -25,6 +23,7 @@ from policies.limits import (
     MAX_GPUS_PER_NODE,
     NIC_GBITS_RANGE,
     check_figure,
+    check_host_address,
     check_node_name,
     check_reported_gpu,
     key_path,
@@ -208,11 +207,6 @@ class NodeInventory:
     discovered_by: tuple[str, ...] = ()
     address: str = ""
 
-    @property
-    def host(self) -> str:
-        """Where the node's engines serve: :attr:`address`, or the node name without one."""
-        return self.address or self.node
-
     def healthy_gpus(self) -> tuple[GpuInventory, ...]:
         return tuple(g for g in self.gpus if g.health.healthy)
 
@@ -355,36 +349,6 @@ def check_inventory(inv: NodeInventory) -> None:
     for k, nic in enumerate(inv.nics):
         rate_path = f"inventory.nics[{k}].rate_per_direction_gbits_per_s"
         check_figure(nic.rate_per_direction_gbits_per_s, *NIC_GBITS_RANGE, rate_path)
-
-
-_HOST_LABEL = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
-MAX_HOST_CHARS = 253
-"""Longest host name, characters (RFC 1123)."""
-
-
-def check_host_address(address: str, path: str) -> None:
-    """Refuse what is neither an IP literal (IPv4, or IPv6 without brackets) nor a host name
-    (RFC 1123: dot-separated labels of letters, digits and '-', each 1-63 characters, not
-    starting or ending with '-'; at most 253 characters).
-
-    Raises:
-        InputError: naming ``path`` and the rule.
-    """
-    try:
-        ipaddress.ip_address(address)
-        return
-    except ValueError:
-        pass
-    labels = address.split(".")
-    if len(address) <= MAX_HOST_CHARS and all(_HOST_LABEL.match(label) for label in labels):
-        return
-    shown = address if len(address) <= 40 else address[:40] + "..."
-    raise InputError(
-        f"{shown!r} is neither an IP address nor a host name. To fix: give an IPv4 or IPv6 "
-        "address (no brackets, no port) or a host name of letters, digits, '-' and '.' "
-        f"(labels of at most 63 characters, at most {MAX_HOST_CHARS} in all)",
-        field=path,
-    )
 
 
 # --------------------------------------------------------------------------- JSON codec

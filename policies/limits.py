@@ -20,6 +20,7 @@ The values (and why) are listed in docs/security.md.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -258,6 +259,36 @@ def check_node_name(name: str, path: str) -> None:
             "(at most 253 characters, starting and ending with a letter or digit)",
             field=path,
         )
+
+
+_HOST_LABEL = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
+MAX_HOST_CHARS = 253
+"""Longest host name, characters (RFC 1123)."""
+
+
+def check_host_address(address: str, path: str) -> None:
+    """Refuse what is neither an IP literal (IPv4, or IPv6 without brackets) nor a host name
+    (RFC 1123: dot-separated labels of letters, digits and '-', each 1-63 characters, not
+    starting or ending with '-'; at most 253 characters).
+
+    Raises:
+        InputError: naming ``path`` and the rule.
+    """
+    try:
+        ipaddress.ip_address(address)
+        return
+    except ValueError:
+        pass
+    labels = address.split(".")
+    if len(address) <= MAX_HOST_CHARS and all(_HOST_LABEL.match(label) for label in labels):
+        return
+    shown = address if len(address) <= 40 else address[:40] + "..."
+    raise InputError(
+        f"{shown!r} is neither an IP address nor a host name. To fix: give an IPv4 or IPv6 "
+        "address (no brackets, no port) or a host name of letters, digits, '-' and '.' "
+        f"(labels of at most 63 characters, at most {MAX_HOST_CHARS} in all)",
+        field=path,
+    )
 
 
 _PLAIN_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")

@@ -12,11 +12,15 @@ import argparse
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from apis.cliargs import non_negative_float, non_negative_int, positive_float, positive_int
 from controlplane.cli.ha import add_ha_arguments
 from controlplane.cli.output import Groups, add_group, add_leaf
 from policies.errors import InputError
+
+if TYPE_CHECKING:
+    from controlplane.server.controller.measured import DemandSettings
 
 
 def cmd_controller_run(args: argparse.Namespace) -> int:
@@ -36,7 +40,6 @@ async def _run_controller(args: argparse.Namespace) -> int:
     from controlplane.cli.ha import HighAvailability
     from controlplane.server.auth import DEV_MODE_WARNING
     from controlplane.server.controller import Controller, ControllerSettings
-    from controlplane.server.controller.demand import DemandSettings
     from controlplane.server.services import (
         ServerOptions,
         TlsFiles,
@@ -52,21 +55,11 @@ async def _run_controller(args: argparse.Namespace) -> int:
         if not all(given):
             raise InputError("give all three of --tls-cert, --tls-key and --tls-ca", field="--tls")
         tls = TlsFiles(Path(args.tls_cert), Path(args.tls_key), Path(args.tls_ca))
-    demand = DemandSettings(
-        drift_threshold=args.drift_threshold,
-        sustain_s=args.drift_sustain,
-        min_interval_s=args.replan_min_interval,
-    )
-    try:
-        demand.check()
-    except InputError as exc:
-        flag = {"sustain_s": "--drift-sustain"}.get(exc.field or "", f"--{exc.field}")
-        raise InputError(str(exc).split(": ", 1)[-1], field=flag) from exc
     settings = ControllerSettings(
         heartbeat_interval_s=args.heartbeat_interval,
         node_lost_after_s=args.node_lost_after,
         contingency_max_nodes=args.contingency_max_nodes,
-        demand=demand,
+        demand=_demand_settings(args),
     )
     options = ServerOptions(
         tls=tls,
@@ -117,6 +110,54 @@ async def _run_controller(args: argparse.Namespace) -> int:
     await ha.close()  # after the last write: releases the lease
     store.close()
     return status
+
+
+def _demand_settings(args: argparse.Namespace) -> DemandSettings:
+    """When measured demand re-plans (``--drift-*``, ``--replan-min-interval``), checked.
+
+    Raises:
+        InputError: naming the flag.
+    """
+    from controlplane.server.controller.measured import DemandSettings
+
+    demand = DemandSettings(
+        drift_threshold=args.drift_threshold,
+        sustain_s=args.drift_sustain,
+        min_interval_s=args.replan_min_interval,
+    )
+    try:
+        demand.check()
+    except InputError as exc:
+        flag = {"sustain_s": "--drift-sustain"}.get(exc.field or "", f"--{exc.field}")
+        raise InputError(str(exc).split(": ", 1)[-1], field=flag) from exc
+    return demand
+
+
+def _add_demand_arguments(p: argparse.ArgumentParser) -> None:
+    """``controller run``'s re-planning on measured demand."""
+    p.add_argument(
+        "--drift-threshold",
+        type=positive_float,
+        default=0.25,
+        metavar="F",
+        help="re-plan a deployment planned for traffic and SLOs when the request rate routers "
+        "measure leaves [planned/(1+F), planned*(1+F)] (default %(default)s)",
+    )
+    p.add_argument(
+        "--drift-sustain",
+        type=positive_float,
+        default=60.0,
+        metavar="S",
+        help="... continuously for this long, with data all along, s (default %(default)s)",
+    )
+    p.add_argument(
+        "--replan-min-interval",
+        type=non_negative_float,
+        default=300.0,
+        metavar="S",
+        help="shortest time between two re-plans of one deployment for its measured demand, s "
+        "(default %(default)s)",
+    )
 
 
 def _add_store_arguments(p: argparse.ArgumentParser) -> None:
@@ -196,29 +237,7 @@ def register(groups: Groups) -> None:
         help="keep a plan per single-node loss, solved in the background, for deployments on 2 "
         "to N nodes, so a node loss commits at once (0 = off; default %(default)s)",
     )
-    p.add_argument(
-        "--drift-threshold",
-        type=positive_float,
-        default=0.25,
-        metavar="F",
-        help="re-plan a deployment planned for traffic and SLOs when the request rate routers "
-        "measure leaves [planned/(1+F), planned*(1+F)] (default %(default)s)",
-    )
-    p.add_argument(
-        "--drift-sustain",
-        type=positive_float,
-        default=60.0,
-        metavar="S",
-        help="... continuously for this long, with data all along, s (default %(default)s)",
-    )
-    p.add_argument(
-        "--replan-min-interval",
-        type=non_negative_float,
-        default=300.0,
-        metavar="S",
-        help="shortest time between two re-plans of one deployment for its measured demand, s "
-        "(default %(default)s)",
-    )
+    _add_demand_arguments(p)
     p.add_argument(
         "--max-message-mib",
         type=positive_int,

@@ -13,10 +13,11 @@ from typing import Any
 
 from mixfleet.v1 import engine_pb2, plan_pb2
 
-from controlplane.server.controller.demand import DemandStatus, MeasuredDemand
+from controlplane.server.controller.demand import DemandStatus
 from controlplane.server.controller.endpoints import InstanceEndpoint, InstanceSet
 from controlplane.server.controller.instance_records import INSTANCES_KEY, InstanceRecord
 from controlplane.server.controller.instances import FLEET_PLAN_KEY
+from controlplane.server.controller.measured import MeasuredDemand
 from policies.spec import DeploymentSpec
 
 

@@ -14,15 +14,17 @@ import pytest
 
 from controlplane.server.controller.demand import (
     DEMAND_KEY,
-    DemandSettings,
     DemandStatus,
     DriftTracker,
+    traffic_for,
+)
+from controlplane.server.controller.measured import (
+    DemandSettings,
     MeasuredDemand,
     TrafficWindow,
     check_window,
     measure,
     measured_traffic,
-    traffic_for,
 )
 from policies.errors import InputError
 from policies.serving.traffic import LengthDist, Slo, Traffic

@@ -15,12 +15,12 @@ import pytest
 from agent_fakes import controller_in_thread, small_inventories
 
 from controlplane.cli import build_parser as parser
-from controlplane.server.controller.demand import TrafficWindow
 from controlplane.server.controller.instance_records import (
     INSTANCE_KEY,
     INSTANCES_KEY,
     InstanceRecord,
 )
+from controlplane.server.controller.measured import TrafficWindow
 from controlplane.server.inprocess import RunningController
 from policies.engines import EngineSpec
 from policies.serving.traffic import LengthDist, Slo, Traffic
@@ -56,7 +56,7 @@ async def _setup(ctl: RunningController) -> None:
     for k in range(6):  # 60 s at twice the plan, from two routers
         for router in ("r0", "r1"):
             start = end - 60.0 + 10.0 * k
-            c.report_traffic(
+            c.demands.report(
                 TrafficWindow(
                     "p", router, start, start + 10.0, 100, 2000, 3000, 400, 600, 300, 900, 20, 45
                 )

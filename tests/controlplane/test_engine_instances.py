@@ -29,7 +29,7 @@ from controlplane.server.controller.instance_records import (
 from controlplane.server.inprocess import start_controller
 from policies.engines import EngineSpec
 from policies.errors import InputError
-from policies.inventory import check_host_address
+from policies.limits import check_host_address
 from policies.serving.traffic import LengthDist, Slo, Traffic
 from policies.spec import DeploymentSpec, WorkloadSpec
 

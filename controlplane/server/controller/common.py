@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from controlplane.server import reconcile as rc
-from controlplane.server.controller.demand import DemandSettings
+from controlplane.server.controller.measured import DemandSettings
 from controlplane.server.metrics import Metrics
 from controlplane.store import Store, StoredNode
 from policies.assignment import NodePart

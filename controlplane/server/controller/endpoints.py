@@ -19,8 +19,9 @@ Units: requests per second, milliseconds (``_ms``); ports are TCP port numbers.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from controlplane.errors import NotFoundError
 from controlplane.server.controller.instance_records import (
@@ -30,6 +31,11 @@ from controlplane.server.controller.instance_records import (
 )
 from controlplane.store import Store, StoredDeployment
 from policies.fleetplan.instances import is_planned
+
+if TYPE_CHECKING:
+    from controlplane.server.controller.common import Context
+    from controlplane.server.controller.nodes import NodeRegistry
+    from controlplane.server.controller.watchers import Watchers
 
 AGGREGATED = "aggregated"
 """Role of a deployment served as one engine."""
@@ -186,8 +192,45 @@ def _aggregated(
     )
 
 
+class Endpoints:
+    """The controller's part behind ``EngineService.WatchInstances``.
+
+    Args:
+        ctx: the controller's shared dependencies (its store).
+        nodes: the node registry (the addresses nodes advertise).
+        watchers: the streams (told of every change by the controller).
+    """
+
+    def __init__(self, ctx: Context, nodes: NodeRegistry, watchers: Watchers) -> None:
+        self.ctx = ctx
+        self.nodes = nodes
+        self.watchers = watchers
+
+    def host_of(self, node: str) -> str:
+        """Where ``node``'s engines serve: its advertised address, or its name."""
+        stored = self.nodes.get(node)
+        return (stored.inventory.address or node) if stored is not None else node
+
+    def instances(self, deployment: str) -> InstanceSet:
+        """The engine instances ``deployment`` is served by now.
+
+        Raises:
+            NotFoundError: unknown deployment.
+        """
+        return instance_set(self.ctx.store, self.host_of, deployment)
+
+    def watch(self, deployment: str) -> AsyncIterator[tuple[int, InstanceSet]]:
+        """``(generation, instances)`` of ``deployment`` now, then on every change.
+
+        Raises (on the first read):
+            NotFoundError: unknown deployment.
+        """
+        return self.watchers.watch_instances(deployment, lambda: self.instances(deployment))
+
+
 __all__ = [
     "AGGREGATED",
+    "Endpoints",
     "InstanceEndpoint",
     "InstanceSet",
     "engine_url",

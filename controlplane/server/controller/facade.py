@@ -54,8 +54,8 @@ from controlplane.server.controller.common import (
     RegisterResult,
 )
 from controlplane.server.controller.contingency import Contingencies
-from controlplane.server.controller.demand import Demands, TrafficWindow
-from controlplane.server.controller.endpoints import InstanceSet, instance_set
+from controlplane.server.controller.demand import Demands
+from controlplane.server.controller.endpoints import Endpoints
 from controlplane.server.controller.instances import curve_cache
 from controlplane.server.controller.loads import Loads
 from controlplane.server.controller.nodes import NodeRegistry
@@ -129,7 +129,8 @@ class Controller:
             remove=self._remove_deployment,
             curves=curve_cache(self.settings.curve_cache_dir),
         )
-        self.demands = Demands(ctx)
+        self.demands = Demands(ctx)  # ReportTraffic
+        self.endpoints = Endpoints(ctx, self.nodes, self.watchers)  # WatchInstances
         # a planned deployment is planned for the demand measured after a sustained drift
         self.scheduler.instances.traffic_for = self.demands.traffic_for
         self._status: dict[str, tuple[str, str, tuple[str, ...]]] = {}
@@ -620,36 +621,6 @@ class Controller:
     def record_imbalance(self, deployment: str, at_s: float, excess: float) -> None:
         """Add an imbalance sample (measured minus the plan's predicted imbalance)."""
         self.loads.record_imbalance(deployment, at_s, excess)
-
-    def instances(self, deployment: str) -> InstanceSet:
-        """The engine instances ``deployment`` is served by now (:mod:`.endpoints`).
-
-        Raises:
-            NotFoundError: unknown deployment.
-        """
-        return instance_set(self.store, self._host_of, deployment)
-
-    def watch_instances(self, deployment: str) -> AsyncIterator[tuple[int, InstanceSet]]:
-        """``(generation, instances)`` of ``deployment`` now, then on every change.
-
-        Raises (on the first read):
-            NotFoundError: unknown deployment.
-        """
-        return self.watchers.watch_instances(deployment, lambda: self.instances(deployment))
-
-    def _host_of(self, node: str) -> str:
-        """Where ``node``'s engines serve: its advertised address, or its name."""
-        stored = self.nodes.get(node)
-        return stored.inventory.host if stored is not None else node
-
-    def report_traffic(self, window: TrafficWindow) -> bool:
-        """Take a router's traffic window; False when it is too old to count. A sustained
-        drift from the planned demand re-plans (:mod:`.demand`).
-
-        Raises:
-            InputError: naming the ``TrafficReport`` field. NotFoundError: unknown deployment.
-        """
-        return self.demands.report(window)
 
 
 def _plan_obs(p: StoredPlan, gpus: tuple[str, ...] = ()) -> rc.PlanObs:

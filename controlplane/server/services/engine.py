@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from mixfleet.v1 import engine_pb2, engine_pb2_grpc
 
 from controlplane.server.controller import Controller
-from controlplane.server.controller.demand import TrafficWindow
+from controlplane.server.controller.measured import TrafficWindow
 from controlplane.server.services.guard import Ctx
 from controlplane.store import LoadWindow
 from controlplane.wire.instances import instances_to_proto
@@ -69,7 +69,7 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
     async def WatchInstances(
         self, request: engine_pb2.GetInstancesRequest, context: Ctx
     ) -> AsyncIterator[engine_pb2.Instances]:
-        async for generation, instances in self.c.watch_instances(request.deployment):
+        async for generation, instances in self.c.endpoints.watch(request.deployment):
             yield instances_to_proto(instances, generation)
 
     async def ReportTraffic(
@@ -91,4 +91,4 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
             tpot_ms_p50=r.tpot_ms_p50,
             tpot_ms_p99=r.tpot_ms_p99,
         )
-        return engine_pb2.ReportTrafficResponse(accepted=self.c.report_traffic(window))
+        return engine_pb2.ReportTrafficResponse(accepted=self.c.demands.report(window))

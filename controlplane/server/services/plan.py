@@ -88,7 +88,9 @@ class PlanServicer(plan_pb2_grpc.PlanServiceServicer):
         self, request: plan_pb2.GetDeploymentRequest, context: Ctx
     ) -> plan_pb2.Deployment:
         msg = self._deployment(self.c.get_deployment(request.name))
-        served = await asyncio.to_thread(self.c.instances, request.name)  # reads each instance
+        served = await asyncio.to_thread(
+            self.c.endpoints.instances, request.name
+        )  # reads each instance
         msg.status.instances.extend(instance_to_proto(i) for i in served.instances)
         return msg
 
