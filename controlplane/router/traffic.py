@@ -62,7 +62,8 @@ class Sample:
         stream: the answer was streamed (``text/event-stream``).
         first_s, last_s: first and last body bytes of the answer (0 = none yet).
         events: streamed events seen (``data:`` lines, ``[DONE]`` included).
-        tail: the last bytes of the answer (where a usage block comes).
+        before_last, last: the answer's last two reads (where a usage block comes; kept,
+            not copied, per read).
         status: the engine's HTTP status (0 = no answer yet); only a 2xx answer counts.
     """
 
@@ -74,7 +75,8 @@ class Sample:
     first_s: float = 0.0
     last_s: float = 0.0
     events: int = 0
-    tail: bytes = b""
+    before_last: bytes = b""
+    last: bytes = b""
     status: int = 0
 
     def answer(self, status: int, content_type: str) -> None:
@@ -89,15 +91,17 @@ class Sample:
             self.first_s = now
         self.last_s = now
         self.events += data.count(b"data:")
-        self.tail = (self.tail + data)[-4096:]
+        self.before_last, self.last = self.last, data
 
     def counts(self) -> tuple[int, int]:
         """(prompt tokens, output tokens) by the rules of the module docstring."""
-        prompt = _last(_PROMPT, self.tail)
-        output = _last(_COMPLETION, self.tail)
+        tail = self.before_last[-4096:] + self.last[-4096:]
+        usage = b"_tokens" in tail  # the regular expressions only where they may match
+        prompt = _last(_PROMPT, tail) if usage else None
+        output = _last(_COMPLETION, tail) if usage else None
         if output is None:
             if self.stream:
-                output = max(self.events - (1 if b"[DONE]" in self.tail else 0), 0)
+                output = max(self.events - (1 if b"[DONE]" in tail else 0), 0)
             else:
                 output = self.expected_output
         return (self.prompt_tokens if prompt is None else prompt), output
@@ -191,6 +195,7 @@ class TrafficBook:
             buckets=_TPOT_BUCKETS_S,
             registry=r,
         )
+        self._children: dict[str, tuple[Counter, Counter, Counter, Histogram, Histogram]] = {}
         self.reports = Counter(
             "mixfleet_router_traffic_reports",
             "Traffic reports sent, by outcome (ok, failed).",
@@ -198,12 +203,25 @@ class TrafficBook:
             registry=r,
         )
 
+    def _kids(self, deployment: str) -> tuple[Counter, Counter, Counter, Histogram, Histogram]:
+        """The series of ``deployment``, looked up once and kept."""
+        kids = self._children.get(deployment)
+        if kids is None:
+            kids = self._children[deployment] = (
+                self.arrived.labels(deployment),
+                self.input_tokens.labels(deployment),
+                self.output_tokens.labels(deployment),
+                self.ttft.labels(deployment),
+                self.tpot.labels(deployment),
+            )
+        return kids
+
     def arrive(self, deployment: str) -> None:
         """A request of ``deployment`` arrived."""
         w = self.windows.get(deployment)
         if w is not None:
             w.requests += 1
-            self.arrived.labels(deployment).inc()
+            self._kids(deployment)[0].inc()
 
     def finish(self, sample: Sample) -> None:
         """A request measured by ``sample`` has ended with an answer."""
@@ -213,17 +231,17 @@ class TrafficBook:
         prompt, output = sample.counts()
         w.input_tokens.append(prompt)
         w.output_tokens.append(output)
-        d = sample.deployment
-        self.input_tokens.labels(d).inc(prompt)
-        self.output_tokens.labels(d).inc(output)
+        _, inputs, outputs, ttft, tpot = self._kids(sample.deployment)
+        inputs.inc(prompt)
+        outputs.inc(output)
         if sample.stream and sample.first_s:
             ttft_s = sample.first_s - sample.arrived_s
             w.ttft_ms.append(ttft_s * 1e3)
-            self.ttft.labels(d).observe(ttft_s)
+            ttft.observe(ttft_s)
             if output > 1:
                 tpot_s = (sample.last_s - sample.first_s) / (output - 1)
                 w.tpot_ms.append(tpot_s * 1e3)
-                self.tpot.labels(d).observe(tpot_s)
+                tpot.observe(tpot_s)
 
     def close(self, deployment: str, reporter: str) -> engine_pb2.TrafficReport:
         """End ``deployment``'s window now: its report; the next window starts."""

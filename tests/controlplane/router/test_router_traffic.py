@@ -242,7 +242,7 @@ def test_a_window_report_has_the_window_figures() -> None:
         s = Sample(DS, 0.0, prompt_tokens=10 * (i + 1), expected_output=4)
         s.answer(200, "text/event-stream")
         s.first_s, s.last_s, s.events = 0.05, 0.05 + 0.01 * 3, 5  # 4 tokens, then [DONE]
-        s.tail = b"data: [DONE]\n\n"
+        s.last = b"data: [DONE]\n\n"
         book.finish(s)
     book.arrive("other")  # not watched: ignored
     now[0] = 110.0
