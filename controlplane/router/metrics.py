@@ -14,6 +14,10 @@
   bytes were streamed: not retried), ``..._ejections_total{instance}``,
   ``..._instance_healthy{instance}``, ``..._routing_version{deployment}``,
   ``..._controller_connected{deployment}``.
+* The measured traffic of each ``--deployment`` (:class:`.traffic.TrafficBook`, on the same
+  registry): ``mixfleet_router_traffic_requests_total``, ``..._input_tokens_total``,
+  ``..._output_tokens_total``, ``..._ttft_seconds``, ``..._tpot_seconds`` (histograms),
+  ``..._traffic_reports_total{outcome}``, each by ``deployment``.
 """
 
 from __future__ import annotations
