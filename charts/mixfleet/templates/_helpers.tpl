@@ -96,13 +96,14 @@ group: cert-manager.io
 {{/*
 RBAC rules of each component, from the API calls in its code (tests/operators/test_rbac.py
 reads them from the source and checks that the rendered roles grant exactly these).
-Namespaced rules of the operator: ModelDeployments (finalizer patch, status), the
-PartitionPlans it creates and prunes, its engine ConfigMaps and the version counter.
+Namespaced rules of the operator: ModelDeployments (finalizer patch, status, and the
+engine instances' ModelDeployments it creates and deletes), the PartitionPlans it creates
+and prunes, its engine ConfigMaps and the version counter.
 */}}
 {{- define "mixfleet.operatorNamespacedRules" -}}
 - apiGroups: [mixfleet.io]
   resources: [modeldeployments]
-  verbs: [get, list, watch, patch]
+  verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [mixfleet.io]
   resources: [modeldeployments/status]
   verbs: [patch]
