@@ -111,7 +111,10 @@ class Fleet:
         for w in s.watched:
             by_tier.setdefault(w.tier, []).append(w.name)
         #: tier -> the watched deployment that alone serves it (its refused requests count)
-        self.tier_deployment = {t: ds[0] for t, ds in by_tier.items() if len(ds) == 1}
+        static = {i.tier for i in s.instances}
+        self.tier_deployment = {
+            t: ds[0] for t, ds in by_tier.items() if len(ds) == 1 and t not in static
+        }
         self._noted: set[str] = set()
         self._tasks: list[asyncio.Task[None]] = []
 

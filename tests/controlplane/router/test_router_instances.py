@@ -191,6 +191,8 @@ def test_the_batch_limit_caps_open_requests_then_queues_then_answers_429() -> No
                 a.release()
                 assert [st for st, _ in await asyncio.gather(*open_)] == [200, 200]
                 assert (await waiting)[0] == 200 and len(a.records) == 3
+                # demand measured: the refused request arrived too
+                assert router.fleet.traffic.arrived.labels(DS)._value.get() == 4
             a.hold(frozenset({0, 1}))
             async with world(svc, batch_queue=4, batch_wait_s=0.2) as (router, url, s):
                 await until(lambda: _routable(router) == {"ds-a"}, what="ds-a routable")
