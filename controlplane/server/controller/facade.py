@@ -378,7 +378,19 @@ class Controller:
         after = self.nodes.get(node)
         if ok and after is not None and (before is None or before.applied != after.applied):
             self.nodes.report_unknown(node, self.rollouts.unknown_of(after.applied))
+            self._remove_deleted(node, after.applied)
         return ok
+
+    def _remove_deleted(self, node: str, applied: Mapping[str, int]) -> None:
+        """REMOVE what ``node`` reports it runs of deployments deleted here: a delete while
+        its stream was down (a restart, an engine instance drained) reaches it this way when
+        its stream opened before it reported what it runs."""
+        for name, version in sorted(applied.items()):
+            if name in self.rollouts.held():
+                continue
+            d = self.store.get_deployment(name, include_deleted=True)
+            if d is not None and d.deleted:
+                self.watchers.send(node, AssignmentEvent(name, "", version, "remove"))
 
     def watch_assignments(self, node: str, session_id: str) -> AsyncIterator[AssignmentEvent]:
         """The node's stream: committed parts, an in-flight PREPARE, then new events.

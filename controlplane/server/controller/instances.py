@@ -21,9 +21,10 @@ the one writer of instance specs and records:
   ``draining``: it keeps its nodes and its committed plan.
 * **Drain** (:meth:`Instances.tick`, every tick): a draining instance is deleted (its
   parts REMOVEd from the agents through the controller's delete path) once every
-  non-draining instance of its deployment is committed - or waits for the nodes of a
-  draining instance (the fleet scheduler's drain view): those are removed first, so a fully
-  used fleet still moves.
+  non-draining instance of its deployment is committed. When the instances not committed
+  yet all wait for nodes that draining instances hold (the fleet scheduler's drain view),
+  the draining instances they wait for are removed first, so a fully used fleet still
+  moves; the others keep serving until the new instances are committed.
 * **Status**: the planned deployment's status lists its instances under
   ``INSTANCES_KEY`` (live and draining) and the plan's summary under ``fleet_plan``
   (``demand_requests_per_s``, ``served_requests_per_s``, predicted ``ttft_ms`` /
@@ -270,9 +271,17 @@ class Instances:
         draining = {n for n, r in self.records.items() if r.draining}
         for name in sorted(draining):
             of = self.records[name].of
-            live = [n for n, r in self.records.items() if r.of == of and not r.draining]
-            if all(committed[n] or draining & set(waiting.get(n, ())) for n in live):
+            todo = [
+                n
+                for n, r in self.records.items()
+                if r.of == of and not r.draining and not committed[n]
+            ]
+            if not todo:
                 self._drop(name, "drained: the instances that replace it are committed")
+            elif all(draining & set(waiting.get(n, ())) for n in todo) and any(
+                name in waiting.get(n, ()) for n in todo
+            ):
+                self._drop(name, "removed first: an instance that replaces it needs its nodes")
         self.phases = {p: self._phase(p, committed) for p in sorted(parents)}
         return self.phases
 
