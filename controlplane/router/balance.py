@@ -22,7 +22,7 @@ ranks are scaled to the instance's share of its tier (:func:`effective_weights`)
 
 from __future__ import annotations
 
-from collections.abc import Container, Sequence
+from collections.abc import Collection, Container, Sequence
 from dataclasses import dataclass
 
 
@@ -88,7 +88,7 @@ def choose(
     queue_limit: int,
     healthy: Container[str],
     exclude: Container[str] = (),
-    full: Container[str] = (),
+    full: Collection[str] = (),
     slack: float = 2.0,
 ) -> Choice:
     """Pick the rank for a request of ``work`` tokens (rules in the module docstring).
@@ -105,10 +105,11 @@ def choose(
     """
     candidates: list[RankState] = []
     queued = batched = False
+    capped = bool(full)  # usually no instance is full: no lookup per rank then
     for r in ranks:
         if r.weight <= 0 or r.instance not in healthy or r.instance in exclude:
             continue
-        if r.instance in full:
+        if capped and r.instance in full:
             batched = True
             continue
         if r.open_requests >= queue_limit:
