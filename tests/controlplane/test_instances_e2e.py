@@ -7,7 +7,8 @@ two decode instances, one node each): each instance has its own committed plan a
 hold its parts; the deployment is Ready. Applying an instance's name is refused. A restart
 keeps names and ports and rolls nothing out. At 5 requests/s one aggregated instance serves
 it on a node a decode instance held: that decode instance is removed first, the other two
-drain until the new one is committed. Back at 45 requests/s instances are added again;
+drain until the new one is committed. Planned for 45 requests/s again (the traffic hook)
+instances are added;
 deleting the deployment removes every part from the agents."""
 
 from __future__ import annotations
@@ -193,15 +194,21 @@ async def _shrink(store: Store, address: str, agents: dict[str, FakeAgent]) -> N
 
 
 async def _grow_and_delete(store: Store, ctl: Any, agents: dict[str, FakeAgent]) -> None:
-    """Back to 45 requests/s: instances are added (the aggregated one keeps its node and
-    name); deleting q removes every instance and part."""
-    await _apply(ctl.address, SPEC)
+    """Planned for 45 requests/s again - by the traffic hook that demand measurement
+    replaces, the spec still says 5: instances are added (the aggregated one keeps its node
+    and name); deleting q removes every instance and part."""
+    assert SPEC.traffic is not None
+    measured = SPEC.traffic
+    ctl.controller.scheduler.instances.traffic_for = lambda d: measured
     await wait_until(
         lambda: _ready(store, {"aggregated": 1, "prefill": 1, "decode": 1}),
         timeout_s=120,
         what="q Ready on three instances",
     )
     assert "q-aggregated-0" in _records(store)
+    q = store.get_deployment("q")
+    assert q is not None and q.spec.traffic is not None and q.spec.traffic.requests_per_s == 5.0
+    assert q.status["fleet_plan"]["demand_requests_per_s"] == pytest.approx(45.0)
     assert ctl.controller.delete_deployment("q")
     await wait_until(lambda: all(not a.applied for a in agents.values()), what="every part removed")
     assert _records(store) == {}

@@ -39,7 +39,9 @@ record (default: its spec's ``traffic``); demand measurement replaces the hook, 
 is part of the fleet scheduler's fingerprint, so a changed planning traffic re-plans.
 
 State survives a restart: instance records (names, ports, draining) are read back from the
-stored statuses; with nothing changed, a re-plan rewrites nothing and rolls nothing out.
+stored statuses, and the first plan after it is made against the plan they run
+(:meth:`Instances.running_plan`, for the move penalty); with nothing changed, a re-plan
+rewrites nothing and rolls nothing out.
 
 Units: requests per second, milliseconds (``_ms``), USD per hour; ports are TCP ports.
 """
@@ -64,7 +66,13 @@ from controlplane.store import StoredDeployment
 from policies.errors import InputError
 from policies.fleetplan.curves import CurveCache, MemoryCurveCache
 from policies.fleetplan.instances import is_planned, plan_instances
-from policies.fleetplan.types import DeploymentPlan, FleetPlan, PlannerSettings
+from policies.fleetplan.types import (
+    DeploymentPlan,
+    FleetPlan,
+    PlannedGroup,
+    PlannedPool,
+    PlannerSettings,
+)
 from policies.launch import PlannedInstance, instance_spec
 from policies.serving.traffic import Traffic, traffic_to_doc
 from policies.spec import DeploymentSpec
@@ -164,6 +172,44 @@ class Instances:
     def traffic_key(self, d: StoredDeployment) -> str:
         """The planning traffic of ``d`` as text (part of the scheduler's fingerprint)."""
         return json.dumps(traffic_to_doc(self.traffic_for(d)), sort_keys=True)
+
+    def running_plan(self, fresh: FleetPlan) -> FleetPlan | None:
+        """The plan the live instances run, read back from their records with the variants
+        of ``fresh`` (a plan of the same deployments): after a restart, the previous plan
+        of the next one, so its move penalty keeps what runs. None when no instance's
+        variant is among ``fresh``'s."""
+        deployments = dict(fresh.deployments)
+        found = False
+        for parent, dp in fresh.deployments.items():
+            variants = {v.key: v for v in fresh.variants.get(parent, ())}
+            pools: dict[str, dict[str, list[InstanceRecord]]] = {}
+            for r in sorted(self.records.values(), key=lambda r: r.nodes):
+                if r.of == parent and not r.draining and r.variant in variants:
+                    pools.setdefault(r.pool, {}).setdefault(r.role, []).append(r)
+            planned = []
+            for pool, roles in sorted(pools.items()):
+                groups = {
+                    role: PlannedGroup(
+                        variants[rs[0].variant],
+                        len(rs),
+                        tuple(r.nodes for r in rs),
+                        rs[0].batch_limit,
+                    )
+                    for role, rs in roles.items()
+                }
+                rate = sum(
+                    r.requests_per_s for r in roles.get("decode", roles.get("aggregated", []))
+                )
+                if "aggregated" in groups:
+                    planned.append(PlannedPool(pool, rate, instances=groups["aggregated"]))
+                elif "prefill" in groups and "decode" in groups:
+                    planned.append(
+                        PlannedPool(pool, rate, prefill=groups["prefill"], decode=groups["decode"])
+                    )
+            if planned:
+                found = True
+                deployments[parent] = replace(dp, pools=tuple(planned))
+        return replace(fresh, deployments=deployments) if found else None
 
     # ------------------------------------------------------------------ a new plan
 

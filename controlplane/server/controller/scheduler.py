@@ -49,6 +49,7 @@ from policies.fleetplan.combined import (
 )
 from policies.fleetplan.curves import CurveCache, MemoryCurveCache
 from policies.fleetplan.instances import is_planned
+from policies.fleetplan.types import FleetPlan
 from policies.scheduling.explain import why_placed
 from policies.scheduling.table import EstimateCache
 from policies.scheduling.types import Schedule, ScheduleRequest
@@ -217,21 +218,26 @@ class FleetScheduler:
         specs: list[tuple[DeploymentSpec, tuple[str, ...]]],
         previous: dict[str, frozenset[str]],
     ) -> FleetDecision:
-        """The fleet plan of the planned deployments and the assignment of the others."""
-        return plan_and_schedule(
-            fleet,
-            specs,
-            planning=PlanOptions(
-                previous=self.instances.plan,
-                settings=self.instances.settings,
-                cache=self.curves,
-            ),
-            scheduling=ScheduleOptions(
-                previous=previous,
-                quotas_gpus=self.ctx.settings.namespace_quotas_gpus,
-                cache=self.cache,
-            ),
+        """The fleet plan of the planned deployments and the assignment of the others;
+        after a restart (no plan in memory, instances running) planned twice: the second
+        time against the plan the instances run."""
+        scheduling = ScheduleOptions(
+            previous=previous,
+            quotas_gpus=self.ctx.settings.namespace_quotas_gpus,
+            cache=self.cache,
         )
+        inst = self.instances
+
+        def decide(prev: FleetPlan | None) -> FleetDecision:
+            planning = PlanOptions(previous=prev, settings=inst.settings, cache=self.curves)
+            return plan_and_schedule(fleet, specs, planning=planning, scheduling=scheduling)
+
+        decision = decide(inst.plan)
+        if inst.plan is None and inst.records and decision.plan is not None:
+            running = inst.running_plan(decision.plan)
+            if running is not None:
+                decision = decide(running)
+        return decision
 
     def _inputs(
         self, deps: Sequence[StoredDeployment], eligible: Mapping[str, tuple[str, ...]]
