@@ -190,3 +190,81 @@ def test_a_planned_deployment_runs_as_owned_instances_with_their_own_plans_and_l
             wait_for(partial(no_config_map, k, cluster, name), what=f"{name}'s ConfigMap gone")
     finally:
         op.stop()
+
+
+def commit_all(k: Kube, cluster: Cluster, name: str) -> bool:
+    """Every node commits the newest plan of ``name`` (as the agents would); False while it
+    has none."""
+    mine = plans(k, cluster, name)
+    if not mine:
+        return False
+    p = mine[-1]
+    for node in p["spec"]["nodes"]:
+        ack(cluster, p["metadata"]["name"], node, "Committed")
+    return True
+
+
+def test_a_replan_surges_the_new_instances_then_drains_the_dropped_one(
+    cluster: Cluster, fleet3: Kube
+) -> None:
+    """Aggregated first; then disaggregation on: the prefill/decode instances come up beside
+    the aggregated one, which is deleted only once they are ready (one that needs its node
+    waits for it, then takes it)."""
+    k = fleet3
+    op = start(cluster)
+    try:
+        spec = {**CHAT, "disaggregation": "off", "nodeSelector": {RUN_LABEL: cluster.run}}
+        k.create(MODEL_DEPLOYMENTS, md_object("chat", cluster.namespace, **spec))
+        wait_for(partial(commit_all, k, cluster, "chat-aggregated-0"), what="aggregated plan")
+        wait_for(
+            lambda: condition(k, cluster, "chat", "Ready").get("status") == "True",
+            what="aggregated Ready",
+        )
+        old_nodes = status(k, cluster, "chat-aggregated-0")["nodes"]
+
+        k.merge_patch(
+            MODEL_DEPLOYMENTS, "chat", {"spec": {"disaggregation": "on"}}, cluster.namespace
+        )
+        new = ("chat-decode-0", "chat-prefill-0")
+        wait_for(
+            lambda: (
+                [o["metadata"]["name"] for o in instances(k, cluster, "chat")]
+                == ["chat-aggregated-0", *new]
+            ),
+            what="the new instances beside the old one",
+        )
+        st = wait_for(
+            lambda: (s := status(k, cluster, "chat")).get("instancesReady") == "0/2" and s,
+            what="the parent lists the new instances",
+        )
+        draining = [i["name"] for i in st["instances"] if i["draining"]]
+        assert draining == ["chat-aggregated-0"]
+        assert condition(k, cluster, "chat", "Ready")["status"] == "False"
+        # The old instance stays until the new ones are ready (those not waiting for it).
+        for name in new:
+            if wait_for(partial(plan_or_waiting, k, cluster, name), what=f"{name}") == "plan":
+                assert not set(status(k, cluster, name).get("nodes") or ()) & set(old_nodes)
+                commit_all(k, cluster, name)
+        assert k.get(MODEL_DEPLOYMENTS, "chat-aggregated-0", cluster.namespace) is not None
+        wait_for(
+            lambda: [o["metadata"]["name"] for o in instances(k, cluster, "chat")] == list(new),
+            what="the dropped instance deleted",
+        )
+        for name in new:  # one that waited for the old node now has it
+            wait_for(partial(commit_all, k, cluster, name), what=f"{name}'s plan")
+        wait_for(
+            lambda: condition(k, cluster, "chat", "Ready").get("status") == "True",
+            what="Ready on the new instances",
+        )
+        assert status(k, cluster, "chat")["instancesReady"] == "2/2"
+    finally:
+        op.stop()
+
+
+def plan_or_waiting(k: Kube, cluster: Cluster, name: str) -> str:
+    """``plan`` when the instance has its PartitionPlan, ``waiting`` while it waits for a
+    node to drain, "" before either."""
+    if plans(k, cluster, name):
+        return "plan"
+    c = condition(k, cluster, name, "Solved")
+    return "waiting" if "waiting for GPUNodes to drain" in c.get("message", "") else ""
