@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -74,6 +75,7 @@ async def _run_controller(args: argparse.Namespace) -> int:
     store = open_store(
         args.store, new=args.store_new, kubeconfig=args.kubeconfig, context=args.context
     )
+    settings = replace(settings, curve_cache_dir=_curve_cache_dir(args, store))
     ha = await HighAvailability.start(args, store)  # probes; with --leader-elect: lead first
     if ha.stopped:  # SIGINT/SIGTERM while waiting as a standby
         await ha.close()
@@ -160,6 +162,18 @@ def _add_demand_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _curve_cache_dir(args: argparse.Namespace, store: object) -> str:
+    """Where the fleet planner keeps its step curves: ``--curve-cache``, else next to the
+    SQLite file (``<file>.curves``), else in memory ("")."""
+    from controlplane.store.sqlite import SqliteStore
+
+    if args.curve_cache:
+        return str(Path(args.curve_cache).expanduser())
+    if isinstance(store, SqliteStore):
+        return str(store.path.with_name(f"{store.path.name}.curves"))
+    return ""
+
+
 def _add_store_arguments(p: argparse.ArgumentParser) -> None:
     """The state store options of ``controller run``: ``--store``, its kubeconfig and
     context, ``--store-new``."""
@@ -168,6 +182,12 @@ def _add_store_arguments(p: argparse.ArgumentParser) -> None:
         metavar="URL",
         default="sqlite:mixfleet-state.db",
         help="state store, sqlite:PATH or kubernetes:NAMESPACE (default %(default)s)",
+    )
+    p.add_argument(
+        "--curve-cache",
+        metavar="DIR",
+        help="where the fleet planner keeps the step curves of deployments planned from "
+        "their traffic and SLOs (default: PATH.curves next to the sqlite: store)",
     )
     p.add_argument(
         "--kubeconfig",
