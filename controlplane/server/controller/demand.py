@@ -60,7 +60,7 @@ if TYPE_CHECKING:
 DEMAND_KEY = "demand"
 """Status key of a deployment's :class:`DemandStatus` document."""
 
-MAX_WINDOWS_PER_DEPLOYMENT = 50_000
+MAX_WINDOWS_PER_DEPLOYMENT = 10_000
 """Most windows kept per deployment (the oldest go first)."""
 
 
