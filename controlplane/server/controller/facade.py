@@ -64,6 +64,7 @@ from controlplane.server.controller.scheduler import FleetScheduler
 from controlplane.server.controller.solves import Solves
 from controlplane.server.controller.views import (
     DeploymentViews,
+    observe_deployment,
     quarantine_conditions,
     status_key,
 )
@@ -265,39 +266,8 @@ class Controller:
         return tuple(replace(n, cordoned=True) if n.name in cordoned else n for n in nodes)
 
     def _observe_deployment(self, d: StoredDeployment) -> rc.DeploymentObs:
-        committed = None
-        pending = None
-        older: list[int] = []
-        plans = self.store.list_plans(d.name, limit=5)
-        if d.committed_version is not None and all(p.state != "committed" for p in plans):
-            row = self.store.get_plan(d.name, d.committed_version, with_plan=False)
-            plans += [row] if row is not None else []  # committed before 5 newer versions
-        for p in plans:
-            if p.state == "committed" and committed is None:
-                c = self.rollouts.committed_state(d.name, d)
-                if c is None:  # its document does not decode (quarantined): plan again
-                    committed = replace(_plan_obs(p), inputs_key="")
-                else:
-                    committed = _plan_obs(p, tuple(g.gpu for g in c.plan.gpus))
-            elif p.state in ("proposed", "aborted") and pending is None and committed is None:
-                pending = _plan_obs(p)
-            elif p.state == "proposed" and pending is not None:
-                older.append(p.version)
-        return rc.DeploymentObs(
-            spec=d.spec,
-            generation=d.generation,
-            committed=committed,
-            pending=pending,
-            rollout=self.rollouts.observed(d.name),
-            solving=self.solves.solving(d.name),
-            failure=self.solves.failure(d.name),
-            imbalance_samples=self.loads.samples(d.name),
-            last_rebalance_s=self.loads.last_rebalance_s(d.name),
-            older_proposed=tuple(older),
-            rollout_hold=d.rollout_hold,
-            contingency_keys=self.contingencies.keys(d.name),
-            contingencies_for=self.contingencies.planned_for(d.name),
-        )
+        parts = (self.rollouts, self.solves, self.loads, self.contingencies)
+        return observe_deployment(self.store, d, *parts)
 
     # ================================================================= act
 
@@ -378,19 +348,8 @@ class Controller:
         after = self.nodes.get(node)
         if ok and after is not None and (before is None or before.applied != after.applied):
             self.nodes.report_unknown(node, self.rollouts.unknown_of(after.applied))
-            self._remove_deleted(node, after.applied)
+            self.scheduler.remove_deleted(node, after.applied)
         return ok
-
-    def _remove_deleted(self, node: str, applied: Mapping[str, int]) -> None:
-        """REMOVE what ``node`` reports it runs of deployments deleted here: a delete while
-        its stream was down (a restart, an engine instance drained) reaches it this way when
-        its stream opened before it reported what it runs."""
-        for name, version in sorted(applied.items()):
-            if name in self.rollouts.held():
-                continue
-            d = self.store.get_deployment(name, include_deleted=True)
-            if d is not None and d.deleted:
-                self.watchers.send(node, AssignmentEvent(name, "", version, "remove"))
 
     def watch_assignments(self, node: str, session_id: str) -> AsyncIterator[AssignmentEvent]:
         """The node's stream: committed parts, an in-flight PREPARE, then new events.
@@ -469,7 +428,7 @@ class Controller:
         """
         if not checked:
             check_spec(spec)
-        self._refuse_instance(spec.name)
+        self.scheduler.instances.refuse_user_change(spec.name)
         before = self.store.get_deployment(spec.name)
         d = self.store.put_deployment(
             spec, now_s=self.clock(), create_only=create_only, update_only=update_only
@@ -488,22 +447,10 @@ class Controller:
         Raises:
             PreconditionError: ``name`` is an engine instance (the controller writes it).
         """
-        self._refuse_instance(name)
+        self.scheduler.instances.refuse_user_change(name)
         deleted = self._remove_deployment(name)
-        for instance in self.scheduler.instances.forget(name):
-            self.log.info(
-                "instance deleted with its deployment", deployment=name, instance=instance
-            )
+        self.scheduler.instances.forget(name)
         return deleted
-
-    def _refuse_instance(self, name: str) -> None:
-        """Refuse a user's change to an engine instance (the controller writes them)."""
-        of = self.scheduler.instances.parent_of(name)
-        if of:
-            raise PreconditionError(
-                f"{name} is an instance of {of}, written by the controller: change {of}",
-                field="name",
-            )
 
     def _remove_deployment(self, name: str) -> bool:
         """Delete a deployment the controller's way (rollout aborted, parts REMOVEd)."""
@@ -633,15 +580,3 @@ class Controller:
     def record_imbalance(self, deployment: str, at_s: float, excess: float) -> None:
         """Add an imbalance sample (measured minus the plan's predicted imbalance)."""
         self.loads.record_imbalance(deployment, at_s, excess)
-
-
-def _plan_obs(p: StoredPlan, gpus: tuple[str, ...] = ()) -> rc.PlanObs:
-    return rc.PlanObs(
-        version=p.version,
-        state=p.state,
-        inputs_key=p.inputs_key,
-        gpus=gpus,
-        state_changed_s=p.state_changed_at_s,
-        planned_imbalance=float(p.summary.get("imbalance", 0.0)),
-        nodes=tuple(p.nodes),
-    )

@@ -54,6 +54,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from controlplane.errors import PreconditionError
 from controlplane.server.controller.common import Context
 from controlplane.server.controller.instance_records import (
     BOOTSTRAP_BASE_PORT,
@@ -146,6 +147,19 @@ class Instances:
     def is_instance(self, name: str) -> bool:
         """Whether ``name`` is an instance the controller runs."""
         return name in self.records
+
+    def refuse_user_change(self, name: str) -> None:
+        """Refuse a user's apply or delete of an engine instance.
+
+        Raises:
+            PreconditionError: ``name`` is an instance (the controller writes it).
+        """
+        of = self.parent_of(name)
+        if of:
+            raise PreconditionError(
+                f"{name} is an instance of {of}, written by the controller: change {of}",
+                field="name",
+            )
 
     def parent_of(self, name: str) -> str:
         """The planned deployment an instance serves ("" when ``name`` is none)."""
@@ -385,6 +399,9 @@ class Instances:
         for name in gone:
             self.records.pop(name, None)
             self._remove(name)
+            self.ctx.log.info(
+                "instance deleted with its deployment", deployment=parent, instance=name
+            )
         self._errors.pop(parent, None)
         self.phases.pop(parent, None)
         return gone

@@ -362,6 +362,17 @@ class FleetScheduler:
             gone.append(name)
         return gone
 
+    def remove_deleted(self, node: str, applied: Mapping[str, int]) -> None:
+        """REMOVE what ``node`` reports it runs (``applied``: name -> version) of deployments
+        deleted here: a delete while its stream was down (a restart, a drained engine
+        instance) reaches it this way when its stream opened before it reported them."""
+        for name, version in sorted(applied.items()):
+            if name in self.rollouts.held():
+                continue
+            d = self.ctx.store.get_deployment(name, include_deleted=True)
+            if d is not None and d.deleted:
+                self.watchers.send(node, AssignmentEvent(name, "", version, "remove"))
+
     def _withdraw(self, d: StoredDeployment, reason: str, now_s: float) -> None:
         """Take the preempted deployment's committed plan off its nodes."""
         store = self.ctx.store

@@ -20,11 +20,19 @@ plans) is read in full every tick, as before.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from controlplane.server import reconcile as rc
 from controlplane.server.controller.common import Context
-from controlplane.store import RowHealth, Store, StoredDeployment
+from controlplane.store import RowHealth, Store, StoredDeployment, StoredPlan
 from policies.spec import selects
+
+if TYPE_CHECKING:
+    from controlplane.server.controller.contingency import Contingencies
+    from controlplane.server.controller.loads import Loads
+    from controlplane.server.controller.rollout import Rollouts
+    from controlplane.server.controller.solves import Solves
 
 #: How the decision sees a node, for change detection: alive, state, cordoned, lost mark,
 #: healthy GPUs, labels.
@@ -196,4 +204,62 @@ def status_key(d: StoredDeployment) -> tuple[str, str, tuple[str, ...]]:
         str(st.get("phase", "")),
         str(st.get("message", "")),
         tuple(str(c) for c in st.get("conditions", ()) or ()),
+    )
+
+
+def observe_deployment(
+    store: Store,
+    d: StoredDeployment,
+    rollouts: Rollouts,
+    solves: Solves,
+    loads: Loads,
+    contingencies: Contingencies,
+) -> rc.DeploymentObs:
+    """What the decision sees of ``d``: its newest plans (the committed one, a pending one,
+    older proposed ones), its rollout, solve, failure, imbalance samples and contingency
+    plans, from the store and the controller's parts."""
+    committed = None
+    pending = None
+    older: list[int] = []
+    plans = store.list_plans(d.name, limit=5)
+    if d.committed_version is not None and all(p.state != "committed" for p in plans):
+        row = store.get_plan(d.name, d.committed_version, with_plan=False)
+        plans += [row] if row is not None else []  # committed before 5 newer versions
+    for p in plans:
+        if p.state == "committed" and committed is None:
+            c = rollouts.committed_state(d.name, d)
+            if c is None:  # its document does not decode (quarantined): plan again
+                committed = replace(_plan_obs(p), inputs_key="")
+            else:
+                committed = _plan_obs(p, tuple(g.gpu for g in c.plan.gpus))
+        elif p.state in ("proposed", "aborted") and pending is None and committed is None:
+            pending = _plan_obs(p)
+        elif p.state == "proposed" and pending is not None:
+            older.append(p.version)
+    return rc.DeploymentObs(
+        spec=d.spec,
+        generation=d.generation,
+        committed=committed,
+        pending=pending,
+        rollout=rollouts.observed(d.name),
+        solving=solves.solving(d.name),
+        failure=solves.failure(d.name),
+        imbalance_samples=loads.samples(d.name),
+        last_rebalance_s=loads.last_rebalance_s(d.name),
+        older_proposed=tuple(older),
+        rollout_hold=d.rollout_hold,
+        contingency_keys=contingencies.keys(d.name),
+        contingencies_for=contingencies.planned_for(d.name),
+    )
+
+
+def _plan_obs(p: StoredPlan, gpus: tuple[str, ...] = ()) -> rc.PlanObs:
+    return rc.PlanObs(
+        version=p.version,
+        state=p.state,
+        inputs_key=p.inputs_key,
+        gpus=gpus,
+        state_changed_s=p.state_changed_at_s,
+        planned_imbalance=float(p.summary.get("imbalance", 0.0)),
+        nodes=tuple(p.nodes),
     )
