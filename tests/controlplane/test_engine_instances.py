@@ -14,7 +14,7 @@ from typing import Any, cast
 
 import grpc
 import pytest
-from agent_fakes import FakeAgent, small_inventories
+from agent_fakes import FakeAgent, small_inventories, wait_until
 from mixfleet.v1 import agent_pb2, agent_pb2_grpc, engine_pb2, engine_pb2_grpc
 
 from apis.wire.inventory import inventory_to_proto
@@ -356,5 +356,66 @@ def test_an_advertised_address_is_a_host_name_or_an_ip(tmp_path: Path) -> None:
                 await agent_pb2_grpc.AgentServiceStub(ch).Register(req)
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert (err.value.details() or "").startswith("inventory.address: ")
+
+    run(main())
+
+
+def test_a_measured_demand_shift_adds_instances_end_to_end(tmp_path: Path) -> None:
+    """Qwen3-30B-A3B stated at 5 requests/s runs as one aggregated instance on three 4-GPU
+    H100 nodes; two routers then report 45 requests/s for a minute: the controller plans for
+    the measured demand and adds a prefill/decode pool, WatchInstances lists the new
+    instances, and the spec still says 5."""
+    from test_instances_e2e import SPEC as QWEN
+    from test_instances_e2e import _inventories, _ready
+
+    assert QWEN.traffic is not None
+    spec = replace(QWEN, traffic=replace(QWEN.traffic, requests_per_s=5.0))
+
+    async def main() -> None:
+        async with start_controller(tmp_path) as ctl, grpc.aio.insecure_channel(ctl.address) as ch:
+            agents = [FakeAgent(ctl.address, inv) for inv in _inventories()]
+            for a in agents:
+                await a.start()
+            try:
+                store = ctl.controller.store
+                ctl.controller.apply_deployment(spec)
+                await wait_until(
+                    lambda: _ready(store, {"aggregated": 1}), timeout_s=120, what="q on one"
+                )
+                engine = engine_pb2_grpc.EngineServiceStub(ch)
+                end = math.floor(ctl.controller.clock() / 10.0) * 10.0
+                for k in range(6):  # the last minute at 45 requests/s, from two routers
+                    for router in ("router-0", "router-1"):
+                        start = end - 60.0 + 10.0 * k
+                        report = _report(
+                            start,
+                            22.5,
+                            router,
+                            deployment="q",
+                            input_tokens_mean=4096.0,
+                            input_tokens_p90=5120.0,
+                            output_tokens_mean=512.0,
+                            output_tokens_p90=640.0,
+                        )
+                        assert (await engine.ReportTraffic(report)).accepted
+                await wait_until(
+                    lambda: _ready(store, {"aggregated": 1, "prefill": 1, "decode": 1}),
+                    timeout_s=120,
+                    what="q on three instances",
+                )
+                q = store.get_deployment("q")
+                assert q is not None and q.spec.traffic is not None
+                assert q.spec.traffic.requests_per_s == 5.0
+                demand = DemandStatus.from_status(q.status)
+                assert demand.replans == 1 and demand.planned is not None
+                assert demand.planned.requests_per_s == pytest.approx(45.0)
+                watch = Stream(engine, "q")
+                msg = await watch.until(lambda m: len(m.instances) == 3, "three instances")
+                assert sorted(i.role for i in msg.instances) == ["aggregated", "decode", "prefill"]
+                assert all(i.ready and i.url for i in msg.instances)
+                watch.close()
+            finally:
+                for a in agents:
+                    await a.stop()
 
     run(main())
