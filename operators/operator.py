@@ -326,15 +326,7 @@ class Operator:
         views = [(o, self._plan_view(o)) for o in plan_objs]
         plans = tuple(v for _, v in views if isinstance(v, PlanView))
         unreadable = [(o, v) for o, v in views if isinstance(v, str)]
-        cm = self.kube.get(CONFIGMAPS, config_map_name(name), ns)
-        cm_view = None
-        if cm is not None:
-            cm_meta = cm.get("metadata") or {}
-            cm_view = ConfigMapView(
-                name=str(cm_meta.get("name")),
-                plan=str((cm_meta.get("annotations") or {}).get("mixfleet.io/plan", "")),
-                keys=tuple(sorted((cm.get("data") or {}).keys())),
-            )
+        cm_view = self._config_map(ns, name)
         assigned, unschedulable = self._assignment(key, nodes)
         planned = self.fleet.parent(key) if self.settings.fleet_scheduler else None
         instance = self.fleet.record(key) if self.settings.fleet_scheduler else None
@@ -360,6 +352,18 @@ class Operator:
             unreadable_plans=tuple(
                 f"{(o.get('metadata') or {}).get('name')}: {why}" for o, why in unreadable
             ),
+        )
+
+    def _config_map(self, ns: str, name: str) -> ConfigMapView | None:
+        """The deployment's ConfigMap (a fresh GET), or None."""
+        cm = self.kube.get(CONFIGMAPS, config_map_name(name), ns)
+        if cm is None:
+            return None
+        meta = cm.get("metadata") or {}
+        return ConfigMapView(
+            name=str(meta.get("name")),
+            plan=str((meta.get("annotations") or {}).get("mixfleet.io/plan", "")),
+            keys=tuple(sorted((cm.get("data") or {}).keys())),
         )
 
     def _children(self, key: Key) -> tuple[ChildView, ...]:

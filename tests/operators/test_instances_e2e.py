@@ -99,6 +99,36 @@ def launch_doc(k: Kube, cluster: Cluster, name: str) -> Json | None:
     return doc
 
 
+def check_owned(kids: list[Json], uid: str) -> None:
+    """The instances of ``chat`` (uid ``uid``): owned by it, specs without its demand."""
+    names = [o["metadata"]["name"] for o in kids]
+    assert names == ["chat-decode-0", "chat-prefill-0"], names
+    for o in kids:
+        (ref,) = o["metadata"]["ownerReferences"]
+        assert (ref["kind"], ref["name"], ref["uid"], ref["controller"]) == (
+            "ModelDeployment",
+            "chat",
+            uid,
+            True,
+        )
+        assert "traffic" not in o["spec"] and "slo" not in o["spec"]
+        assert o["spec"]["engineFormat"] == "sglang"
+
+
+def check_plan_and_launch(k: Kube, cluster: Cluster, name: str, role: str) -> None:
+    """One PartitionPlan and one ConfigMap for instance ``name``, launched as ``role``, and
+    its record in its status."""
+    wait_for(partial(plan_count, k, cluster, name, 1), what=f"{name}'s plan")
+    doc = wait_for(partial(launch_doc, k, cluster, name), what=f"{name}'s ConfigMap")
+    assert doc["role"] == role
+    argv = doc["nodes"][0]["argv"]
+    i = argv.index("--disaggregation-mode")
+    assert argv[i + 1] == role, argv
+    rec = wait_for(partial(record, k, cluster, name), what=f"{name}'s record")
+    assert (rec["of"], rec["role"]) == ("chat", role)
+    assert rec["nodes"] == status(k, cluster, name)["nodes"]
+
+
 def test_a_planned_deployment_runs_as_owned_instances_with_their_own_plans_and_launches(
     cluster: Cluster, fleet3: Kube
 ) -> None:
@@ -108,33 +138,11 @@ def test_a_planned_deployment_runs_as_owned_instances_with_their_own_plans_and_l
         spec = {**CHAT, "nodeSelector": {RUN_LABEL: cluster.run}}
         parent = k.create(MODEL_DEPLOYMENTS, md_object("chat", cluster.namespace, **spec))
         uid = parent["metadata"]["uid"]
-        kids = wait_for(lambda: len(instances(k, cluster, "chat")) == 2, what="two instances")
-        kids = instances(k, cluster, "chat")
-        names = [o["metadata"]["name"] for o in kids]
-        assert names == ["chat-decode-0", "chat-prefill-0"], names
-        for o in kids:
-            (ref,) = o["metadata"]["ownerReferences"]
-            assert (ref["kind"], ref["name"], ref["uid"], ref["controller"]) == (
-                "ModelDeployment",
-                "chat",
-                uid,
-                True,
-            )
-            assert "traffic" not in o["spec"] and "slo" not in o["spec"]
-            assert o["spec"]["engineFormat"] == "sglang"
-
-        # One PartitionPlan and one ConfigMap per instance, launched as its role.
+        wait_for(lambda: len(instances(k, cluster, "chat")) == 2, what="two instances")
+        check_owned(instances(k, cluster, "chat"), uid)
         roles = {"chat-prefill-0": "prefill", "chat-decode-0": "decode"}
         for name, role in roles.items():
-            wait_for(partial(plan_count, k, cluster, name, 1), what=f"{name}'s plan")
-            doc = wait_for(partial(launch_doc, k, cluster, name), what=f"{name}'s ConfigMap")
-            assert doc["role"] == role
-            argv = doc["nodes"][0]["argv"]
-            i = argv.index("--disaggregation-mode")
-            assert argv[i + 1] == role, argv
-            rec = wait_for(partial(record, k, cluster, name), what=f"{name}'s record")
-            assert (rec["of"], rec["role"]) == ("chat", role)
-            assert rec["nodes"] == status(k, cluster, name)["nodes"]
+            check_plan_and_launch(k, cluster, name, role)
         prefill_nodes = status(k, cluster, "chat-prefill-0")["nodes"]
         decode_nodes = status(k, cluster, "chat-decode-0")["nodes"]
         assert len(prefill_nodes) == len(decode_nodes) == 1
