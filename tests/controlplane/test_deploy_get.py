@@ -137,6 +137,10 @@ def test_deploy_get_shows_instances_and_demand(
     assert rows["p-decode-0"][serves] == "p" and rows["p"][count] == "2"
     assert rows["p"][serves] == "-" and rows["p-prefill-0"][count] == "-"
 
+    own = cli(capsys, *addr, "deploy", "get", "p-decode-0").splitlines()
+    row = own[next(k for k, x in enumerate(own) if x.startswith("INSTANCE")) + 1].split()
+    assert row[1] == "decode" and row[4] == "http://n1:30001"  # its record, not port 30000
+
 
 def test_deploy_get_of_a_plain_deployment_lists_it_as_one_engine(
     controller: RunningController, capsys: pytest.CaptureFixture[str]

@@ -6,8 +6,9 @@ A deployment cut into instances (its status lists them under
 :class:`~.instance_records.InstanceRecord`) lists each instance: its role, pool, nodes, the
 URL its engine serves at, planned share, batch limit, committed version and predictions. A
 deployment that is not planned for traffic and SLOs lists itself as one aggregated instance
-on the nodes of its committed plan, at :data:`~.instance_records.ENGINE_BASE_PORT`. A planned
-deployment whose instances are not written yet lists none.
+on the nodes of its committed plan, at :data:`~.instance_records.ENGINE_BASE_PORT`; an
+instance lists itself as its deployment lists it. A planned deployment whose instances are
+not written yet lists none.
 
 An instance's URL is ``http://HOST:PORT``: HOST is the address its first node advertises
 (``mixfleet-agent --advertise-address``), or that node's name; an IPv6 literal goes in
@@ -123,6 +124,9 @@ def instance_set(store: Store, host_of: Callable[[str], str], name: str) -> Inst
     if d is None:
         raise NotFoundError(f"no deployment {name!r}", field="deployment")
     engine = d.spec.engine.name
+    own = InstanceRecord.from_status(d.status)
+    if own is not None:  # an instance itself: as its deployment lists it
+        return InstanceSet(name, engine, (_from_record(d, own, host_of),))
     names = instance_names(store, d)
     if not names and not is_planned(d.spec):
         return InstanceSet(name, engine, (_aggregated(store, host_of, d),))
@@ -130,29 +134,32 @@ def instance_set(store: Store, host_of: Callable[[str], str], name: str) -> Inst
     for n in names:
         inst = store.get_deployment(n)
         r = InstanceRecord.from_status(inst.status) if inst is not None else None
-        if inst is None or r is None or r.of != name:
-            continue
-        version = inst.committed_version or 0
-        out.append(
-            InstanceEndpoint(
-                name=n,
-                role=r.role,
-                pool=r.pool,
-                nodes=r.nodes,
-                url=engine_url(host_of(r.nodes[0]), r.port) if r.nodes else "",
-                bootstrap_port=r.bootstrap_port,
-                requests_per_s=r.requests_per_s,
-                batch_limit=r.batch_limit,
-                version=version,
-                ready=version > 0 and not r.draining,
-                draining=r.draining,
-                variant=r.variant,
-                ttft_ms=r.ttft_ms,
-                tpot_ms=r.tpot_ms,
-                capacity_requests_per_s=r.capacity_requests_per_s,
-            )
-        )
+        if inst is not None and r is not None and r.of == name:
+            out.append(_from_record(inst, r, host_of))
     return InstanceSet(name, engine, tuple(out))
+
+
+def _from_record(
+    inst: StoredDeployment, r: InstanceRecord, host_of: Callable[[str], str]
+) -> InstanceEndpoint:
+    version = inst.committed_version or 0
+    return InstanceEndpoint(
+        name=inst.name,
+        role=r.role,
+        pool=r.pool,
+        nodes=r.nodes,
+        url=engine_url(host_of(r.nodes[0]), r.port) if r.nodes else "",
+        bootstrap_port=r.bootstrap_port,
+        requests_per_s=r.requests_per_s,
+        batch_limit=r.batch_limit,
+        version=version,
+        ready=version > 0 and not r.draining,
+        draining=r.draining,
+        variant=r.variant,
+        ttft_ms=r.ttft_ms,
+        tpot_ms=r.tpot_ms,
+        capacity_requests_per_s=r.capacity_requests_per_s,
+    )
 
 
 def instance_names(store: Store, d: StoredDeployment) -> list[str]:
