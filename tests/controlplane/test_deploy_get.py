@@ -138,7 +138,7 @@ def test_deploy_get_shows_instances_and_demand(
     assert rows["p"][serves] == "-" and rows["p-prefill-0"][count] == "-"
 
     own = cli(capsys, *addr, "deploy", "get", "p-decode-0").splitlines()
-    row = own[next(k for k, x in enumerate(own) if x.startswith("INSTANCE")) + 1].split()
+    row = next(x for x in own if x.startswith("p-decode-0") and "http:" in x).split()
     assert row[1] == "decode" and row[4] == "http://n1:30001"  # its record, not port 30000
 
 
