@@ -112,8 +112,8 @@ def _local_plan(args: argparse.Namespace, deps: list[Any], nodes: list[Any]) -> 
 
 def cmd_live_show(args: argparse.Namespace) -> int:
     """``schedule show`` against the controller; deployments with traffic and SLOs also get
-    the fleet planner's plan, solved here (the controller runs one instance per
-    deployment)."""
+    the fleet planner's plan, solved here (the controller's own plan is in their status:
+    ``instances``, ``fleet_plan``)."""
     from controlplane.cli.schedule_plan import plan_document, print_plan
 
     deps, nodes = _read(args)
@@ -155,7 +155,8 @@ def cmd_live_show(args: argparse.Namespace) -> int:
     if plan is not None:
         emit(
             "fleet plan of the deployments with traffic and SLOs, solved here on the "
-            "controller's ready nodes (the controller runs one instance per deployment):"
+            "controller's ready nodes (the controller's own plan runs them as engine "
+            "instances):"
         )
         print_plan(plan)
     return 0

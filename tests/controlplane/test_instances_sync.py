@@ -71,6 +71,11 @@ def test_instances_ports_drain_and_the_running_plan(tmp_path: Path) -> None:
         assert prefill is not None and prefill.bootstrap_port == BOOTSTRAP_BASE_PORT
         assert _stored(store, "q").status[INSTANCES_KEY] == sorted(recs)
         generations = {n: _stored(store, n).generation for n in recs}
+        assert inst.tick(["q"], {}) == {"q": ("rolling_out", "0 of 3 instances committed")}
+        d0 = _stored(store, "q-decode-0")
+        store.set_deployment_status("q-decode-0", {**d0.status, "phase": "failed", "message": "x"})
+        assert inst.tick(["q"], {})["q"] == ("failed", "0 of 3 instances committed; q-decode-0: x")
+        store.set_deployment_status("q-decode-0", d0.status)
 
         # What runs reads back as the plan: planning against it changes nothing.
         running = inst.running_plan(first)

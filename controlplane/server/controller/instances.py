@@ -32,7 +32,9 @@ the one writer of instance specs and records:
   ``missing_requests_per_s``, ``fix``, ``message``); its phase is ``ready`` when every
   non-draining instance is committed and the plan serves its demand, ``rolling_out`` while
   instances are not committed yet (``2 of 3 instances committed``), ``degraded`` when all
-  are but the plan is short, ``pending`` when nothing serves it.
+  are but the plan is short (or some instance cannot be planned while others serve),
+  ``failed`` when an instance cannot be planned and none serves, ``pending`` when nothing
+  serves it.
 
 The traffic a deployment is planned for is :attr:`Instances.traffic_for` of its stored
 record (default: its spec's ``traffic``); demand measurement replaces the hook, and its value
@@ -134,6 +136,8 @@ class Instances:
         self._errors: dict[str, str] = {}
         #: Planned deployment -> (phase, message) as of the last tick.
         self.phases: dict[str, tuple[str, str]] = {}
+        #: (instance, version) -> (inputs key, nodes) of a committed plan (never change).
+        self._plans: dict[tuple[str, int], tuple[str, frozenset[str]]] = {}
 
     # ------------------------------------------------------------------ reading
 
@@ -327,7 +331,8 @@ class Instances:
             waiting: deployment -> the deployments whose nodes it waits for (the fleet
                 scheduler's drain view).
         """
-        committed = {n: self._committed(n, r) for n, r in self.records.items() if not r.draining}
+        states = {n: self._state(n, r) for n, r in self.records.items() if not r.draining}
+        committed = {n: ok for n, (ok, _) in states.items()}
         draining = {n for n, r in self.records.items() if r.draining}
         for name in sorted(draining):
             of = self.records[name].of
@@ -342,24 +347,30 @@ class Instances:
                 name in waiting.get(n, ()) for n in todo
             ):
                 self._drop(name, "removed first: an instance that replaces it needs its nodes")
-        self.phases = {p: self._phase(p, committed) for p in sorted(parents)}
+        self.phases = {p: self._phase(p, states) for p in sorted(parents)}
         return self.phases
 
-    def _committed(self, name: str, r: InstanceRecord) -> bool:
-        """Whether the instance serves a committed plan made for its current spec, on its
-        nodes."""
+    def _state(self, name: str, r: InstanceRecord) -> tuple[bool, str]:
+        """``(committed, failure)`` of an instance: whether it serves a committed plan made
+        for its current spec on its nodes, and why it cannot be planned ("" unless its
+        phase is ``failed``: a bad spec or infeasible on its nodes)."""
         store = self.ctx.store
         d = store.get_deployment(name)
-        if d is None or d.committed_version is None:
-            return False
-        p = store.get_plan(name, d.committed_version, with_plan=False)
-        return (
-            p is not None
-            and p.inputs_key.startswith(f"g{d.generation}:")
-            and set(p.nodes) <= set(r.nodes)
-        )
+        if d is None:
+            return False, ""
+        failure = str(d.status.get("message", "")) if d.status.get("phase") == "failed" else ""
+        if d.committed_version is None:
+            return False, failure
+        key = (name, d.committed_version)
+        if key not in self._plans:
+            p = store.get_plan(name, d.committed_version, with_plan=False)
+            if p is None:
+                return False, failure
+            self._plans[key] = (p.inputs_key, frozenset(p.nodes))
+        inputs, nodes = self._plans[key]
+        return inputs.startswith(f"g{d.generation}:") and nodes <= set(r.nodes), failure
 
-    def _phase(self, parent: str, committed: Mapping[str, bool]) -> tuple[str, str]:
+    def _phase(self, parent: str, states: Mapping[str, tuple[bool, str]]) -> tuple[str, str]:
         if self._errors.get(parent):
             return "failed", self._errors[parent]
         if self.failure:
@@ -370,13 +381,17 @@ class Instances:
         live = [n for n, r in self.records.items() if r.of == parent and not r.draining]
         if not live:
             return "pending", short.message if short else "the fleet plan gives it no instance"
-        done = sum(1 for n in live if committed.get(n))
+        done = sum(1 for n in live if states.get(n, (False, ""))[0])
         drains = sum(1 for r in self.records.values() if r.of == parent and r.draining)
         words = [f"{done} of {len(live)} instances committed"]
         if drains:
             words.append(f"{drains} draining")
         if short is not None:
             words.append(short.message)
+        failed = [f"{n}: {states[n][1]}" for n in live if n in states and states[n][1]]
+        if failed:
+            phase = "degraded" if done else "failed"
+            return phase, "; ".join([*words, *failed])[:1024]
         if done < len(live):
             return "rolling_out", "; ".join(words)[:1024]
         if short is not None:
@@ -389,6 +404,7 @@ class Instances:
         """Delete the instance ``name`` (parts REMOVEd from the agents)."""
         r = self.records.pop(name, None)
         self._remove(name)
+        self._plans = {k: v for k, v in self._plans.items() if k[0] != name}
         self.ctx.log.info("instance removed", instance=name, reason=why)
         if r is not None and self.ctx.store.get_deployment(r.of) is not None:
             self._write_parent(r.of)
@@ -399,6 +415,7 @@ class Instances:
         for name in gone:
             self.records.pop(name, None)
             self._remove(name)
+            self._plans = {k: v for k, v in self._plans.items() if k[0] != name}
             self.ctx.log.info(
                 "instance deleted with its deployment", deployment=parent, instance=name
             )
