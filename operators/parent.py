@@ -79,7 +79,8 @@ def reconcile_parent(observed: Observed) -> tuple[Action, ...]:
             actions.append(applied)
     wanted = {i.name for i in pp.instances}
     dropped = [c for name, c in sorted(live.items()) if name not in wanted]
-    if dropped and _replacements_ready(pp.instances, live, dropped):
+    # Not planned this time (the planner refused): what runs keeps running.
+    if dropped and not pp.error and _replacements_ready(pp.instances, live, dropped):
         actions += [DeleteChild(c.name, c.uid) for c in dropped]
     status = parent_status(observed, pp, live, dropped, errors)
     applied_status = status_apply(observed, status)

@@ -236,6 +236,10 @@ def test_a_dropped_instance_goes_only_once_its_replacements_are_ready() -> None:
         a for a in reconcile_parent(parent_observed(pp, on_its_node)) if isinstance(a, DeleteChild)
     ]
     assert [d.name for d in deletes] == ["chat-aggregated-0"]
+    # A plan the planner refused deletes nothing: what runs keeps running.
+    refused = ParentPlan((), 20.0, 0.0, error="the fleet planner refused the planned deployments")
+    kept = reconcile_parent(parent_observed(refused, (child_view(old, ready=True),)))
+    assert not [a for a in kept if isinstance(a, DeleteChild)]
 
 
 def conditions(actions: Any) -> dict[str, dict[str, Any]]:
