@@ -30,7 +30,7 @@ from test_instances_e2e import CHAT, PLANNER
 
 from apis.kube.client import MODEL_DEPLOYMENTS
 from apis.kube.names import LABEL_INSTANCE_OF
-from apis.kube.schema import to_wire
+from apis.kube.schema import from_wire, to_wire
 from apis.kube.v1alpha1 import (
     Condition,
     InstanceRecordStatus,
@@ -329,3 +329,13 @@ def test_the_kubernetes_store_reads_an_instances_record_as_the_controller_keeps_
         assert live["status"]["instance"] == to_wire(rec)
     finally:
         store.close()
+
+
+def test_the_crd_record_has_every_field_of_the_controllers_record() -> None:
+    """The API server prunes what the CRD lacks: every key the controller's InstanceRecord
+    reads must be a field of ``status.instance``, with the same meaning."""
+    rec = InstanceRecord("chat", "prefill", "p", "v", ("n0",), 30000, 8998, 1.5, 8, 3.0, 4.0, 5.0)
+    doc = rec.to_status()
+    crd = from_wire(InstanceRecordStatus, doc, "status.instance")
+    assert {k: v for k, v in to_wire(crd).items() if k in doc} == doc
+    assert InstanceRecord.from_status({INSTANCE_KEY: to_wire(crd)}) == rec
