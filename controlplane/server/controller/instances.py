@@ -138,6 +138,8 @@ class Instances:
         self.phases: dict[str, tuple[str, str]] = {}
         #: (instance, version) -> (inputs key, nodes) of a committed plan (never change).
         self._plans: dict[tuple[str, int], tuple[str, frozenset[str]]] = {}
+        if ctx.store.plan_author == "controller":  # known before the first tick
+            self.recover(ctx.store.list_deployments())
 
     # ------------------------------------------------------------------ reading
 
