@@ -430,6 +430,8 @@ class Instances:
     def _write_instance(self, name: str, r: InstanceRecord, gpus: int | None) -> None:
         """The instance's record and assignment in its status."""
         verb = "drains" if r.draining else "serves"
+        dp = self.plan.deployments.get(r.of) if self.plan is not None else None
+        output_tokens = dp.traffic.output_len.mean if dp is not None else 0.0
         updates: dict[str, Any] = {
             INSTANCE_KEY: r.to_status(),
             "assigned_nodes": list(r.nodes),
@@ -440,7 +442,7 @@ class Instances:
                 "resource": "",
                 "missing": 0,
                 "missing_unit": "",
-                "predicted_tokens_per_s": 0.0,
+                "predicted_tokens_per_s": 0.0 if r.draining else r.requests_per_s * output_tokens,
                 "decision": "draining" if r.draining else "",
                 "solver": self.plan.solver if self.plan is not None else "",
             },
