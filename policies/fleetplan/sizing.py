@@ -18,7 +18,10 @@ prompt tokens (at most the chunk budget ``C``) of the requests that replace them
 the steps that run the prompt's chunks). The **batch limit** is the largest ``B`` with
 ``TPOT(B) <= tpot``, ``TTFT(B) <= ttft`` and ``B (ISL + OSL) <= KV capacity`` (the
 simulator reserves prompt + output per admitted sequence); the **capacity** is
-``rate(B) x utilisation``: an instance planned at its full rate queues without bound.
+``rate(B) x utilisation`` (an instance planned at its full rate queues without bound), or
+with ``queueing`` (the planner's setting) ``utilisation`` x the rate its ``B`` slots, each
+held ``(ceil(ISL / C) + OSL - 1) t(B)``, take while no more than the SLO's miss share of
+requests waits longer than ``ttft - TTFT(B)`` for one (:func:`queue_rate`, Erlang C).
 
 **Prefill** (a batched forward of up to ``T`` prompt tokens): ``TTFT = 2 P(T) + KV transfer
 + one decode step`` (the running forward, its own, the transfer of ``ISL_q`` tokens' KV, the
@@ -29,7 +32,9 @@ budget is not the fastest), no more than the instance's NICs move: ``bandwidth /
 bytes per token)``.
 
 **Decode**: ``TPOT(B) = decode_us(B, ISL + OSL/2) <= tpot``, ``B (ISL + OSL) <=`` KV
-capacity, ``rate = B / (OSL TPOT(B))``, and no more than its NICs receive.
+capacity, ``rate = B / (OSL TPOT(B))``, and no more than its NICs receive; in a pair with
+``queueing``, the rate its slots take while the wait for one fits in what the TTFT target
+leaves after ``2 P(T)``, the transfer and one step.
 
 Units: microseconds (``_us``), milliseconds (``_ms``), tokens, requests per second, bytes,
 GB/s (1e9 bytes per second). Pure: no I/O.
