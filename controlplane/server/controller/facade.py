@@ -226,7 +226,8 @@ class Controller:
             assigned, unscheduled = self.scheduler.view(nodes, now, settings, self.views.records())
             # A deployment served by engine instances is never solved as one engine.
             planned = self.scheduler.instances.phases
-            due = tuple(d for d in due if d.name not in planned)
+            skip = planned.keys() | self.scheduler.instances.removed  # drained this tick
+            due = tuple(d for d in due if d.name not in skip)
         elif not settings.solves:  # the operator withdraws by deleting PartitionPlans
             self.scheduler.sweep_withdrawn(self.views.records(), now)
         actions = rc.reconcile(rc.Observed(now, nodes, due, assigned, unscheduled), settings)

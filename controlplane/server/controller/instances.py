@@ -136,6 +136,8 @@ class Instances:
         self._errors: dict[str, str] = {}
         #: Planned deployment -> (phase, message) as of the last tick.
         self.phases: dict[str, tuple[str, str]] = {}
+        #: Instances removed by the last :meth:`tick` (the decision skips them).
+        self.removed: set[str] = set()
         #: (instance, version) -> (inputs key, nodes) of a committed plan (never change).
         self._plans: dict[tuple[str, int], tuple[str, frozenset[str]]] = {}
         if ctx.store.plan_author == "controller":  # known before the first tick
@@ -333,6 +335,7 @@ class Instances:
             waiting: deployment -> the deployments whose nodes it waits for (the fleet
                 scheduler's drain view).
         """
+        self.removed = set()
         states = {n: self._state(n, r) for n, r in self.records.items() if not r.draining}
         committed = {n: ok for n, (ok, _) in states.items()}
         draining = {n for n, r in self.records.items() if r.draining}
@@ -406,6 +409,7 @@ class Instances:
         """Delete the instance ``name`` (parts REMOVEd from the agents)."""
         r = self.records.pop(name, None)
         self._remove(name)
+        self.removed.add(name)
         self._plans = {k: v for k, v in self._plans.items() if k[0] != name}
         self.ctx.log.info("instance removed", instance=name, reason=why)
         if r is not None and self.ctx.store.get_deployment(r.of) is not None:
