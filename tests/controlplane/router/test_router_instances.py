@@ -17,8 +17,8 @@ from typing import Any
 import aiohttp
 import pytest
 from router_world import complete, running_router, until
-from scripted_controller import ScriptedEngineService, instance, scripted_controller
 from support.openai_engine import LoopbackEngine
+from support.scripted_controller import ScriptedEngineService, instance, scripted_controller
 
 from controlplane.cli import main
 from controlplane.router.proxy import Router

@@ -14,8 +14,8 @@ import aiohttp
 import pytest
 from mixfleet.v1 import engine_pb2
 from router_world import complete, running_router, until
-from scripted_controller import ScriptedEngineService, instance, scripted_controller
 from support.openai_engine import LoopbackEngine
+from support.scripted_controller import ScriptedEngineService, instance, scripted_controller
 
 from controlplane.router.instances import instance_set
 from controlplane.router.settings import Watched

@@ -1,8 +1,8 @@
-"""A small real gRPC ``EngineService`` for the router's tests: it serves the ``Instances`` and
-``Routing`` messages a test scripts (each watch gets the current message, then every new
-one), records the ``ReportTraffic`` calls, and can refuse them. The controller's own
-implementation is tested end to end elsewhere; this one lets a test say exactly what the
-controller lists."""
+"""A small real gRPC ``EngineService`` for the router's tests and ``bench.router_traffic``: it
+serves the ``Instances`` and ``Routing`` messages a test scripts (each watch gets the current
+message, then every new one), records the ``ReportTraffic`` calls, and can refuse them. The
+controller's own implementation is tested end to end elsewhere; this one lets a test say
+exactly what the controller lists."""
 
 from __future__ import annotations
 
