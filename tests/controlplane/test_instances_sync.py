@@ -105,3 +105,28 @@ def test_instances_ports_drain_and_the_running_plan(tmp_path: Path) -> None:
     finally:
         asyncio.run(c.stop())
         store.close()
+
+
+def test_the_controller_keeps_step_curves_next_to_its_sqlite_file(tmp_path: Path) -> None:
+    from argparse import Namespace
+
+    from controlplane.cli.controller import _curve_cache_dir
+    from controlplane.curvecache import FileCurveCache
+
+    store = SqliteStore(tmp_path / "state.db")
+    try:
+        where = _curve_cache_dir(Namespace(curve_cache=None), store)
+        assert where == str(tmp_path.resolve() / "state.db.curves")
+        assert _curve_cache_dir(Namespace(curve_cache=str(tmp_path / "c")), store) == str(
+            tmp_path / "c"
+        )
+        c = Controller(store, settings=replace(FAST, curve_cache_dir=where))
+        try:
+            curves = c.scheduler.curves
+            assert isinstance(curves, FileCurveCache)
+            plan_fleet(PlanRequest(FLEET, (FleetDeployment(SPEC),)), cache=curves)
+            assert curves.writes > 0 and any(Path(where).rglob("*.json"))
+        finally:
+            asyncio.run(c.stop())
+    finally:
+        store.close()
