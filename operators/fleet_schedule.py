@@ -130,10 +130,12 @@ class FleetAssignments:
         text = "\n".join(
             f"{k}:{gen}:{','.join(n.name for n in ns)}" for k, gen, _, ns, _ in entries
         )
-        text += "\n" + ",".join(f"{k[0]}/{k[1]}" for k in sorted(children))
-        fingerprint = hashlib.sha256(text.encode()).hexdigest()[:16]
         changed = False
         with self._lock:
+            # Instances the plan dropped hold nodes until deleted: their going frees nodes.
+            dropped = sorted(k for k in children if k not in self.records)
+            text += "\n" + ",".join(f"{k[0]}/{k[1]}" for k in dropped)
+            fingerprint = hashlib.sha256(text.encode()).hexdigest()[:16]
             self.children = children
             if fingerprint != self._key:
                 self._solve(entries)
