@@ -214,12 +214,14 @@ class FleetAssignments:
         for (k, _, _, ns, _), left in zip(
             (e for e in entries if not is_planned(e[2])), rest, strict=True
         ):
-            if ns and not left[3]:  # its eligible nodes serve planned instances
+            lost = len(ns) - len(left[3])
+            if lost and (k in self.unplaceable or not left[3]):
+                # Its own solve would plan on every eligible node, the instances' too.
                 self.unplaceable.discard(k)
                 self.reasons[k] = (
-                    "every eligible GPUNode serves a planned deployment's instances "
-                    "(deployments with traffic and SLOs are planned first). To fix: add "
-                    "GPUNodes, or widen spec.nodeSelector"
+                    f"{lost} of its {len(ns)} eligible GPUNodes serve planned deployments' "
+                    "instances (deployments with traffic and SLOs are planned first) and the "
+                    "rest cannot hold it. To fix: add GPUNodes, or widen spec.nodeSelector"
                 )
 
     def _running(self, key: Key) -> tuple[PlannedInstance, ...]:

@@ -339,3 +339,20 @@ def test_the_crd_record_has_every_field_of_the_controllers_record() -> None:
     crd = from_wire(InstanceRecordStatus, doc, "status.instance")
     assert {k: v for k, v in to_wire(crd).items() if k in doc} == doc
     assert InstanceRecord.from_status({INSTANCE_KEY: to_wire(crd)}) == rec
+
+
+def test_a_deployment_whose_nodes_all_serve_instances_waits_and_never_plans_on_them() -> None:
+    """Without the scheduler's answer (no node left: unplaceable) its own solve would plan
+    on every eligible GPUNode, the instances' too: it is Unschedulable instead."""
+    pool = {"pool": "a"}
+    nodes = [node_view(n, inv=inventory(n, "h100-0"), labels=pool) for n in ("h100-0", "h100-1")]
+    chat = md_object("chat", "team-a", **{**CHAT, "nodeSelector": pool})
+    objs = [chat, md_object("big", "team-a", nodeSelector=pool, maxGpus=2)]
+    for o in objs:
+        o["metadata"]["generation"] = 1
+    fa = FleetAssignments(planner=PLANNER)
+    got, why, _ = fa.of(("team-a", "big"), objs, nodes, policy, NOW, 90.0)
+    pp = fa.parent(("team-a", "chat"))
+    assert pp is not None and {n for i in pp.instances for n in i.nodes} == {"h100-0", "h100-1"}
+    assert got == ()
+    assert why.startswith("2 of its 2 eligible GPUNodes serve planned deployments' instances")
