@@ -17,13 +17,21 @@
    after, the expert moves, the router weights) against a plan from scratch, the plan
    history and the new routing the engine receives; the router applies the new plan live
    and a second burst follows it;
-8. everything stops cleanly.
+8. everything stops cleanly;
+9. then a deployment stated by its demand and SLOs (Qwen3-30B-A3B on a small mixed fleet,
+   its own controller and agents) served as several engine instances, one of them a
+   prefill/decode pair, with one loopback engine per instance, ``mixfleet-router
+   --deployment``, a client load at the planned demand, per-instance shares and predicted
+   vs simulated vs measured latencies, then a demand shift that adds instances
+   (:mod:`demo.instances_step`).
 
 Every step that takes more than a few seconds prints progress. The controller's, agents'
 and router's logs go to files (``--log-dir``, default ``out/demo/``), never to the screen.
 
-Run ``PYTHONPATH=examples python -m demo.e2e`` (about a minute on 2 idle cores: the ILP
-solves of DeepSeek-V3 on 24 GPUs dominate). ``--keep DIR`` keeps the state and plan files.
+Run ``PYTHONPATH=examples python -m demo.e2e`` (a few minutes on 2 idle cores: the ILP
+solves of DeepSeek-V3 on 24 GPUs and the instances step's load dominate). ``--keep DIR``
+keeps the state and plan files; ``--only mixed-24`` runs steps 1-8, ``--only instances``
+step 9.
 """
 
 from __future__ import annotations
@@ -49,6 +57,7 @@ from agents.discovery.static import load_fleet_file
 from agents.logs import configure_logging
 from agents.simulate import SimulatedFleet
 from controlplane.server.inprocess import start_controller
+from demo import instances_step
 from demo.router_step import RouterPath, show_live_update, start_router
 from demo.session import (
     FLEET_FILE,
@@ -89,8 +98,24 @@ def _shown(path: Path) -> str:
         return str(path)
 
 
-async def _run(workdir: Path, time_limit_s: float, logs: Path) -> int:
-    """Every step of the demo against one controller and its simulated agents."""
+async def _run(workdir: Path, time_limit_s: float, logs: Path, only: str = "") -> int:
+    """The steps of the demo: those of mixed-24 against one controller and its simulated
+    agents, then the instances step against its own (``only``: one part)."""
+    if only != "instances":
+        await _mixed24(workdir, time_limit_s, logs)
+    if only != "mixed-24":
+        t_start = time.monotonic()
+        await instances_step.run(workdir, logs)
+        say()
+        say(
+            "stopped      the instances step's controller, agents, router and engines; "
+            f"{time.monotonic() - t_start:.0f} s"
+        )
+    return 0
+
+
+async def _mixed24(workdir: Path, time_limit_s: float, logs: Path) -> None:
+    """Steps 1-8 against one controller and its simulated agents."""
     t_start = time.monotonic()
     fleet = load_fleet_file(FLEET_FILE)
     async with start_controller(workdir / "controller", settings=SETTINGS) as ctl:
@@ -138,7 +163,6 @@ async def _run(workdir: Path, time_limit_s: float, logs: Path) -> int:
         f"stopped      controller and {len(fleet.nodes)} agents; "
         f"{time.monotonic() - t_start:.0f} s in all"
     )
-    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -156,6 +180,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=Path,
         default=None,
         help="where the logs go (default: out/demo in the repository)",
+    )
+    parser.add_argument(
+        "--only",
+        choices=("mixed-24", "instances"),
+        default="",
+        help="run one part: the mixed-24 steps or the instances step (default: both)",
     )
     parser.add_argument(
         "--log-level",
@@ -184,9 +214,9 @@ def _main(args: argparse.Namespace, logs: Path, log: TextIO) -> int:
         with contextlib.redirect_stderr(log):
             if args.keep is not None:
                 args.keep.mkdir(parents=True, exist_ok=True)
-                return asyncio.run(_run(args.keep, args.time_limit, logs))
+                return asyncio.run(_run(args.keep, args.time_limit, logs, args.only))
             with tempfile.TemporaryDirectory(prefix="mixfleet-demo-") as tmp:
-                return asyncio.run(_run(Path(tmp), args.time_limit, logs))
+                return asyncio.run(_run(Path(tmp), args.time_limit, logs, args.only))
     except (TimeoutError, RuntimeError, grpc.RpcError) as exc:
         print(f"error: demo step failed: {exc} (logs: {_shown(logs)}/)", file=err)
         return 1

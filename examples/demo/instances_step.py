@@ -59,7 +59,8 @@ from agents.discovery.static import load_fleet_file
 from agents.simulate import SimulatedFleet
 from apis.wire.deployment import spec_to_proto
 from controlplane.server.controller import ControllerSettings
-from controlplane.server.inprocess import start_controller
+from controlplane.server.controller.demand import DemandSettings, DemandStatus
+from controlplane.server.inprocess import RunningController, start_controller
 from demo.router_step import _engine_class, _free_port
 from demo.session import PROGRESS_S, say
 from policies.serving.sim_types import SimOptions, SimReport, quantile_sorted
@@ -81,13 +82,24 @@ SHIFT_LIMIT_S = 120.0  # longest wait for the re-plan after the shift, s
 READY_LIMIT_S = 120.0  # longest wait for the first instances and the router, s
 TAIL_S = 10.0  # load on the new instances after the re-plan, s
 SIM_REQUESTS = 2000  # requests the serving simulator runs
-#: Demo timing: quick ticks and heartbeats (the drift settings: see run()).
+RETIRE_LIMIT_S = 30.0  # longest wait for a removed instance's open requests, s
+#: Demo timing: quick ticks and heartbeats; drift settings shortened from minutes to seconds
+#: (``mixfleetctl controller run --drift-sustain-s`` and the like): the measured rate, in
+#: 2-s buckets, must stay out of the +-25 % band around the planned demand for 6 s; at most
+#: one re-plan in 2 minutes (one in the demo).
 SETTINGS = ControllerSettings(
     heartbeat_interval_s=1.0,
     node_lost_after_s=5.0,
     tick_s=0.2,
     retry_after_abort_s=2.0,
     retry_after_error_s=2.0,
+    demand=DemandSettings(
+        drift_threshold=0.25,
+        sustain_s=6.0,
+        min_interval_s=120.0,
+        bucket_s=2.0,
+        status_write_s=1.0,
+    ),
 )
 
 
@@ -145,7 +157,9 @@ async def _bootstrap_server(port: int, prefill_url: str) -> web.AppRunner:
 @dataclass
 class EngineFarm:
     """The loopback engines of the deployment's instances, started as WatchInstances lists
-    them (never stopped before the end: a drained instance finishes its open requests).
+    them. An engine whose instance is no longer listed (or is listed again at another url
+    or role: names and ports are reused) is retired: stopped once its open requests have
+    finished, within :data:`RETIRE_LIMIT_S`.
 
     Attributes:
         protocol: the engines' protocol (``Instances.engine``).
@@ -156,38 +170,70 @@ class EngineFarm:
     protocol: str
     gpus: dict[str, int]
     running: dict[str, Running] = field(default_factory=dict)
+    _retiring: dict[int, asyncio.Task[None]] = field(default_factory=dict)
 
     async def sync(self, msg: engine_pb2.Instances) -> list[str]:
-        """Start an engine for every listed instance that has none; their names."""
+        """Retire the engines of instances gone or moved; start one for every listed
+        instance that has none. Returns the names started."""
         self.protocol = msg.engine or self.protocol
+        listed = {i.name: i for i in msg.instances}
+        for name, run in list(self.running.items()):
+            now = listed.get(name)
+            if now is None or now.url != run.instance.url or now.role != run.instance.role:
+                del self.running[name]
+                self._retiring[run.engine.port] = asyncio.create_task(self._retire(run))
         started = []
         for inst in msg.instances:
             if inst.name in self.running or not inst.url:
                 continue
-            ranks = max(1, sum(self.gpus.get(n, 1) for n in inst.nodes))
-            tpot_ms = inst.tpot_ms if inst.tpot_ms > 0 else 20.0
             port = urlsplit(inst.url).port or 80
-            engine = await _engine_class()(
-                engine=self.protocol,
-                role=inst.role,
-                port=port,
-                tokens_per_s=[1000.0 / tpot_ms] * ranks,
-                model=msg.deployment,
-            ).start()
-            run = Running(inst, engine)
-            if inst.role == "prefill" and self.protocol == "sglang" and inst.bootstrap_port:
-                run.bootstrap = await _bootstrap_server(inst.bootstrap_port, engine.url)
-            self.running[inst.name] = run
+            for busy in (port, inst.bootstrap_port):
+                if busy in self._retiring:
+                    await self._retiring.pop(busy)
+            self.running[inst.name] = await self._start(inst)
             started.append(inst.name)
         for inst in msg.instances:  # the newest record of each (draining, share)
             if inst.name in self.running:
                 self.running[inst.name].instance = inst
         return started
 
+    async def _start(self, inst: engine_pb2.Instance) -> Running:
+        ranks = max(1, sum(self.gpus.get(n, 1) for n in inst.nodes))
+        tpot_ms = inst.tpot_ms if inst.tpot_ms > 0 else 20.0
+        try:
+            engine = await _engine_class()(
+                engine=self.protocol,
+                role=inst.role,
+                port=urlsplit(inst.url).port or 80,
+                tokens_per_s=[1000.0 / tpot_ms] * ranks,
+                model=inst.name,
+            ).start()
+            run = Running(inst, engine)
+            if inst.role == "prefill" and self.protocol == "sglang" and inst.bootstrap_port:
+                run.bootstrap = await _bootstrap_server(inst.bootstrap_port, engine.url)
+        except OSError as exc:
+            raise RuntimeError(
+                f"cannot serve instance {inst.name} at {inst.url} (bootstrap port "
+                f"{inst.bootstrap_port}): {exc}; is another run using the port?"
+            ) from exc
+        return run
+
+    async def _retire(self, run: Running) -> None:
+        t0 = time.monotonic()
+        while any(not r.done for r in run.engine.records):
+            if time.monotonic() - t0 > RETIRE_LIMIT_S:
+                break
+            await asyncio.sleep(0.1)
+        await run.engine.stop()
+        if run.bootstrap is not None:
+            await run.bootstrap.cleanup()
+
     def counts(self) -> dict[str, int]:
         return {name: r.requests() for name, r in self.running.items()}
 
     async def stop(self) -> None:
+        for task in self._retiring.values():
+            await task
         for r in self.running.values():
             await r.engine.stop()
             if r.bootstrap is not None:
@@ -208,6 +254,7 @@ class Answer:
     ttft_s: float = math.nan
     tpot_s: float = math.nan
     complete: bool = False
+    error: str = ""
 
 
 @dataclass
@@ -249,6 +296,9 @@ class Client:
                 f"{self.url}/v1/completions", data=self.body(stream), headers=headers
             ) as r:
                 ans.status = r.status
+                if r.status != 200:
+                    ans.error = (await r.read())[:200].decode(errors="replace")
+                    return
                 if not stream:
                     await r.read()
                     ans.complete = r.status == 200
@@ -267,23 +317,28 @@ class Client:
                 if tokens > 1:
                     ans.tpot_s = (last - first) / (tokens - 1)
         except (aiohttp.ClientError, OSError) as exc:
-            ans.status = ans.status or 0
             ans.complete = False
-            say(f"client       a request failed: {type(exc).__name__}: {exc}")
+            ans.error = f"{type(exc).__name__}: {exc}"
 
     async def run(self, stop: asyncio.Event, rng: random.Random) -> None:
-        """Send until ``stop``, then wait for every open request."""
+        """Send until ``stop``, then wait for every open request. Arrivals keep their
+        schedule (each gap drawn at the rate in force) even when the loop falls behind: a
+        late request goes out at once, so the rate holds on a busy machine."""
         timeout = aiohttp.ClientTimeout(total=120)
         connector = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
             i = 0
+            due = time.monotonic()
             while not stop.is_set():
                 task = asyncio.create_task(self._one(session, i % STREAM_EVERY == 0))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
                 i += 1
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), rng.expovariate(self.rate_rps))
+                due += rng.expovariate(self.rate_rps)
+                wait_s = due - time.monotonic()
+                if wait_s > 0:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), wait_s)
             if self._tasks:
                 await asyncio.gather(*self._tasks)
 
@@ -426,9 +481,16 @@ def measured(answers: Sequence[Answer], ttft_ms: float, tpot_ms: float) -> Laten
     )
 
 
-def simulated(doc: Any, spec: DeploymentSpec) -> Latencies:
-    """The serving simulator on the deployment's fleet plan document ``doc``."""
+def simulated(doc: Any, spec: DeploymentSpec, msg: engine_pb2.Instances) -> Latencies:
+    """The serving simulator on the deployment's fleet plan document ``doc``; the note says
+    whether that plan has the instances (role and nodes) the controller lists in ``msg``."""
+    from policies.launch import planned_instances
     from policies.serving.plan import plan_from_doc
+
+    offline = planned_instances({"kind": "FleetPlan", "deployments": [doc]}, spec.name)
+    same = sorted((i.role, tuple(i.nodes)) for i in offline) == sorted(
+        (i.role, tuple(i.nodes)) for i in msg.instances if not i.draining
+    )
 
     assert spec.traffic is not None
     plan = plan_from_doc(doc["servingPlan"], "servingPlan")
@@ -438,7 +500,8 @@ def simulated(doc: Any, spec: DeploymentSpec) -> Latencies:
         report.ttft_ms.p90,
         report.tpot_ms.p90,
         report.attainment,
-        f"{SIM_REQUESTS} requests, serving simulator",
+        f"{SIM_REQUESTS} requests, serving simulator"
+        + ("" if same else "; NOTE: its plan is not the controller's"),
     )
 
 
@@ -449,6 +512,7 @@ def _ms(v: float) -> str:
 def show_latencies(rows: Sequence[Latencies], spec: DeploymentSpec) -> None:
     slo = spec.slo
     assert slo is not None
+    say()
     say(
         f"latency      SLO: TTFT <= {slo.ttft_ms:.0f} ms, TPOT <= {slo.tpot_ms:.0f} ms for "
         f"{slo.percentile:.0f}% of requests"
@@ -461,45 +525,40 @@ def show_latencies(rows: Sequence[Latencies], spec: DeploymentSpec) -> None:
 
 
 def show_shares(
-    msg: engine_pb2.Instances, got: dict[str, int], title: str, names: Sequence[str] = ()
+    msg: engine_pb2.Instances, got: dict[str, int], title: str, new: Sequence[str] = ()
 ) -> None:
-    """Per instance: role, nodes, planned requests/s and share, the requests it got."""
+    """Per instance: role, nodes, planned requests/s and share, the requests it got. An
+    aggregated or decode instance's share is of the requests (a prefill/decode pair's
+    requests are its decode instances'), a prefill instance's of the prefills."""
     live = [i for i in msg.instances if not i.draining or got.get(i.name)]
-    by_role: dict[str, float] = {}
+
+    def side(i: engine_pb2.Instance) -> str:
+        return "prefill" if i.role == "prefill" else "serve"
+
+    planned_total: dict[str, float] = {}
+    got_total: dict[str, int] = {}
     for i in live:
         if not i.draining:
-            key = "prefill" if i.role == "prefill" else "serve"
-            by_role[key] = by_role.get(key, 0.0) + i.requests_per_s
-    said = {"prefill": sum(got.get(i.name, 0) for i in live if i.role == "prefill")}
-    said["serve"] = sum(got.get(i.name, 0) for i in live if i.role != "prefill")
+            planned_total[side(i)] = planned_total.get(side(i), 0.0) + i.requests_per_s
+        got_total[side(i)] = got_total.get(side(i), 0) + got.get(i.name, 0)
     say(title)
-    rows = [
-        ["instance", "role", "pool", "nodes", "url", "planned req/s", "planned", "got", "share"]
-    ]
+    rows = [["instance", "role", "nodes", "planned req/s", "planned share", "got", "share"]]
     for i in live:
-        key = "prefill" if i.role == "prefill" else "serve"
-        planned = i.requests_per_s / by_role[key] if by_role.get(key) else 0.0
+        planned = i.requests_per_s / planned_total[side(i)] if planned_total.get(side(i)) else 0
         n = got.get(i.name, 0)
-        share = n / said[key] if said[key] else 0.0
-        mark = " (new)" if i.name in names else " (draining)" if i.draining else ""
+        mark = " (new)" if i.name in new else " (draining)" if i.draining else ""
         rows.append(
             [
                 i.name + mark,
                 i.role,
-                i.pool,
                 ",".join(i.nodes),
-                i.url,
                 f"{i.requests_per_s:.2f}",
                 f"{planned:.3f}",
                 str(n),
-                f"{share:.3f}",
+                f"{n / got_total[side(i)] if got_total[side(i)] else 0:.3f}",
             ]
         )
     _table(rows)
-    say(
-        "             (planned and got: of the requests an aggregated or decode instance serves; "
-        "a prefill instance's, of the prefills)"
-    )
 
 
 def _diff(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
@@ -625,21 +684,88 @@ async def _load_for(client: Client, farm: EngineFarm, seconds: float, what: str)
     return _diff(farm.counts(), before)
 
 
+async def show_router(router: Router, session: aiohttp.ClientSession, farm: EngineFarm) -> None:
+    """The router's open requests and batch limit per instance beside the requests its
+    engine has open (they differ only by requests on their way)."""
+    doc = await router.status(session)
+    engine_open = {
+        name: sum(1 for r in run.engine.records if not r.done) for name, run in farm.running.items()
+    }
+    rows = [["router instance", "open", "batch limit", "engine open"]]
+    for i in doc.get("instances", []):
+        rows.append(
+            [
+                str(i.get("name")),
+                str(i.get("open_requests")),
+                str(i.get("batch_limit")),
+                str(engine_open.get(str(i.get("deployment")), "-")),
+            ]
+        )
+    _table(rows)
+
+
+def verdict(answers: Sequence[Answer]) -> str:
+    """How the client's requests ended: answered, cut (an answer begun, then broken off)
+    and refused (no answer begun: the router's 429/503, or no connection), with the most
+    frequent refusal."""
+    cut = sum(1 for a in answers if a.status == 200 and not a.complete)
+    refused = [a for a in answers if a.status != 200]
+    text = (
+        f"streams      {len(answers)} requests in all ({sum(a.stream for a in answers)} "
+        f"streamed): {len(answers) - cut - len(refused)} answered, {cut} cut, "
+        f"{len(refused)} refused"
+    )
+    if refused:
+        kinds: dict[str, int] = {}
+        for a in refused:
+            key = f"{a.status} {a.error[:110]}".strip()
+            kinds[key] = kinds.get(key, 0) + 1
+        key, n = max(kinds.items(), key=lambda kn: kn[1])
+        text += f" ({n}x {key})"
+    return text
+
+
+def demand_status(ctl: RunningController, name: str) -> DemandStatus:
+    """The controller's record of the deployment's demand (planned, measured, re-plans)."""
+    stored = ctl.controller.store.get_deployment(name)
+    return DemandStatus.from_status(stored.status if stored is not None else {})
+
+
+def show_measured(status: DemandStatus, spec: DeploymentSpec) -> None:
+    """What the router measured, as the controller keeps it (ReportTraffic, summed), and
+    the demand the deployment is planned for now."""
+    m = status.measured
+    planning = status.planning_traffic(spec)
+    planned_rps = planning.requests_per_s if planning is not None else math.nan
+    if m is None:
+        say("controller   no traffic report from the router yet")
+        return
+    say(
+        f"controller   measured by the router (ReportTraffic): {m.requests_per_s:.1f} "
+        f"requests/s over the last {m.end_s - m.start_s:.0f} s (planned {planned_rps:.3g}), "
+        f"prompts {m.input_tokens_mean:.0f} and answers {m.output_tokens_mean:.0f} tokens, "
+        f"TTFT p50/p99 {m.ttft_ms_p50:.0f}/{m.ttft_ms_p99:.0f} ms, TPOT p50/p99 "
+        f"{m.tpot_ms_p50:.1f}/{m.tpot_ms_p99:.1f} ms"
+    )
+
+
 async def run(workdir: Path, logs: Path, *, settings: ControllerSettings = SETTINGS) -> None:
     """The step (module docstring), against its own controller and agents."""
     spec = read_spec()
     assert spec.traffic is not None and spec.slo is not None
+    slo = spec.slo
     fleet = load_fleet_file(FLEET_FILE)
     gpus = {n.name: len(n.gpus) for n in fleet.nodes}
     rate = spec.traffic.requests_per_s
     say()
     say(
         f"instances    {spec.name}: {spec.model} on {spec.engine.name}, {rate:g} requests/s of "
-        f"{spec.traffic.input_len.mean:.0f}-token prompts and {spec.traffic.output_len.mean:.0f}-token "
-        f"answers, SLO TTFT {spec.slo.ttft_ms:.0f} ms / TPOT {spec.slo.tpot_ms:.0f} ms at "
-        f"p{spec.slo.percentile:.0f}, disaggregation {spec.disaggregation}"
+        f"{spec.traffic.input_len.mean:.0f}-token prompts and "
+        f"{spec.traffic.output_len.mean:.0f}-token answers, SLO TTFT {slo.ttft_ms:.0f} ms / "
+        f"TPOT {slo.tpot_ms:.0f} ms at p{slo.percentile:.0f}, disaggregation "
+        f"{spec.disaggregation} ({DEPLOYMENT_FILE.relative_to(REPO)})"
     )
-    say(f"             fleet {FLEET_FILE.relative_to(REPO)}; a controller of its own")
+    say(f"             on {FLEET_FILE.relative_to(REPO)}, with a controller of its own")
     async with start_controller(workdir / "instances-controller", settings=settings) as ctl:
         sim = SimulatedFleet(
             fleet,
@@ -674,21 +800,25 @@ async def run(workdir: Path, logs: Path, *, settings: ControllerSettings = SETTI
             await story.until(_ready, READY_LIMIT_S, "planning and rolling out the instances")
             first = story.latest
             say(
-                f"planned      {len(first.instances)} engine instances, every one committed "
-                f"{time.monotonic() - t0:.1f} s after the apply (WatchInstances, generation "
-                f"{first.generation}; engine {first.engine}):"
+                f"planned      {len(first.instances)} engine instances, each a deployment of "
+                f"its own with its plan committed on its nodes, {time.monotonic() - t0:.1f} s "
+                "after the apply (EngineService.WatchInstances):"
             )
             _instance_rows(first)
             say(
-                "engines      one loopback engine per instance at its url, a token every "
-                "predicted TPOT of the instance: they stand in for the GPUs (no prefill work, "
-                "no batching)"
+                "engines      one loopback engine per instance at its url, role and protocol "
+                f"({first.engine}) from WatchInstances, a token every predicted TPOT: they "
+                "stand in for the GPUs (no prefill work, no batching)"
             )
+            # the serving simulator before the load (it would take the client's CPU)
+            doc = await asyncio.to_thread(fleet_plan_doc, spec)
+            sim_row = await asyncio.to_thread(simulated, doc, spec, first)
             router = await start_router(ctl.address, spec.name, logs)
-            waited = await routed(router, session, first, 60.0)
+            waited = await routed(router, session, first, READY_LIMIT_S)
             say(
                 f"router       mixfleet-router --deployment {spec.name} (pid {router.proc.pid}) "
-                f"on {router.url} routes to every instance after {waited:.1f} s"
+                f"on {router.url} routes to every instance after {waited:.1f} s (a "
+                "prefill/decode pool as one pair)"
             )
             client = Client(
                 router.url,
@@ -701,56 +831,68 @@ async def run(workdir: Path, logs: Path, *, settings: ControllerSettings = SETTI
             )
             say()
             say(
-                f"load         {rate:g} requests/s (Poisson) for {LOAD_S:.0f} s, every "
-                f"{STREAM_EVERY}th streamed"
+                f"load         {rate:g} requests/s (Poisson arrivals) for {LOAD_S:.0f} s, "
+                f"every {STREAM_EVERY}th streamed"
             )
             got = await _load_for(client, farm, LOAD_S, "planned demand")
             answered = list(client.answers)
             show_shares(first, got, "shares       per instance, planned vs got:")
-            say()
-            rows = [predicted(first)]
-            doc = await asyncio.to_thread(fleet_plan_doc, spec)
-            rows.append(await asyncio.to_thread(simulated, doc, spec))
-            rows.append(measured(answered, spec.slo.ttft_ms, spec.slo.tpot_ms))
-            show_latencies(rows, spec)
+            show_latencies(
+                [predicted(first), sim_row, measured(answered, slo.ttft_ms, slo.tpot_ms)], spec
+            )
+            show_measured(demand_status(ctl, spec.name), spec)
 
             # the demand shift
-            before_names = {i.name for i in story.latest.instances}
+            before = {i.name for i in story.latest.instances}
             client.rate_rps = rate * SHIFT
             say()
             say(
                 f"load         SHIFT: {client.rate_rps:g} requests/s ({SHIFT:g}x the planned "
-                "demand); the router reports it, the controller re-plans once it has lasted"
+                "demand); the controller re-plans once the router's measurements have left the "
+                f"+-{settings.demand.drift_threshold:.0%} band for "
+                f"{settings.demand.sustain_s:.0f} s"
             )
-            t_shift = time.monotonic()
+            t_shift, shift_unix_s = time.monotonic(), time.time()
+            shifted_from = len(client.answers)
 
             def grown(msg: engine_pb2.Instances) -> bool:
                 live = [i for i in msg.instances if not i.draining]
-                return _ready(msg) and any(i.name not in before_names for i in live)
+                return _ready(msg) and any(i.name not in before for i in live)
 
             await story.until(grown, SHIFT_LIMIT_S, "re-planning for the new demand")
             after = story.latest
-            new = [i.name for i in after.instances if i.name not in before_names]
+            new = [i.name for i in after.instances if i.name not in before]
+            status = demand_status(ctl, spec.name)
+            drift_s = (status.last_replan_s or shift_unix_s) - shift_unix_s
             say(
-                f"re-plan      {time.monotonic() - t_shift:.1f} s after the shift: "
-                f"generation {after.generation}, new instances {', '.join(new)} (their engines "
-                "started as WatchInstances listed them)"
+                f"re-plan      {drift_s:.1f} s after the shift: "
+                f"{status.last_replan_reason or 'the demand changed'}"
+            )
+            say(
+                f"             new instances {', '.join(new)}, every live one committed "
+                f"{time.monotonic() - t_shift:.1f} s after the shift; their engines started as "
+                "WatchInstances listed them:"
             )
             _instance_rows(after)
-            waited = await routed(router, session, after, 60.0)
-            say(f"router       follows: routes to the new instances after {waited:.1f} s")
+            waited = await routed(router, session, after, READY_LIMIT_S)
+            say(f"router       follows: routes to the new instances {waited:.1f} s later")
             got = await _load_for(client, farm, TAIL_S, "shifted demand")
+            await show_router(router, session, farm)
             show_shares(story.latest, got, "shares       per instance after the re-plan:", new)
             stop_client.set()
             await tasks[-1]
-            failed = [a for a in client.answers if a.status != 200 or not a.complete]
-            say(
-                f"streams      {len(client.answers)} requests in all, "
-                f"{sum(a.stream for a in client.answers)} streamed, {len(failed)} failed or cut"
+            show_latencies(
+                [
+                    predicted(after),
+                    measured(client.answers[shifted_from:], slo.ttft_ms, slo.tpot_ms),
+                ],
+                spec,
             )
-            if failed:
-                raise RuntimeError(f"{len(failed)} requests failed or were cut")
-            say(measured(client.answers[len(answered) :], spec.slo.ttft_ms, spec.slo.tpot_ms).note)
+            show_measured(demand_status(ctl, spec.name), spec)
+            say(verdict(client.answers))
+            cut = [a for a in client.answers if a.status == 200 and not a.complete]
+            if cut:
+                raise RuntimeError(f"{len(cut)} answers were cut: {cut[0].error}")
         finally:
             stop_client.set()
             for task in tasks:
