@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH_STAMP := $(VENV)/.torch-installed
 
-.PHONY: install install-torch test-min-versions demo static-checks test test-slow test-all lint typecheck layers pytest bench bench-placement bench-strategies bench-controlplane bench-determinism bench-engines bench-hostile bench-schedule bench-goodput bench-router bench-router-peers bench-serving proto crds e2e-k8s test-kube clean
+.PHONY: install install-torch test-min-versions demo static-checks test test-slow test-all lint typecheck layers pytest bench bench-placement bench-strategies bench-controlplane bench-determinism bench-engines bench-hostile bench-schedule bench-goodput bench-router bench-router-peers bench-serving bench-instances-watch proto crds e2e-k8s test-kube clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -116,6 +116,11 @@ bench-goodput: install
 # The serving simulator's CPU time per 10,000 and 100,000 requests (docs/serving.md).
 bench-serving: install
 	$(BIN)/python -m bench.serving_sim --scenario all --out bench/results/serving-sim.json
+
+# The controller's side of WatchInstances (fan-out to 100 streams) and ReportTraffic (CPU
+# per report) (docs/api.md).
+bench-instances-watch: install
+	$(BIN)/python -m bench.instances_watch --out bench/results/instances-watch.json
 
 crds: install
 	$(BIN)/python -m operators.crdgen

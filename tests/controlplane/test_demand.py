@@ -258,3 +258,17 @@ def test_controller_run_refuses_a_sustain_shorter_than_a_bucket(
     assert not (tmp_path / "state.db").exists()  # refused before the store was opened
     assert main([*argv, "--drift-threshold", "-1"]) == 2
     assert "--drift-threshold" in capsys.readouterr().err
+
+
+def test_a_deployment_keeps_data_of_at_most_max_reporters() -> None:
+    from controlplane.server.controller.demand import MAX_REPORTERS
+
+    tracker = DriftTracker(SETTINGS)
+    now = T0 + 20.0
+    for r in range(MAX_REPORTERS):
+        assert tracker.add(window(T0, 1.0, reporter=f"r{r}"), now)
+    assert not tracker.add(window(T0, 1.0, reporter="one-too-many"), now)
+    assert tracker.add(window(T0 + 10.0, 1.0, reporter="r0"), now)  # a known one still counts
+    # once the old data ages out, a new reporter is taken again
+    later = T0 + 10 * SETTINGS.retention_s
+    assert tracker.add(window(later - 10.0, 1.0, reporter="one-too-many"), later)

@@ -33,7 +33,6 @@ Units: seconds (``_s``, Unix time for instants), requests per second.
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -42,10 +41,11 @@ from controlplane.errors import NotFoundError
 from controlplane.server.controller.measured import (
     DemandSettings,
     MeasuredDemand,
+    Share,
     TrafficWindow,
-    bucket_rates,
+    bucket_counts,
     check_window,
-    measure,
+    demand_of,
     measured_traffic,
 )
 from policies.errors import InputError
@@ -60,8 +60,8 @@ if TYPE_CHECKING:
 DEMAND_KEY = "demand"
 """Status key of a deployment's :class:`DemandStatus` document."""
 
-MAX_WINDOWS_PER_DEPLOYMENT = 10_000
-"""Most windows kept per deployment (the oldest go first)."""
+MAX_REPORTERS = 1000
+"""Most reporters (routers) whose data a deployment keeps at once."""
 
 
 # --------------------------------------------------------------------------- status
@@ -167,14 +167,19 @@ class Drift:
 
 @dataclass
 class _Series:
-    windows: deque[TrafficWindow] = field(
-        default_factory=lambda: deque(maxlen=MAX_WINDOWS_PER_DEPLOYMENT)
-    )
+    """A deployment's reports, summed per time bucket (bucket index -> reporter -> share)."""
+
+    buckets: dict[int, dict[str, Share]] = field(default_factory=dict)
+    #: bucket index -> its rate, requests/s (None: no data), as last computed
+    rates: dict[int, float | None] = field(default_factory=dict)
+    reporters: set[str] = field(default_factory=set)
     horizon_s: float = 0.0
 
 
 class DriftTracker:
-    """Windows per deployment and the drift decision (pure: no I/O, the clock passed in).
+    """Reports per deployment, summed into time buckets as they arrive, and the drift
+    decision (pure: no I/O, the clock passed in). A report costs the buckets it spans; the
+    decision, the buckets of ``sustain_s`` times the reporters.
 
     Args:
         settings: thresholds and spans.
@@ -185,45 +190,63 @@ class DriftTracker:
         self._series: dict[str, _Series] = {}
 
     def add(self, w: TrafficWindow, now_s: float) -> bool:
-        """Keep a (validated) window; False when it ended more than the retention before
-        ``now_s`` (Unix s) and cannot count any more."""
+        """Add a (validated) window; False when it ended more than the retention before
+        ``now_s`` (Unix s) and cannot count any more, or comes from a reporter beyond the
+        first :data:`MAX_REPORTERS` of the deployment's retained data."""
         if w.end_s < now_s - self.settings.retention_s:
             return False
         s = self._series.setdefault(w.deployment, _Series())
-        s.windows.append(w)
+        if w.reporter not in s.reporters and len(s.reporters) >= MAX_REPORTERS:
+            self._prune(s, now_s)
+            if len(s.reporters) >= MAX_REPORTERS:
+                return False
+        b = self.settings.bucket_s
+        for k in range(math.floor(w.start_s / b), math.ceil(w.end_s / b)):
+            inside = min(w.end_s, (k + 1) * b) - max(w.start_s, k * b)
+            if inside > 0:
+                s.buckets.setdefault(k, {}).setdefault(w.reporter, Share()).add(w, inside)
+                s.rates.pop(k, None)
+        s.reporters.add(w.reporter)
         s.horizon_s = max(s.horizon_s, w.end_s)
         self._prune(s, now_s)
         return True
 
     def forget(self, deployment: str) -> None:
-        """Drop a deployment's windows (it was deleted)."""
+        """Drop a deployment's data (it was deleted)."""
         self._series.pop(deployment, None)
 
     def _prune(self, s: _Series, now_s: float) -> None:
-        oldest = min(now_s, s.horizon_s) - self.settings.retention_s
-        if s.windows and min(w.end_s for w in s.windows) < oldest:
-            s.windows = deque(
-                (w for w in s.windows if w.end_s >= oldest), maxlen=MAX_WINDOWS_PER_DEPLOYMENT
-            )
+        oldest = math.floor((now_s - self.settings.retention_s) / self.settings.bucket_s)
+        stale = [k for k in s.buckets if k < oldest]
+        for k in stale:
+            del s.buckets[k]
+            s.rates.pop(k, None)
+        if stale:
+            s.reporters = {r for shares in s.buckets.values() for r in shares}
 
-    def _span(self, deployment: str) -> tuple[float, int] | None:
-        """(first bucket start, bucket count) of the sustained span at the horizon."""
+    def _span(self, deployment: str) -> tuple[int, int] | None:
+        """(first bucket index, bucket count) of the sustained span at the horizon."""
         s = self._series.get(deployment)
-        if s is None or not s.windows:
+        if s is None or not s.buckets:
             return None
+        last = math.floor(s.horizon_s / self.settings.bucket_s)  # the first bucket after it
+        count = math.ceil(self.settings.sustain_s / self.settings.bucket_s - 1e-9)
+        return last - count, count
+
+    def _demand(self, s: _Series, first: int, count: int) -> MeasuredDemand:
+        shares: dict[str, Share] = {}
+        for k in range(first, first + count):
+            for reporter, share in s.buckets.get(k, {}).items():
+                shares.setdefault(reporter, Share()).merge(share)
         b = self.settings.bucket_s
-        last_end = math.floor(s.horizon_s / b) * b
-        count = math.ceil(self.settings.sustain_s / b - 1e-9)
-        return last_end - count * b, count
+        return demand_of(shares, first * b, (first + count) * b)
 
     def measured(self, deployment: str) -> MeasuredDemand | None:
         """The demand over the last ``sustain_s`` of data (None without any)."""
         span = self._span(deployment)
         if span is None:
             return None
-        first, count = span
-        windows = self._series[deployment].windows
-        return measure(windows, first, first + count * self.settings.bucket_s)
+        return self._demand(self._series[deployment], *span)
 
     def drift(self, deployment: str, planned_requests_per_s: float) -> Drift | None:
         """The drift of ``deployment`` from ``planned_requests_per_s`` at its latest data
@@ -232,29 +255,44 @@ class DriftTracker:
         if span is None or planned_requests_per_s <= 0:
             return None
         first, count = span
-        b = self.settings.bucket_s
-        windows = list(self._series[deployment].windows)
-        rates = bucket_rates(windows, first, count, b)
+        s, b = self._series[deployment], self.settings.bucket_s
+        rates: list[float] = []
+        for k in range(first, first + count):
+            if k not in s.rates:
+                shares = s.buckets.get(k, {})
+                counts = bucket_counts(shares, b)
+                s.rates[k] = (
+                    demand_of(shares, k * b, (k + 1) * b).requests_per_s if counts else None
+                )
+            rate = s.rates[k]
+            if rate is None:
+                return None
+            rates.append(rate)
         high = planned_requests_per_s * (1 + self.settings.drift_threshold)
         low = planned_requests_per_s / (1 + self.settings.drift_threshold)
-        if any(r is None for r in rates):
-            return None
-        if all(r is not None and r > high for r in rates):
+        if all(r > high for r in rates):
             direction = "above"
-        elif all(r is not None and r < low for r in rates):
+        elif all(r < low for r in rates):
             direction = "below"
         else:
             return None
-        return Drift(direction, measure(windows, first, first + count * b), planned_requests_per_s)
+        return Drift(direction, self._demand(s, first, count), planned_requests_per_s)
 
     def decide(
-        self, deployment: str, status: DemandStatus, spec: DeploymentSpec, now_s: float
+        self,
+        deployment: str,
+        status: DemandStatus,
+        spec: DeploymentSpec,
+        now_s: float,
+        *,
+        measure: bool = True,
     ) -> tuple[DemandStatus, Drift | None]:
         """The deployment's demand status after its latest data, and the drift that changed
         its planning traffic (None when it did not: no drift, or the last re-plan is less
         than ``min_interval_s`` before ``now_s``, Unix s). A spec without traffic and SLOs
-        is only measured."""
-        measured = self.measured(deployment)
+        is only measured. ``measure`` False leaves the status' measured demand as it was
+        (unless it drifted): it is only written now and then."""
+        measured = self.measured(deployment) if measure else None
         out = replace(status, measured=measured or status.measured)
         planned = status.planning_traffic(spec)
         if planned is None or spec.traffic is None or not is_planned(spec):
@@ -311,7 +349,9 @@ class Demands:
         now = self.ctx.clock()
         if not self.tracker.add(w, now):
             return False
-        status, drift = self.tracker.decide(d.name, DemandStatus.from_status(d.status), d.spec, now)
+        due = now - self._written_s.get(d.name, -math.inf) >= self.settings.status_write_s
+        before = DemandStatus.from_status(d.status)
+        status, drift = self.tracker.decide(d.name, before, d.spec, now, measure=due)
         if drift is not None:
             planned = status.planned
             self.ctx.log.info(
@@ -323,9 +363,9 @@ class Demands:
                 planning_requests_per_s=planned.requests_per_s if planned else None,
                 replans=status.replans,
             )
-            self._write(d.name, status, now)
+            self._write(d.name, replace(status, measured=drift.measured), now)
             self.ctx.changed(d.name)
-        elif now - self._written_s.get(d.name, -math.inf) >= self.settings.status_write_s:
+        elif due:
             self._write(d.name, status, now)
         return True
 

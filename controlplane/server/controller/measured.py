@@ -9,7 +9,7 @@ each see part of the traffic, so windows are summed over reporters (:func:`measu
 of ``bucket_s``). A reporter's windows spread their requests evenly over their span; a
 bucket's rate is the sum over reporters of (requests in the bucket / seconds of the bucket
 the reporter's windows cover), so a router that reports every 5 s and one that reports every
-30 s add up (:func:`bucket_rates`). A bucket *counts* when some reporter's windows cover at
+30 s add up (:class:`Share`). A bucket *counts* when some reporter's windows cover at
 least :data:`MIN_BUCKET_COVERAGE` of it; gaps count as no data, never as zero traffic.
 
 **Merging reporters' figures.** Requests and rates add up exactly. Lengths and latencies
@@ -28,8 +28,8 @@ milliseconds (``_ms``).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from policies.errors import InputError
@@ -285,59 +285,72 @@ class MeasuredDemand:
             return None
 
 
-def _overlap(w: TrafficWindow, start_s: float, end_s: float) -> float:
-    return max(0.0, min(w.end_s, end_s) - max(w.start_s, start_s))
+_FIGURES = (*_TOKEN_FIELDS, *_MS_FIELDS)
 
 
-def measure(windows: Iterable[TrafficWindow], start_s: float, end_s: float) -> MeasuredDemand:
-    """The demand over ``[start_s, end_s)`` (Unix s): per reporter, requests in the span over
-    the seconds its windows cover of it, summed over reporters; lengths and latencies
-    request-weighted. A window counts with the fraction of it inside the span."""
-    requests: dict[str, float] = {}
-    covered: dict[str, float] = {}
-    weighted = dict.fromkeys((*_TOKEN_FIELDS, *_MS_FIELDS), 0.0)
-    total = 0.0
-    for w in windows:
-        inside = _overlap(w, start_s, end_s)
-        if inside <= 0:
-            continue
-        n = w.requests * inside / w.span_s
-        requests[w.reporter] = requests.get(w.reporter, 0.0) + n
-        covered[w.reporter] = covered.get(w.reporter, 0.0) + inside
-        total += n
-        for name in weighted:
-            weighted[name] += n * getattr(w, name)
+@dataclass
+class Share:
+    """What one reporter's windows put into one span (a bucket, or any interval).
+
+    Attributes:
+        covered_s: seconds of the span its windows cover.
+        requests: requests in it (a window's spread evenly over the window).
+        weighted: request-weighted sums of the figures, in the order of ``_FIGURES``.
+    """
+
+    covered_s: float = 0.0
+    requests: float = 0.0
+    weighted: list[float] = field(default_factory=lambda: [0.0] * len(_FIGURES))
+
+    def add(self, w: TrafficWindow, inside_s: float) -> None:
+        """Add the ``inside_s`` seconds of ``w`` that fall in the span."""
+        n = w.requests * inside_s / w.span_s
+        self.covered_s += inside_s
+        self.requests += n
+        for i, name in enumerate(_FIGURES):
+            self.weighted[i] += n * getattr(w, name)
+
+    def merge(self, other: Share) -> None:
+        """Add another span's share of the same reporter."""
+        self.covered_s += other.covered_s
+        self.requests += other.requests
+        self.weighted = [a + b for a, b in zip(self.weighted, other.weighted, strict=True)]
+
+
+def demand_of(shares: Mapping[str, Share], start_s: float, end_s: float) -> MeasuredDemand:
+    """The demand over ``[start_s, end_s)`` (Unix s) from each reporter's share of it: per
+    reporter its requests over the seconds it covers, summed over reporters; lengths and
+    latencies request-weighted."""
     span = end_s - start_s
-    rate = sum(requests[r] / min(covered[r], span) for r in requests if covered[r] > 0)
-    means = {k: (v / total if total > 0 else 0.0) for k, v in weighted.items()}
+    rate = sum(x.requests / min(x.covered_s, span) for x in shares.values() if x.covered_s > 0)
+    total = sum(x.requests for x in shares.values())
+    sums = [sum(x.weighted[i] for x in shares.values()) for i in range(len(_FIGURES))]
+    means = {k: (v / total if total > 0 else 0.0) for k, v in zip(_FIGURES, sums, strict=True)}
     return MeasuredDemand(
         start_s=start_s,
         end_s=end_s,
         requests_per_s=rate,
         requests=total,
-        reporters=len(requests),
+        reporters=len(shares),
         **means,
     )
 
 
-def bucket_rates(
-    windows: Sequence[TrafficWindow], first_s: float, count: int, bucket_s: float
-) -> list[float | None]:
-    """The rate of each of ``count`` buckets of ``bucket_s`` seconds from ``first_s`` (Unix
-    s), requests/s; None for a bucket no reporter covers to :data:`MIN_BUCKET_COVERAGE`."""
-    out: list[float | None] = []
-    for k in range(count):
-        start = first_s + k * bucket_s
-        end = start + bucket_s
-        inside = [w for w in windows if _overlap(w, start, end) > 0]
-        by_reporter: dict[str, float] = {}
-        for w in inside:
-            by_reporter[w.reporter] = by_reporter.get(w.reporter, 0.0) + _overlap(w, start, end)
-        if not by_reporter or max(by_reporter.values()) < MIN_BUCKET_COVERAGE * bucket_s:
-            out.append(None)
-            continue
-        out.append(measure(inside, start, end).requests_per_s)
-    return out
+def measure(windows: Iterable[TrafficWindow], start_s: float, end_s: float) -> MeasuredDemand:
+    """The demand over ``[start_s, end_s)`` (Unix s) of ``windows`` (:func:`demand_of`); a
+    window counts with the fraction of it inside the span."""
+    shares: dict[str, Share] = {}
+    for w in windows:
+        inside = min(w.end_s, end_s) - max(w.start_s, start_s)
+        if inside > 0:
+            shares.setdefault(w.reporter, Share()).add(w, inside)
+    return demand_of(shares, start_s, end_s)
+
+
+def bucket_counts(shares: Mapping[str, Share], bucket_s: float) -> bool:
+    """Whether a bucket of ``bucket_s`` seconds with these shares has data: some reporter
+    covers at least :data:`MIN_BUCKET_COVERAGE` of it."""
+    return any(x.covered_s >= MIN_BUCKET_COVERAGE * bucket_s for x in shares.values())
 
 
 def measured_traffic(m: MeasuredDemand, planned: Traffic) -> Traffic:
@@ -377,9 +390,11 @@ __all__ = [
     "MIN_PLANNED_REQUESTS_PER_S",
     "DemandSettings",
     "MeasuredDemand",
+    "Share",
     "TrafficWindow",
-    "bucket_rates",
+    "bucket_counts",
     "check_window",
+    "demand_of",
     "measure",
     "measured_traffic",
 ]

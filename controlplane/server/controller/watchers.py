@@ -8,8 +8,9 @@ here. Every queue ends with a stop marker when the controller stops.
 
 Instance watchers (``EngineService.WatchInstances``) are told that *something* changed (a
 commit, a deployment or instance record written, a node's address); each reads its
-deployment's instances again and sends them only when they differ from what it sent last.
-A burst of changes costs one read per watcher. Every message carries a generation from one
+deployment's instances again - one read per deployment and change, shared by all of its
+streams; a burst of changes merges into a few - and sends them only when they differ from
+what it sent last. Every message carries a generation from one
 counter of the controller, started at its start time in milliseconds: it grows with every
 change, across streams.
 """
@@ -48,6 +49,8 @@ class Watchers:
         self._plan_watchers: set[asyncio.Queue[StoredPlan]] = set()
         self._routing_watchers: dict[str, set[asyncio.Queue[StoredPlan]]] = {}
         self._instance_watchers: set[asyncio.Event] = set()
+        #: deployment -> its instances being read for the current generation (shared)
+        self._instance_reads: dict[str, asyncio.Future[InstanceSet]] = {}
         self._instances_generation = int(ctx.clock() * 1000)
         self._stopped = False
 
@@ -134,8 +137,21 @@ class Watchers:
         """Something an instance watcher lists may have changed: each reads its
         deployment's instances again."""
         self._instances_generation += 1
+        self._instance_reads.clear()
         for ev in self._instance_watchers:
             ev.set()
+
+    async def _read_instances(
+        self, deployment: str, read: Callable[[], InstanceSet]
+    ) -> InstanceSet:
+        """``read()`` in a thread, shared by every watcher of ``deployment`` woken by the
+        same change: one store read per deployment and change, not one per stream."""
+        shared = self._instance_reads.get(deployment)
+        if shared is None:
+            shared = asyncio.ensure_future(asyncio.to_thread(read))
+            shared.add_done_callback(lambda t: None if t.cancelled() else t.exception())
+            self._instance_reads[deployment] = shared
+        return await asyncio.shield(shared)
 
     async def watch_plans(self, deployment: str = "") -> AsyncIterator[StoredPlan]:
         """Latest record of each (matching) deployment, then every change."""
@@ -206,7 +222,7 @@ class Watchers:
                 if self._stopped:
                     return
                 now = self._instances_generation
-                fresh = await asyncio.to_thread(read)
+                fresh = await self._read_instances(deployment, read)
                 if fresh == current:
                     continue
                 if now <= generation:  # changed without a word: a generation of its own
