@@ -2,9 +2,9 @@
 planned for.
 
 Routers report windows of measured traffic (:mod:`.measured`: windows, time buckets, how
-several routers' figures add up). :class:`DriftTracker` (pure, with an explicit clock) keeps
-each deployment's windows and decides; :class:`Demands` is the controller's part: it
-validates reports, keeps the planned and measured demand in the deployment's status (under
+several routers' figures add up). :class:`DriftTracker` (pure, with an explicit clock) sums
+each deployment's reports per time bucket and decides; :class:`Demands` is the controller's
+part: it validates reports, keeps the planned and measured demand in the deployment's status (under
 :data:`DEMAND_KEY`: it survives a restart) and asks for a re-plan.
 
 **Drift.** With ``t = drift_threshold`` and ``planned`` the requests/s the deployment is
@@ -388,7 +388,7 @@ class Demands:
         return traffic_for(d.spec, d.status)
 
     def forget(self, deployment: str) -> None:
-        """Drop a deleted deployment's windows."""
+        """Drop a deleted deployment's measurements."""
         self.tracker.forget(deployment)
         self._written_s.pop(deployment, None)
 

@@ -101,7 +101,7 @@ class DemandSettings:
 
     @property
     def retention_s(self) -> float:
-        """How long a window is kept after its end, s."""
+        """How long after its end a window still counts (its buckets are kept), s."""
         return self.sustain_s + self.max_window_s + 2 * self.bucket_s
 
 
