@@ -27,8 +27,11 @@ from controlplane.server.controller.instance_records import (
     InstanceRecord,
 )
 from controlplane.server.inprocess import start_controller
+from controlplane.store import Store
 from policies.engines import EngineSpec
 from policies.errors import InputError
+from policies.fleet import parse_fleet
+from policies.inventory import NodeInventory, inventory_from_node
 from policies.limits import check_host_address
 from policies.serving.traffic import LengthDist, Slo, Traffic
 from policies.spec import DeploymentSpec, WorkloadSpec
@@ -360,20 +363,60 @@ def test_an_advertised_address_is_a_host_name_or_an_ip(tmp_path: Path) -> None:
     run(main())
 
 
+QWEN = DeploymentSpec(
+    "q",
+    model="qwen3-30b-a3b",
+    policy="greedy",
+    workload=WorkloadSpec(kv_cache_dtype="fp8"),
+    engine=EngineSpec("sglang"),
+    traffic=Traffic(45.0, LengthDist(4096, 5120), LengthDist(512, 640)),
+    slo=Slo(ttft_ms=2000, tpot_ms=50, percentile=90),
+    prepare_timeout_s=10.0,
+)
+
+
+def _h100_nodes() -> list[NodeInventory]:
+    """Three nodes of four H100 with one 400 Gb/s InfiniBand NIC each."""
+    nodes = [
+        {
+            "name": f"h{i}",
+            "gpus": [{"model": "H100-SXM5-80GB", "count": 4}],
+            "nvlink": {"per_gpu_bidir_gbytes_per_s": 900},
+            "nics": [{"count": 1, "per_direction_gbits_per_s": 400, "fabric": "ib"}],
+        }
+        for i in range(3)
+    ]
+    fleet = parse_fleet({"metadata": {"name": "f"}, "spec": {"nodes": nodes}})
+    return [inventory_from_node(n) for n in fleet.nodes]
+
+
+def _ready(store: Store, roles: dict[str, int]) -> bool:
+    """q is ready with exactly ``roles`` (role -> count) of live instances, each committed."""
+    q = store.get_deployment("q")
+    if q is None or q.status.get("phase") != "ready":
+        return False
+    got: dict[str, int] = {}
+    for d in store.list_deployments():
+        r = InstanceRecord.from_status(d.status)
+        if r is None or r.draining:
+            continue
+        if d.committed_version is None or d.status.get("phase") != "ready":
+            return False
+        got[r.role] = got.get(r.role, 0) + 1
+    return got == roles
+
+
 def test_a_measured_demand_shift_adds_instances_end_to_end(tmp_path: Path) -> None:
     """Qwen3-30B-A3B stated at 5 requests/s runs as one aggregated instance on three 4-GPU
     H100 nodes; two routers then report 45 requests/s for a minute: the controller plans for
     the measured demand and adds a prefill/decode pool, WatchInstances lists the new
     instances, and the spec still says 5."""
-    from test_instances_e2e import SPEC as QWEN
-    from test_instances_e2e import _inventories, _ready
-
     assert QWEN.traffic is not None
     spec = replace(QWEN, traffic=replace(QWEN.traffic, requests_per_s=5.0))
 
     async def main() -> None:
         async with start_controller(tmp_path) as ctl, grpc.aio.insecure_channel(ctl.address) as ch:
-            agents = [FakeAgent(ctl.address, inv) for inv in _inventories()]
+            agents = [FakeAgent(ctl.address, inv) for inv in _h100_nodes()]
             for a in agents:
                 await a.start()
             try:
