@@ -261,3 +261,15 @@ def test_advertise_address_reaches_every_simulated_inventory() -> None:
             await server.stop(None)
 
     assert asyncio.run(go()) == ["127.0.0.1"] * 3
+
+
+def test_run_advertises_its_address_in_every_inventory(capsys: pytest.CaptureFixture[str]) -> None:
+    from agents.cli import _with_address
+    from policies.inventory import NodeInventory
+
+    discover = _with_address(lambda: NodeInventory("n0", ()), "fd00::7")
+    assert discover().address == "fd00::7" and discover().node == "n0"
+    run = ["run", "--controller", "h:1", "--insecure", "--plan-dir", "p", "--discovery"]
+    static = ["static", "--fleet-file", MIXED_24, "--node", "a100-0"]
+    assert main([*run, *static, "--advertise-address", "10.0.0.1:80"]) == 2
+    assert "--advertise-address: " in _one_error(capsys)
