@@ -287,7 +287,8 @@ class Client:
             self._body[stream] = json.dumps(doc, separators=(",", ":")).encode()
         return self._body[stream]
 
-    async def _one(self, session: aiohttp.ClientSession, stream: bool) -> None:
+    async def send(self, session: aiohttp.ClientSession, stream: bool) -> None:
+        """One request; its :class:`Answer` is appended to :attr:`answers`."""
         ans = Answer(time.monotonic(), 0, stream)
         self.answers.append(ans)
         headers = {"Content-Type": "application/json"}
@@ -330,7 +331,7 @@ class Client:
             i = 0
             due = time.monotonic()
             while not stop.is_set():
-                task = asyncio.create_task(self._one(session, i % STREAM_EVERY == 0))
+                task = asyncio.create_task(self.send(session, i % STREAM_EVERY == 0))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
                 i += 1
