@@ -20,9 +20,10 @@ placed deployment it is taken from no longer has it in its current plan
 (``status.nodes``); until then the new holder plans on the assigned nodes it already has.
 
 Planned deployments (:mod:`operators.instances`): ModelDeployments that state traffic and
-SLOs go through the fleet planner first (:func:`operators.instances.plan_part`, the previous
-plan kept for the move penalty); the others through :func:`policies.scheduling.schedule` on
-the GPUNodes that plan and the draining instances leave. A planned deployment gets no nodes
+SLOs go through the fleet planner first, the previous plan kept for the move penalty; the
+others through :func:`policies.scheduling.schedule` on the GPUNodes that plan and the
+instances still holding nodes leave - one decision,
+:func:`policies.fleetplan.combined.plan_and_schedule`, as in the standalone controller. A planned deployment gets no nodes
 itself: each of its instances' ModelDeployments is assigned its planned nodes (less those a
 draining instance or another holder still has in its current plan); an instance the plan
 dropped keeps the nodes of its current plan until its parent deletes it.
@@ -47,13 +48,20 @@ from operators.instances import (
     instance_record,
     is_child,
     parent_of,
-    plan_part,
+    parent_plans,
+    planner_names,
     running_instances,
 )
 from operators.observe import NodeView, ParentPlan
 from policies.errors import InputError
 from policies.fleet import Fleet, Node
 from policies.fleetplan import FleetPlan, MemoryCurveCache, PlannerSettings
+from policies.fleetplan.combined import (
+    FleetDecision,
+    PlanOptions,
+    ScheduleOptions,
+    plan_and_schedule,
+)
 from policies.fleetplan.curves import CurveCache
 from policies.fleetplan.instances import is_planned
 from policies.launch import PlannedInstance
@@ -192,71 +200,86 @@ class FleetAssignments:
         return keep, f"waiting for GPUNodes to drain ({who})"
 
     def _solve(self, entries: list[Entry]) -> None:
-        planned = [e for e in entries if is_planned(e[2])]
-        plan, self.parents = plan_part(
-            [PlannedEntry(k, spec, ns, self._running(k)) for k, _, spec, ns, _ in planned],
-            self.fleet_plan,
-            self.planner,
-            self.curves,
-        )
-        self.fleet_plan = plan if plan is not None else self.fleet_plan
+        """One decision for every deployment: the planned ones through the fleet planner,
+        the others through the fleet scheduler on the GPUNodes left - neither those the
+        plan's instances take nor those any instance still has in its current plan
+        (:func:`policies.fleetplan.combined.plan_and_schedule`)."""
+        planned = [
+            PlannedEntry(k, spec, ns, self._running(k))
+            for k, _, spec, ns, _ in entries
+            if is_planned(spec)
+        ]
+        names = planner_names([e.key for e in planned])
+        # The scheduler (and its reasons) sees NAMESPACE/NAME: names repeat across namespaces.
+        names |= {e[0]: f"{e[0][0]}/{e[0][1]}" for e in entries if e[0] not in names}
+        back = {v: k for k, v in names.items()}
+        held = {n for c in self.children.values() for n in c.held}
+        specs = [
+            (
+                _renamed(spec, names[k], k[0]),
+                [n.name for n in ns if is_planned(spec) or n.name not in held],
+            )
+            for k, _, spec, ns, _ in entries
+        ]
+        decision, error = self._decide(entries, specs, names)
+        self.fleet_plan = decision.plan or self.fleet_plan
+        self.parents = parent_plans(planned, decision.plan, names, self.planner.chunk_tokens, error)
         insts = {(k[0], i.name): (k[1], i) for k, pp in self.parents.items() for i in pp.instances}
         self.records = {ck: instance_record(p, i) for ck, (p, i) in insts.items()}
-        taken = {n for _, i in insts.values() for n in i.nodes}
-        taken |= {n for k, c in self.children.items() if k not in insts for n in c.held}
-        rest = [
-            (k, gen, spec, tuple(n for n in ns if n.name not in taken), held)
-            for k, gen, spec, ns, held in entries
-            if not is_planned(spec)
-        ]
-        self._schedule(rest)
+        s = decision.schedule
+        self.assigned = {back[d]: p.nodes for d, p in s.placements.items()} if s else {}
+        self.reasons = {back[d]: p.message for d, p in s.pending.items()} if s else {}
+        # Fits nowhere or has no eligible node: its own solve reports Infeasible or
+        # NoEligibleNodes, as without the scheduler.
+        self.unplaceable = (
+            {back[d] for d, p in s.pending.items() if p.resource in ("memory", "nodes")}
+            if s
+            else set()
+        )
         self.assigned |= {ck: i.nodes for ck, (_, i) in insts.items()}
-        for (k, _, _, ns, _), left in zip(
-            (e for e in entries if not is_planned(e[2])), rest, strict=True
-        ):
-            lost = len(ns) - len(left[3])
-            if lost and (k in self.unplaceable or not left[3]):
-                # Its own solve would plan on every eligible node, the instances' too.
-                self.unplaceable.discard(k)
-                self.reasons[k] = (
-                    f"{lost} of its {len(ns)} eligible GPUNodes serve planned deployments' "
-                    "instances (deployments with traffic and SLOs are planned first) and the "
-                    "rest cannot hold it. To fix: add GPUNodes, or widen spec.nodeSelector"
-                )
+        free = set(decision.plan.free_nodes) if decision.plan is not None else None
+        for k, _, spec, ns, _ in entries:
+            left = [n for n in ns if n.name not in held and (free is None or n.name in free)]
+            lost = len(ns) - len(left)
+            if is_planned(spec) or not lost or (k not in self.unplaceable and left):
+                continue
+            # Its own solve would plan on every eligible node, the instances' too.
+            self.unplaceable.discard(k)
+            self.reasons[k] = (
+                f"{lost} of its {len(ns)} eligible GPUNodes serve planned deployments' "
+                "instances (deployments with traffic and SLOs are planned first) and the "
+                "rest cannot hold it. To fix: add GPUNodes, or widen spec.nodeSelector"
+            )
 
-    def _running(self, key: Key) -> tuple[PlannedInstance, ...]:
-        """The instances of planned ``key`` running now (their ModelDeployments' records)."""
-        mine = [c.obj for k, c in self.children.items() if k[0] == key[0] and c.parent == key[1]]
-        return running_instances(mine)
-
-    def _schedule(self, entries: list[Entry]) -> None:
-        """The fleet scheduler over the deployments that are not planned."""
-        from policies.scheduling import schedule
-
+    def _decide(
+        self,
+        entries: list[Entry],
+        specs: list[tuple[DeploymentSpec, list[str]]],
+        names: Mapping[Key, str],
+    ) -> tuple[FleetDecision, str]:
+        """:func:`plan_and_schedule` over every deployment; when the planner refuses the
+        planned ones, the others alone, and why."""
         by_name: dict[str, Node] = {}
         for _, _, _, ns, _ in entries:
             for n in ns:
                 by_name.setdefault(n.name, n)
         fleet = Fleet("gpunodes", tuple(by_name[n] for n in sorted(by_name)))
-        # Deployment names repeat across namespaces: the scheduler (and its reasons) sees
-        # NAMESPACE/NAME.
-        internal = {e[0]: f"{e[0][0]}/{e[0][1]}" for e in entries}
-        back = {v: k for k, v in internal.items()}
-        previous = {internal[k]: frozenset(v) for k, v in self.assigned.items() if k in internal}
-        specs = [
-            (_renamed(spec, internal[k], k[0]), tuple(n.name for n in ns))
-            for k, _, spec, ns, _ in entries
-        ]
-        _, s = schedule(
-            fleet, specs, previous=previous, cache=self.cache, quotas_gpus=self.quotas_gpus
+        previous = {names[k]: frozenset(v) for k, v in self.assigned.items() if k in names}
+        planning = PlanOptions(self.fleet_plan, self.planner, self.curves)
+        scheduling = ScheduleOptions(
+            previous=previous, quotas_gpus=self.quotas_gpus, cache=self.cache
         )
-        self.assigned = {back[d]: p.nodes for d, p in s.placements.items()}
-        self.reasons = {back[d]: p.message for d, p in s.pending.items()}
-        # Fits nowhere or has no eligible node: its own solve reports Infeasible or
-        # NoEligibleNodes, as without the scheduler.
-        self.unplaceable = {
-            back[d] for d, p in s.pending.items() if p.resource in ("memory", "nodes")
-        }
+        try:
+            return plan_and_schedule(fleet, specs, planning=planning, scheduling=scheduling), ""
+        except InputError as exc:
+            rest = [(sp, ns) for sp, ns in specs if not is_planned(sp)]
+            decision = plan_and_schedule(fleet, rest, scheduling=scheduling)
+            return decision, f"the fleet planner refused the planned deployments: {exc}"
+
+    def _running(self, key: Key) -> tuple[PlannedInstance, ...]:
+        """The instances of planned ``key`` running now (their ModelDeployments' records)."""
+        mine = [c.obj for k, c in self.children.items() if k[0] == key[0] and c.parent == key[1]]
+        return running_instances(mine)
 
 
 def drained(

@@ -37,9 +37,8 @@ from apis.kube.v1alpha1 import (
 from operators.effective import effective_spec
 from operators.observe import ChildView, DeploymentView, ParentPlan
 from policies.errors import InputError
-from policies.fleet import Fleet, Node
-from policies.fleetplan import FleetDeployment, FleetPlan, PlannerSettings, PlanRequest
-from policies.fleetplan.curves import CurveCache
+from policies.fleet import Node
+from policies.fleetplan import FleetPlan
 from policies.fleetplan.instances import plan_instances
 from policies.launch import PlannedInstance, instance_spec
 from policies.launch.types import SGLANG_BOOTSTRAP_PORT
@@ -69,7 +68,7 @@ def parent_of(obj: Json) -> str:
 
 @dataclass(frozen=True)
 class PlannedEntry:
-    """One planned ModelDeployment as the fleet schedule passes it to :func:`plan_part`.
+    """One planned ModelDeployment as the fleet schedule reads its plan (:func:`parent_plans`).
 
     Attributes:
         key: ``(namespace, name)``.
@@ -85,60 +84,36 @@ class PlannedEntry:
     running: tuple[PlannedInstance, ...] = ()
 
 
-def plan_part(
+def parent_plans(
     entries: Sequence[PlannedEntry],
-    previous: FleetPlan | None,
-    settings: PlannerSettings,
-    cache: CurveCache,
-) -> tuple[FleetPlan | None, dict[Key, ParentPlan]]:
-    """Plan every entry with :func:`policies.fleetplan.plan_fleet` on the union of their
-    eligible GPUNodes (each limited to its own), ``previous`` kept for the move penalty.
-
-    Returns the plan (None when it could not be made) and per entry its
-    :class:`ParentPlan`. Deployment names may repeat across namespaces: the planner sees
-    them apart (:func:`_planner_names`); instances are named after the deployment's name.
-    """
-    from policies.fleetplan import plan_fleet
-
-    if not entries:
-        return None, {}
-    by_name: dict[str, Node] = {}
-    for e in entries:
-        for n in e.eligible:
-            by_name.setdefault(n.name, n)
-    fleet = Fleet("gpunodes", tuple(by_name[n] for n in sorted(by_name)))
-    internal = _planner_names([e.key for e in entries])
-    deployments = tuple(
-        FleetDeployment(
-            dataclasses.replace(e.spec, name=internal[e.key]),
-            frozenset(n.name for n in e.eligible),
-        )
-        for e in entries
-    )
-    try:
-        plan = plan_fleet(
-            PlanRequest(fleet, deployments, previous=previous, settings=settings), cache=cache
-        )
-    except InputError as exc:
-        why = f"the fleet planner refused the planned deployments: {exc}"
-        return None, {e.key: ParentPlan((), _demand(e.spec), error=why) for e in entries}
+    plan: FleetPlan | None,
+    names: Mapping[Key, str],
+    chunk_tokens: int,
+    error: str = "",
+) -> dict[Key, ParentPlan]:
+    """Per planned entry its :class:`ParentPlan` from the fleet plan (``names``: the name
+    the planner knew it by; ``error``: why there is no plan). Instances are named after the
+    deployment's own name, kept against its running ones."""
     out: dict[Key, ParentPlan] = {}
     for e in entries:
-        dp = plan.deployments.get(internal[e.key])
-        short = plan.shortfalls.get(internal[e.key])
-        shortfall = (short.resource, short.message) if short is not None else None
         demand = _demand(e.spec)
+        if plan is None:
+            out[e.key] = ParentPlan((), demand, error=error or "not planned")
+            continue
+        dp = plan.deployments.get(names[e.key])
+        short = plan.shortfalls.get(names[e.key])
+        shortfall = (short.resource, short.message) if short is not None else None
         if dp is None:
             out[e.key] = ParentPlan((), demand, 0.0, shortfall, "the fleet plan left it out")
             continue
         try:
             mine = dataclasses.replace(dp, deployment=e.key[1])
-            insts = plan_instances(mine, settings.chunk_tokens, e.running)
+            insts = plan_instances(mine, chunk_tokens, e.running)
         except InputError as exc:
             out[e.key] = ParentPlan((), demand, 0.0, shortfall, str(exc))
             continue
         out[e.key] = ParentPlan(insts, demand, dp.served_requests_per_s, shortfall)
-    return plan, out
+    return out
 
 
 def _demand(spec: DeploymentSpec) -> float:
@@ -146,7 +121,7 @@ def _demand(spec: DeploymentSpec) -> float:
     return spec.traffic.requests_per_s if spec.traffic is not None else 0.0
 
 
-def _planner_names(keys: Sequence[Key]) -> dict[Key, str]:
+def planner_names(keys: Sequence[Key]) -> dict[Key, str]:
     """The name the planner knows each deployment by: its own, or - when another namespace
     has a planned deployment of that name - the name with a digest of its namespace (the
     planner takes DNS labels only)."""
@@ -322,7 +297,8 @@ __all__ = [
     "instance_record",
     "is_child",
     "parent_of",
-    "plan_part",
+    "parent_plans",
+    "planner_names",
     "running_instances",
     "same_spec",
 ]
