@@ -35,6 +35,7 @@ from typing import Any
 import grpc
 from mixfleet.v1 import engine_pb2, engine_pb2_grpc
 
+from apis.cliargs import positive_int
 from bench.common import package_versions, run_main, write_results
 from controlplane.server.controller import endpoints
 from controlplane.server.controller.demand import MAX_REPORTERS, Demands
@@ -204,9 +205,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.instances_watch", description=__doc__)
-    p.add_argument("--watchers", type=int, default=100, help="WatchInstances streams")
-    p.add_argument("--rounds", type=int, default=20, help="record changes timed")
+    p = argparse.ArgumentParser(
+        prog="python -m bench.instances_watch", description=__doc__, allow_abbrev=False
+    )
+    p.add_argument("--watchers", type=positive_int, default=100, help="WatchInstances streams")
+    p.add_argument("--rounds", type=positive_int, default=20, help="record changes timed")
     p.add_argument("--out", metavar="PATH", help="results JSON file")
     p.add_argument("--json", action="store_true", help="print the results too")
 
