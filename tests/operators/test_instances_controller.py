@@ -2,7 +2,8 @@
 real operator makes its engine instances, the real controller on the Kubernetes store rolls
 each instance's plan out to simulated agents, and the deployment is Ready once every
 instance is committed on its nodes; the controller reads each instance's record as its own
-(``StoredDeployment.status["instance"]``). Deleting the deployment takes every instance's
+(``StoredDeployment.status["instance"]``) and lists them as ``WatchInstances`` does in the
+standalone mode. Deleting the deployment takes every instance's
 plan off the agents.
 
 Runs against the fake API server always and against a real cluster when
@@ -24,6 +25,7 @@ from agents.agent import AgentSettings
 from agents.backoff import BackoffSettings
 from agents.simulate import SimulatedFleet
 from apis.kube.client import MODEL_DEPLOYMENTS, PLACEMENT_POLICIES
+from controlplane.server.controller.endpoints import instance_set
 from controlplane.server.controller.instance_records import InstanceRecord
 from controlplane.server.inprocess import start_controller
 from controlplane.store.kubernetes import KubernetesStore
@@ -79,6 +81,13 @@ def test_the_controller_rolls_out_every_instance_and_the_deployment_is_ready(
                     assert rec is not None and rec.of == "chat" and rec.nodes == tuple(st["nodes"])
                     assert rec.role == name.split("-")[1]
                 assert status(k, cluster, "chat")["instancesReady"] == "2/2"
+                # What WatchInstances lists: the same instances as in the standalone mode.
+                listed = instance_set(store, lambda node: node, "chat")
+                assert [(i.name, i.role, i.ready) for i in listed.instances] == [
+                    ("chat-decode-0", "decode", True),
+                    ("chat-prefill-0", "prefill", True),
+                ]
+                assert listed.instances[1].bootstrap_port == 8998
 
                 # Deleting the deployment takes every instance's plan off the agents.
                 k.delete(MODEL_DEPLOYMENTS, "chat", cluster.namespace)
