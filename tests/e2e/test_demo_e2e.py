@@ -1,8 +1,10 @@
 """The end-to-end demo (``make demo``) runs and tells its story: the controller commits v1,
 the router follows it, contingency plans are solved, a sustained load shift makes the
-controller re-plan with few moves and a better step under the measured load, and nothing
-but the story reaches the screen (logs go to files). Every assertion is on what happened,
-none on how long it took (a few minutes on 2 busy cores)."""
+controller re-plan with few moves and a better step under the measured load; then the
+deployment with demand and SLOs is served as instances (one a prefill/decode pair) in the
+plan's shares, and doubling its demand makes the controller add instances without cutting
+an answer; nothing but the story reaches the screen (logs go to files). Every assertion is
+on what happened, none on how long it took (a few minutes on 2 busy cores)."""
 
 from __future__ import annotations
 
@@ -40,6 +42,16 @@ def test_demo_e2e_commits_then_rebalances_with_few_moves(
         "re-plan      v1 -> v2",
         "engine       routing now v2",
         "stopped      controller and 3 agents",
+        "instances    qwen3: qwen3-30b-a3b on sglang",
+        "agents       6 simulated agents registered",
+        "router       mixfleet-router --deployment qwen3",
+        "shares       per instance, planned vs got:",
+        "latency      SLO:",
+        "load         SHIFT: 30 requests/s",
+        "s after the shift: measured",
+        "shares       per instance after the re-plan:",
+        "streams      ",
+        "stopped      the instances step's",
     ]
     at = [out.find(s) for s in steps]
     assert all(i >= 0 for i in at) and at == sorted(at), list(zip(steps, at, strict=True))
@@ -56,8 +68,44 @@ def test_demo_e2e_commits_then_rebalances_with_few_moves(
     (scratch,) = _number(r"\n    (\d+) moves \(\d+%\) for \d+ ms", out)
     assert 0 < moves < 0.5 * slots and moves * 2 <= scratch, (moves, slots, scratch)
     assert re.search(r"v2\s+committed", out)
+    _check_instances(out)
     # logs in files, not on the screen: no JSON log line, no traceback
     for stream in (out, captured.err):
         assert "Traceback" not in stream
         assert not [line for line in stream.splitlines() if line.lstrip().startswith("{")]
     assert (tmp_path / "e2e.log").stat().st_size > 0 and (tmp_path / "router.log").exists()
+    assert (tmp_path / "router-instances.log").exists()
+
+
+def _shares(out: str, title: str) -> list[tuple[str, str, float, float]]:
+    """(instance, role, planned share, share got) of each row of the table after ``title``."""
+    lines = out[out.index(title) :].splitlines()[2:]
+    rows = []
+    for line in lines:
+        cols = line.split()
+        if not line.startswith("  ") or len(cols) < 7:
+            break
+        rows.append((cols[0], cols[-6], float(cols[-3]), float(cols[-1])))
+    return rows
+
+
+def _check_instances(out: str) -> None:
+    """The instances step: an aggregated instance and a prefill/decode pair, each serving
+    its planned share (within 12 of the ~240 requests of the load: the router's weighted
+    rule keeps each within a request or two); the doubled demand re-plans upwards with new
+    instances; no answer cut."""
+    first = _shares(out, "shares       per instance, planned vs got:")
+    assert {role for _, role, _, _ in first} == {"aggregated", "prefill", "decode"}, first
+    for name, _, planned, got in first:
+        assert abs(got - planned) <= 0.05, (name, planned, got)
+    assert re.search(
+        r"re-plan      [\d.]+ s after the shift: measured [\d.]+ requests/s .*, above", out
+    )
+    assert "new instances qwen3-" in out
+    after = _shares(out, "shares       per instance after the re-plan:")
+    assert any("(new)" in line for line in out.splitlines() if line.startswith("  qwen3-"))
+    assert after
+    (cut,) = _number(
+        r"streams      \d+ requests in all \(\d+ streamed\): \d+ answered, (\d+) cut", out
+    )
+    assert cut == 0
