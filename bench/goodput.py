@@ -25,8 +25,9 @@ yardstick for all: the largest arrival rate (bracketed between powers of two, th
 bisected 8 times) at which at least 90% of the requests meet both SLOs, and the rate of
 requests within the SLOs there. The planner's own prediction is checked against the
 simulation at the load it plans (``predicted`` vs ``simulated``). **USD per million
-tokens at equal goodput**: the planner asked for (b)'s goodput, priced at the GPUs it takes,
-against (b)'s GPUs.
+tokens at equal goodput**: the planner asked for what (b)'s instances serve at the
+planner's own margin (:func:`_at_planner_margin`), priced at the GPUs it takes, against
+(b)'s GPUs.
 
 ``--timing`` measures the planner's wall-clock time on this machine (reported, never
 asserted): mixed-64 with five deployments, and a generated fleet of 1,000 GPUs (five
@@ -78,10 +79,12 @@ from policies.fleetplan import (
     DeploymentPlan,
     FleetDeployment,
     MemoryCurveCache,
+    PlannerSettings,
     PlanRequest,
     plan_fleet,
 )
 from policies.fleetplan.report import serving_plan
+from policies.fleetplan.sizing import size_aggregated
 from policies.serving.plan import DEFAULT_CHUNK_TOKENS, ServingPlan
 from policies.serving.traffic import Traffic
 from policies.spec import DeploymentSpec
@@ -129,15 +132,15 @@ def goodput_scenario(
     for key, pd in (("b_hand_split", False), ("c_hand_split_pd", True)):
         b_plan, b_cap, b_usd, notes = baseline_split(fleet, sp, pd=pd)
         if not pd:
-            b_planned = b_cap
+            b_planned = _at_planner_margin(b_plan, tr)
         out[key] = {
             "usd_per_hour": round(b_usd, 2),
             "planned_rps": round(b_cap, 4),
             "notes": notes,
             "sim": max_goodput(b_plan, tr, b_cap),
         }
-    # Cost at equal goodput: the planner asked for what (b) is planned to serve (its
-    # capacity at the same utilisation), both priced at the GPUs they take.
+    # Cost at equal goodput: the planner asked for what (b)'s instances serve at the
+    # planner's own margin, both priced at the GPUs they take.
     b_cap = b_planned  # unrounded: a rounded-up demand would ask for one more instance
     if b_cap > 0:
         b_usd_h = out["b_hand_split"]["usd_per_hour"]
@@ -200,6 +203,31 @@ def _prediction_check(
     return at_load
 
 
+def _at_planner_margin(plan: ServingPlan | None, tr: Traffic) -> float:
+    """What the aggregated instances of ``plan`` serve at the planner's own margin,
+    requests/s: each one's capacity as the planner sizes it (``PlannerSettings``'s
+    utilisation of its capacity at the SLO). (b) itself is planned at 85% of each
+    instance's rate at its batch limit, closer to the SLO for small batches: asking the
+    planner for that rate would compare two plans at different margins."""
+    if plan is None:
+        return 0.0
+    s = PlannerSettings()
+    total = 0.0
+    for p in plan.pools:
+        g = p.instances
+        if g is not None:
+            sz = size_aggregated(
+                g.curve,
+                tr,
+                SLO,
+                chunk_tokens=g.chunk_tokens,
+                utilisation=s.utilisation,
+                queueing=s.queueing,
+            )
+            total += g.count * sz.requests_per_s
+    return total
+
+
 def _equal_goodput(
     fleet: Fleet,
     sp: DeploymentSpec,
@@ -208,7 +236,8 @@ def _equal_goodput(
     b_usd_h: float,
     cache: CurveCache,
 ) -> dict[str, Any]:
-    """USD per million output tokens at (b)'s planned rate ``b_cap`` (requests/s; ``osl``
+    """USD per million output tokens at ``b_cap``, what (b)'s instances serve at the
+    planner's margin (requests/s; ``osl``
     output tokens each): the planner asked for that demand against (b)'s ``b_usd_h``
     (USD/h)."""
     assert sp.traffic is not None

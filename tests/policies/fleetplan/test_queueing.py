@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 
+from policies.fleetplan import queueing
 from policies.fleetplan.queueing import EXACT_UP_TO, erlang_c, slo_rate, wait_tail
 from policies.fleetplan.sizing import size_aggregated
 from policies.serving.curves import StepCurve
@@ -26,17 +27,29 @@ def _recursion(c: int, a: float) -> float:
     return b / (1.0 - rho + rho * b)
 
 
-def test_erlang_c_closed_forms_and_recursion() -> None:
+def test_erlang_c_closed_forms_and_recursion(monkeypatch: pytest.MonkeyPatch) -> None:
     assert erlang_c(1, 0.7) == pytest.approx(0.7)  # M/M/1: an arrival waits w.p. rho
     assert erlang_c(2, 1.0) == pytest.approx(1.0 / 3.0)  # B = 0.2, C = 0.2 / 0.6
-    for c, a in ((8, 6.5), (50, 45.0), (700, 690.0), (3000, 2950.0), (3000, 1200.0)):
+    for c, a in ((8, 6.5), (50, 45.0)):
         assert erlang_c(c, a) == pytest.approx(_recursion(c, a), rel=1e-9)
     assert erlang_c(10, 0.0) == 0.0 and erlang_c(10, 10.0) == 1.0
+    with monkeypatch.context() as m:  # the exact sum at any size
+        m.setattr(queueing, "EXACT_UP_TO", 1 << 20)
+        for c, a in ((700, 690.0), (3000, 2950.0), (3000, 1200.0)):
+            assert erlang_c(c, a) == pytest.approx(_recursion(c, a), rel=1e-9)
     # Above EXACT_UP_TO slots, the Halfin-Whitt limit: close to the recursion near full load.
-    c = 2 * EXACT_UP_TO
-    for rho in (0.99, 0.995, 0.999):
-        assert erlang_c(c, rho * c) == pytest.approx(_recursion(c, rho * c), rel=0.01)
-    assert erlang_c(c, 0.97 * c) == pytest.approx(_recursion(c, 0.97 * c), rel=0.1)
+    for c in (2 * EXACT_UP_TO, 4096):
+        for rho in (0.98, 0.99, 0.995):
+            assert erlang_c(c, rho * c) == pytest.approx(_recursion(c, rho * c), rel=0.02)
+
+
+def test_slo_rate_above_the_exact_range(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SLO rate by the Halfin-Whitt limit is within 0.3% of the exact one."""
+    approx = [slo_rate(c, 50.0, 1.8, 0.1, 0.04) for c in (128, 512, 2048)]
+    monkeypatch.setattr(queueing, "EXACT_UP_TO", 1 << 20)
+    exact = [slo_rate(c, 50.0, 1.8, 0.1, 0.04) for c in (128, 512, 2048)]
+    assert approx == pytest.approx(exact, rel=0.003)
+    assert approx != exact
 
 
 def test_slo_rate_is_the_largest_rate_within_the_tail() -> None:
