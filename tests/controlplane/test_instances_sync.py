@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from test_instances_e2e import SPEC, _at, _inventories
+from test_controller_instances_e2e import SPEC, _at, _inventories
 
 from controlplane.errors import PreconditionError
 from controlplane.server.controller import Controller
