@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH_STAMP := $(VENV)/.torch-installed
 
-.PHONY: install install-torch test-min-versions demo static-checks test test-slow test-all lint typecheck layers pytest bench bench-placement bench-strategies bench-controlplane bench-determinism bench-engines bench-hostile bench-schedule bench-goodput bench-router bench-router-peers bench-serving bench-instances-watch proto crds e2e-k8s test-kube clean
+.PHONY: install install-torch test-min-versions demo static-checks test test-slow test-all lint typecheck layers pytest bench bench-placement bench-strategies bench-controlplane bench-determinism bench-engines bench-hostile bench-schedule bench-goodput bench-router bench-router-peers bench-router-traffic bench-serving bench-instances-watch proto crds e2e-k8s test-kube clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -102,6 +102,11 @@ bench-router: install
 bench-router-peers: install
 	$(BIN)/python -m bench.router --peers --streams 100,500 --rounds 5 --seconds 8 --short-s 3 --out bench/results/router-peers.json
 	$(BIN)/python -m bench.router_memory --out bench/results/router-memory.json
+
+# The router's CPU per streamed request with static instances, with weights from the
+# controller, and with instances from the controller (--deployment) (docs/router.md).
+bench-router-traffic: install
+	$(BIN)/python -m bench.router_traffic --rounds 7 --out bench/results/router-traffic.json
 
 bench-strategies: install
 	$(BIN)/python -m bench.strategies --scenario all --out bench/results/strategies.json --docs docs/strategies.md
