@@ -62,7 +62,13 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "operator": {"watchNamespaces": ["team-a"]},
     },
     "operator-disabled": {"operator": {"enabled": False}},
-    "router": {"router": {"enabled": True, "instances": ["url=http://e:30000,deployment=ds3"]}},
+    "router": {
+        "router": {
+            "enabled": True,
+            "instances": ["url=http://e:30000,deployment=ds3"],
+            "deployments": ["qwen,tier=batch"],
+        }
+    },
     "operator-without-election": {"operator": {"leaderElection": {"enabled": False}}},
 }
 
@@ -377,7 +383,10 @@ def test_router_runs_against_the_controller_with_mtls_and_its_flags_are_valid() 
     assert parsed.tls_ca == "/etc/mixfleet/tls/ca.crt" and parsed.listen == "0.0.0.0:8000"
     from controlplane.cli.router import settings_from_args
 
-    assert settings_from_args(parsed).deployments == ("ds3",)  # the same checks as at start
+    assert parsed.deployment == ["qwen,tier=batch"]
+    settings = settings_from_args(parsed)  # the same checks as at start
+    assert settings.deployments == ("ds3",)
+    assert [(w.name, w.tier) for w in settings.watched] == [("qwen", "batch")]
     (svc,) = [s for s in objects(docs, "Service") if s["metadata"]["name"] == "mixfleet-router"]
     assert svc["spec"]["ports"][0]["port"] == 8000
     assert not [d for d in objects(render({}), "Deployment") if "router" in d["metadata"]["name"]]
