@@ -108,10 +108,16 @@ def _usd_per_mtok(usd_h: float, tokens_per_s: float) -> float | None:
 
 
 def goodput_scenario(
-    fleet_name: str, model_key: str, lengths: str, pool: Executor | None
+    fleet_name: str,
+    model_key: str,
+    lengths: str,
+    pool: Executor | None,
+    settings: PlannerSettings | None = None,
 ) -> dict[str, Any]:
-    """One scenario: the planner's plan and the hand-made ones (a), (b), (c), each through
-    the simulator, and the cost at equal goodput (module docstring)."""
+    """One scenario: the planner's plan (with ``settings``, the defaults when None) and the
+    hand-made ones (a), (b), (c), each through the simulator, and the cost at equal goodput
+    (module docstring)."""
+    s = settings or PlannerSettings()
     fleet = example_fleet(fleet_name)
     isl, osl = LENGTHS[lengths]
     tr = traffic(isl, osl, HUGE_DEMAND_RPS)
@@ -119,7 +125,9 @@ def goodput_scenario(
     out: dict[str, Any] = {"fleet": fleet_name, "model": MODELS[model_key], "isl_osl": lengths}
     cache = MemoryCurveCache()
     t0 = time.perf_counter()
-    plan = plan_fleet(PlanRequest(fleet, (FleetDeployment(sp),)), cache=cache, pool=pool)
+    plan = plan_fleet(
+        PlanRequest(fleet, (FleetDeployment(sp),), settings=s), cache=cache, pool=pool
+    )
     out["plan_s"] = round(time.perf_counter() - t0, 2)
     out["mixfleet"] = _mixfleet(plan.deployments[sp.name], tr)
     a_plan, a_cap, a_usd, a_why = baseline_one(fleet, sp)
@@ -132,7 +140,7 @@ def goodput_scenario(
     for key, pd in (("b_hand_split", False), ("c_hand_split_pd", True)):
         b_plan, b_cap, b_usd, notes = baseline_split(fleet, sp, pd=pd)
         if not pd:
-            b_planned = _at_planner_margin(b_plan, tr)
+            b_planned = _at_planner_margin(b_plan, tr, s)
         out[key] = {
             "usd_per_hour": round(b_usd, 2),
             "planned_rps": round(b_cap, 4),
@@ -144,7 +152,7 @@ def goodput_scenario(
     b_cap = b_planned  # unrounded: a rounded-up demand would ask for one more instance
     if b_cap > 0:
         b_usd_h = out["b_hand_split"]["usd_per_hour"]
-        out["equal_goodput"] = _equal_goodput(fleet, sp, b_cap, osl, b_usd_h, cache)
+        out["equal_goodput"] = _equal_goodput(fleet, sp, b_cap, osl, b_usd_h, cache, s)
     g = out["mixfleet"]["sim"]["goodput_rps"]
     out["ratios"] = {
         k: (
@@ -203,7 +211,7 @@ def _prediction_check(
     return at_load
 
 
-def _at_planner_margin(plan: ServingPlan | None, tr: Traffic) -> float:
+def _at_planner_margin(plan: ServingPlan | None, tr: Traffic, s: PlannerSettings) -> float:
     """What the aggregated instances of ``plan`` serve at the planner's own margin,
     requests/s: each one's capacity as the planner sizes it (``PlannerSettings``'s
     utilisation of its capacity at the SLO). (b) itself is planned at 85% of each
@@ -211,7 +219,6 @@ def _at_planner_margin(plan: ServingPlan | None, tr: Traffic) -> float:
     planner for that rate would compare two plans at different margins."""
     if plan is None:
         return 0.0
-    s = PlannerSettings()
     total = 0.0
     for p in plan.pools:
         g = p.instances
@@ -235,6 +242,7 @@ def _equal_goodput(
     osl: int,
     b_usd_h: float,
     cache: CurveCache,
+    settings: PlannerSettings,
 ) -> dict[str, Any]:
     """USD per million output tokens at ``b_cap``, what (b)'s instances serve at the
     planner's margin (requests/s; ``osl``
@@ -244,7 +252,9 @@ def _equal_goodput(
     tr = sp.traffic
     eq = plan_fleet(
         PlanRequest(
-            fleet, (FleetDeployment(replace(sp, traffic=replace(tr, requests_per_s=b_cap))),)
+            fleet,
+            (FleetDeployment(replace(sp, traffic=replace(tr, requests_per_s=b_cap))),),
+            settings=settings,
         ),
         cache=cache,
     )
@@ -282,6 +292,7 @@ def run(args: argparse.Namespace) -> int:
             field="--scenario",
         )
     results: dict[str, Any] = {}
+    settings = PlannerSettings(queueing=not args.no_queueing)
     workers = args.workers if args.workers > 0 else os.cpu_count() or 1
     with ProcessPoolExecutor(workers) if workers > 1 else nullcontext() as pool:
         for name in names:
@@ -290,7 +301,7 @@ def run(args: argparse.Namespace) -> int:
             f = rest[: -len(ln) - 1]
             log(f"scenario {name}")
             t0 = time.perf_counter()
-            results[name] = goodput_scenario(f, m, ln, pool)
+            results[name] = goodput_scenario(f, m, ln, pool, settings)
             results[name]["wall_s"] = round(time.perf_counter() - t0, 1)
     timing: dict[str, Any] = {}
     if args.timing:
@@ -304,7 +315,9 @@ def run(args: argparse.Namespace) -> int:
         )
     doc = {
         "command": command_line("bench.goodput", args, with_json=True)
-        + (" --timing" if args.timing else ""),
+        + (" --timing" if args.timing else "")
+        + (" --no-queueing" if args.no_queueing else ""),
+        "planner": {"queueing": settings.queueing, "utilisation": settings.utilisation},
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": {"cpu_count": os.cpu_count(), "python": platform.python_version()},
         "workers": workers,
@@ -329,6 +342,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--report", metavar="PATH", help="print a results file as Markdown tables")
     p.add_argument(
         "--timing", action="store_true", help="also time the planner (mixed-64, 1,000 GPUs)"
+    )
+    p.add_argument(
+        "--no-queueing",
+        action="store_true",
+        help="plan at a flat share of each instance's rate (PlannerSettings.queueing=False)",
     )
     p.add_argument(
         "--workers",
