@@ -11,7 +11,10 @@ classes (:func:`apis.kube.schema.from_wire` / :func:`apis.kube.schema.to_wire`).
 * ``PlacementPolicy`` (cluster-scoped): solver settings, slot budget, tiers, rebalancing.
 * ``ModelDeployment`` (namespaced): a model to place on GPUNodes, with conditions
   ``Solved``, ``RolledOut``, ``Degraded`` and, under a policy with an interactive tier,
-  ``InteractiveSLO``.
+  ``InteractiveSLO``. One that states ``traffic`` and ``slo`` runs as engine instances,
+  each a ModelDeployment the operator owns (``status.instance`` says what it is); its own
+  status lists them (``status.instances``) with the conditions ``Ready`` and
+  ``DemandServed``.
 * ``PartitionPlan`` (namespaced, owned by its ModelDeployment): one immutable plan
   version, gzip+base64 compressed; status holds the rollout state of each node.
 """
