@@ -25,8 +25,9 @@ several engine instances, routed by mixfleet-router, re-planned when the demand 
    ``mixfleetctl serve simulate`` runs) finds them on the same fleet plan, and as measured.
 6. The demand doubles; the router's reports show it to the controller, which re-plans once
    the drift has lasted long enough and adds instances; the demo starts their engines as
-   WatchInstances lists them, the router follows, and no open stream is cut (every request
-   of the run is answered).
+   WatchInstances lists them, the router follows, and no answer that has begun is cut (a
+   request the router refuses - no free batch slot, no routable instance - is counted and
+   shown with the router's reason).
 
 Every wait prints progress; the router's log goes to ``router-instances.log`` beside the
 other logs.
@@ -63,7 +64,7 @@ from controlplane.server.controller.demand import DemandStatus
 from controlplane.server.controller.measured import DemandSettings
 from controlplane.server.inprocess import RunningController, start_controller
 from demo.router_step import _engine_class, _free_port
-from demo.session import PROGRESS_S, say
+from demo.session import PROGRESS_S, _table, say
 from policies.serving.sim_types import SimOptions, SimReport, quantile_sorted
 from policies.serving.simulate import simulate
 from policies.spec import DeploymentSpec
@@ -109,12 +110,6 @@ SETTINGS = ControllerSettings(
 def read_spec() -> DeploymentSpec:
     """The demo's deployment (:data:`DEPLOYMENT_FILE`)."""
     return parse_deployment(yaml.safe_load(DEPLOYMENT_FILE.read_text()))
-
-
-def _table(rows: Sequence[Sequence[str]], indent: str = "  ") -> None:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for r in rows:
-        say(indent + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
 
 
 # ------------------------------------------------------------------------- engines
@@ -232,9 +227,11 @@ class EngineFarm:
             await run.bootstrap.cleanup()
 
     def counts(self) -> dict[str, int]:
+        """Requests each running engine has served, by instance name."""
         return {name: r.requests() for name, r in self.running.items()}
 
     async def stop(self) -> None:
+        """Stop every engine (those being retired once their open requests end)."""
         for task in self._retiring.values():
             await task
         for r in self.running.values():
@@ -352,22 +349,27 @@ class Client:
 
 @dataclass
 class Router:
+    """The ``mixfleet-router`` process: its process, URL and log file."""
+
     proc: asyncio.subprocess.Process
     url: str
     log_path: Path
 
     def tail(self) -> str:
+        """The last lines of its log, for an error message."""
         lines = (
             self.log_path.read_text(errors="replace").splitlines() if self.log_path.exists() else []
         )
         return "; ".join(lines[-3:]) or "no log lines"
 
     async def status(self, session: aiohttp.ClientSession) -> dict[str, Any]:
+        """Its ``GET /router/status`` document."""
         async with session.get(f"{self.url}/router/status") as r:
             doc: dict[str, Any] = await r.json()
             return doc
 
     async def stop(self) -> None:
+        """Terminate it (killed after 10 s)."""
         if self.proc.returncode is None:
             self.proc.terminate()
             try:
@@ -440,8 +442,8 @@ async def routed(
 async def watch(
     engines: engine_pb2_grpc.EngineServiceAsyncStub, deployment: str
 ) -> AsyncIterator[engine_pb2.Instances]:
-    """WatchInstances of ``deployment``, retried while the controller has no instance list
-    yet (NOT_FOUND until the deployment is applied)."""
+    """``EngineService.WatchInstances`` of ``deployment`` (applied before: an unknown one is
+    NOT_FOUND)."""
     call = engines.WatchInstances(engine_pb2.GetInstancesRequest(deployment=deployment))
     async for msg in call:
         yield msg
@@ -514,6 +516,7 @@ def _ms(v: float) -> str:
 
 
 def show_latencies(rows: Sequence[Latencies], spec: DeploymentSpec) -> None:
+    """The SLO and one line per source: TTFT and TPOT p90 (ms), share within the SLO."""
     slo = spec.slo
     assert slo is not None
     say()
