@@ -163,6 +163,11 @@ def parent_status(
         instances_ready=f"{ready}/{len(pp.instances)}",
         planned_requests_per_s=round(pp.served_requests_per_s, 6),
         demand_requests_per_s=round(pp.demand_requests_per_s, 6),
+        planned_attainment=(
+            round(min(1.0, pp.served_requests_per_s / pp.demand_requests_per_s), 4)
+            if pp.demand_requests_per_s > 0
+            else None
+        ),
     )
 
 

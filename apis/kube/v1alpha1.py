@@ -1314,6 +1314,15 @@ class ModelDeploymentStatus:
             minimum=0,
         ),
     )
+    planned_attainment: float | None = field(
+        default=None,
+        metadata=k8s(
+            "Share of the stated demand the fleet plan serves within the SLO, 0-1 "
+            "(plannedRequestsPerSecond / demandRequestsPerSecond; a planned deployment).",
+            minimum=0,
+            maximum=1,
+        ),
+    )
     instance: InstanceRecordStatus | None = field(
         default=None,
         metadata=k8s("An engine instance: which deployment it serves and as what."),
@@ -1683,6 +1692,12 @@ MODEL_DEPLOYMENT = CrdDef(
             "number",
             ".status.plannedRequestsPerSecond",
             "Requests/s the fleet plan serves within the SLO",
+        ),
+        PrinterColumn(
+            "Attainment",
+            "number",
+            ".status.plannedAttainment",
+            "Share of the demand planned within the SLO",
         ),
         PrinterColumn(
             "DemandRPS", "number", ".status.demandRequestsPerSecond", "Stated demand, req/s", 1

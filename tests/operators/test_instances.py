@@ -254,6 +254,8 @@ def test_the_parent_status_has_a_condition_per_shortfall_and_is_ready_when_all_a
     c = conditions(reconcile_parent(parent_observed(pp, kids)))
     assert c["Solved"]["status"] == "True"
     assert "serve 20 of 100 requests/s" in c["Solved"]["message"]
+    (st,) = [a for a in reconcile_parent(parent_observed(pp, kids)) if isinstance(a, ApplyStatus)]
+    assert st.status["plannedAttainment"] == 0.2
     assert (c["DemandServed"]["status"], c["DemandServed"]["reason"]) == ("False", "NotEnoughGPUs")
     assert c["DemandServed"]["message"] == why
     assert (c["Ready"]["status"], c["Ready"]["reason"]) == ("True", "InstancesReady")

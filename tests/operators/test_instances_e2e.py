@@ -157,6 +157,7 @@ def test_a_planned_deployment_runs_as_owned_instances_with_their_own_plans_and_l
         assert [i["name"] for i in st["instances"]] == ["chat-prefill-0", "chat-decode-0"]
         assert st["instances"][0]["nodes"] == prefill_nodes
         assert st["plannedRequestsPerSecond"] == pytest.approx(20.0)
+        assert st["plannedAttainment"] == pytest.approx(1.0)
         assert st["instances"][0]["tpotMs"] > 0 and st["instances"][1]["ttftMs"] > 0
         assert condition(k, cluster, "chat", "Solved")["status"] == "True"
         assert condition(k, cluster, "chat", "DemandServed")["status"] == "True"
