@@ -151,7 +151,7 @@ def _median(values: list[float]) -> float | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("--streams", type=int, default=64, help="concurrent streamed clients")
     p.add_argument("--chunks", type=int, default=10, help="chunks per streamed answer")
     p.add_argument("--tokens-per-s", type=float, default=50.0, help="each engine's chunk pace")
