@@ -26,7 +26,7 @@ from k8s_builders import (
     run_solve,
 )
 from k8s_cluster import Cluster
-from test_instances_e2e import CHAT, PLANNER
+from test_operator_instances_e2e import CHAT, PLANNER
 
 from apis.kube.client import MODEL_DEPLOYMENTS
 from apis.kube.names import LABEL_INSTANCE_OF

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from k8s_builders import md_object, policy_object
 from k8s_cluster import RUN_LABEL, Cluster, wait_for
-from test_instances_e2e import CHAT, instances, start
 from test_operator_e2e import condition, status
+from test_operator_instances_e2e import CHAT, instances, start
 
 from agents.agent import AgentSettings
 from agents.backoff import BackoffSettings
