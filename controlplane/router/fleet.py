@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Container
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import structlog
 from mixfleet.v1 import engine_pb2
 from yarl import URL
 
+from controlplane.router.balance import Choice, RankState, choose
 from controlplane.router.instances import instance_set
 from controlplane.router.settings import RouterSettings
 from controlplane.router.state import InstanceState
@@ -92,6 +94,18 @@ class SlotQueue:
         for tier, q in self._waiting.items():
             for _ in range(len(q)):
                 self.wake(tier)
+
+
+@dataclass
+class Turn:
+    """One request's place in its tier's slot queue, kept across its waits and tries.
+
+    Attributes:
+        deadline: when its wait for a batch slot ends (the loop's clock, seconds; 0 = it
+            has not waited yet).
+    """
+
+    deadline: float = 0.0
 
 
 class Fleet:
@@ -196,6 +210,52 @@ class Fleet:
         while True:
             await asyncio.sleep(self.router.settings.health_interval_s)
             self.prune()
+
+    async def claim(
+        self, tier: str, work_tokens: float, exclude: Container[str], turn: Turn
+    ) -> Choice:
+        """Choose a rank of ``tier`` for a request of ``work_tokens`` tokens
+        (:func:`.balance.choose`) and count the request open on it (rank and instance);
+        while every instance that could take it is at its batch limit, wait for a slot
+        (behind the requests that wait already, until ``turn.deadline``). The chosen rank
+        must be given back with :meth:`finished`.
+
+        Returns:
+            the choice; without a rank, why (``batch_full`` once the wait is over).
+        """
+        r = self.router
+        queued = not exclude and self.slots.waiting(tier)  # behind those that wait already
+        if queued and not await self._wait(tier, turn):
+            return Choice(None, "batch_full")
+        while True:
+            choice = choose(
+                r.state.tiers.get(tier, []),
+                work_tokens,
+                queue_limit=r.settings.queue_limit,
+                healthy=r.health.healthy,
+                exclude=exclude,
+                full=r.state.full,
+            )
+            if choice.rank is not None:
+                choice.rank.acquire(work_tokens)
+                r.state.acquire(r.state.instances[choice.rank.instance])
+                return choice
+            if choice.reason != "batch_full" or not await self._wait(tier, turn):
+                return choice
+
+    def finished(self, rank: RankState, work_tokens: float) -> None:
+        """The request of ``work_tokens`` tokens that :meth:`claim` put on ``rank`` has
+        ended (answered, failed or cancelled): its slot is free."""
+        rank.release(work_tokens)
+        inst = self.router.state.instances.get(rank.instance)
+        if inst is not None and self.router.state.release(inst):
+            self.slots.wake(rank.tier)
+
+    async def _wait(self, tier: str, turn: Turn) -> bool:
+        """Wait for a slot of ``tier`` until the turn's deadline (set at its first wait)."""
+        if not turn.deadline:
+            turn.deadline = asyncio.get_running_loop().time() + self.router.settings.batch_wait_s
+        return await self.slots.wait(tier, turn.deadline)
 
     def sample(
         self, inst: InstanceState, arrived_s: float, prompt: int, output: int

@@ -39,8 +39,8 @@ from multidict import CIMultiDict
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from yarl import URL
 
-from controlplane.router.balance import RankState, choose
-from controlplane.router.fleet import Fleet, plain_target
+from controlplane.router.balance import RankState
+from controlplane.router.fleet import Fleet, Turn, plain_target
 from controlplane.router.health import CheckThread, HealthBook
 from controlplane.router.intake import (
     BodyBudget,
@@ -332,26 +332,10 @@ class Router:
         tried: set[str] = set()
         last = ""
         attempt = 0
-        deadline = 0.0
-        slots = self.fleet.slots
-        if slots.waiting(tier):  # behind the requests that wait already
-            deadline = asyncio.get_running_loop().time() + s.batch_wait_s
-            if not await slots.wait(tier, deadline):
-                return self._refuse(tier, "batch_full")
+        turn = Turn()
         while attempt < s.max_attempts:
-            choice = choose(
-                self.state.tiers.get(tier, []),
-                work.tokens,
-                queue_limit=s.queue_limit,
-                healthy=self.health.healthy,
-                exclude=tried,
-                full=self.state.full,
-            )
+            choice = await self.fleet.claim(tier, work.tokens, tried, turn)
             if choice.rank is None:
-                if choice.reason == "batch_full":
-                    deadline = deadline or asyncio.get_running_loop().time() + s.batch_wait_s
-                    if await slots.wait(tier, deadline):
-                        continue
                 if choice.reason in ("batch_full", "overloaded"):
                     return self._refuse(tier, choice.reason)
                 break
@@ -370,6 +354,8 @@ class Router:
                     self.health.eject(rank.instance)
                 else:
                     self.health.record(rank.instance, False)
+            finally:
+                self.fleet.finished(rank, work.tokens)
         if last:
             self.metrics.rejects.labels(tier, "upstream").inc()
             return error(502, f"no engine answered: {last}")
@@ -405,8 +391,6 @@ class Router:
         requests, tokens = self.metrics.rank_counters(rank.tier, rank.instance, rank.rank)
         requests.inc()
         tokens.inc(work.tokens)
-        rank.acquire(work.tokens)
-        self.state.acquire(inst)
         seen = self.fleet.sample(inst, arrived, work.prompt_tokens, work.output_tokens)
         assert self.session is not None
         try:
@@ -434,9 +418,6 @@ class Router:
             seen = None  # no answer: another instance may take it
             raise
         finally:
-            rank.release(work.tokens)
-            if self.state.release(inst):
-                self.fleet.slots.wake(rank.tier)
             if seen is not None and seen.status:
                 self.fleet.traffic.finish(seen)
 
