@@ -27,17 +27,26 @@ instances still holding nodes leave - one decision,
 itself: each of its instances' ModelDeployments is assigned its planned nodes (less those a
 draining instance or another holder still has in its current plan); an instance the plan
 dropped keeps the nodes of its current plan until its parent deletes it.
+
+Demand drift: a planned deployment is planned for the traffic the controller chose after a
+sustained drift of the demand its routers measured (``status.controller.demand``, read by
+:func:`apis.kube.demand.replanned_demand`) while that record stands, else for its spec's.
+That traffic is part of the fingerprint, so the controller's choice re-plans the fleet (the
+instances then surge and drain as for any re-plan); the measured figures it rewrites every
+few seconds are not, and move nothing.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
+from apis.kube.demand import Replanned, replanned_demand
 from apis.kube.errors import PermanentError
 from apis.kube.schema import from_wire
 from apis.kube.v1alpha1 import InstanceRecordStatus, ModelDeploymentSpec, PlacementPolicySpec
@@ -66,6 +75,7 @@ from policies.fleetplan.curves import CurveCache
 from policies.fleetplan.instances import is_planned
 from policies.launch import PlannedInstance
 from policies.scheduling.table import EstimateCache
+from policies.serving.traffic import traffic_to_doc
 from policies.spec import DeploymentSpec, check_spec
 
 Key = tuple[str, str]
@@ -134,9 +144,10 @@ class FleetAssignments:
         assignment was solved or a current plan's nodes changed (re-queue every
         deployment). None when ``key`` is not a deployment the scheduler could read (its
         own reconcile reports why)."""
-        entries, children = _entries(deployments, nodes, policy_of, now, stale_after_s)
+        entries, children, replanned = _entries(deployments, nodes, policy_of, now, stale_after_s)
         text = "\n".join(
-            f"{k}:{gen}:{','.join(n.name for n in ns)}" for k, gen, _, ns, _ in entries
+            f"{k}:{gen}:{','.join(n.name for n in ns)}:{_demand_key(replanned.get(k))}"
+            for k, gen, _, ns, _ in entries
         )
         changed = False
         with self._lock:
@@ -146,7 +157,7 @@ class FleetAssignments:
             fingerprint = hashlib.sha256(text.encode()).hexdigest()[:16]
             self.children = children
             if fingerprint != self._key:
-                self._solve(entries)
+                self._solve(entries, replanned)
                 self._key, changed = fingerprint, True
             held = {e[0]: e[4] for e in entries} | {k: c.held for k, c in children.items()}
             if held != self._held:  # a drain may have ended: re-queue the waiting ones
@@ -199,13 +210,14 @@ class FleetAssignments:
         who = "; ".join(f"{n} by {k[0]}/{k[1]}" for n, k in sorted(blocked.items())[:5])
         return keep, f"waiting for GPUNodes to drain ({who})"
 
-    def _solve(self, entries: list[Entry]) -> None:
-        """One decision for every deployment: the planned ones through the fleet planner,
-        the others through the fleet scheduler on the GPUNodes left - neither those the
-        plan's instances take nor those any instance still has in its current plan
+    def _solve(self, entries: list[Entry], replanned: Mapping[Key, Replanned]) -> None:
+        """One decision for every deployment: the planned ones through the fleet planner
+        (``replanned``: those planned for the controller's measured traffic), the others
+        through the fleet scheduler on the GPUNodes left - neither those the plan's
+        instances take nor those any instance still has in its current plan
         (:func:`policies.fleetplan.combined.plan_and_schedule`)."""
         planned = [
-            PlannedEntry(k, spec, ns, self._running(k))
+            PlannedEntry(k, spec, ns, self._running(k), replanned.get(k))
             for k, _, spec, ns, _ in entries
             if is_planned(spec)
         ]
@@ -308,18 +320,28 @@ def _renamed(spec: DeploymentSpec, name: str, namespace: str) -> DeploymentSpec:
     return replace(spec, name=name, namespace=namespace or "default")
 
 
+def _demand_key(replanned: Replanned | None) -> str:
+    """The part of the fingerprint that the controller's choice of traffic sets."""
+    if replanned is None:
+        return ""
+    return json.dumps(traffic_to_doc(replanned.traffic), sort_keys=True)
+
+
 def _entries(
     deployments: Sequence[Json],
     nodes: Sequence[NodeView],
     policy_of: Callable[[str], PlacementPolicySpec],
     now: datetime,
     stale_after_s: float,
-) -> tuple[list[Entry], dict[Key, Child]]:
-    """Every readable, live deployment: key, generation, resolved spec, eligible nodes, the
-    nodes of its current plan (sorted by key); and the instances' ModelDeployments apart
-    (the plan assigns them). A spec that does not parse or validate is left out."""
+) -> tuple[list[Entry], dict[Key, Child], dict[Key, Replanned]]:
+    """Every readable, live deployment: key, generation, resolved spec (a planned one's with
+    the traffic it is planned for), eligible nodes, the nodes of its current plan (sorted by
+    key); the instances' ModelDeployments apart (the plan assigns them); and the planned
+    deployments the controller re-planned for their measured traffic. A spec that does not
+    parse or validate is left out."""
     out = []
     children: dict[Key, Child] = {}
+    replanned: dict[Key, Replanned] = {}
     for obj in deployments:
         meta = obj.get("metadata") or {}
         if meta.get("deletionTimestamp"):
@@ -337,6 +359,12 @@ def _entries(
             check_spec(resolved)
         except (InputError, PermanentError):  # reported by the deployment's own reconcile
             continue
+        drift = (
+            replanned_demand(resolved.traffic, obj.get("status")) if is_planned(resolved) else None
+        )
+        if drift is not None:
+            replanned[key] = drift
+            resolved = replace(resolved, traffic=drift.traffic)
         view = eligible_fleet(nodes, spec.node_selector, policy, now, stale_after_s)
         out.append((key, int(meta.get("generation") or 0), resolved, view.fleet.nodes, held))
-    return sorted(out, key=lambda e: e[0]), children
+    return sorted(out, key=lambda e: e[0]), children, replanned

@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from apis.kube.demand import Replanned
 from apis.kube.errors import PermanentError
 from apis.kube.names import LABEL_INSTANCE_OF, LABEL_MANAGED_BY, MANAGED_BY
 from apis.kube.schema import Json, from_wire, to_wire
@@ -76,12 +77,15 @@ class PlannedEntry:
         eligible: its eligible GPUNodes.
         running: its instances running now (their names are kept where role and nodes
             stay), from the instances' ModelDeployments.
+        replanned: the controller's choice of traffic after a drift, which ``spec``
+            carries (None: ``spec`` has its stated traffic).
     """
 
     key: Key
     spec: DeploymentSpec
     eligible: tuple[Node, ...]
     running: tuple[PlannedInstance, ...] = ()
+    replanned: Replanned | None = None
 
 
 def parent_plans(
@@ -93,32 +97,35 @@ def parent_plans(
 ) -> dict[Key, ParentPlan]:
     """Per planned entry its :class:`ParentPlan` from the fleet plan (``names``: the name
     the planner knew it by; ``error``: why there is no plan). Instances are named after the
-    deployment's own name, kept against its running ones."""
+    deployment's own name, kept against its running ones; one planned for the measured
+    demand the controller chose (``replanned``) says so (``demand_from``)."""
     out: dict[Key, ParentPlan] = {}
     for e in entries:
-        demand = _demand(e.spec)
-        if plan is None:
-            out[e.key] = ParentPlan((), demand, error=error or "not planned")
-            continue
-        dp = plan.deployments.get(names[e.key])
-        short = plan.shortfalls.get(names[e.key])
-        shortfall = (short.resource, short.message) if short is not None else None
-        if dp is None:
-            out[e.key] = ParentPlan((), demand, 0.0, shortfall, "the fleet plan left it out")
-            continue
-        try:
-            mine = dataclasses.replace(dp, deployment=e.key[1])
-            insts = plan_instances(mine, chunk_tokens, e.running)
-        except InputError as exc:
-            out[e.key] = ParentPlan((), demand, 0.0, shortfall, str(exc))
-            continue
-        out[e.key] = ParentPlan(insts, demand, dp.served_requests_per_s, shortfall)
+        pp = _parent_plan(e, plan, names[e.key], chunk_tokens, error)
+        if e.replanned is not None:
+            pp = dataclasses.replace(pp, demand_from="Measured", replan_reason=e.replanned.reason)
+        out[e.key] = pp
     return out
 
 
-def _demand(spec: DeploymentSpec) -> float:
-    """A planned deployment's stated demand, requests per second."""
-    return spec.traffic.requests_per_s if spec.traffic is not None else 0.0
+def _parent_plan(
+    e: PlannedEntry, plan: FleetPlan | None, name: str, chunk_tokens: int, error: str
+) -> ParentPlan:
+    """:func:`parent_plans` of one entry (``name``: the name the planner knew it by)."""
+    demand = e.spec.traffic.requests_per_s if e.spec.traffic is not None else 0.0
+    if plan is None:
+        return ParentPlan((), demand, error=error or "not planned")
+    dp = plan.deployments.get(name)
+    short = plan.shortfalls.get(name)
+    shortfall = (short.resource, short.message) if short is not None else None
+    if dp is None:
+        return ParentPlan((), demand, 0.0, shortfall, "the fleet plan left it out")
+    try:
+        mine = dataclasses.replace(dp, deployment=e.key[1])
+        insts = plan_instances(mine, chunk_tokens, e.running)
+    except InputError as exc:
+        return ParentPlan((), demand, 0.0, shortfall, str(exc))
+    return ParentPlan(insts, demand, dp.served_requests_per_s, shortfall)
 
 
 def planner_names(keys: Sequence[Key]) -> dict[Key, str]:

@@ -178,11 +178,15 @@ class ParentPlan:
 
     Attributes:
         instances: its engine instances, pool by pool (names kept across re-plans).
-        demand_requests_per_s: its stated demand, requests per second.
+        demand_requests_per_s: the demand it is planned for, requests per second: its
+            stated one, or the measured one the controller chose after a drift.
         served_requests_per_s: what the plan serves within the SLO, requests per second.
         shortfall: ``(resource, message)`` when the plan serves only part of the demand
             (resource: gpus, budget, slo or nodes); None when it serves all of it.
         error: why it could not be planned ("" when it was): the condition's message.
+        demand_from: ``Spec`` (the stated demand) or ``Measured`` (the controller's choice
+            after a sustained drift, ``status.controller.demand``).
+        replan_reason: why the controller chose the measured demand ("" for ``Spec``).
     """
 
     instances: tuple[PlannedInstance, ...] = ()
@@ -190,6 +194,8 @@ class ParentPlan:
     served_requests_per_s: float = 0.0
     shortfall: tuple[str, str] | None = None
     error: str = ""
+    demand_from: str = "Spec"
+    replan_reason: str = ""
 
 
 @dataclass(frozen=True)

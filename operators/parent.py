@@ -12,8 +12,9 @@ One tick (:func:`reconcile_parent`, pure like :func:`operators.decide.reconcile`
   ready (their plans committed on every node) - the instances that wait for its GPUNodes
   excepted, which grow once it is gone: a surge, then the drain;
 * the status: ``status.instances`` (name, variant, role, pool, nodes, plan version,
-  predicted TTFT/TPOT, capacity, ready), ``instancesReady``, the planned and stated
-  requests/s, and the conditions ``Solved`` (planned or why not), ``DemandServed`` (False
+  predicted TTFT/TPOT, capacity, ready), ``instancesReady``, the requests/s the plan serves
+  and the demand it is planned for (``demandFrom``: the stated one, or the measured one the
+  controller chose after a sustained drift), and the conditions ``Solved`` (planned or why not), ``DemandServed`` (False
   with the shortfall's resource as reason: ``NotEnoughGPUs``, ``OverBudget``,
   ``SLOUnreachable``, ``NoEligibleNodes``), ``Ready`` (every instance committed) and
   ``Degraded`` (an instance that cannot be planned or rolled out).
@@ -163,6 +164,7 @@ def parent_status(
         instances_ready=f"{ready}/{len(pp.instances)}",
         planned_requests_per_s=round(pp.served_requests_per_s, 6),
         demand_requests_per_s=round(pp.demand_requests_per_s, 6),
+        demand_from=pp.demand_from,
         planned_attainment=(
             round(min(1.0, pp.served_requests_per_s / pp.demand_requests_per_s), 4)
             if pp.demand_requests_per_s > 0
@@ -198,12 +200,13 @@ def _solved(pp: ParentPlan) -> tuple[str, str, str]:
         return "False", reason or "NotPlanned", why
     roles = Counter(i.role for i in pp.instances)
     parts = ", ".join(f"{n} {r}" for r, n in sorted(roles.items()))
+    measured = f" (the measured demand: {pp.replan_reason})" if pp.demand_from == "Measured" else ""
     return (
         "True",
         "Planned",
         f"{len(pp.instances)} engine instances ({parts}) serve "
         f"{pp.served_requests_per_s:.3g} of {pp.demand_requests_per_s:.3g} requests/s within "
-        "the SLO",
+        f"the SLO{measured}",
     )
 
 
@@ -217,7 +220,8 @@ def _served(pp: ParentPlan) -> tuple[str, str, str]:
     return (
         "True",
         "DemandServed",
-        f"the plan serves the stated {pp.demand_requests_per_s:.3g} requests/s within the SLO",
+        f"the plan serves the {'measured' if pp.demand_from == 'Measured' else 'stated'} "
+        f"{pp.demand_requests_per_s:.3g} requests/s within the SLO",
     )
 
 

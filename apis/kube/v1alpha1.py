@@ -1309,16 +1309,28 @@ class ModelDeploymentStatus:
     demand_requests_per_s: float | None = field(
         default=None,
         metadata=k8s(
-            "Its stated demand, requests per second (a planned deployment).",
+            "The demand it is planned for, requests per second (a planned deployment): its "
+            "stated one, or after a sustained drift the measured one the controller chose "
+            "(demandFrom Measured; status.controller.demand).",
             json_name="demandRequestsPerSecond",
             minimum=0,
+        ),
+    )
+    demand_from: str | None = field(
+        default=None,
+        metadata=k8s(
+            "Where demandRequestsPerSecond comes from (a planned deployment): Spec (the "
+            "stated traffic) or Measured (the routers' measured traffic, after a sustained "
+            "drift: status.controller.demand.planned).",
+            enum=("Spec", "Measured"),
         ),
     )
     planned_attainment: float | None = field(
         default=None,
         metadata=k8s(
-            "Share of the stated demand the fleet plan serves within the SLO, 0-1 "
-            "(plannedRequestsPerSecond / demandRequestsPerSecond; a planned deployment).",
+            "Share of the demand it is planned for that the fleet plan serves within the "
+            "SLO, 0-1 (plannedRequestsPerSecond / demandRequestsPerSecond; a planned "
+            "deployment).",
             minimum=0,
             maximum=1,
         ),
@@ -1700,7 +1712,21 @@ MODEL_DEPLOYMENT = CrdDef(
             "Share of the demand planned within the SLO",
         ),
         PrinterColumn(
-            "DemandRPS", "number", ".status.demandRequestsPerSecond", "Stated demand, req/s", 1
+            "DemandRPS",
+            "number",
+            ".status.demandRequestsPerSecond",
+            "Demand planned for, req/s",
+            1,
+        ),
+        PrinterColumn(
+            "DemandFrom", "string", ".status.demandFrom", "Spec, or Measured after a drift", 1
+        ),
+        PrinterColumn(
+            "MeasuredRPS",
+            "number",
+            ".status.controller.demand.measured.requestsPerS",
+            "Demand the routers measured, req/s",
+            1,
         ),
         PrinterColumn("InstanceOf", "string", ".status.instance.of", "Deployment it serves", 1),
         PrinterColumn(
