@@ -61,6 +61,9 @@ async def _run_controller(args: argparse.Namespace) -> int:
         node_lost_after_s=args.node_lost_after,
         contingency_max_nodes=args.contingency_max_nodes,
         demand=_demand_settings(args),
+        drain_grace_s=args.drain_grace,
+        engine_base_port=_tcp_port(args.engine_base_port, "--engine-base-port"),
+        bootstrap_base_port=_tcp_port(args.bootstrap_base_port, "--bootstrap-base-port"),
     )
     options = ServerOptions(
         tls=tls,
@@ -133,6 +136,52 @@ def _demand_settings(args: argparse.Namespace) -> DemandSettings:
         flag = {"sustain_s": "--drift-sustain"}.get(exc.field or "", f"--{exc.field}")
         raise InputError(str(exc).split(": ", 1)[-1], field=flag) from exc
     return demand
+
+
+def _tcp_port(port: int, flag: str) -> int:
+    """``port`` when it is a TCP port (1-65535).
+
+    Raises:
+        InputError: naming ``flag``.
+    """
+    if not 0 < port < 65536:
+        raise InputError(f"{port} is not a TCP port (1-65535)", field=flag)
+    return port
+
+
+def _add_instance_arguments(p: argparse.ArgumentParser) -> None:
+    """``controller run``'s engine instances: drain grace and port bases."""
+    from controlplane.server.controller.instance_records import (
+        BOOTSTRAP_BASE_PORT,
+        ENGINE_BASE_PORT,
+    )
+
+    p.add_argument(
+        "--drain-grace",
+        type=non_negative_float,
+        default=30.0,
+        metavar="S",
+        help="how long an engine instance the fleet plan dropped drains (routers send it no "
+        "new request, its open ones finish) before its parts are removed, s; routers do not "
+        "report when their streams end, so make it longer than the longest request "
+        "(default %(default)s)",
+    )
+    p.add_argument(
+        "--engine-base-port",
+        type=positive_int,
+        default=ENGINE_BASE_PORT,
+        metavar="PORT",
+        help="lowest engine HTTP port given to an engine instance; each gets the lowest free "
+        "one (default %(default)s, SGLang's --port)",
+    )
+    p.add_argument(
+        "--bootstrap-base-port",
+        type=positive_int,
+        default=BOOTSTRAP_BASE_PORT,
+        metavar="PORT",
+        help="lowest SGLang bootstrap port given to a prefill instance (default %(default)s, "
+        "SGLang's --disaggregation-bootstrap-port)",
+    )
 
 
 def _add_demand_arguments(p: argparse.ArgumentParser) -> None:
@@ -258,6 +307,7 @@ def register(groups: Groups) -> None:
         "to N nodes, so a node loss commits at once (0 = off; default %(default)s)",
     )
     _add_demand_arguments(p)
+    _add_instance_arguments(p)
     p.add_argument(
         "--max-message-mib",
         type=positive_int,

@@ -6,14 +6,16 @@ Qwen3-30B-A3B (SGLang) at 45 requests/s is planned as a prefill/decode pool (one
 two decode instances, one node each): each instance has its own committed plan and the agents
 hold its parts; the deployment is Ready. Applying an instance's name is refused. A restart
 keeps names and ports and rolls nothing out. At 5 requests/s one aggregated instance serves
-it on a node a decode instance held: that decode instance is removed first, the other two
-drain until the new one is committed. Planned for 45 requests/s again (the traffic hook)
-instances are added;
-deleting the deployment removes every part from the agents."""
+it on a node a decode instance held (the fleet is full): that decode instance drains first,
+alone, and is removed after the drain grace; the other two retire - WatchInstances keeps
+listing them ready - until the new one is committed, then drain and are removed after the
+grace. Planned for 45 requests/s again (the traffic hook) instances are added; deleting the
+deployment removes every part from the agents."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,7 @@ from typing import Any
 import grpc
 import pytest
 from agent_fakes import FakeAgent, wait_until
-from mixfleet.v1 import plan_pb2, plan_pb2_grpc
+from mixfleet.v1 import engine_pb2, engine_pb2_grpc, plan_pb2, plan_pb2_grpc
 
 from apis.wire.deployment import spec_to_proto
 from controlplane.server.controller.instance_records import (
@@ -30,7 +32,7 @@ from controlplane.server.controller.instance_records import (
     INSTANCES_KEY,
     InstanceRecord,
 )
-from controlplane.server.inprocess import start_controller
+from controlplane.server.inprocess import FAST, start_controller
 from controlplane.store import Store
 from policies.engines import EngineSpec
 from policies.fleet import parse_fleet
@@ -49,6 +51,11 @@ SPEC = DeploymentSpec(
     disaggregation="auto",
     prepare_timeout_s=10.0,
 )
+
+
+#: Drain grace of the test's controller, s: long enough for the test to see the drains.
+GRACE_S = 1.0
+SETTINGS = replace(FAST, drain_grace_s=GRACE_S)
 
 
 def _inventories() -> list[NodeInventory]:
@@ -158,39 +165,88 @@ def _snapshot(store: Store) -> dict[str, Any]:
 
 
 async def _shrink(store: Store, address: str, agents: dict[str, FakeAgent]) -> None:
-    """5 requests/s: one aggregated instance on the node of a decode instance, which is
-    removed first; the other two drain until the new one is committed."""
+    """5 requests/s: one aggregated instance on the node of a decode instance (the fleet is
+    full). The decode instance it needs drains first, alone; the other two keep serving -
+    WatchInstances lists them ready, not draining - until the new one is committed, then
+    drain; each is removed once the grace has passed since it began draining."""
     before = _records(store)
+    messages: list[engine_pb2.Instances] = []
+
+    async def watch() -> None:
+        async with grpc.aio.insecure_channel(address) as ch:
+            engines = engine_pb2_grpc.EngineServiceStub(ch)
+            req = engine_pb2.GetInstancesRequest(deployment="q")
+            async for msg in engines.WatchInstances(req, wait_for_ready=True):
+                messages.append(msg)
+
+    watcher = asyncio.create_task(watch())
+    await wait_until(lambda: bool(messages), what="the first WatchInstances message")
     await _apply(address, _at(5.0))
-    seen_draining: set[str] = set()
+    states: dict[str, list[str]] = {n: [] for n in before}
 
     def progress() -> bool:
         recs = _records(store)
+        for n, seen in states.items():
+            r = recs.get(n)
+            now = "removed" if r is None else "draining" if r.draining else "retiring"
+            if r is not None and not r.dropped:
+                now = "live"
+            if not seen or seen[-1] != now:
+                seen.append(now)
         new = [n for n, r in recs.items() if r.role == "aggregated"]
-        seen_draining.update(n for n, r in recs.items() if r.draining)
-        # Invariant: an old instance that does not block the new one leaves only after it
-        # is committed.
-        if new and not _committed(store, new[0]):
-            blocker = [n for n in before if set(before[n].nodes) & set(recs[new[0]].nodes)]
-            others = set(before) - set(blocker)
-            assert others <= set(recs), (others, sorted(recs))
+        agg = store.get_deployment(new[0]) if new else None
+        if agg is not None and agg.committed_version is None:
+            # Invariant: before the new instance commits, at most one old instance drains
+            # (or is gone), and it is the one whose node the new instance needs.
+            blocker = {n for n in before if set(before[n].nodes) & set(recs[new[0]].nodes)}
+            gone = {n for n in before if n not in recs or recs[n].draining}
+            assert gone <= blocker and len(blocker) == 1, (gone, blocker)
         return _ready(store, {"aggregated": 1}) and len(recs) == 1
 
-    await wait_until(progress, timeout_s=120, what="q Ready on one aggregated instance")
+    try:
+        await wait_until(progress, timeout_s=120, what="q Ready on one aggregated instance")
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
     recs = _records(store)
     ((name, agg),) = recs.items()
     assert name == "q-aggregated-0"
     assert agg.port not in [r.port for n, r in before.items() if set(r.nodes) != set(agg.nodes)]
-    assert seen_draining >= set(before) - {n for n in before if before[n].nodes == agg.nodes}
+    (blocker,) = [n for n in before if set(before[n].nodes) & set(agg.nodes)]
+    others = sorted(set(before) - {blocker})
+    for n in others:  # retired while the new one came up, then drained
+        assert [x for x in states[n] if x != "live"] == ["retiring", "draining", "removed"], (
+            n,
+            states[n],
+        )
+    assert states[blocker][-2:] == ["draining", "removed"], states[blocker]
+
+    # What routers saw: until the new instance was ready, the two others were ready and
+    # not draining in every message, and only the blocker ever drained.
+    agg_ready = False
+    seen_draining: set[str] = set()
+    for msg in messages:
+        listed = {i.name: i for i in msg.instances}
+        agg_ready = agg_ready or (name in listed and listed[name].ready)
+        seen_draining |= {n for n, i in listed.items() if i.draining}
+        if not agg_ready:
+            assert all(listed[n].ready and not listed[n].draining for n in others), msg
+            assert seen_draining <= {blocker}, msg
+    assert seen_draining == set(before)
+
     want = {n: (["q-aggregated-0"] if n in agg.nodes else []) for n in agents}
     try:
         await wait_until(lambda: _held(agents) == want, what="only the aggregated instance held")
     except AssertionError as exc:
         ev = {n: a.events for n, a in agents.items()}
         raise AssertionError(f"{exc}; held: {_held(agents)}; events: {ev}") from None
-    for gone in before:
+    for gone in before:  # removed by the controller's clock once the grace had passed
         d = store.get_deployment(gone, include_deleted=True)
         assert d is not None and d.deleted
+        r = InstanceRecord.from_status(d.status)
+        assert r is not None and r.draining and r.draining_since_s > 0
+        assert d.updated_at_s - r.draining_since_s >= GRACE_S
 
 
 async def _grow_and_delete(store: Store, ctl: Any, agents: dict[str, FakeAgent]) -> None:
@@ -219,7 +275,7 @@ def test_a_planned_deployment_runs_as_instances_that_drain_restart_and_delete(
     tmp_path: Path,
 ) -> None:
     async def main() -> None:
-        cm = start_controller(tmp_path)
+        cm = start_controller(tmp_path, settings=SETTINGS)
         ctl = await cm.__aenter__()
         port, address = ctl.port, ctl.address
         agents = {a.node: a for a in (FakeAgent(address, inv) for inv in _inventories())}
@@ -232,7 +288,7 @@ def test_a_planned_deployment_runs_as_instances_that_drain_restart_and_delete(
             events = {n: len(a.events) for n, a in agents.items()}
             await cm.__aexit__(None, None, None)
 
-            async with start_controller(tmp_path, port=port) as again:
+            async with start_controller(tmp_path, port=port, settings=SETTINGS) as again:
                 s2 = again.controller.store
                 await wait_until(
                     lambda: (

@@ -27,8 +27,23 @@ def test_a_record_reads_back_as_written() -> None:
         800.0,
         0.0,
         draining=True,
+        draining_since_s=1_800_000_012.5,
     )
     assert InstanceRecord.from_status({INSTANCE_KEY: r.to_status(), "phase": "Ready"}) == r
+    assert r.dropped and r.to_status()["drainingSinceS"] == 1_800_000_012.5
+    retiring = InstanceRecord("d", "decode", "p", "", ("a",), 30000, retiring=True)
+    doc = retiring.to_status()
+    assert doc["retiring"] is True and doc["draining"] is False
+    assert InstanceRecord.from_status({INSTANCE_KEY: doc}) == retiring and retiring.dropped
+
+
+def test_a_record_written_before_retiring_existed_reads_as_live() -> None:
+    """A record without ``retiring`` and ``drainingSinceS`` (an older controller's) reads
+    as neither retiring nor draining since any time."""
+    doc = InstanceRecord("d", "decode", "p", "", ("a",), 30000).to_status()
+    del doc["retiring"], doc["drainingSinceS"]
+    r = InstanceRecord.from_status({INSTANCE_KEY: doc})
+    assert r is not None and not r.retiring and not r.dropped and r.draining_since_s == 0.0
 
 
 def test_a_record_that_does_not_read_is_absent() -> None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from controlplane.server import reconcile as rc
+from controlplane.server.controller.instance_records import BOOTSTRAP_BASE_PORT, ENGINE_BASE_PORT
 from controlplane.server.controller.measured import DemandSettings
 from controlplane.server.metrics import Metrics
 from controlplane.store import Store, StoredNode
@@ -55,6 +56,13 @@ class ControllerSettings:
             (the fleet scheduler's quotas; ``spec.namespace``); absent = no limit.
         curve_cache_dir: directory of the fleet planner's step curves, kept across
             restarts (``controller run``: next to the SQLite file); "" = in memory.
+        drain_grace_s: how long an engine instance drains - routers send it no new request,
+            its open ones finish - before it is deleted and its parts REMOVEd, s. Routers do
+            not tell the controller when their streams on it are done: the grace is the
+            contract (longer than the longest request a router lets run).
+        engine_base_port: lowest engine HTTP port given to an engine instance (TCP); each
+            instance of the controller gets the lowest free one at or above it.
+        bootstrap_base_port: lowest SGLang bootstrap port given to a prefill instance (TCP).
     """
 
     heartbeat_interval_s: float = 5.0
@@ -75,6 +83,9 @@ class ControllerSettings:
     fleet_scheduler: bool = True
     namespace_quotas_gpus: Mapping[str, int] = field(default_factory=dict)
     curve_cache_dir: str = ""
+    drain_grace_s: float = 30.0
+    engine_base_port: int = ENGINE_BASE_PORT
+    bootstrap_base_port: int = BOOTSTRAP_BASE_PORT
 
     def reconcile_settings(self, *, solves: bool = True) -> rc.ReconcileSettings:
         """The decision's timing; ``solves`` False where another component (the Kubernetes

@@ -6,9 +6,15 @@ A deployment cut into instances (its status lists them under
 :class:`~.instance_records.InstanceRecord`) lists each instance: its role, pool, nodes, the
 URL its engine serves at, planned share, batch limit, committed version and predictions. A
 deployment that is not planned for traffic and SLOs lists itself as one aggregated instance
-on the nodes of its committed plan, at :data:`~.instance_records.ENGINE_BASE_PORT`; an
-instance lists itself as its deployment lists it. A planned deployment whose instances are
-not written yet lists none.
+on the nodes of its committed plan, at the controller's engine base port
+(``ControllerSettings.engine_base_port``); an instance lists itself as its deployment lists
+it. A planned deployment whose instances are not written yet lists none.
+
+An instance is ``ready`` once it has a committed plan and while it is not draining: a
+*retiring* instance (a newer plan dropped it, its replacements are not committed yet) is
+listed ready and not draining, with its last planned share, so routers keep sending it
+requests; a draining one is listed ``draining`` until the controller deletes it after its
+drain grace.
 
 An instance's URL is ``http://HOST:PORT``: HOST is the address its first node advertises
 (``mixfleet-agent --advertise-address``), or that node's name; an IPv6 literal goes in
@@ -58,8 +64,10 @@ class InstanceEndpoint:
         requests_per_s: traffic the plan sends it, requests/s.
         batch_limit: most sequences it runs (prefill: prompt tokens per forward); 0 = none.
         version: its committed plan version (0 = none yet).
-        ready: committed and not draining: it may take new requests.
-        draining: being replaced: it finishes its open requests and gets no new one.
+        ready: committed and not draining: it may take new requests (a retiring instance is
+            ready until it drains).
+        draining: being removed: it finishes its open requests and gets no new one; the
+            controller deletes it after its drain grace.
         variant: the planner's variant key.
         ttft_ms: its pool's predicted TTFT at the SLO percentile, ms (0 = none).
         tpot_ms: its pool's predicted TPOT, ms (0 = none).
@@ -113,9 +121,16 @@ def engine_url(host: str, port: int) -> str:
     return f"http://{host}:{port}"
 
 
-def instance_set(store: Store, host_of: Callable[[str], str], name: str) -> InstanceSet:
+def instance_set(
+    store: Store,
+    host_of: Callable[[str], str],
+    name: str,
+    *,
+    engine_port: int = ENGINE_BASE_PORT,
+) -> InstanceSet:
     """The instances of deployment ``name`` read from ``store`` now; ``host_of(node)`` is the
-    address a node's engines serve at.
+    address a node's engines serve at; ``engine_port`` the port of a deployment served as
+    one engine (TCP).
 
     Raises:
         NotFoundError: no live deployment ``name``.
@@ -129,7 +144,7 @@ def instance_set(store: Store, host_of: Callable[[str], str], name: str) -> Inst
         return InstanceSet(name, engine, (_from_record(d, own, host_of),))
     names = instance_names(store, d)
     if not names and not is_planned(d.spec):
-        return InstanceSet(name, engine, (_aggregated(store, host_of, d),))
+        return InstanceSet(name, engine, (_aggregated(store, host_of, d, engine_port),))
     out = []
     for n in names:
         inst = store.get_deployment(n)
@@ -178,7 +193,7 @@ def instance_names(store: Store, d: StoredDeployment) -> list[str]:
 
 
 def _aggregated(
-    store: Store, host_of: Callable[[str], str], d: StoredDeployment
+    store: Store, host_of: Callable[[str], str], d: StoredDeployment, port: int
 ) -> InstanceEndpoint:
     """A deployment served as one engine: itself, on its committed plan's nodes."""
     version = d.committed_version or 0
@@ -192,7 +207,7 @@ def _aggregated(
         role=AGGREGATED,
         pool="",
         nodes=nodes,
-        url=engine_url(host_of(nodes[0]), ENGINE_BASE_PORT) if nodes else "",
+        url=engine_url(host_of(nodes[0]), port) if nodes else "",
         requests_per_s=traffic.requests_per_s if traffic is not None else 0.0,
         version=version,
         ready=version > 0,
@@ -224,7 +239,12 @@ class Endpoints:
         Raises:
             NotFoundError: unknown deployment.
         """
-        return instance_set(self.ctx.store, self.host_of, deployment)
+        return instance_set(
+            self.ctx.store,
+            self.host_of,
+            deployment,
+            engine_port=self.ctx.settings.engine_base_port,
+        )
 
     def watch(self, deployment: str) -> AsyncIterator[tuple[int, InstanceSet]]:
         """``(generation, instances)`` of ``deployment`` now, then on every change.

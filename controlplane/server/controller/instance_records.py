@@ -10,11 +10,14 @@ spec and of its :class:`InstanceRecord`, kept in the instance's status under
 deployment it serves removes its instances).
 
 The record says which deployment the instance serves and what the plan wants of it: its
-role, pool, nodes, engine port, planned share of the traffic and batch limit. The gRPC
-service (``EngineService.WatchInstances``) lists instances from these records; routers follow
-them.
+role, pool, nodes, engine port, planned share of the traffic and batch limit, and where it
+is in its life: live (the plan has it), *retiring* (a newer plan dropped it; it keeps
+serving until its replacements are committed), *draining* (routers send it no new request;
+deleted once the drain grace has passed since ``draining_since_s``). The gRPC service
+(``EngineService.WatchInstances``) lists instances from these records; routers follow them.
 
-Units: requests per second, milliseconds (``_ms``); ports are TCP port numbers.
+Units: requests per second, milliseconds (``_ms``), Unix seconds (``_s``); ports are TCP
+port numbers.
 """
 
 from __future__ import annotations
@@ -33,12 +36,14 @@ INSTANCES_KEY = "instances"
 draining)."""
 
 ENGINE_BASE_PORT = 30000
-"""Lowest engine HTTP port given to an instance (SGLang's default ``--port``); each live
-instance of the controller gets its own, the lowest free."""
+"""Default lowest engine HTTP port given to an instance (SGLang's default ``--port``); each
+instance of the controller gets its own, the lowest free
+(``ControllerSettings.engine_base_port`` sets another base)."""
 
 BOOTSTRAP_BASE_PORT = 8998
-"""Lowest SGLang bootstrap port given to a prefill instance (SGLang's default
-``--disaggregation-bootstrap-port``); each live prefill instance gets its own."""
+"""Default lowest SGLang bootstrap port given to a prefill instance (SGLang's default
+``--disaggregation-bootstrap-port``); each prefill instance gets its own
+(``ControllerSettings.bootstrap_base_port`` sets another base)."""
 
 
 @dataclass(frozen=True)
@@ -58,8 +63,14 @@ class InstanceRecord:
         capacity_requests_per_s: what it serves within the SLO, requests/s.
         ttft_ms: its pool's predicted TTFT at the SLO percentile, ms.
         tpot_ms: its pool's predicted TPOT, ms.
-        draining: the current plan no longer has it; it serves its open requests and is
-            removed once the instances that replace it are committed.
+        retiring: the current plan no longer has it, but it keeps serving (WatchInstances
+            lists it ready) until every new or changed instance of its deployment is
+            committed, or until an instance that replaces it needs its nodes; then it drains.
+        draining: routers send it no new request; its open requests finish, and it is
+            deleted (its parts REMOVEd from the agents) once the controller's drain grace
+            has passed since ``draining_since_s``.
+        draining_since_s: when it began draining, Unix s (0 unless draining); stored, so a
+            restarted controller keeps the grace.
     """
 
     of: str
@@ -74,7 +85,15 @@ class InstanceRecord:
     capacity_requests_per_s: float = 0.0
     ttft_ms: float = 0.0
     tpot_ms: float = 0.0
+    retiring: bool = False
     draining: bool = False
+    draining_since_s: float = 0.0
+
+    @property
+    def dropped(self) -> bool:
+        """Whether the current plan no longer has it (retiring or draining): it holds its
+        nodes until it is deleted."""
+        return self.retiring or self.draining
 
     def to_status(self) -> dict[str, Any]:
         """The record as stored under :data:`INSTANCE_KEY` (JSON values)."""
@@ -91,7 +110,9 @@ class InstanceRecord:
             "capacityRequestsPerS": self.capacity_requests_per_s,
             "ttftMs": self.ttft_ms,
             "tpotMs": self.tpot_ms,
+            "retiring": self.retiring,
             "draining": self.draining,
+            "drainingSinceS": self.draining_since_s,
         }
 
     @staticmethod
@@ -115,7 +136,9 @@ class InstanceRecord:
                 capacity_requests_per_s=float(doc.get("capacityRequestsPerS", 0.0)),
                 ttft_ms=float(doc.get("ttftMs", 0.0)),
                 tpot_ms=float(doc.get("tpotMs", 0.0)),
+                retiring=bool(doc.get("retiring", False)),
                 draining=bool(doc.get("draining", False)),
+                draining_since_s=float(doc.get("drainingSinceS", 0.0)),
             )
         except (KeyError, TypeError, ValueError):
             return None

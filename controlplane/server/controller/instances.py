@@ -14,23 +14,28 @@ the one writer of instance specs and records:
 
 * **Sync** (:meth:`Instances.adopt`, at each new fleet plan): an instance the plan keeps
   (same role and nodes) keeps its name and ports; its spec is written only when it
-  changed. A new instance gets the lowest free engine port at or above
-  :data:`~.instance_records.ENGINE_BASE_PORT` among every instance of the controller, a
-  prefill instance also a bootstrap port from
-  :data:`~.instance_records.BOOTSTRAP_BASE_PORT`. An instance the plan drops is marked
-  ``draining``: it keeps its nodes and its committed plan.
-* **Drain** (:meth:`Instances.tick`, every tick): a draining instance is deleted (its
-  parts REMOVEd from the agents through the controller's delete path) once every
-  non-draining instance of its deployment is committed. When the instances not committed
-  yet all wait for nodes that draining instances hold (the fleet scheduler's drain view),
-  the draining instances they wait for are removed first, so a fully used fleet still
-  moves; the others keep serving until the new instances are committed.
+  changed. A new instance gets the lowest free engine port at or above the controller's
+  ``engine_base_port`` among every instance of the controller, a prefill instance also a
+  bootstrap port from ``bootstrap_base_port`` (:class:`~.common.ControllerSettings`). An
+  instance the plan drops is marked *retiring*: it keeps its nodes and its committed plan
+  and keeps serving (WatchInstances lists it ready) - a surge first.
+* **Drain** (:meth:`Instances.tick`, every tick): a retiring instance starts *draining*
+  (routers send it no new request; open streams finish) once every live instance of its
+  deployment - new or changed - is committed, and a draining instance is deleted (its
+  parts REMOVEd from the agents through the controller's delete path) once
+  ``drain_grace_s`` has passed since it began draining (kept in its record, so a restart
+  keeps the grace). Routers do not tell the controller when their streams are done: the
+  grace is the contract. When every live instance not committed yet (and not failed) waits
+  for nodes that retiring or draining instances hold (the fleet scheduler's drain view: a
+  full fleet), one of the retiring instances they wait for drains early - the one whose
+  loss costs the least planned capacity (:func:`capacity_lost`), then by name - and the
+  next only once no early drain of that deployment is left, so the others keep serving.
 * **Status**: the planned deployment's status lists its instances under
-  ``INSTANCES_KEY`` (live and draining) and the plan's summary under ``fleet_plan``
+  ``INSTANCES_KEY`` (live, retiring and draining) and the plan's summary under ``fleet_plan``
   (``demand_requests_per_s``, ``served_requests_per_s``, predicted ``ttft_ms`` /
   ``tpot_ms``, ``usd_per_hour``, ``gpus``, ``solver`` and ``shortfalls``: ``resource``,
   ``missing_requests_per_s``, ``fix``, ``message``); its phase is ``ready`` when every
-  non-draining instance is committed and the plan serves its demand, ``rolling_out`` while
+  live (neither retiring nor draining) instance is committed and the plan serves its demand, ``rolling_out`` while
   instances are not committed yet (``2 of 3 instances committed``), ``degraded`` when all
   are but the plan is short (or some instance cannot be planned while others serve),
   ``failed`` when an instance cannot be planned and none serves, ``pending`` when nothing
@@ -40,12 +45,14 @@ The traffic a deployment is planned for is :attr:`Instances.traffic_for` of its 
 record (default: its spec's ``traffic``); demand measurement replaces the hook, and its value
 is part of the fleet scheduler's fingerprint, so a changed planning traffic re-plans.
 
-State survives a restart: instance records (names, ports, draining) are read back from the
+State survives a restart: instance records (names, ports, retiring, draining and when it
+began) are read back from the
 stored statuses, and the first plan after it is made against the plan they run
 (:meth:`Instances.running_plan`, for the move penalty); with nothing changed, a re-plan
 rewrites nothing and rolls nothing out.
 
-Units: requests per second, milliseconds (``_ms``), USD per hour; ports are TCP ports.
+Units: requests per second, milliseconds (``_ms``), USD per hour, Unix seconds (``_s``);
+ports are TCP ports.
 """
 
 from __future__ import annotations
@@ -59,8 +66,6 @@ from typing import Any
 from controlplane.errors import PreconditionError
 from controlplane.server.controller.common import Context
 from controlplane.server.controller.instance_records import (
-    BOOTSTRAP_BASE_PORT,
-    ENGINE_BASE_PORT,
     INSTANCE_KEY,
     INSTANCES_KEY,
     InstanceRecord,
@@ -126,7 +131,7 @@ class Instances:
         self._remove = remove
         self.settings = settings or PlannerSettings()
         self.traffic_for: TrafficFor = spec_traffic
-        #: Every instance (live and draining) by name.
+        #: Every instance (live, retiring and draining) by name.
         self.records: dict[str, InstanceRecord] = {}
         #: The last fleet plan adopted (None before the first).
         self.plan: FleetPlan | None = None
@@ -175,7 +180,7 @@ class Instances:
         return r.of if r is not None else ""
 
     def of(self, parent: str) -> list[str]:
-        """The instances (live and draining) of ``parent``, by name."""
+        """The instances (live, retiring and draining) of ``parent``, by name."""
         return sorted(n for n, r in self.records.items() if r.of == parent)
 
     def draining(self, name: str) -> bool:
@@ -183,8 +188,14 @@ class Instances:
         r = self.records.get(name)
         return r is not None and r.draining
 
+    def dropped(self, name: str) -> bool:
+        """Whether ``name`` is an instance the current plan no longer has (retiring or
+        draining): it holds its nodes until it is deleted."""
+        r = self.records.get(name)
+        return r is not None and r.dropped
+
     def assigned(self) -> dict[str, tuple[str, ...]]:
-        """Every instance's nodes (a draining instance keeps its own)."""
+        """Every instance's nodes (a retiring or draining instance keeps its own)."""
         return {n: r.nodes for n, r in self.records.items()}
 
     def planning_spec(self, d: StoredDeployment) -> DeploymentSpec:
@@ -206,7 +217,7 @@ class Instances:
             variants = {v.key: v for v in fresh.variants.get(parent, ())}
             pools: dict[str, dict[str, list[InstanceRecord]]] = {}
             for r in sorted(self.records.values(), key=lambda r: r.nodes):
-                if r.of == parent and not r.draining and r.variant in variants:
+                if r.of == parent and not r.dropped and r.variant in variants:
                     pools.setdefault(r.pool, {}).setdefault(r.role, []).append(r)
             planned = []
             for pool, roles in sorted(pools.items()):
@@ -237,7 +248,7 @@ class Instances:
 
     def adopt(self, plan: FleetPlan | None, parents: Sequence[StoredDeployment]) -> None:
         """Run ``plan`` (the planned deployments ``parents``, as last read): write each
-        instance's spec and record, mark dropped instances draining, remove the instances
+        instance's spec and record, mark dropped instances retiring, remove the instances
         of deployments no longer planned, and record each deployment's summary."""
         self.plan, self.failure = plan, ""
         live = {d.name for d in parents}
@@ -261,7 +272,7 @@ class Instances:
         mine = {n: r for n, r in self.records.items() if r.of == parent.name}
         previous = [PlannedInstance(n, r.pool, r.role, r.nodes, 0, 1) for n, r in mine.items()]
         fresh = plan_instances(dp, self.settings.chunk_tokens, previous) if dp else ()
-        store = self.ctx.store
+        store, settings = self.ctx.store, self.ctx.settings
         for inst in fresh:
             stored = store.get_deployment(inst.name)
             if stored is not None and inst.name not in mine:
@@ -289,7 +300,7 @@ class Instances:
                 pool=inst.pool,
                 variant=inst.variant,
                 nodes=inst.nodes,
-                port=old.port if old is not None else self._free_port(ENGINE_BASE_PORT),
+                port=old.port if old is not None else self._free_port(settings.engine_base_port),
                 bootstrap_port=self._bootstrap_port(inst.role, old),
                 requests_per_s=inst.requests_per_s,
                 batch_limit=inst.batch_limit,
@@ -301,11 +312,11 @@ class Instances:
             self._write_instance(inst.name, rec, inst.gpus)
         kept = {i.name for i in fresh}
         for name, r in sorted(mine.items()):
-            if name not in kept and not r.draining:
-                rec = replace(r, draining=True)
+            if name not in kept and not r.dropped:
+                rec = replace(r, retiring=True)
                 self.records[name] = rec
                 self._write_instance(name, rec, None)
-                self.ctx.log.info("instance draining", deployment=parent.name, instance=name)
+                self.ctx.log.info("instance retiring", deployment=parent.name, instance=name)
 
     def _free_port(self, base: int, *, bootstrap: bool = False) -> int:
         """The lowest port at or above ``base`` no instance of the controller uses."""
@@ -320,15 +331,16 @@ class Instances:
             return 0
         if old is not None and old.bootstrap_port:
             return old.bootstrap_port
-        return self._free_port(BOOTSTRAP_BASE_PORT, bootstrap=True)
+        return self._free_port(self.ctx.settings.bootstrap_base_port, bootstrap=True)
 
     # ------------------------------------------------------------------ every tick
 
     def tick(
         self, parents: Collection[str], waiting: Mapping[str, Collection[str]]
     ) -> dict[str, tuple[str, str]]:
-        """Remove the draining instances that may go (see the module docstring) and return
-        each planned deployment's ``(phase, message)``.
+        """Move retiring instances to draining, delete the draining instances whose grace
+        has passed (see the module docstring) and return each planned deployment's
+        ``(phase, message)``.
 
         Args:
             parents: the planned deployments now live.
@@ -336,24 +348,60 @@ class Instances:
                 scheduler's drain view).
         """
         self.removed = set()
+        now = self.ctx.clock()
         states = {n: self._state(n, r) for n, r in self.records.items() if not r.draining}
-        committed = {n: ok for n, (ok, _) in states.items()}
-        draining = {n for n, r in self.records.items() if r.draining}
-        for name in sorted(draining):
-            of = self.records[name].of
-            todo = [
-                n
-                for n, r in self.records.items()
-                if r.of == of and not r.draining and not committed[n]
-            ]
-            if not todo:
-                self._drop(name, "drained: the instances that replace it are committed")
-            elif all(draining & set(waiting.get(n, ())) for n in todo) and any(
-                name in waiting.get(n, ()) for n in todo
-            ):
-                self._drop(name, "removed first: an instance that replaces it needs its nodes")
+        todo: dict[str, list[str]] = {}  # deployment -> its live instances not committed
+        for n, r in sorted(self.records.items()):
+            if not r.dropped and not states[n][0]:
+                todo.setdefault(r.of, []).append(n)
+        for name, r in sorted(self.records.items()):
+            if r.retiring and r.of not in todo:
+                self._start_drain(name, now, "the instances that replace it are committed")
+        for _, names in sorted(todo.items()):
+            early = self._early_drain(names, todo, states, waiting)
+            if early:
+                self._start_drain(early, now, "an instance that replaces it needs its nodes")
+        grace_s = self.ctx.settings.drain_grace_s
+        for name, r in sorted(self.records.items()):
+            if r.draining and now - r.draining_since_s >= grace_s:
+                self._drop(name, f"drained: its drain grace of {grace_s:g} s has passed")
         self.phases = {p: self._phase(p, states) for p in sorted(parents)}
         return self.phases
+
+    def _early_drain(
+        self,
+        names: Sequence[str],
+        todo: Mapping[str, Sequence[str]],
+        states: Mapping[str, tuple[bool, str]],
+        waiting: Mapping[str, Collection[str]],
+    ) -> str:
+        """The retiring instance to drain before the instances ``names`` (of one deployment,
+        not committed yet) are ("" for none): when every one of them that has not failed
+        waits for nodes that retiring or draining instances hold, none of those drains yet,
+        and no instance of their deployment drains early already (``todo``: deployment ->
+        its live instances not committed), the one whose loss costs the least planned
+        capacity (:func:`capacity_lost`), then the first by name."""
+        dropped = {n for n, r in self.records.items() if r.dropped}
+        early = {r.of for r in self.records.values() if r.draining and r.of in todo}
+        movable = [n for n in names if not states[n][1]]
+        blockers = {n: dropped & set(waiting.get(n, ())) for n in movable}
+        if not movable or not all(blockers.values()):
+            return ""  # some can still come up: surge first
+        held = sorted({o for os in blockers.values() for o in os})
+        if any(self.records[o].draining for o in held):
+            return ""  # one at a time: a drain is under way
+        choice = [o for o in held if self.records[o].of not in early]
+        if not choice:
+            return ""
+        return min(choice, key=lambda o: (capacity_lost(o, self.records, states), o))
+
+    def _start_drain(self, name: str, now_s: float, why: str) -> None:
+        """Mark the retiring instance ``name`` draining from ``now_s`` (Unix s)."""
+        r = replace(self.records[name], retiring=False, draining=True, draining_since_s=now_s)
+        self.records[name] = r
+        self._write_instance(name, r, None)
+        self.ctx.log.info("instance draining", deployment=r.of, instance=name, reason=why)
+        self._write_parent(r.of)
 
     def _state(self, name: str, r: InstanceRecord) -> tuple[bool, str]:
         """``(committed, failure)`` of an instance: whether it serves a committed plan made
@@ -383,12 +431,15 @@ class Instances:
         if self.plan is None or parent not in self.plan.deployments:
             return "pending", WAITING_PLAN
         short = self.plan.shortfalls.get(parent)
-        live = [n for n, r in self.records.items() if r.of == parent and not r.draining]
+        live = [n for n, r in self.records.items() if r.of == parent and not r.dropped]
         if not live:
             return "pending", short.message if short else "the fleet plan gives it no instance"
         done = sum(1 for n in live if states.get(n, (False, ""))[0])
+        retiring = sum(1 for r in self.records.values() if r.of == parent and r.retiring)
         drains = sum(1 for r in self.records.values() if r.of == parent and r.draining)
         words = [f"{done} of {len(live)} instances committed"]
+        if retiring:
+            words.append(f"{retiring} retiring")
         if drains:
             words.append(f"{drains} draining")
         if short is not None:
@@ -433,7 +484,13 @@ class Instances:
 
     def _write_instance(self, name: str, r: InstanceRecord, gpus: int | None) -> None:
         """The instance's record and assignment in its status."""
-        verb = "drains" if r.draining else "serves"
+        verb = (
+            "drains"
+            if r.draining
+            else "retires (serves until its replacements are committed)"
+            if r.retiring
+            else "serves"
+        )
         dp = self.plan.deployments.get(r.of) if self.plan is not None else None
         output_tokens = dp.traffic.output_len.mean if dp is not None else 0.0
         updates: dict[str, Any] = {
@@ -446,8 +503,8 @@ class Instances:
                 "resource": "",
                 "missing": 0,
                 "missing_unit": "",
-                "predicted_tokens_per_s": 0.0 if r.draining else r.requests_per_s * output_tokens,
-                "decision": "draining" if r.draining else "",
+                "predicted_tokens_per_s": 0.0 if r.dropped else r.requests_per_s * output_tokens,
+                "decision": "draining" if r.draining else "retiring" if r.retiring else "",
                 "solver": self.plan.solver if self.plan is not None else "",
             },
         }
@@ -516,11 +573,45 @@ class Instances:
             self.ctx.changed(name)
 
 
+def capacity_lost(
+    name: str,
+    records: Mapping[str, InstanceRecord],
+    states: Mapping[str, tuple[bool, str]],
+) -> float:
+    """What serving capacity its deployment loses when instance ``name`` stops taking
+    requests, requests/s: among the instances that serve now (committed, not draining), an
+    aggregated instance's own capacity; for a prefill or decode instance, what its pool
+    serves - the lesser of its prefill and decode instances' summed capacities, as routers
+    pair them by pool - with it less without it."""
+    r = records[name]
+
+    def serving(n: str) -> bool:
+        return n in states and states[n][0] and not records[n].draining
+
+    if not serving(name):
+        return 0.0
+    if r.role not in ("prefill", "decode"):
+        return r.capacity_requests_per_s
+    pool = [n for n, x in records.items() if x.of == r.of and x.pool == r.pool and serving(n)]
+
+    def pool_capacity(members: Collection[str]) -> float:
+        side = {
+            role: sum(
+                records[n].capacity_requests_per_s for n in members if records[n].role == role
+            )
+            for role in ("prefill", "decode")
+        }
+        return min(side.values())
+
+    return pool_capacity(pool) - pool_capacity([n for n in pool if n != name])
+
+
 __all__ = [
     "FLEET_PLAN_KEY",
     "WAITING_PLAN",
     "Instances",
     "TrafficFor",
+    "capacity_lost",
     "curve_cache",
     "spec_traffic",
 ]

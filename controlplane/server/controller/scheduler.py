@@ -20,8 +20,10 @@ Deployments that state their traffic and SLOs are planned by the fleet planner i
 the others scheduled on the nodes its plan leaves free
 (:func:`policies.fleetplan.combined.plan_and_schedule`); such a deployment runs as engine
 instances (:class:`~controlplane.server.controller.instances.Instances`), each a deployment
-assigned its planned nodes. A draining instance holds its nodes: an instance that needs
-them waits, as for any other holder.
+assigned its planned nodes. A retiring or draining instance (one the plan dropped) holds
+its nodes until it is deleted: an instance that needs them waits, as for any other holder,
+and is listed among the deployments it waits for (what lets
+:meth:`~.instances.Instances.tick` drain such an instance early on a full fleet).
 """
 
 from __future__ import annotations
@@ -150,15 +152,15 @@ class FleetScheduler:
         waiting: dict[str, list[str]],
     ) -> tuple[tuple[str, ...], str]:
         """The deployment's nodes it may plan on now: while another placed deployment still
-        holds one of them (a draining instance holds all of its own), only the nodes it
-        already holds (it grows once they are free). ``waiting`` gets, per deployment, the
-        holders it waits for."""
+        holds one of them (a retiring or draining instance holds all of its own), only the
+        nodes it already holds (it grows once they are free). ``waiting`` gets, per
+        deployment, the holders it waits for."""
         blocked: dict[str, list[str]] = {}
         for n in mine:
             for o in self.rollouts.serving(n):
                 if o == name or o not in holders:
                     continue
-                if n not in holders[o] or self.instances.draining(o):
+                if n not in holders[o] or self.instances.dropped(o):
                     blocked.setdefault(n, []).append(o)
         if blocked:
             waiting[name] = sorted({o for os in blocked.values() for o in os})
