@@ -264,3 +264,23 @@ def test_a_deployment_without_traffic_or_slo_is_refused() -> None:
     d = dep("x", "qwen3-30b-a3b", 1.0)
     with pytest.raises(InputError, match="twice"):
         plan_fleet(PlanRequest(f, (d, d)))
+
+
+def test_queueing_rates_few_slots_lower_than_many(cache: MemoryCurveCache) -> None:
+    """With the queueing bound (the default) each aggregated variant's capacity is the
+    flat one scaled by what its slots hold within the TTFT target: less for fewer slots."""
+    f = fleet("mixed-24")
+    d = dep("d", "qwen3-235b-a22b", 1000.0)
+    flat = candidates(
+        PlanRequest(f, (d,), settings=replace(SETTINGS, queueing=False)), cache, None
+    ).aggregated["d"]
+    queued = candidates(PlanRequest(f, (d,), settings=SETTINGS), cache, None).aggregated["d"]
+    assert [v.key for v in flat] == [v.key for v in queued] and len(flat) >= 2
+    shares = sorted(
+        (q.sizing.batch_limit, q.sizing.requests_per_s / v.sizing.requests_per_s)
+        for v, q in zip(flat, queued, strict=True)
+    )
+    assert [v.sizing.batch_limit for v in flat] == [q.sizing.batch_limit for q in queued]
+    assert all(0.7 < s < 1.0 for _, s in shares)
+    assert [s for _, s in shares] == sorted(s for _, s in shares)  # more slots, more held
+    assert shares[0][1] < shares[-1][1] - 0.02
