@@ -39,6 +39,7 @@ def instance_to_proto(i: InstanceEndpoint) -> engine_pb2.Instance:
         tpot_ms=i.tpot_ms,
         capacity_requests_per_s=i.capacity_requests_per_s,
         draining=i.draining,
+        retiring=i.retiring,
     )
 
 

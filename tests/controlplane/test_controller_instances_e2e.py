@@ -232,6 +232,8 @@ async def _shrink(store: Store, address: str, agents: dict[str, FakeAgent]) -> N
         seen_draining |= {n for n, i in listed.items() if i.draining}
         if not agg_ready:
             assert all(listed[n].ready and not listed[n].draining for n in others), msg
+            if name in listed:  # planned: the ones it replaces are marked retiring
+                assert all(listed[n].retiring for n in others), msg
             assert seen_draining <= {blocker}, msg
     assert seen_draining == set(before)
 

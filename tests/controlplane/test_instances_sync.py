@@ -217,6 +217,8 @@ def test_a_dropped_instance_serves_until_its_replacement_commits_then_drains(
         }
         want = dict.fromkeys(old, "ready") | {"q-aggregated-0": "pending"}
         assert _listed(c) == want  # the old ones keep serving
+        listed = c.endpoints.instances("q").instances
+        assert sorted(i.name for i in listed if i.retiring) == old
         assert {n: _stored(store, n).status["scheduling"]["decision"] for n in old} == (
             dict.fromkeys(old, "retiring")
         )
@@ -234,6 +236,8 @@ def test_a_dropped_instance_serves_until_its_replacement_commits_then_drains(
         _commit(c, "q-aggregated-0")
         clock.now_s += 1.0
         since = clock.now_s
+        inst.on_commit("q-aggregated-0")  # the rollout's commit point: they drain at once
+        assert _listed(c) == dict.fromkeys(old, "draining") | {"q-aggregated-0": "ready"}
         inst.tick(["q"], {})  # no fleet plan yet after the restart: the records decide
         assert _listed(c) == dict.fromkeys(old, "draining") | {"q-aggregated-0": "ready"}
         assert all(inst.records[n].draining_since_s == since for n in old)

@@ -72,6 +72,8 @@ class InstanceEndpoint:
         ttft_ms: its pool's predicted TTFT at the SLO percentile, ms (0 = none).
         tpot_ms: its pool's predicted TPOT, ms (0 = none).
         capacity_requests_per_s: what it serves within the SLO, requests/s (0 = unknown).
+        retiring: a newer plan dropped it; it serves (``ready``, not ``draining``) until the
+            instances that replace it are committed, then drains.
     """
 
     name: str
@@ -89,6 +91,7 @@ class InstanceEndpoint:
     ttft_ms: float = 0.0
     tpot_ms: float = 0.0
     capacity_requests_per_s: float = 0.0
+    retiring: bool = False
 
     @property
     def state(self) -> str:
@@ -174,6 +177,7 @@ def _from_record(
         ttft_ms=r.ttft_ms,
         tpot_ms=r.tpot_ms,
         capacity_requests_per_s=r.capacity_requests_per_s,
+        retiring=r.retiring,
     )
 
 

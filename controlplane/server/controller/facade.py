@@ -310,9 +310,10 @@ class Controller:
 
     def _on_commit(self, deployment: str) -> None:
         """A new plan of ``deployment`` was committed: imbalance samples and contingency
-        plans start over."""
+        plans start over; the instances it replaces may drain now."""
         self.loads.forget_samples(deployment)
         self.contingencies.forget(deployment)
+        self.scheduler.instances.on_commit(deployment)
 
     # ================================================================= AgentService
 

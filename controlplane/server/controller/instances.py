@@ -89,6 +89,8 @@ from policies.spec import DeploymentSpec
 FLEET_PLAN_KEY = "fleet_plan"
 #: Phase message of a planned deployment before the first fleet plan.
 WAITING_PLAN = "waiting for the fleet planner"
+#: Why a retiring instance drains once its replacements are committed (log field).
+REPLACED = "the instances that replace it are committed"
 
 TrafficFor = Callable[[StoredDeployment], Traffic]
 """The traffic a planned deployment is planned for, from its stored record."""
@@ -356,7 +358,7 @@ class Instances:
                 todo.setdefault(r.of, []).append(n)
         for name, r in sorted(self.records.items()):
             if r.retiring and r.of not in todo:
-                self._start_drain(name, now, "the instances that replace it are committed")
+                self._start_drain(name, now, REPLACED)
         for _, names in sorted(todo.items()):
             early = self._early_drain(names, todo, states, waiting)
             if early:
@@ -367,6 +369,24 @@ class Instances:
                 self._drop(name, f"drained: its drain grace of {grace_s:g} s has passed")
         self.phases = {p: self._phase(p, states) for p in sorted(parents)}
         return self.phases
+
+    def on_commit(self, name: str) -> None:
+        """A plan of ``name`` was committed (the rollout's commit point): when ``name`` is
+        a live instance and every live instance of its deployment is now committed, its
+        retiring instances start draining in the same step, so that no listing read after
+        the commit shows them taking requests beside their committed replacements for
+        longer than it takes to write their records."""
+        r = self.records.get(name)
+        if r is None or r.dropped:
+            return
+        mine = {n: x for n, x in self.records.items() if x.of == r.of}
+        if not any(x.retiring for x in mine.values()):
+            return
+        if all(self._state(n, x)[0] for n, x in mine.items() if not x.dropped):
+            now = self.ctx.clock()
+            for n, x in sorted(mine.items()):
+                if x.retiring:
+                    self._start_drain(n, now, REPLACED)
 
     def _early_drain(
         self,

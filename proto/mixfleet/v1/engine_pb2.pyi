@@ -304,6 +304,7 @@ class Instance(_message.Message):
     TPOT_MS_FIELD_NUMBER: _builtins.int
     CAPACITY_REQUESTS_PER_S_FIELD_NUMBER: _builtins.int
     DRAINING_FIELD_NUMBER: _builtins.int
+    RETIRING_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """The instance's own name: a deployment the controller writes and plans
     (WatchRouting(name) gives its ranks and weights).
@@ -334,6 +335,10 @@ class Instance(_message.Message):
     """what it serves within the SLO, requests/s"""
     draining: _builtins.bool
     """being replaced: finish open requests, send no new ones"""
+    retiring: _builtins.bool
+    """A newer plan dropped it: it still serves (ready, not draining, its last planned share)
+    until the instances that replace it are committed, then it drains.
+    """
     @_builtins.property
     def nodes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """its nodes, rank order"""
@@ -356,10 +361,11 @@ class Instance(_message.Message):
         tpot_ms: _builtins.float = ...,
         capacity_requests_per_s: _builtins.float = ...,
         draining: _builtins.bool = ...,
+        retiring: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_limit", b"batch_limit", "bootstrap_port", b"bootstrap_port", "capacity_requests_per_s", b"capacity_requests_per_s", "draining", b"draining", "name", b"name", "nodes", b"nodes", "pool", b"pool", "ready", b"ready", "requests_per_s", b"requests_per_s", "role", b"role", "tpot_ms", b"tpot_ms", "ttft_ms", b"ttft_ms", "url", b"url", "variant", b"variant", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_limit", b"batch_limit", "bootstrap_port", b"bootstrap_port", "capacity_requests_per_s", b"capacity_requests_per_s", "draining", b"draining", "name", b"name", "nodes", b"nodes", "pool", b"pool", "ready", b"ready", "requests_per_s", b"requests_per_s", "retiring", b"retiring", "role", b"role", "tpot_ms", b"tpot_ms", "ttft_ms", b"ttft_ms", "url", b"url", "variant", b"variant", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
