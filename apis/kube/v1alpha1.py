@@ -1284,7 +1284,11 @@ class ModelDeploymentStatus:
     )
     controller: dict[str, Any] | None = field(
         default=None,
-        metadata=k8s("The controller's own status document (rollout, rebalancing)."),
+        metadata=k8s(
+            "The controller's own status document (rollout, rebalancing, and under demand "
+            "the measured demand and the traffic chosen after a drift, which the operator "
+            "plans a planned deployment for)."
+        ),
     )
     instances: tuple[InstanceSummary, ...] = field(
         default=(),
