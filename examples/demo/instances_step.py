@@ -106,6 +106,7 @@ SETTINGS = ControllerSettings(
     tick_s=0.2,
     retry_after_abort_s=2.0,
     retry_after_error_s=2.0,
+    drain_grace_s=5.0,  # a dropped instance drains 5 s (--drain-grace); answers take ~1 s
     demand=DemandSettings(
         drift_threshold=0.5,
         sustain_s=6.0,

@@ -2,9 +2,9 @@
 SQLite (its loop not started, a fake clock) adopts fleet plans; commits are written to the
 store as a rollout writes them (a plan solved for the instance's spec on its nodes). Each
 instance is a stored deployment with its record; engine ports are the lowest free from the
-controller's base and stay with a kept instance; a dropped instance retires (listed ready),
-drains once its replacement is committed and is deleted after the drain grace, across a
-restart; on a full fleet one instance drains at a time, the cheapest loss first; the plan
+controller's base and stay with a kept instance; a dropped instance that never served is
+deleted at once, one that serves retires (listed ready), drains once its replacement is
+committed and is deleted after the drain grace, across a restart; on a full fleet one instance drains at a time, the cheapest loss first; the plan
 the instances run reads back from their records (the previous plan after a restart); a user
 may not delete an instance."""
 
@@ -147,12 +147,15 @@ def test_instances_ports_drain_and_the_running_plan(tmp_path: Path) -> None:
         assert all(inst.records[n].retiring and not inst.draining(n) for n in recs)
         assert inst.records["q-aggregated-0"].port == ENGINE_BASE_PORT + 3
         assert inst.records["q-aggregated-0"].bootstrap_port == 0
+        # None of them ever had a committed plan: nothing to drain, deleted at once.
+        inst.tick(["q"], {})
+        assert inst.removed == set(recs) and inst.of("q") == ["q-aggregated-0"]
 
         # A user may neither delete nor apply an instance.
         with pytest.raises(PreconditionError, match="an instance of q, written by the"):
             c.delete_deployment("q-aggregated-0")
         with pytest.raises(PreconditionError, match="change q"):
-            c.apply_deployment(replace(SPEC, name="q-decode-1", traffic=None, slo=None))
+            c.apply_deployment(replace(SPEC, name="q-aggregated-0", traffic=None, slo=None))
 
         # Deleting q takes every instance with it.
         assert c.delete_deployment("q")

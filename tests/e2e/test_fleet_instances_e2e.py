@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -66,6 +67,26 @@ SHARE_TOLERANCE = 0.05
 PROTOCOLS: dict[str, EngineName] = {"sglang": "sglang", "vllm": "vllm"}
 
 
+def _free_port_block(count: int) -> int:
+    """The first of ``count`` consecutive TCP ports free on the engines' address now: the
+    controller's engine and bootstrap port bases, so that a demo (ports from 30000 and
+    8998) or another test on the machine does not collide with this one's engines."""
+    for _ in range(100):
+        with socket.socket() as probe:
+            probe.bind((ADDRESS, 0))
+            base = int(probe.getsockname()[1])
+        if base + count > 65536:
+            continue
+        try:
+            with contextlib.ExitStack() as held:
+                for port in range(base, base + count):
+                    held.enter_context(socket.socket()).bind((ADDRESS, port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError(f"no {count} consecutive free TCP ports on {ADDRESS}")
+
+
 @dataclass
 class Outcome:
     """What one run saw.
@@ -106,8 +127,11 @@ async def _serve(protocol: str, workdir: Path) -> Outcome:
     spec = read_spec()
     spec = replace(spec, engine=replace(spec.engine, name=PROTOCOLS[protocol]))
     fleet = load_fleet_file(FLEET_FILE)
-    # the default drift settings: nothing this short re-plans
-    settings = replace(SETTINGS, demand=DemandSettings())
+    # the default drift settings: nothing this short re-plans; ports of its own
+    base = _free_port_block(32)
+    settings = replace(
+        SETTINGS, demand=DemandSettings(), engine_base_port=base, bootstrap_base_port=base + 16
+    )
     async with start_controller(workdir / "controller", settings=settings) as ctl:
         sim = SimulatedFleet(
             fleet,

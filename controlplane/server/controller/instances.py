@@ -29,7 +29,8 @@ the one writer of instance specs and records:
   for nodes that retiring or draining instances hold (the fleet scheduler's drain view: a
   full fleet), one of the retiring instances they wait for drains early - the one whose
   loss costs the least planned capacity (:func:`capacity_lost`), then by name - and the
-  next only once no early drain of that deployment is left, so the others keep serving.
+  next only once no early drain of that deployment is left, so the others keep serving. A
+  dropped instance that never had a committed plan serves nothing: it is deleted at once.
 * **Status**: the planned deployment's status lists its instances under
   ``INSTANCES_KEY`` (live, retiring and draining) and the plan's summary under ``fleet_plan``
   (``demand_requests_per_s``, ``served_requests_per_s``, predicted ``ttft_ms`` /
@@ -351,6 +352,10 @@ class Instances:
         """
         self.removed = set()
         now = self.ctx.clock()
+        for name, r in sorted(self.records.items()):
+            d = self.ctx.store.get_deployment(name) if r.dropped else None
+            if d is not None and d.committed_version is None:
+                self._drop(name, "dropped before it served: nothing to drain")
         states = {n: self._state(n, r) for n, r in self.records.items() if not r.draining}
         todo: dict[str, list[str]] = {}  # deployment -> its live instances not committed
         for n, r in sorted(self.records.items()):
