@@ -13,7 +13,8 @@ health interval). A stream is never cut because its instance left.
 from __future__ import annotations
 
 import asyncio
-import collections
+import bisect
+import itertools
 from collections.abc import Awaitable, Callable, Container
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -44,28 +45,55 @@ def plain_target(url: str) -> tuple[str, int, bytes] | None:
 
 
 class SlotQueue:
-    """Requests waiting, per tier, for an instance below its batch limit; woken in arrival
-    order, one per freed slot.
+    """Requests waiting, per tier, for an instance below its batch limit.
+
+    Every slot that frees up (:meth:`Fleet.finished`: each ended request frees one) wakes
+    the longest waiting request, which then looks for a slot itself: a condition re-checked
+    by the woken request, so two slots freed before the first woken request runs wake two
+    requests, and a slot taken meanwhile by another request sends the woken one back to its
+    place in the queue (ahead of those that came later) until the next slot frees up. A
+    woken request that leaves without looking (deadline, client gone) passes its wake on.
 
     Args:
-        limit: most requests waiting in one tier.
+        limit: most requests waiting in one tier (a request going back to its place is not
+            refused).
     """
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self._waiting: dict[str, collections.deque[asyncio.Future[None]]] = {}
+        #: tier -> (place, future) of the requests waiting and not yet woken, by place
+        self._waiting: dict[str, list[tuple[int, asyncio.Future[None]]]] = {}
+        self._places = itertools.count()
 
     def waiting(self, tier: str) -> int:
+        """Requests of ``tier`` waiting for a slot (not yet woken)."""
         return len(self._waiting.get(tier, ()))
 
-    async def wait(self, tier: str, deadline: float) -> bool:
+    def waiting_by_tier(self) -> dict[str, int]:
+        """Requests waiting for a slot, per tier (tiers that had a queue; 0 when empty)."""
+        return {tier: len(q) for tier, q in self._waiting.items()}
+
+    def place(self) -> int:
+        """A new place in the queues (later than every place given before)."""
+        return next(self._places)
+
+    async def wait(
+        self, tier: str, deadline: float, place: int | None = None, *, again: bool = False
+    ) -> bool:
         """Wait for a slot of ``tier`` until ``deadline`` (the loop's clock, seconds);
-        False when the queue is full or the deadline passed."""
-        q = self._waiting.setdefault(tier, collections.deque())
-        if len(q) >= self.limit:
+        False when the queue is full or the deadline passed.
+
+        Args:
+            place: the request's place (:meth:`place`); None = a new one, at the end.
+            again: the request waited at ``place`` before and was woken, but found no slot:
+                it goes back to its place, even when the queue is full.
+        """
+        q = self._waiting.setdefault(tier, [])
+        if not again and len(q) >= self.limit:
             return False
         fut = asyncio.get_running_loop().create_future()
-        q.append(fut)
+        entry = (self.place() if place is None else place, fut)
+        bisect.insort(q, entry, key=_place)
         woken = False
         try:
             async with asyncio.timeout_at(deadline):
@@ -75,16 +103,16 @@ class SlotQueue:
         except TimeoutError:
             return False
         finally:
-            if fut in q:
-                q.remove(fut)
+            if entry in q:
+                q.remove(entry)
             if not woken and fut.done() and not fut.cancelled():
                 self.wake(tier)  # woken, but gone (deadline, client): the slot goes on
 
     def wake(self, tier: str) -> None:
-        """A slot of ``tier`` is free: the longest waiting request may go."""
+        """A slot of ``tier`` is free: the longest waiting request may look for it."""
         q = self._waiting.get(tier)
         while q:
-            fut = q.popleft()
+            _, fut = q.pop(0)
             if not fut.done():
                 fut.set_result(None)
                 return
@@ -96,6 +124,10 @@ class SlotQueue:
                 self.wake(tier)
 
 
+def _place(entry: tuple[int, asyncio.Future[None]]) -> int:
+    return entry[0]
+
+
 @dataclass
 class Turn:
     """One request's place in its tier's slot queue, kept across its waits and tries.
@@ -103,9 +135,11 @@ class Turn:
     Attributes:
         deadline: when its wait for a batch slot ends (the loop's clock, seconds; 0 = it
             has not waited yet).
+        place: its place in the queue (:meth:`SlotQueue.place`; None = it has not waited).
     """
 
     deadline: float = 0.0
+    place: int | None = None
 
 
 class Fleet:
@@ -124,7 +158,8 @@ class Fleet:
         by_tier: dict[str, list[str]] = {}
         for w in s.watched:
             by_tier.setdefault(w.tier, []).append(w.name)
-        #: tier -> the watched deployment that alone serves it (its refused requests count)
+        #: tier -> the watched deployment that alone serves it (its requests count as that
+        #: deployment's demand from their arrival)
         static = {i.tier for i in s.instances}
         self.tier_deployment = {
             t: ds[0] for t, ds in by_tier.items() if len(ds) == 1 and t not in static
@@ -211,6 +246,18 @@ class Fleet:
             await asyncio.sleep(self.router.settings.health_interval_s)
             self.prune()
 
+    def arrive(self, tier: str) -> bool:
+        """A request of ``tier`` arrived (its body read and valid): it is demand of the
+        watched deployment that alone serves the tier from now on, whether it is then
+        queued, refused with 429 or fails upstream (:mod:`.traffic`). Returns whether it
+        was counted: False in a tier that no watched deployment serves alone (it counts
+        for the deployment of the instance it is routed to)."""
+        deployment = self.tier_deployment.get(tier)
+        if deployment is None:
+            return False
+        self.traffic.arrive(deployment)
+        return True
+
     async def claim(
         self, tier: str, work_tokens: float, exclude: Container[str], turn: Turn
     ) -> Choice:
@@ -248,14 +295,18 @@ class Fleet:
         ended (answered, failed or cancelled): its slot is free."""
         rank.release(work_tokens)
         inst = self.router.state.instances.get(rank.instance)
-        if inst is not None and self.router.state.release(inst):
-            self.slots.wake(rank.tier)
+        if inst is not None:
+            self.router.state.release(inst)
+        self.slots.wake(rank.tier)  # one slot freed: one waiting request looks for it
 
     async def _wait(self, tier: str, turn: Turn) -> bool:
         """Wait for a slot of ``tier`` until the turn's deadline (set at its first wait)."""
         if not turn.deadline:
             turn.deadline = asyncio.get_running_loop().time() + self.router.settings.batch_wait_s
-        return await self.slots.wait(tier, turn.deadline)
+        again = turn.place is not None
+        if turn.place is None:
+            turn.place = self.slots.place()
+        return await self.slots.wait(tier, turn.deadline, turn.place, again=again)
 
     def sample(
         self, inst: InstanceState, arrived_s: float, prompt: int, output: int

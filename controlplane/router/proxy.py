@@ -333,6 +333,7 @@ class Router:
         last = ""
         attempt = 0
         turn = Turn()
+        counted = self.fleet.arrive(tier)  # demand from its arrival, queued or refused
         while attempt < s.max_attempts:
             choice = await self.fleet.claim(tier, work.tokens, tried, turn)
             if choice.rank is None:
@@ -342,7 +343,7 @@ class Router:
             rank = choice.rank
             if attempt:
                 self.metrics.retries.inc()
-            else:
+            elif not counted:  # a shared tier: the deployment is known once routed
                 self.fleet.traffic.arrive(self.state.instances[rank.instance].spec.source)
             attempt += 1
             try:
@@ -366,7 +367,6 @@ class Router:
         """429: every rank at its queue limit, or no batch slot within the wait."""
         s = self.settings
         self.metrics.rejects.labels(tier, reason).inc()
-        self.fleet.traffic.arrive(self.fleet.tier_deployment.get(tier, ""))
         why = (
             f"every instance of tier {tier!r} is at its batch limit (waited up to "
             f"{s.batch_wait_s} s, {s.batch_queue} requests at most)"

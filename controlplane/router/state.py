@@ -161,14 +161,12 @@ class RouterState:
         if _at_cap(inst):
             self.full.add(inst.spec.name)
 
-    def release(self, inst: InstanceState) -> bool:
-        """The request on ``inst`` has ended; returns whether that freed a slot of a full
-        instance (a waiting request may go)."""
+    def release(self, inst: InstanceState) -> None:
+        """The request on ``inst`` has ended: one slot of it is free (every release frees
+        one; :meth:`.fleet.Fleet.finished` wakes one waiting request per release)."""
         inst.open_requests = max(0, inst.open_requests - 1)
-        if inst.spec.name in self.full and not _at_cap(inst):
+        if not _at_cap(inst):
             self.full.discard(inst.spec.name)
-            return True
-        return False
 
     def _rebuild(self, tier: str) -> None:
         """Recompute the tier's ranks, keeping the objects (and open counts) of ranks that

@@ -4,8 +4,12 @@ on demand drift) and exported on ``/metrics``.
 
 Per request routed to an instance of a watched deployment (:class:`Sample`):
 
-* arrived: counted once per request when its first try is routed, or when it is refused
-  with 429 in a tier that one watched deployment serves alone (demand it could not take).
+* arrived: counted once per request when it arrives (its body read and valid) in a tier
+  that one watched deployment serves alone: one that then waits for a batch slot, is
+  refused with 429 or fails upstream is demand all the same (counted when routed, a queue
+  or a stall would read as a drop in demand); one refused for its own fault (400, 413) is
+  not. In a tier that several deployments or static instances share, when its first try
+  is routed (only then is its deployment known).
 * prompt tokens: the engine's ``usage.prompt_tokens`` (SGLang ``meta_info.prompt_tokens``)
   when its answer carries one, else the router's own estimate (:func:`.requests.
   estimate_work`: the tokenizer's count, or characters / 4).

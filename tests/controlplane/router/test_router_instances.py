@@ -209,3 +209,81 @@ def test_the_batch_limit_caps_open_requests_then_queues_then_answers_429() -> No
             await a.stop()
 
     asyncio.run(main())
+
+
+def test_a_closed_loop_over_small_batch_limits_is_all_answered_none_refused() -> None:
+    """Issue 23: many short requests, closed loop, over instances with small batch limits:
+    slots free up in bursts (several requests end before a woken waiter runs); every
+    request is answered, none gets 429 (the wait of 30 s is a hang guard), and no request
+    is left open or waiting."""
+
+    async def main() -> None:
+        engines = await _engines(3, ranks=1)
+        svc = ScriptedEngineService()
+        names = ["ds-a", "ds-b", "ds-c"]
+        for name in names:
+            svc.route(name, [1.0])
+        limits = [2, 3, 2]
+        svc.publish(
+            DS,
+            [
+                instance(n, e.url, batch_limit=b)
+                for n, e, b in zip(names, engines, limits, strict=True)
+            ],
+        )
+        clients, per_client = 24, 15
+        try:
+            async with world(svc, batch_wait_s=30.0) as (router, url, s):
+                await until(lambda: _routable(router) == set(names), what="all routable")
+
+                async def client() -> list[int]:
+                    got: list[int] = []
+                    while len(got) < per_client and got.count(200) == len(got):
+                        got.append((await complete(s, url, max_tokens=2))[0])
+                    return got  # ends at its first refusal
+
+                runs = await asyncio.gather(*(client() for _ in range(clients)))
+                statuses = [st for got in runs for st in got]
+                rejects = router.metrics.rejects.labels("default", "batch_full")._value.get()
+                insts = list(router.state.instances.values())
+                waiting = router.fleet.slots.waiting("default")
+                served = [len(e.records) for e in engines]
+        finally:
+            await _stop(engines)
+        assert statuses.count(200) == clients * per_client, sorted(set(statuses))
+        assert rejects == 0 and waiting == 0
+        assert [i.open_requests for i in insts] == [0, 0, 0]
+        assert sum(served) == clients * per_client and min(served) > 0, served
+
+    asyncio.run(main())
+
+
+def test_demand_counts_a_request_when_it_arrives_queued_or_refused_not_a_bad_one() -> None:
+    """Issue 23: a request is demand from its arrival (a queued one counts while it waits,
+    a 429 after its wait counts once); a request refused for its own fault (400) does not."""
+
+    async def main() -> None:
+        (a,) = await _engines(1)
+        svc = ScriptedEngineService()
+        svc.route("ds-a", [1.0, 1.0])
+        svc.publish(DS, [instance("ds-a", a.url, batch_limit=1)])
+        a.hold(frozenset({0, 1}))
+        try:
+            async with world(svc, batch_queue=4, batch_wait_s=60.0) as (router, url, s):
+                arrived = router.fleet.traffic.arrived.labels(DS)
+                await until(lambda: _routable(router) == {"ds-a"}, what="ds-a routable")
+                held = asyncio.create_task(complete(s, url, stream=True))
+                await until(lambda: len(a.records) == 1, what="one request at the engine")
+                queued = asyncio.create_task(complete(s, url))
+                await until(lambda: router.fleet.slots.waiting("default") == 1, what="queued")
+                assert arrived._value.get() == 2  # the queued one is demand already
+                async with s.post(url + "/v1/completions", data=b"{not json") as r:
+                    assert r.status == 400
+                assert arrived._value.get() == 2
+                a.release()
+                assert (await held)[0] == 200 and (await queued)[0] == 200
+                assert arrived._value.get() == 2 and len(a.records) == 2  # counted once each
+        finally:
+            await a.stop()
+
+    asyncio.run(main())

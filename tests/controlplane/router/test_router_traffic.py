@@ -310,6 +310,57 @@ def test_slot_queue_wakes_in_arrival_order_is_bounded_and_passes_an_unused_wake_
     asyncio.run(main())
 
 
+def _capped_router(batch_limit: int) -> Any:
+    """A router (not started: no socket, no engine) with one static instance ``x`` of
+    ``batch_limit`` slots, admitted, for driving its slot queue by hand."""
+    from controlplane.router.proxy import Router
+    from controlplane.router.settings import InstanceSpec, RouterSettings, check
+
+    spec = InstanceSpec("x", "http://127.0.0.1:9", "t", batch_limit=batch_limit)
+    router = Router(check(RouterSettings(instances=(spec,), default_tier="t", batch_wait_s=600)))
+    router.health.admit_all(router.state.instances)
+    return router
+
+
+def test_every_freed_slot_wakes_a_waiting_request_even_two_before_the_first_one_runs() -> None:
+    """Issue 23: two requests end before the waiter woken by the first runs; the second
+    freed slot must wake the next waiter too (else it waits while the instance is idle)."""
+    from controlplane.router.fleet import Turn
+
+    async def main() -> None:
+        router = _capped_router(batch_limit=2)
+        fleet, x = router.fleet, router.state.instances["x"]
+        held = [await fleet.claim("t", 10.0, (), Turn()) for _ in range(2)]
+        assert x.open_requests == 2 and router.state.full == {"x"}
+        waiters = [asyncio.create_task(fleet.claim("t", 10.0, (), Turn())) for _ in range(3)]
+        await until(lambda: fleet.slots.waiting("t") == 3, what="three waiting")
+        for c in held:  # both end in one go: no waiter runs in between
+            assert c.rank is not None
+            fleet.finished(c.rank, 10.0)
+        await until(lambda: waiters[0].done() and waiters[1].done(), what="two slots, two go")
+        await asyncio.sleep(0)
+        assert not waiters[2].done() and fleet.slots.waiting("t") == 1  # in arrival order
+        got = [w.result() for w in waiters[:2]]
+        assert all(c.rank is not None for c in got)
+        assert x.open_requests == 2 and router.state.full == {"x"}  # no slot given twice
+        # a new arrival queues behind waiter 2; waiter 2 is woken by a freed slot and
+        # cancelled before it runs: the slot passes on to the new arrival
+        late = asyncio.create_task(fleet.claim("t", 10.0, (), Turn()))
+        await until(lambda: fleet.slots.waiting("t") == 2, what="the late one queued")
+        assert got[0].rank is not None
+        fleet.finished(got[0].rank, 10.0)
+        waiters[2].cancel()
+        passed = await asyncio.wait_for(late, 60)  # a hang guard, not a speed claim
+        assert passed.rank is not None and x.open_requests == 2
+        assert fleet.slots.waiting("t") == 0
+        for c in (got[1], passed):
+            assert c.rank is not None
+            fleet.finished(c.rank, 10.0)
+        assert x.open_requests == 0 and not router.state.full
+
+    asyncio.run(main())
+
+
 def test_each_worker_reports_under_its_own_name() -> None:
     from controlplane.router.settings import RouterSettings
     from controlplane.router.workers import as_worker
