@@ -22,7 +22,7 @@ from controlplane.cli.output import Groups, add_group, clip, emit, emit_document
 from policies.errors import InputError
 
 if TYPE_CHECKING:
-    from mixfleet.v1 import plan_pb2
+    from mixfleet.v1 import engine_pb2, plan_pb2
 
 
 def _read_docs(path: str) -> Iterator[Any]:
@@ -186,6 +186,16 @@ def _ms(v: float) -> str:
     return f"{v:.1f}" if v else "-"
 
 
+def _instance_state(i: engine_pb2.Instance) -> str:
+    """``draining``, ``retiring`` (a newer plan dropped it; it serves until its replacements
+    are committed), ``ready`` or ``pending`` (nothing committed yet)."""
+    if i.draining:
+        return "draining"
+    if i.retiring:
+        return "retiring"
+    return "ready" if i.ready else "pending"
+
+
 def _print_instances(st: Any) -> None:
     """A deployment's engine instances, one row each."""
     if not st.instances:
@@ -198,7 +208,7 @@ def _print_instances(st: Any) -> None:
             clip(",".join(i.nodes), 40) or "-",
             i.url or "-",
             i.version or "-",
-            "draining" if i.draining else "ready" if i.ready else "pending",
+            _instance_state(i),
             f"{i.requests_per_s:.3g}" if i.requests_per_s else "-",
             i.batch_limit or "-",
             _ms(i.ttft_ms),

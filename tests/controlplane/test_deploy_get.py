@@ -35,7 +35,18 @@ PLANNED = DeploymentSpec(
 )
 RECORDS = {
     "p-prefill-0": InstanceRecord(
-        "p", "prefill", "pool-0", "v/prefill", ("n0",), 30000, 8998, 10.0, 8192, 12.0, 380.0
+        "p",
+        "prefill",
+        "pool-0",
+        "v/prefill",
+        ("n0",),
+        30000,
+        8998,
+        10.0,
+        8192,
+        12.0,
+        380.0,
+        retiring=True,  # a newer plan dropped it
     ),
     "p-decode-0": InstanceRecord(
         "p", "decode", "pool-0", "v/decode", ("n1", "n2"), 30001, 0, 10.0, 64, 12.0, 0.0, 31.0
@@ -114,6 +125,7 @@ def test_deploy_get_shows_instances_and_demand(
     ]
     prefill = next(x for x in lines if x.startswith("p-prefill-0")).split()
     assert prefill[4] == "http://10.0.0.5:30000" and prefill[9] == "380.0"
+    assert prefill[6] == "retiring"
     planned = next(x for x in lines if x.startswith("planned")).split()
     # re-planned for the measured 20 requests/s; the prediction is the fleet plan's
     assert planned == ["planned", "(measured)", "20", "2000", "3000", "400", "600", "380.0", "31.0"]
