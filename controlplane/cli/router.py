@@ -4,7 +4,8 @@
   OpenAI-compatible and SGLang endpoints in front of the engine instances, routing each
   request to a DP rank by the committed plan's weights (docs/router.md).
 * ``mixfleetctl router status --router URL``: the router's instances (health, plan version)
-  and each rank's planned vs achieved share and open requests, from ``GET /router/status``.
+  and each rank's planned vs achieved share and open requests, and the requests waiting for
+  a batch slot, from ``GET /router/status``.
 
 Heavy modules (aiohttp, grpc, the router package) are imported inside the handlers.
 """
@@ -286,6 +287,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         for r in ranks
     ]
     emit(table(["TIER", "INSTANCE", "RANK", "PLANNED", "ACHIEVED", "OPEN"], rows))
+    for tier, n in sorted(doc.get("waiting", {}).items()):
+        if n:
+            print(f"tier {tier}: {n} waiting for a batch slot")
     down = [d for d, up in doc.get("controller_connected", {}).items() if not up]
     if down:
         print(

@@ -4,6 +4,8 @@
   planned share of its tier (from the weights) and its achieved share (tokens routed since
   the tier's weights last changed), read from the router's state at scrape time.
 * ``mixfleet_router_queue_depth{tier,instance,rank}``: requests open on the rank.
+* ``mixfleet_router_waiting_requests{tier}``: requests waiting for a batch slot (every
+  instance that could take them at its batch limit), read at scrape time.
 * ``mixfleet_router_requests_total{tier,instance,rank}``, ``..._routed_tokens_total``.
 * ``mixfleet_router_ttfb_seconds{tier}``: time from the request's arrival to its first
   byte sent back (histogram).
@@ -22,7 +24,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -34,8 +36,13 @@ _TTFB_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5,
 
 
 class _ShareCollector(Collector):
-    def __init__(self, tiers: Callable[[], Iterable[tuple[str, Sequence[RankState]]]]) -> None:
+    def __init__(
+        self,
+        tiers: Callable[[], Iterable[tuple[str, Sequence[RankState]]]],
+        waiting: Callable[[], Mapping[str, int]],
+    ) -> None:
         self._tiers = tiers
+        self._waiting = waiting
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
         share = GaugeMetricFamily(
@@ -54,16 +61,33 @@ class _ShareCollector(Collector):
                 share.add_metric([tier, r.instance, str(r.rank), "planned"], p)
                 share.add_metric([tier, r.instance, str(r.rank), "achieved"], a)
                 depth.add_metric([tier, r.instance, str(r.rank)], r.open_requests)
+        waiting = GaugeMetricFamily(
+            "mixfleet_router_waiting_requests",
+            "Requests waiting for a batch slot, per tier.",
+            labels=["tier"],
+        )
+        for tier, n in self._waiting().items():
+            waiting.add_metric([tier], n)
         yield share
         yield depth
+        yield waiting
 
 
 class RouterMetrics:
-    """The router's metrics on their own registry."""
+    """The router's metrics on their own registry.
 
-    def __init__(self, tiers: Callable[[], Iterable[tuple[str, Sequence[RankState]]]]) -> None:
+    Args:
+        tiers: (tier, ranks) pairs, read at scrape time.
+        waiting: requests waiting for a batch slot per tier, read at scrape time.
+    """
+
+    def __init__(
+        self,
+        tiers: Callable[[], Iterable[tuple[str, Sequence[RankState]]]],
+        waiting: Callable[[], Mapping[str, int]],
+    ) -> None:
         r = self.registry = CollectorRegistry()
-        r.register(_ShareCollector(tiers))
+        r.register(_ShareCollector(tiers, waiting))
         ranked = ["tier", "instance", "rank"]
         self.requests = Counter(
             "mixfleet_router_requests", "Requests routed to a rank.", ranked, registry=r

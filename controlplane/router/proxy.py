@@ -123,7 +123,9 @@ class Router:
         self.settings = settings
         self.count_tokens = count_tokens
         self.state = RouterState.from_specs(settings.instances)
-        self.metrics = RouterMetrics(self.state.tier_ranks)
+        self.metrics = RouterMetrics(
+            self.state.tier_ranks, lambda: self.fleet.slots.waiting_by_tier()
+        )
         self.health = HealthBook(settings.eject_after, settings.readmit_after)
         self.health.on_change = self._health_changed
         self.bodies = BodyBudget(settings.max_inflight_body_bytes)
@@ -575,4 +577,7 @@ class Router:
         )
 
     async def _status(self, request: web.Request) -> web.StreamResponse:
-        return web.json_response(self.state.status(self.health.healthy, dict(self.connected)))
+        doc = self.state.status(
+            self.health.healthy, dict(self.connected), self.fleet.slots.waiting_by_tier()
+        )
+        return web.json_response(doc)

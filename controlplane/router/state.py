@@ -189,8 +189,11 @@ class RouterState:
         """(tier, ranks) pairs, for the metrics."""
         yield from self.tiers.items()
 
-    def status(self, healthy: set[str], connected: dict[str, bool]) -> dict[str, Any]:
-        """The JSON document of ``GET /router/status``."""
+    def status(
+        self, healthy: set[str], connected: dict[str, bool], waiting: dict[str, int]
+    ) -> dict[str, Any]:
+        """The JSON document of ``GET /router/status``; ``waiting``: requests waiting for a
+        batch slot, per tier (:meth:`.fleet.SlotQueue.waiting_by_tier`)."""
         tiers = {}
         for tier, ranks in self.tiers.items():
             planned, achieved = shares(ranks)
@@ -229,6 +232,7 @@ class RouterState:
             ],
             "controller_connected": connected,
             "tiers": tiers,
+            "waiting": waiting,
         }
 
 

@@ -260,7 +260,8 @@ def test_a_closed_loop_over_small_batch_limits_is_all_answered_none_refused() ->
 
 def test_demand_counts_a_request_when_it_arrives_queued_or_refused_not_a_bad_one() -> None:
     """Issue 23: a request is demand from its arrival (a queued one counts while it waits,
-    a 429 after its wait counts once); a request refused for its own fault (400) does not."""
+    and shows in ``router status`` and ``/metrics``); a request refused for its own fault
+    (400) is not. (A 429 after its wait counts once: the batch-limit test.)"""
 
     async def main() -> None:
         (a,) = await _engines(1)
@@ -277,12 +278,20 @@ def test_demand_counts_a_request_when_it_arrives_queued_or_refused_not_a_bad_one
                 queued = asyncio.create_task(complete(s, url))
                 await until(lambda: router.fleet.slots.waiting("default") == 1, what="queued")
                 assert arrived._value.get() == 2  # the queued one is demand already
+                # status and /metrics show it waiting (open requests alone would not)
+                table = await asyncio.to_thread(_status_table, url)
+                assert "tier default: 1 waiting for a batch slot" in table, table
+                async with s.get(url + "/metrics") as r:
+                    scrape = await r.text()
+                assert 'mixfleet_router_waiting_requests{tier="default"} 1.0' in scrape
                 async with s.post(url + "/v1/completions", data=b"{not json") as r:
                     assert r.status == 400
                 assert arrived._value.get() == 2
                 a.release()
                 assert (await held)[0] == 200 and (await queued)[0] == 200
                 assert arrived._value.get() == 2 and len(a.records) == 2  # counted once each
+                async with s.get(url + "/router/status") as r:
+                    assert (await r.json())["waiting"] == {"default": 0}
         finally:
             await a.stop()
 

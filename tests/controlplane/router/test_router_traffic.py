@@ -310,6 +310,30 @@ def test_slot_queue_wakes_in_arrival_order_is_bounded_and_passes_an_unused_wake_
     asyncio.run(main())
 
 
+def test_a_woken_request_that_found_no_slot_goes_back_to_its_place_even_in_a_full_queue() -> None:
+    from controlplane.router.fleet import SlotQueue
+
+    async def main() -> None:
+        q = SlotQueue(limit=1)
+        far = asyncio.get_running_loop().time() + 60.0
+        first = q.place()
+        woken = asyncio.create_task(q.wait("t", far, first))
+        await until(lambda: q.waiting("t") == 1, what="the first waiting")
+        q.wake("t")
+        assert await woken
+        later = asyncio.create_task(q.wait("t", far))  # came later; fills the queue
+        await until(lambda: q.waiting("t") == 1, what="the later one waiting")
+        assert not await q.wait("t", far)  # a new request: the queue is full
+        back = asyncio.create_task(q.wait("t", far, first, again=True))
+        await until(lambda: q.waiting("t") == 2, what="back in the queue, over its limit")
+        q.wake("t")
+        assert await back and not later.done()  # its place was ahead of the later one
+        q.wake("t")
+        assert await later and q.waiting("t") == 0
+
+    asyncio.run(main())
+
+
 def _capped_router(batch_limit: int) -> Any:
     """A router (not started: no socket, no engine) with one static instance ``x`` of
     ``batch_limit`` slots, admitted, for driving its slot queue by hand."""
