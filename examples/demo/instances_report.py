@@ -17,7 +17,7 @@ import aiohttp
 from mixfleet.v1 import engine_pb2
 
 from controlplane.server.controller.demand import DemandStatus
-from demo.instances_serving import Answer, EngineFarm, Router
+from demo.instances_serving import Answer, EngineFarm, Router, current
 from demo.session import _table, say
 from policies.serving.sim_types import SimOptions, SimReport, quantile_sorted
 from policies.serving.simulate import simulate
@@ -67,7 +67,7 @@ def simulated(doc: Any, spec: DeploymentSpec, msg: engine_pb2.Instances) -> Late
 
     offline = planned_instances({"kind": "FleetPlan", "deployments": [doc]}, spec.name)
     same = sorted((i.role, tuple(i.nodes)) for i in offline) == sorted(
-        (i.role, tuple(i.nodes)) for i in msg.instances if not i.draining
+        (i.role, tuple(i.nodes)) for i in msg.instances if current(i)
     )
 
     assert spec.traffic is not None
@@ -109,7 +109,7 @@ def show_shares(
     """Per instance: role, nodes, planned requests/s and share, the requests it got. An
     aggregated or decode instance's share is of the requests (a prefill/decode pair's
     requests are its decode instances'), a prefill instance's of the prefills."""
-    live = [i for i in msg.instances if not i.draining or got.get(i.name)]
+    live = [i for i in msg.instances if current(i) or got.get(i.name)]
 
     def side(i: engine_pb2.Instance) -> str:
         return "prefill" if i.role == "prefill" else "serve"
@@ -117,7 +117,7 @@ def show_shares(
     planned_total: dict[str, float] = {}
     got_total: dict[str, int] = {}
     for i in live:
-        if not i.draining:
+        if current(i):
             planned_total[side(i)] = planned_total.get(side(i), 0.0) + i.requests_per_s
         got_total[side(i)] = got_total.get(side(i), 0) + got.get(i.name, 0)
     say(title)
@@ -125,7 +125,7 @@ def show_shares(
     for i in live:
         planned = i.requests_per_s / planned_total[side(i)] if planned_total.get(side(i)) else 0
         n = got.get(i.name, 0)
-        mark = " (new)" if i.name in new else " (draining)" if i.draining else ""
+        mark = " (new)" if i.name in new else "" if current(i) else " (replaced)"
         rows.append(
             [
                 i.name + mark,
@@ -143,7 +143,7 @@ def show_shares(
 def predicted(msg: engine_pb2.Instances) -> Latencies:
     """The planner's prediction: the slowest live pool's TTFT (at the SLO percentile) and
     TPOT; each pool is sized to meet the SLO, so no attainment figure of its own."""
-    live = [i for i in msg.instances if not i.draining]
+    live = [i for i in msg.instances if current(i)]
     return Latencies(
         "predicted (planner)",
         max((i.ttft_ms for i in live), default=math.nan),
@@ -158,7 +158,7 @@ def show_instances(msg: engine_pb2.Instances) -> None:
     and TPOT (ms) and planned requests/s."""
     rows = [["instance", "role", "pool", "nodes", "url", "batch", "TTFT ms", "TPOT ms", "req/s"]]
     for i in msg.instances:
-        if i.draining:
+        if not current(i):
             continue
         rows.append(
             [

@@ -327,12 +327,18 @@ async def start_router(controller: str, deployment: str, log_dir: Path) -> Route
     return Router(proc, f"http://{ADDRESS}:{port}", log_path)
 
 
+def current(i: engine_pb2.Instance) -> bool:
+    """Whether ``i`` is one of the current plan's instances: not retiring (a newer plan
+    dropped it; it serves until its replacements commit) and not draining."""
+    return not i.draining and not i.retiring
+
+
 def router_names(msg: engine_pb2.Instances) -> set[str]:
-    """The router's instances for ``msg``: each live aggregated instance by its name, each
-    prefill/decode pool as one pair named ``<deployment>/<pool>``."""
+    """The router's instances for the current plan in ``msg``: each aggregated instance by
+    its name, each prefill/decode pool as one pair named ``<deployment>/<pool>``."""
     names = set()
     for i in msg.instances:
-        if i.draining:
+        if not current(i):
             continue
         names.add(i.name if i.role == "aggregated" else f"{msg.deployment}/{i.pool}")
     return names

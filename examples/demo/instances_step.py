@@ -77,7 +77,7 @@ from demo.instances_report import (
 
 # the ``X as X`` names are re-exported: the fleet-plan end-to-end test imports them from here
 from demo.instances_serving import ADDRESS as ADDRESS
-from demo.instances_serving import REPO, STREAM_EVERY
+from demo.instances_serving import REPO, STREAM_EVERY, current
 from demo.instances_serving import Client as Client
 from demo.instances_serving import EngineFarm as EngineFarm
 from demo.instances_serving import Router as Router
@@ -136,7 +136,7 @@ async def watch(
 
 
 def _ready(msg: engine_pb2.Instances) -> bool:
-    live = [i for i in msg.instances if not i.draining]
+    live = [i for i in msg.instances if current(i)]
     return bool(live) and all(i.ready and i.url for i in live)
 
 
@@ -177,7 +177,7 @@ class Story:
             if now - t0 > limit_s:
                 raise TimeoutError(f"{what}: not within {limit_s:.0f} s")
             if now - last >= PROGRESS_S:
-                live = [i for i in self.latest.instances if not i.draining]
+                live = [i for i in self.latest.instances if current(i)]
                 ready = sum(1 for i in live if i.ready)
                 say(f"  ... {what}: {ready} of {len(live)} instances ready ({now - t0:.0f} s)")
                 last = now
@@ -380,7 +380,7 @@ async def _replan(stage: _Stage, client: Client) -> tuple[engine_pb2.Instances, 
     shifted_from = len(client.answers)
 
     def grown(msg: engine_pb2.Instances) -> bool:
-        live = [i for i in msg.instances if not i.draining]
+        live = [i for i in msg.instances if current(i)]
         return _ready(msg) and any(i.name not in before for i in live)
 
     await story.until(grown, SHIFT_LIMIT_S, "re-planning for the new demand")
