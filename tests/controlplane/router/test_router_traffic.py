@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import io
 import socket
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import pytest
@@ -20,6 +20,9 @@ from support.scripted_controller import ScriptedEngineService, instance, scripte
 from controlplane.router.instances import instance_set
 from controlplane.router.settings import Watched
 from controlplane.router.traffic import Sample, TrafficBook
+
+if TYPE_CHECKING:
+    from controlplane.router.proxy import Router
 
 DS = "ds"
 W = Watched(DS, "gold")
@@ -334,7 +337,7 @@ def test_a_woken_request_that_found_no_slot_goes_back_to_its_place_even_in_a_ful
     asyncio.run(main())
 
 
-def _capped_router(batch_limit: int) -> Any:
+def _capped_router(batch_limit: int) -> Router:
     """A router (not started: no socket, no engine) with one static instance ``x`` of
     ``batch_limit`` slots, admitted, for driving its slot queue by hand."""
     from controlplane.router.proxy import Router
