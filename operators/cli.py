@@ -29,6 +29,7 @@ from apis.cliargs import (
     RawDescriptionDefaultsHelpFormatter,
     StrictParser,
     add_version_arg,
+    non_negative_float,
     non_negative_int,
     positive_float,
     positive_int,
@@ -39,6 +40,7 @@ from apis.logsink import stderr_logger
 from operators.observe import ReconcileSettings
 from operators.operator import Operator, OperatorSettings
 from policies.errors import MixfleetError
+from policies.fleetplan.instances import DRAIN_GRACE_S
 
 LEVELS = ("debug", "info", "warning", "error")
 HEALTH_LEADER_SERVICE = "mixfleet.operator.Leader"
@@ -99,6 +101,16 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="NAMESPACE=GPUS",
         help="most GPUs a namespace's ModelDeployments may hold together (repeatable)",
+    )
+    p.add_argument(
+        "--drain-grace",
+        type=non_negative_float,
+        default=DRAIN_GRACE_S,
+        metavar="S",
+        help="how long an engine instance the fleet plan dropped drains (routers send it no "
+        "new request, its open ones finish) before its ModelDeployment is deleted, s; "
+        "routers do not report when their streams end, so make it longer than the longest "
+        "request (default %(default)s)",
     )
     p.add_argument(
         "--resync-period-s",
@@ -163,6 +175,7 @@ def settings_from(args: argparse.Namespace) -> OperatorSettings:
         ),
         leader=leader,
         namespace_quotas_gpus=namespace_quotas(args.namespace_quota),
+        drain_grace_s=args.drain_grace,
     )
 
 

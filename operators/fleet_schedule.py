@@ -54,6 +54,7 @@ from operators.inputs import effective_spec, eligible_fleet
 from operators.instances import (
     PlannedEntry,
     child_record,
+    child_views,
     instance_record,
     is_child,
     parent_of,
@@ -61,7 +62,8 @@ from operators.instances import (
     planner_names,
     running_instances,
 )
-from operators.observe import NodeView, ParentPlan
+from operators.observe import ChildView, NodeView, ParentPlan
+from operators.parent import is_ready
 from policies.errors import InputError
 from policies.fleet import Fleet, Node
 from policies.fleetplan import FleetPlan, MemoryCurveCache, PlannerSettings
@@ -72,7 +74,12 @@ from policies.fleetplan.combined import (
     plan_and_schedule,
 )
 from policies.fleetplan.curves import CurveCache
-from policies.fleetplan.instances import is_planned
+from policies.fleetplan.instances import (
+    ServingInstance,
+    capacity_lost,
+    first_to_drain,
+    is_planned,
+)
 from policies.launch import PlannedInstance
 from policies.scheduling.table import EstimateCache
 from policies.serving.traffic import traffic_to_doc
@@ -182,16 +189,77 @@ class FleetAssignments:
         with self._lock:
             return self.parents.get(key)
 
-    def record(self, key: Key) -> InstanceRecordStatus | None:
+    def record(self, key: Key, now_s: float) -> InstanceRecordStatus | None:
         """The ``status.instance`` of ``key`` when it is an instance's ModelDeployment: what
-        the plan wants of it, or - dropped by the plan - its last record, draining."""
+        the plan wants of it, or - dropped by the plan - its last record, retiring or
+        draining (:meth:`_drains`); ``now_s``: the time, Unix s, a drain that starts now
+        records as ``drainingSinceS``."""
         with self._lock:
             if key in self.records:
                 return self.records[key]
             child = self.children.get(key)
             if child is None or child.record is None:
                 return None
-            return replace(child.record, draining=True)
+            rec = child.record
+            if rec.draining and rec.draining_since_s > 0:
+                return rec  # the grace runs from when it began, across restarts
+            if rec.draining or self._drains(key):
+                return replace(rec, retiring=False, draining=True, draining_since_s=now_s)
+            return replace(rec, retiring=True, draining=False, draining_since_s=0.0)
+
+    def dropped(self) -> tuple[Key, ...]:
+        """The instances' ModelDeployments the plan dropped (retiring or draining)."""
+        with self._lock:
+            return tuple(sorted(k for k in self.children if k not in self.records))
+
+    def _drains(self, key: Key) -> bool:
+        """Whether the dropped instance ``key`` starts draining now, as in the standalone
+        controller: once every instance of its parent's plan is ready (committed on every
+        node), or early on a full fleet - when every new or changed instance of a parent
+        that is neither ready nor failed waits for GPUNodes that dropped instances hold, it
+        is the one of those :func:`policies.fleetplan.instances.first_to_drain` picks."""
+        views = _child_views(self.children)
+        parent = (key[0], self.children[key].parent)
+        pp = self.parents.get(parent)
+        if (
+            pp is not None
+            and not pp.error
+            and all(is_ready(views.get((key[0], i.name))) for i in pp.instances)
+        ):
+            return True  # its replacements are committed
+        return key in self._early_drains(views)
+
+    def _early_drains(self, views: Mapping[Key, ChildView]) -> set[Key]:
+        """The dropped instances that drain early (see :meth:`_drains`)."""
+        dropped = {k: c for k, c in self.children.items() if k not in self.records}
+        draining = {_name(k) for k, c in dropped.items() if c.record and c.record.draining}
+        waiting: dict[Key, dict[str, set[str]]] = {}  # parent -> its waiting instances' blockers
+        for parent, pp in sorted(self.parents.items()):
+            if pp.error:
+                continue
+            for i in pp.instances:
+                v = views.get((parent[0], i.name))
+                if is_ready(v) or (v is not None and _failed(v)):
+                    continue
+                waiting.setdefault(parent, {})[i.name] = {
+                    _name(k) for k, c in dropped.items() if set(c.held) & set(i.nodes)
+                }
+        # A parent whose own dropped instance drains while it still waits: no second one.
+        early = {
+            (k[0], c.parent)
+            for k, c in dropped.items()
+            if _name(k) in draining and (k[0], c.parent) in waiting
+        }
+        held = {o for bs in waiting.values() for os in bs.values() for o in os}
+        lost = {o: _capacity_lost(o, self.children, self.records, views) for o in held}
+        exclude = {_name(k) for k, c in dropped.items() if (k[0], c.parent) in early}
+        out = set()
+        for _, blockers in sorted(waiting.items()):
+            choice = first_to_drain(blockers, draining, lost, exclude)
+            if choice:
+                ns, _, name = choice.partition("/")
+                out.add((ns, name))
+        return out
 
     def _instance_nodes(
         self, key: Key, held: Mapping[Key, tuple[str, ...]]
@@ -292,6 +360,52 @@ class FleetAssignments:
         """The instances of planned ``key`` running now (their ModelDeployments' records)."""
         mine = [c.obj for k, c in self.children.items() if k[0] == key[0] and c.parent == key[1]]
         return running_instances(mine)
+
+
+def _name(key: Key) -> str:
+    return f"{key[0]}/{key[1]}"
+
+
+def _failed(view: ChildView) -> bool:
+    """Whether an instance cannot be planned (``Solved=False`` for another reason than
+    waiting for GPUNodes, ``Unschedulable``): it will not come up."""
+    return any(
+        c.type == "Solved" and c.status == "False" and c.reason != "Unschedulable"
+        for c in view.status.conditions
+    )
+
+
+def _child_views(children: Mapping[Key, Child]) -> dict[Key, ChildView]:
+    """Every instance's ModelDeployment as its parent's reconcile sees it, by key."""
+    out: dict[Key, ChildView] = {}
+    for k, c in children.items():
+        for v in child_views([c.obj], (k[0], c.parent)):
+            out[k] = v
+    return out
+
+
+def _capacity_lost(
+    name: str,
+    children: Mapping[Key, Child],
+    records: Mapping[Key, InstanceRecordStatus],
+    views: Mapping[Key, ChildView],
+) -> float:
+    """What its parent loses when the dropped instance ``name`` (``NAMESPACE/NAME``) stops
+    taking requests, requests/s (:func:`policies.fleetplan.instances.capacity_lost` over the
+    parent's instances that serve now: ready, not draining)."""
+    ns, _, short = name.partition("/")
+    parent = children[(ns, short)].parent
+    mine: dict[str, ServingInstance] = {}
+    serving: set[str] = set()
+    for k, c in children.items():
+        rec = records.get(k) or c.record
+        if k[0] != ns or c.parent != parent or rec is None:
+            continue
+        mine[_name(k)] = ServingInstance(rec.role, rec.pool, rec.capacity_requests_per_s)
+        dropped_draining = k not in records and c.record is not None and c.record.draining
+        if is_ready(views.get(k)) and not dropped_draining:
+            serving.add(_name(k))
+    return capacity_lost(name, mine, serving)
 
 
 def drained(

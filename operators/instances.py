@@ -42,12 +42,12 @@ from policies.fleet import Node
 from policies.fleetplan import FleetPlan
 from policies.fleetplan.instances import plan_instances
 from policies.launch import PlannedInstance, instance_spec
-from policies.launch.types import SGLANG_BOOTSTRAP_PORT
+from policies.launch.types import SGLANG_BOOTSTRAP_PORT, SGLANG_SERVER_PORT
 from policies.spec import DeploymentSpec, spec_to_doc
 
 Key = tuple[str, str]
 
-ENGINE_PORT = 30000
+ENGINE_PORT = SGLANG_SERVER_PORT
 """The engine HTTP port of every instance (SGLang's default ``--port``, the lowest port the
 standalone controller gives). An instance runs on GPUNodes of its own - the fleet planner
 gives whole nodes, and a new instance waits until a draining one has left its nodes - so

@@ -89,6 +89,7 @@ from operators.observe import (
 from operators.parent import reconcile_parent
 from policies.errors import InputError
 from policies.fleetplan import PlannerSettings
+from policies.fleetplan.instances import DRAIN_GRACE_S
 from policies.request import PlacementRequest, PlacementResult
 from policies.solve import solve
 from policies.tier_planner import plan_tiers
@@ -121,6 +122,10 @@ class OperatorSettings:
             hold together (the fleet scheduler's quotas); a namespace not named has none.
         fleet_planner: the fleet planner's settings, for ModelDeployments that state traffic
             and SLOs (they run as engine instances: :mod:`operators.instances`).
+        drain_grace_s: how long an engine instance the fleet plan dropped drains - routers
+            send it no new request, its open ones finish - before its ModelDeployment is
+            deleted, s (``mixfleet-operator run --drain-grace``; the standalone
+            controller's ``drain_grace_s``).
     """
 
     field_manager: str = "mixfleet-operator"
@@ -137,6 +142,7 @@ class OperatorSettings:
     fleet_scheduler: bool = True
     namespace_quotas_gpus: Mapping[str, int] = field(default_factory=dict)
     fleet_planner: PlannerSettings = field(default_factory=PlannerSettings)
+    drain_grace_s: float = DRAIN_GRACE_S
 
 
 class Operator:
@@ -256,6 +262,9 @@ class Operator:
         parent = parent_of(obj)
         if parent:  # an engine instance: its parent reports it (and puts back an edit)
             self.queue.add((key_of(obj)[0], parent))
+            # and a dropped instance may drain now that another one is ready
+            for k in self.fleet.dropped():
+                self.queue.add(k)
 
     def _on_owned(self, _type: str, old: Json | None, new: Json | None) -> None:
         obj = new or old or {}
@@ -329,7 +338,10 @@ class Operator:
         cm_view = self._config_map(ns, name)
         assigned, unschedulable = self._assignment(key, nodes)
         planned = self.fleet.parent(key) if self.settings.fleet_scheduler else None
-        instance = self.fleet.record(key) if self.settings.fleet_scheduler else None
+        now = self.clock()
+        instance = (
+            self.fleet.record(key, now.timestamp()) if self.settings.fleet_scheduler else None
+        )
         return Observed(
             planned=planned,
             instance=instance,
@@ -341,7 +353,7 @@ class Operator:
             plans=plans,
             config_map=cm_view,
             policy=policy,
-            now=self.clock(),
+            now=now,
             policy_name=policy_name if pobj is not None else "",
             policy_missing=missing,
             policy_error=policy_error,
@@ -449,7 +461,7 @@ class Operator:
         if observed is None:
             return ()
         if observed.planned is not None:  # runs as engine instances
-            actions = reconcile_parent(observed)
+            actions = reconcile_parent(observed, self.settings.drain_grace_s)
             self.act(observed, actions)
             return actions
         rs = self.settings.reconcile

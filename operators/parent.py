@@ -8,9 +8,13 @@ One tick (:func:`reconcile_parent`, pure like :func:`operators.decide.reconcile`
   planned are deleted (its instances have their own);
 * every planned instance's ModelDeployment is applied when it is missing or its spec,
   labels or owner differ - a user's edit is put back (one owner);
-* an instance the plan dropped is deleted only once the new instances of its parent are
-  ready (their plans committed on every node) - the instances that wait for its GPUNodes
-  excepted, which grow once it is gone: a surge, then the drain;
+* an instance the plan dropped lives as in the standalone controller: *retiring* - it
+  keeps serving - until every new or changed instance of its parent is ready (its plan
+  committed on every node), then *draining* (routers send it no new request) from
+  ``drainingSinceS``, both written into its ``status.instance`` by its own reconcile
+  (:meth:`operators.fleet_schedule.FleetAssignments.record`, which also drains one early
+  on a full fleet); it is deleted once the drain grace (``OperatorSettings.drain_grace_s``)
+  has passed since then - or at once when it never had a committed plan;
 * the status: ``status.instances`` (name, variant, role, pool, nodes, plan version,
   predicted TTFT/TPOT, capacity, ready), ``instancesReady``, the requests/s the plan serves
   and the demand it is planned for (``demandFrom``: the stated one, or the measured one the
@@ -36,6 +40,7 @@ from operators.decide import (
     DeleteChild,
     DeleteConfigMap,
     DeletePlan,
+    Requeue,
     SetFinalizer,
     finalize,
     status_apply,
@@ -43,6 +48,7 @@ from operators.decide import (
 from operators.instances import child_object, child_spec, extra_fields, same_spec
 from operators.observe import ChildView, Observed, ParentPlan
 from operators.status import DEGRADED, SOLVED, condition
+from policies.fleetplan.instances import DRAIN_GRACE_S
 from policies.launch import PlannedInstance
 
 READY, DEMAND_SERVED = "Ready", "DemandServed"
@@ -56,8 +62,12 @@ SHORTFALL_REASONS = {
 }
 
 
-def reconcile_parent(observed: Observed) -> tuple[Action, ...]:
-    """Decide what to do for a planned ModelDeployment (``observed.planned`` set)."""
+def reconcile_parent(
+    observed: Observed, drain_grace_s: float = DRAIN_GRACE_S
+) -> tuple[Action, ...]:
+    """Decide what to do for a planned ModelDeployment (``observed.planned`` set);
+    ``drain_grace_s``: how long a draining instance keeps its engine before it is deleted,
+    seconds."""
     d = observed.deployment
     pp = observed.planned or ParentPlan(error="not planned")
     if d.deleting:
@@ -80,9 +90,18 @@ def reconcile_parent(observed: Observed) -> tuple[Action, ...]:
             actions.append(applied)
     wanted = {i.name for i in pp.instances}
     dropped = [c for name, c in sorted(live.items()) if name not in wanted]
-    # Not planned this time (the planner refused): what runs keeps running.
-    if dropped and not pp.error and _replacements_ready(pp.instances, live, dropped):
-        actions += [DeleteChild(c.name, c.uid) for c in dropped]
+    waits: list[float] = []
+    for c in dropped:
+        left_s = drain_left_s(c, observed.now.timestamp(), drain_grace_s)
+        # Not planned this time (the planner refused): what runs keeps running.
+        if left_s is None and c.status.current_plan is None and not pp.error:
+            left_s = 0.0  # dropped before it served: nothing to drain
+        if left_s is not None and left_s <= 0:
+            actions.append(DeleteChild(c.name, c.uid))
+        elif left_s is not None:
+            waits.append(left_s)
+    if waits:
+        actions.append(Requeue(min(waits)))
     status = parent_status(observed, pp, live, dropped, errors)
     applied_status = status_apply(observed, status)
     if applied_status is not None:
@@ -111,15 +130,13 @@ def is_ready(child: ChildView | None) -> bool:
     return any(c.type == "RolledOut" and c.status == "True" for c in child.status.conditions)
 
 
-def _replacements_ready(
-    instances: Sequence[PlannedInstance],
-    live: dict[str, ChildView],
-    dropped: Sequence[ChildView],
-) -> bool:
-    """Whether the dropped instances may go: every planned instance is ready, but those
-    waiting for GPUNodes a dropped instance still holds (they grow once it is gone)."""
-    held = {n for c in dropped for n in c.status.nodes}
-    return all(is_ready(live.get(i.name)) for i in instances if not set(i.nodes) & held)
+def drain_left_s(child: ChildView, now_s: float, drain_grace_s: float) -> float | None:
+    """Seconds left of a draining instance's drain grace (at most 0: delete it now), from
+    its record's ``drainingSinceS`` and ``now_s`` (Unix s); None unless it drains."""
+    rec = child.status.instance
+    if rec is None or not rec.draining or rec.draining_since_s <= 0:
+        return None
+    return drain_grace_s - (now_s - rec.draining_since_s)
 
 
 def parent_status(
@@ -143,10 +160,11 @@ def parent_status(
                 nodes=c.status.nodes,
                 version=c.status.current_plan.version if c.status.current_plan else None,
                 ready=is_ready(c),
-                draining=True,
+                retiring=not (rec is not None and rec.draining),
+                draining=rec is not None and rec.draining,
             )
         )
-    ready = sum(1 for s in summaries if s.ready and not s.draining)
+    ready = sum(1 for s in summaries if s.ready and not (s.draining or s.retiring))
     prev, gen, now = d.status.conditions, d.generation, observed.now
     conditions = (
         condition(prev, SOLVED, *_solved(pp), gen, now),

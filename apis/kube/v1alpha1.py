@@ -1124,11 +1124,18 @@ class InstanceSummary:
     ready: bool = field(
         default=False, metadata=k8s("Every node of the instance committed its current plan.")
     )
+    retiring: bool = field(
+        default=False,
+        metadata=k8s(
+            "The fleet plan no longer has it; it keeps serving until the instances that "
+            "replace it are ready, then drains."
+        ),
+    )
     draining: bool = field(
         default=False,
         metadata=k8s(
-            "The fleet plan no longer has it: it is removed once the instances that "
-            "replace it are ready."
+            "The fleet plan no longer has it and routers send it no new request; it is "
+            "removed once the drain grace has passed."
         ),
     )
 
@@ -1189,9 +1196,30 @@ class InstanceRecordStatus:
         default=0.0,
         metadata=k8s("Its pool's predicted TPOT, milliseconds.", json_name="tpotMs", minimum=0),
     )
+    retiring: bool = field(
+        default=False,
+        metadata=k8s(
+            "The fleet plan no longer has it, but it keeps serving (routers still send it "
+            "requests) until every new or changed instance of its ModelDeployment is ready, "
+            "or until an instance that replaces it needs its GPUNodes on a full fleet; then "
+            "it drains."
+        ),
+    )
     draining: bool = field(
         default=False,
-        metadata=k8s("The fleet plan no longer has it; removed once its replacements are ready."),
+        metadata=k8s(
+            "Routers send it no new request; its open requests finish, and it is deleted "
+            "once the operator's drain grace has passed since drainingSinceS."
+        ),
+    )
+    draining_since_s: float = field(
+        default=0.0,
+        metadata=k8s(
+            "When it began draining, Unix seconds (0 unless draining); kept in status, so a "
+            "restarted operator keeps the grace.",
+            json_name="drainingSinceS",
+            minimum=0,
+        ),
     )
     kv_path: str = field(
         default="",

@@ -16,8 +16,8 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import replace
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from policies.errors import InputError
 from policies.fleetplan.report import deployment_doc
@@ -27,6 +27,10 @@ from policies.spec import DeploymentSpec
 
 MAX_NAME = 63
 """Longest deployment (and so instance) name: a DNS label, characters."""
+
+DRAIN_GRACE_S = 30.0
+"""Default drain grace, seconds: how long a draining instance (routers send it no new
+request) keeps its engine before it is deleted, for its open requests to finish."""
 
 
 def is_planned(spec: DeploymentSpec) -> bool:
@@ -92,6 +96,80 @@ def keep_names(
     return tuple(out)
 
 
+@dataclass(frozen=True)
+class ServingInstance:
+    """What :func:`capacity_lost` reads of an instance of one deployment.
+
+    Attributes:
+        role: ``aggregated`` | ``prefill`` | ``decode``.
+        pool: its pool (a prefill/decode pool's instances pair up).
+        capacity_requests_per_s: what it serves within the SLO, requests/s.
+    """
+
+    role: str
+    pool: str
+    capacity_requests_per_s: float
+
+
+def capacity_lost(
+    name: str, instances: Mapping[str, ServingInstance], serving: Collection[str]
+) -> float:
+    """What serving capacity a deployment loses when its instance ``name`` stops taking
+    requests, requests/s. ``instances``: the deployment's instances by name; ``serving``:
+    those that serve now (committed, not draining). An aggregated instance loses its own
+    capacity; a prefill or decode instance what its pool serves - the lesser of its prefill
+    and decode instances' summed capacities, as routers pair them by pool - with it less
+    without it; 0 for an instance that does not serve."""
+    if name not in serving:
+        return 0.0
+    me = instances[name]
+    if me.role not in ("prefill", "decode"):
+        return me.capacity_requests_per_s
+    pool = [n for n, x in instances.items() if x.pool == me.pool and n in serving]
+
+    def pool_capacity(members: Collection[str]) -> float:
+        return min(
+            sum(instances[n].capacity_requests_per_s for n in members if instances[n].role == r)
+            for r in ("prefill", "decode")
+        )
+
+    return pool_capacity(pool) - pool_capacity([n for n in pool if n != name])
+
+
+def first_to_drain(
+    blockers: Mapping[str, Collection[str]],
+    draining: Collection[str],
+    lost_requests_per_s: Mapping[str, float],
+    exclude: Collection[str] = (),
+) -> str:
+    """Which dropped instance drains early so that new instances can come up on a full fleet
+    ("" for none): the early-drain rule of controller and operator alike.
+
+    Args:
+        blockers: each new or changed instance of one deployment that is neither committed
+            nor failed -> the dropped instances (retiring or draining) holding nodes it waits
+            for.
+        draining: the dropped instances draining now.
+        lost_requests_per_s: per dropped instance, what its deployment loses when it stops
+            taking requests (:func:`capacity_lost`), requests/s.
+        exclude: dropped instances that may not be chosen (their own deployment drains one
+            early already).
+
+    Only when every one of them waits (some can still come up: a surge first) and none of
+    the instances they wait for drains already (one at a time): the one whose loss costs the
+    least capacity, then the first by name.
+    """
+    if not blockers or not all(blockers.values()):
+        return ""
+    held = sorted({o for os in blockers.values() for o in os})
+    if any(o in draining for o in held):
+        return ""
+    choice = [o for o in held if o not in exclude]
+    if not choice:
+        return ""
+    return min(choice, key=lambda o: (lost_requests_per_s.get(o, 0.0), o))
+
+
 def _lowest_free(deployment: str, role: str, taken: Iterable[str]) -> str:
     used = set(taken)
     i = 0
@@ -101,8 +179,12 @@ def _lowest_free(deployment: str, role: str, taken: Iterable[str]) -> str:
 
 
 __all__ = [
+    "DRAIN_GRACE_S",
     "MAX_NAME",
     "ROLES",
+    "ServingInstance",
+    "capacity_lost",
+    "first_to_drain",
     "instance_name",
     "is_planned",
     "keep_names",

@@ -21,6 +21,10 @@ NODE_ADDR_REF = "${MIXFLEET_NODE_ADDR}"
 SGLANG_BOOTSTRAP_PORT = 8998
 """SGLang's default ``--disaggregation-bootstrap-port`` (0.5.23): where a prefill server's
 bootstrap server listens, TCP port."""
+SGLANG_SERVER_PORT = 30000
+"""SGLang's default ``--port``: the engine HTTP port of an engine instance (the lowest one a
+controller gives, and the one the operator gives every instance: each runs on GPUNodes of
+its own), TCP port."""
 TRTLLM_SERVER_PORT = 8000
 """``trtllm-serve``'s default ``--port``: where a context or generation server listens, and
 the port of its URL in the disaggregated server's YAML, TCP port."""

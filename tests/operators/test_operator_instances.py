@@ -45,6 +45,7 @@ from operators.decide import (
     ApplyConfigMap,
     ApplyStatus,
     DeleteChild,
+    Requeue,
     SolveAction,
     reconcile,
 )
@@ -56,6 +57,7 @@ from policies.launch import PlannedInstance
 
 SETTINGS = ReconcileSettings(node_stale_after_s=90.0, plan_history=2, solver_error_retry_s=60.0)
 NOW = T0 + timedelta(seconds=5)
+NOW_S = NOW.timestamp()
 NODES = [node_view(n, inv=inventory(n, "h100-0")) for n in ("h100-0", "h100-1", "h100-2")]
 
 
@@ -71,11 +73,26 @@ def objects(*extra: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def child_obj(name: str, parent: str, nodes: tuple[str, ...], record: InstanceRecordStatus) -> Any:
+def child_obj(
+    name: str,
+    parent: str,
+    nodes: tuple[str, ...],
+    record: InstanceRecordStatus | None,
+    *,
+    ready: bool = False,
+) -> Any:
+    """An instance's ModelDeployment as the API server returns it; ``ready``: its current
+    plan committed on every node (``RolledOut=True``)."""
     o = md_object(name, "team-a")
     o["metadata"]["labels"] = {LABEL_INSTANCE_OF: parent}
     o["metadata"]["generation"] = 1
-    o["status"] = {"nodes": list(nodes), "instance": to_wire(record)}
+    rolled = Condition("RolledOut", "True" if ready else "False", "R", "", "2026-03-01T12:00:00Z")
+    status = ModelDeploymentStatus(
+        conditions=(rolled,), current_plan=PlanRef(f"{name}-v1", "0123456789abcdef", 1)
+    )
+    o["status"] = {**to_wire(status), "nodes": list(nodes)}
+    if record is not None:
+        o["status"]["instance"] = to_wire(record)
     return o
 
 
@@ -95,7 +112,7 @@ def test_planned_deployments_are_planned_first_and_the_others_scheduled_on_what_
     for inst in pp.instances:
         nodes, why, _ = fa.of(("team-a", inst.name), objs, NODES, policy, NOW, 90.0)
         assert nodes == inst.nodes and why == ""
-        rec = fa.record(("team-a", inst.name))
+        rec = fa.record(("team-a", inst.name), NOW_S)
         assert rec is not None and (rec.of, rec.role, rec.nodes) == ("chat", inst.role, nodes)
         assert rec.kv_path == inst.kv_path != ""
         assert rec.bootstrap_port == (8998 if inst.role == "prefill" else 0)
@@ -112,17 +129,70 @@ def test_a_dropped_instance_keeps_its_nodes_and_a_new_one_waits_for_them() -> No
     pp = fa.parent(("team-a", "chat"))
     assert pp is not None
     decode = next(i for i in pp.instances if i.role == "decode")
+    prefill = next(i for i in pp.instances if i.role == "prefill")
     # An instance of an earlier plan (not in this one) still holds the decode's node.
-    old = InstanceRecordStatus(of="chat", role="aggregated", pool="p0", nodes=decode.nodes)
-    objs = objects(child_obj("chat-aggregated-0", "chat", decode.nodes, old))
+    old = InstanceRecordStatus(
+        of="chat", role="aggregated", pool="p0", nodes=decode.nodes, capacity_requests_per_s=9.0
+    )
+    objs = objects(child_obj("chat-aggregated-0", "chat", decode.nodes, old, ready=True))
     fa.of(("team-a", "chat"), objs, NODES, policy, NOW, 90.0)
     kept, why, _ = fa.of(("team-a", "chat-aggregated-0"), objs, NODES, policy, NOW, 90.0)
     assert kept == decode.nodes and why == ""
-    rec = fa.record(("team-a", "chat-aggregated-0"))
-    assert rec is not None and rec.draining
+    # The prefill can still come up on a free node: a surge first, the dropped one serves.
+    rec = fa.record(("team-a", "chat-aggregated-0"), NOW_S)
+    assert rec is not None and rec.retiring and not rec.draining and rec.draining_since_s == 0
     nodes, why, _ = fa.of(("team-a", decode.name), objs, NODES, policy, NOW, 90.0)
     assert nodes == ()
     assert why == f"waiting for GPUNodes to drain ({decode.nodes[0]} by team-a/chat-aggregated-0)"
+    # Once the prefill is ready, the decode is all that waits, and only for the dropped
+    # instance's node (a full fleet): it drains early, from now.
+    ready_prefill = child_obj("chat-prefill-0", "chat", prefill.nodes, None, ready=True)
+    objs = [*objs, ready_prefill]
+    fa.of(("team-a", "chat"), objs, NODES, policy, NOW, 90.0)
+    rec = fa.record(("team-a", "chat-aggregated-0"), NOW_S)
+    assert rec is not None and rec.draining and not rec.retiring
+    assert rec.draining_since_s == NOW_S
+
+
+def test_a_dropped_instance_retires_until_its_replacements_are_ready_then_drains() -> None:
+    """A re-plan with spare nodes: the dropped instance keeps serving (retiring) while its
+    replacements roll out on other nodes, drains once they are all ready, and keeps the
+    time it began draining once that is in its status (an operator restart keeps it)."""
+    fa = FleetAssignments(planner=PLANNER)
+    objs = objects()
+    fa.of(("team-a", "chat"), objs, NODES, policy, NOW, 90.0)
+    pp = fa.parent(("team-a", "chat"))
+    assert pp is not None
+    used = {n for i in pp.instances for n in i.nodes}
+    (spare,) = [n.name for n in NODES if n.name not in used]
+    old = InstanceRecordStatus(of="chat", role="aggregated", pool="p0", nodes=(spare,))
+    dropped = child_obj("chat-aggregated-0", "chat", (spare,), old, ready=True)
+    prefill, decode = pp.instances
+    rolling = [
+        child_obj(prefill.name, "chat", prefill.nodes, None, ready=True),
+        child_obj(decode.name, "chat", decode.nodes, None, ready=False),
+    ]
+    fa.of(("team-a", "chat"), objects(dropped, *rolling), NODES, policy, NOW, 90.0)
+    rec = fa.record(("team-a", "chat-aggregated-0"), NOW_S)
+    assert rec is not None and (rec.retiring, rec.draining) == (True, False)
+    assert fa.dropped() == (("team-a", "chat-aggregated-0"),)
+    committed = [
+        child_obj(prefill.name, "chat", prefill.nodes, None, ready=True),
+        child_obj(decode.name, "chat", decode.nodes, None, ready=True),
+    ]
+    fa.of(("team-a", "chat"), objects(dropped, *committed), NODES, policy, NOW, 90.0)
+    rec = fa.record(("team-a", "chat-aggregated-0"), NOW_S)
+    assert rec is not None and (rec.retiring, rec.draining, rec.draining_since_s) == (
+        False,
+        True,
+        NOW_S,
+    )
+    # Its status now says so: later reads (another operator's too) keep when it began.
+    stored = child_obj("chat-aggregated-0", "chat", (spare,), rec, ready=True)
+    fresh = FleetAssignments(planner=PLANNER)
+    fresh.of(("team-a", "chat"), objects(stored, *committed), NODES, policy, NOW, 90.0)
+    again = fresh.record(("team-a", "chat-aggregated-0"), NOW_S + 12.0)
+    assert again == rec
 
 
 PREFILL = PlannedInstance(
@@ -163,6 +233,7 @@ def child_view(
     ready: bool = False,
     spec: dict[str, Any] | None = None,
     nodes: tuple[str, ...] | None = None,
+    record: InstanceRecordStatus | None = None,
 ) -> ChildView:
     obs = parent_observed(ParentPlan())
     want = child_spec("mx", obs.deployment.spec, FAST_POLICY, inst)  # type: ignore[arg-type]
@@ -171,6 +242,7 @@ def child_view(
         conditions=(rolled,),
         current_plan=PlanRef(f"{inst.name}-v1", "0123456789abcdef", 1),
         nodes=nodes if nodes is not None else inst.nodes,
+        instance=record,
     )
     return ChildView(inst.name, f"uid-{inst.name}", "uid-mx", spec or to_wire(want), status)
 
@@ -209,37 +281,64 @@ def test_an_edited_instance_is_put_back() -> None:
     }
 
 
-def test_a_dropped_instance_goes_only_once_its_replacements_are_ready() -> None:
+def test_a_dropped_instance_is_deleted_once_its_drain_grace_has_passed() -> None:
     pp = ParentPlan((PREFILL, DECODE), 20.0, 20.0)
     old = dataclasses.replace(
         PREFILL, name="chat-aggregated-0", role="aggregated", nodes=("h100-2",)
     )
-    not_yet = (child_view(PREFILL, ready=True), child_view(DECODE), child_view(old, ready=True))
-    actions = reconcile_parent(parent_observed(pp, not_yet))
-    assert not [a for a in actions if isinstance(a, DeleteChild)]
+    kids = (child_view(PREFILL, ready=True), child_view(DECODE, ready=True))
+    retiring = child_view(old, ready=True, record=record_of(old, retiring=True))
+    actions = reconcile_parent(parent_observed(pp, (*kids, retiring)), 30.0)
+    assert not [a for a in actions if isinstance(a, DeleteChild | Requeue)]
     (status,) = [a for a in actions if isinstance(a, ApplyStatus)]
-    assert status.status["instancesReady"] == "1/2"
-    draining = [i for i in status.status["instances"] if i["draining"]]
-    assert [i["name"] for i in draining] == ["chat-aggregated-0"]
-    ready = (child_view(PREFILL, ready=True), child_view(DECODE, ready=True), not_yet[2])
+    assert status.status["instancesReady"] == "2/2"
+    (dropped,) = [i for i in status.status["instances"] if i["name"] == "chat-aggregated-0"]
+    assert (dropped["retiring"], dropped["draining"]) == (True, False)
+    # Draining for 10 s of a 30 s grace: look again in 20 s.
+    since = NOW_S - 10.0
+    draining = child_view(old, ready=True, record=record_of(old, since_s=since))
+    actions = reconcile_parent(parent_observed(pp, (*kids, draining)), 30.0)
+    assert not [a for a in actions if isinstance(a, DeleteChild)]
+    (again,) = [a for a in actions if isinstance(a, Requeue)]
+    assert again.after_s == pytest.approx(20.0)
+    (status,) = [a for a in actions if isinstance(a, ApplyStatus)]
+    (dropped,) = [i for i in status.status["instances"] if i["name"] == "chat-aggregated-0"]
+    assert (dropped["retiring"], dropped["draining"]) == (False, True)
+    # The grace has passed (a shorter grace setting): deleted.
     deletes = [
-        a for a in reconcile_parent(parent_observed(pp, ready)) if isinstance(a, DeleteChild)
+        a
+        for a in reconcile_parent(parent_observed(pp, (*kids, draining)), 10.0)
+        if isinstance(a, DeleteChild)
     ]
     assert deletes == [DeleteChild("chat-aggregated-0", "uid-chat-aggregated-0")]
-    # A replacement that waits for the dropped instance's node does not hold it back.
-    on_its_node = (
-        child_view(PREFILL, ready=True),
-        child_view(DECODE),
-        child_view(old, nodes=DECODE.nodes),
+    # A dropped instance that never had a committed plan serves nothing: deleted at once.
+    never = dataclasses.replace(
+        retiring, status=dataclasses.replace(retiring.status, current_plan=None)
     )
     deletes = [
-        a for a in reconcile_parent(parent_observed(pp, on_its_node)) if isinstance(a, DeleteChild)
+        a
+        for a in reconcile_parent(parent_observed(pp, (*kids, never)))
+        if isinstance(a, DeleteChild)
     ]
     assert [d.name for d in deletes] == ["chat-aggregated-0"]
-    # A plan the planner refused deletes nothing: what runs keeps running.
+    # A plan the planner refused deletes nothing that has not drained: what runs keeps running.
     refused = ParentPlan((), 20.0, 0.0, error="the fleet planner refused the planned deployments")
-    kept = reconcile_parent(parent_observed(refused, (child_view(old, ready=True),)))
+    kept = reconcile_parent(parent_observed(refused, (retiring, never)))
     assert not [a for a in kept if isinstance(a, DeleteChild)]
+
+
+def record_of(
+    inst: PlannedInstance, *, retiring: bool = False, since_s: float = 0.0
+) -> InstanceRecordStatus:
+    return InstanceRecordStatus(
+        of="chat",
+        role=inst.role,
+        pool=inst.pool,
+        nodes=inst.nodes,
+        retiring=retiring,
+        draining=since_s > 0,
+        draining_since_s=since_s,
+    )
 
 
 def conditions(actions: Any) -> dict[str, dict[str, Any]]:
@@ -336,11 +435,16 @@ def test_the_kubernetes_store_reads_an_instances_record_as_the_controller_keeps_
 def test_the_crd_record_has_every_field_of_the_controllers_record() -> None:
     """The API server prunes what the CRD lacks: every key the controller's InstanceRecord
     reads must be a field of ``status.instance``, with the same meaning."""
-    rec = InstanceRecord("chat", "prefill", "p", "v", ("n0",), 30000, 8998, 1.5, 8, 3.0, 4.0, 5.0)
+    rec = InstanceRecord(
+        "chat", "prefill", "p", "v", ("n0",), 30000, 8998, 1.5, 8, 3.0, 4.0, 5.0, True
+    )
+    drained = dataclasses.replace(rec, retiring=False, draining=True, draining_since_s=1.7e9)
     doc = rec.to_status()
     crd = from_wire(InstanceRecordStatus, doc, "status.instance")
     assert {k: v for k, v in to_wire(crd).items() if k in doc} == doc
     assert InstanceRecord.from_status({INSTANCE_KEY: to_wire(crd)}) == rec
+    back = from_wire(InstanceRecordStatus, drained.to_status(), "status.instance")
+    assert InstanceRecord.from_status({INSTANCE_KEY: to_wire(back)}) == drained
 
 
 def test_a_deployment_whose_nodes_all_serve_instances_waits_and_never_plans_on_them() -> None:

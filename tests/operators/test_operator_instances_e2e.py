@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from functools import partial
 
 import pytest
@@ -64,9 +65,23 @@ def fleet3(cluster: Cluster) -> Iterator[Kube]:
     yield k
 
 
-def start(cluster: Cluster) -> Operator:
+class Clock:
+    """The operator's clock: the wall clock, UTC, plus what the test moves it on by."""
+
+    def __init__(self) -> None:
+        self.ahead = timedelta(0)
+
+    def __call__(self) -> datetime:
+        return datetime.now(UTC) + self.ahead
+
+
+def start(cluster: Cluster, clock: Clock | None = None) -> Operator:
     kube = cluster.kube("mixfleet-operator", user_agent="mixfleet-operator/op-0")
-    op = Operator(kube, dataclasses.replace(settings(cluster), fleet_planner=PLANNER))
+    op = Operator(
+        kube,
+        dataclasses.replace(settings(cluster), fleet_planner=PLANNER),
+        clock=clock or Clock(),
+    )
     op.start(wait_synced_s=10)
     return op
 
@@ -217,44 +232,65 @@ def test_a_replan_surges_the_new_instances_then_drains_the_dropped_one(
     cluster: Cluster, fleet3: Kube
 ) -> None:
     """Aggregated first; then disaggregation on: the prefill/decode instances come up beside
-    the aggregated one, which is deleted only once they are ready (one that needs its node
-    waits for it, then takes it)."""
+    the aggregated one, which keeps serving (retiring) until they are ready - or, when one
+    of them needs its node, until every other one is - then drains (its record says since
+    when) and is deleted once the drain grace (30 s, the default) has passed on the
+    operator's clock; one that needs its node then takes it."""
     k = fleet3
-    op = start(cluster)
+    clock = Clock()
+    op = start(cluster, clock)
+    assert op.settings.drain_grace_s == 30.0
+    old = "chat-aggregated-0"
     try:
         spec = {**CHAT, "disaggregation": "off", "nodeSelector": {RUN_LABEL: cluster.run}}
         k.create(MODEL_DEPLOYMENTS, md_object("chat", cluster.namespace, **spec))
-        wait_for(partial(commit_all, k, cluster, "chat-aggregated-0"), what="aggregated plan")
+        wait_for(partial(commit_all, k, cluster, old), what="aggregated plan")
         wait_for(
             lambda: condition(k, cluster, "chat", "Ready").get("status") == "True",
             what="aggregated Ready",
         )
-        old_nodes = status(k, cluster, "chat-aggregated-0")["nodes"]
+        old_nodes = status(k, cluster, old)["nodes"]
 
         k.merge_patch(
             MODEL_DEPLOYMENTS, "chat", {"spec": {"disaggregation": "on"}}, cluster.namespace
         )
         new = ("chat-decode-0", "chat-prefill-0")
         wait_for(
-            lambda: (
-                [o["metadata"]["name"] for o in instances(k, cluster, "chat")]
-                == ["chat-aggregated-0", *new]
-            ),
+            lambda: [o["metadata"]["name"] for o in instances(k, cluster, "chat")] == [old, *new],
             what="the new instances beside the old one",
         )
         st = wait_for(
             lambda: (s := status(k, cluster, "chat")).get("instancesReady") == "0/2" and s,
             what="the parent lists the new instances",
         )
-        draining = [i["name"] for i in st["instances"] if i["draining"]]
-        assert draining == ["chat-aggregated-0"]
+        (listed,) = [i for i in st["instances"] if i["name"] == old]
+        assert (listed["retiring"], listed["draining"]) == (True, False)
         assert condition(k, cluster, "chat", "Ready")["status"] == "False"
-        # The old instance stays until the new ones are ready (those not waiting for it).
+        rec = wait_for(
+            lambda: (r := record(k, cluster, old)) and r.get("retiring") and r,
+            what="the dropped instance retiring",
+        )
+        assert not rec["draining"] and rec["drainingSinceS"] == 0  # routers still use it
+        # The new instances roll out beside it (those not waiting for its node).
+        waiting = []
         for name in new:
             if wait_for(partial(plan_or_waiting, k, cluster, name), what=f"{name}") == "plan":
                 assert not set(status(k, cluster, name).get("nodes") or ()) & set(old_nodes)
                 commit_all(k, cluster, name)
-        assert k.get(MODEL_DEPLOYMENTS, "chat-aggregated-0", cluster.namespace) is not None
+            else:
+                waiting.append(name)
+        # Replaced (or, with one waiting for its node, drained early): draining from now.
+        rec = wait_for(
+            lambda: (r := record(k, cluster, old)) and r.get("draining") and r,
+            what="the dropped instance draining",
+        )
+        assert not rec["retiring"]
+        assert 0 < rec["drainingSinceS"] <= clock().timestamp()
+        assert k.get(MODEL_DEPLOYMENTS, old, cluster.namespace) is not None  # the grace runs
+        for name in waiting:
+            assert not plans(k, cluster, name)  # its node is still the old one's
+        clock.ahead = timedelta(seconds=31)  # the grace has passed
+        op.queue.add((cluster.namespace, "chat"))
         wait_for(
             lambda: [o["metadata"]["name"] for o in instances(k, cluster, "chat")] == list(new),
             what="the dropped instance deleted",

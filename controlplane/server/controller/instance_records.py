@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from policies.fleetplan.instances import is_planned
+from policies.launch.types import SGLANG_BOOTSTRAP_PORT, SGLANG_SERVER_PORT
 
 INSTANCE_KEY = "instance"
 """Status key of an instance's :class:`InstanceRecord` (absent on other deployments)."""
@@ -35,12 +36,12 @@ INSTANCES_KEY = "instances"
 """Status key, on a deployment served by instances, of its instances' names (live and
 draining)."""
 
-ENGINE_BASE_PORT = 30000
+ENGINE_BASE_PORT = SGLANG_SERVER_PORT
 """Default lowest engine HTTP port given to an instance (SGLang's default ``--port``); each
 instance of the controller gets its own, the lowest free
 (``ControllerSettings.engine_base_port`` sets another base)."""
 
-BOOTSTRAP_BASE_PORT = 8998
+BOOTSTRAP_BASE_PORT = SGLANG_BOOTSTRAP_PORT
 """Default lowest SGLang bootstrap port given to a prefill instance (SGLang's default
 ``--disaggregation-bootstrap-port``); each prefill instance gets its own
 (``ControllerSettings.bootstrap_base_port`` sets another base)."""

@@ -74,7 +74,13 @@ from controlplane.server.controller.instance_records import (
 from controlplane.store import StoredDeployment
 from policies.errors import InputError
 from policies.fleetplan.curves import CurveCache, MemoryCurveCache
-from policies.fleetplan.instances import is_planned, plan_instances
+from policies.fleetplan.instances import (
+    ServingInstance,
+    first_to_drain,
+    is_planned,
+    plan_instances,
+)
+from policies.fleetplan.instances import capacity_lost as instance_capacity_lost
 from policies.fleetplan.types import (
     DeploymentPlan,
     FleetPlan,
@@ -410,15 +416,13 @@ class Instances:
         early = {r.of for r in self.records.values() if r.draining and r.of in todo}
         movable = [n for n in names if not states[n][1]]
         blockers = {n: dropped & set(waiting.get(n, ())) for n in movable}
-        if not movable or not all(blockers.values()):
-            return ""  # some can still come up: surge first
-        held = sorted({o for os in blockers.values() for o in os})
-        if any(self.records[o].draining for o in held):
-            return ""  # one at a time: a drain is under way
-        choice = [o for o in held if self.records[o].of not in early]
-        if not choice:
-            return ""
-        return min(choice, key=lambda o: (capacity_lost(o, self.records, states), o))
+        held = {o for os in blockers.values() for o in os}
+        return first_to_drain(
+            blockers,
+            {o for o in held if self.records[o].draining},
+            {o: capacity_lost(o, self.records, states) for o in held},
+            exclude={o for o in held if self.records[o].of in early},
+        )
 
     def _start_drain(self, name: str, now_s: float, why: str) -> None:
         """Mark the retiring instance ``name`` draining from ``now_s`` (Unix s)."""
@@ -604,31 +608,16 @@ def capacity_lost(
     states: Mapping[str, tuple[bool, str]],
 ) -> float:
     """What serving capacity its deployment loses when instance ``name`` stops taking
-    requests, requests/s: among the instances that serve now (committed, not draining), an
-    aggregated instance's own capacity; for a prefill or decode instance, what its pool
-    serves - the lesser of its prefill and decode instances' summed capacities, as routers
-    pair them by pool - with it less without it."""
-    r = records[name]
-
-    def serving(n: str) -> bool:
-        return n in states and states[n][0] and not records[n].draining
-
-    if not serving(name):
-        return 0.0
-    if r.role not in ("prefill", "decode"):
-        return r.capacity_requests_per_s
-    pool = [n for n, x in records.items() if x.of == r.of and x.pool == r.pool and serving(n)]
-
-    def pool_capacity(members: Collection[str]) -> float:
-        side = {
-            role: sum(
-                records[n].capacity_requests_per_s for n in members if records[n].role == role
-            )
-            for role in ("prefill", "decode")
-        }
-        return min(side.values())
-
-    return pool_capacity(pool) - pool_capacity([n for n in pool if n != name])
+    requests, requests/s (:func:`policies.fleetplan.instances.capacity_lost` over the
+    instances of its deployment that serve now: committed, not draining)."""
+    of = records[name].of
+    mine = {
+        n: ServingInstance(x.role, x.pool, x.capacity_requests_per_s)
+        for n, x in records.items()
+        if x.of == of
+    }
+    serving = {n for n in mine if n in states and states[n][0] and not records[n].draining}
+    return instance_capacity_lost(name, mine, serving)
 
 
 __all__ = [
