@@ -49,7 +49,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "servicemonitor": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}},
     "no-agent": {"agent": {"enabled": False}},
     "namespaced-operator": {
-        "operator": {"watchNamespaces": ["team-a", "team-b"]},
+        "operator": {"watchNamespaces": ["team-a", "team-b"], "drainGraceS": 120},
         "auth": {"tokenSecret": "mixfleet-tokens"},
     },
     "no-leader-election": {
@@ -200,6 +200,7 @@ def test_every_container_command_line_parses_with_the_programs_own_parser(
         assert op.namespace == o_values.get("watchNamespaces", [])
         assert op.no_leader_election is not o_values.get("leaderElection", {}).get("enabled", True)
         assert op.health_listen == "0.0.0.0:8082"
+        assert op.drain_grace == o_values.get("drainGraceS", 30.0)
     agent = parsed.get("DaemonSet/mixfleet-agent/agent")
     assert (agent is None) == (values.get("agent", {}).get("enabled", True) is False)
 
@@ -367,8 +368,17 @@ def test_optional_parts_follow_their_switches() -> None:
         {"operator": {"watchNamespaces": ["Not_A_Namespace"]}},
         {"agent": {"planDir": "relative/path"}},
         {"unknownKey": 1},
+        {"operator": {"drainGraceS": -1}},
     ],
-    ids=["tls-mode", "replicas", "two-replicas", "namespace-name", "plan-dir", "unknown-key"],
+    ids=[
+        "tls-mode",
+        "replicas",
+        "two-replicas",
+        "namespace-name",
+        "plan-dir",
+        "unknown-key",
+        "drain-grace",
+    ],
 )
 def test_values_schema_rejects_bad_values(values: dict[str, Any]) -> None:
     with helm.Chart.load(str(CHART)) as chart, pytest.raises(helm.HelmValuesError):
