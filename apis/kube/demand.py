@@ -16,7 +16,8 @@ mode that record is its part of the ModelDeployment's status, ``status.controlle
 
 The operator, the one planner in Kubernetes mode, reads it here (:func:`replanned_demand`)
 and plans the deployment for ``planned`` while ``specTraffic`` is the spec's traffic: a spec
-whose traffic changed since is planned for its own again, as the standalone controller does.
+whose traffic changed since is planned for its own again - the standalone controller's rule,
+one function both call (:func:`policies.serving.traffic.replanned_traffic`).
 Pure: no I/O. Units: requests per second.
 """
 
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from policies.errors import InputError
-from policies.serving.traffic import Traffic, traffic_from_doc, traffic_to_doc
+from policies.serving.traffic import Traffic, replanned_traffic, traffic_from_doc
 
 CONTROLLER_KEY = "controller"
 """The controller's own part of a ModelDeployment's status (``status.controller``)."""
@@ -66,15 +67,14 @@ def replanned_demand(
     or another traffic since, or the record does not read (the controller rewrites it)."""
     doc = demand_record(status)
     planned, measured_against = doc.get("planned"), doc.get("specTraffic")
-    if spec_traffic is None or not isinstance(planned, Mapping):
-        return None
-    if not isinstance(measured_against, Mapping):
-        return None
-    if dict(measured_against) != traffic_to_doc(spec_traffic):
+    if not isinstance(planned, Mapping) or not isinstance(measured_against, Mapping):
         return None
     try:
-        traffic = traffic_from_doc(dict(planned), "status.controller.demand.planned")
+        chosen = traffic_from_doc(dict(planned), "status.controller.demand.planned")
     except InputError:
+        return None
+    traffic = replanned_traffic(spec_traffic, chosen, measured_against)
+    if traffic is None:
         return None
     return Replanned(traffic, str(doc.get("lastReplanReason") or ""))
 

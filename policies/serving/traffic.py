@@ -529,6 +529,24 @@ def traffic_to_doc(traffic: Traffic) -> dict[str, Any]:
     return doc
 
 
+def replanned_traffic(
+    spec_traffic: Traffic | None,
+    planned: Traffic | None,
+    measured_against: Mapping[str, Any] | None,
+) -> Traffic | None:
+    """The traffic a controller chose after a drift (``planned``) when it still applies -
+    None when it does not: a deployment is planned for it only while the spec's traffic
+    (``spec_traffic``) is the one it was measured against (``measured_against``, the
+    document :func:`traffic_to_doc` made of the spec's traffic then); a spec whose traffic
+    changed since, or that states none, is planned for its own. The one rule of the
+    standalone controller and the Kubernetes operator."""
+    if planned is None or spec_traffic is None or measured_against is None:
+        return None
+    if dict(measured_against) != traffic_to_doc(spec_traffic):
+        return None
+    return planned
+
+
 def slo_from_doc(doc: Any, path: str) -> Slo:
     """Latency targets of ``{ttftMs, tpotMs, percentile}`` (an absent target is none;
     percentile defaults to 90).

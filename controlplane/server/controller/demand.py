@@ -50,7 +50,12 @@ from controlplane.server.controller.measured import (
 )
 from policies.errors import InputError
 from policies.fleetplan.instances import is_planned
-from policies.serving.traffic import Traffic, traffic_from_doc, traffic_to_doc
+from policies.serving.traffic import (
+    Traffic,
+    replanned_traffic,
+    traffic_from_doc,
+    traffic_to_doc,
+)
 from policies.spec import DeploymentSpec
 
 if TYPE_CHECKING:
@@ -92,11 +97,7 @@ class DemandStatus:
     def planning_traffic(self, spec: DeploymentSpec) -> Traffic | None:
         """The traffic ``spec``'s deployment is planned for: the measured one after a drift
         (while the spec's traffic is the one it was measured against), else the spec's."""
-        if self.planned is None or spec.traffic is None:
-            return spec.traffic
-        if self.spec_traffic != traffic_to_doc(spec.traffic):
-            return spec.traffic
-        return self.planned
+        return replanned_traffic(spec.traffic, self.planned, self.spec_traffic) or spec.traffic
 
     def to_doc(self) -> dict[str, Any]:
         """The status form (camelCase, JSON values)."""
