@@ -80,15 +80,19 @@ def child_obj(
     record: InstanceRecordStatus | None,
     *,
     ready: bool = False,
+    unsolved: str = "",
 ) -> Any:
     """An instance's ModelDeployment as the API server returns it; ``ready``: its current
-    plan committed on every node (``RolledOut=True``)."""
+    plan committed on every node (``RolledOut=True``); ``unsolved``: the reason of its
+    ``Solved=False``."""
     o = md_object(name, "team-a")
     o["metadata"]["labels"] = {LABEL_INSTANCE_OF: parent}
     o["metadata"]["generation"] = 1
-    rolled = Condition("RolledOut", "True" if ready else "False", "R", "", "2026-03-01T12:00:00Z")
+    t = "2026-03-01T12:00:00Z"
+    rolled = Condition("RolledOut", "True" if ready else "False", "R", "", t)
+    solved = Condition("Solved", "False" if unsolved else "True", unsolved or "Solved", "", t)
     status = ModelDeploymentStatus(
-        conditions=(rolled,), current_plan=PlanRef(f"{name}-v1", "0123456789abcdef", 1)
+        conditions=(solved, rolled), current_plan=PlanRef(f"{name}-v1", "0123456789abcdef", 1)
     )
     o["status"] = {**to_wire(status), "nodes": list(nodes)}
     if record is not None:
@@ -144,6 +148,16 @@ def test_a_dropped_instance_keeps_its_nodes_and_a_new_one_waits_for_them() -> No
     nodes, why, _ = fa.of(("team-a", decode.name), objs, NODES, policy, NOW, 90.0)
     assert nodes == ()
     assert why == f"waiting for GPUNodes to drain ({decode.nodes[0]} by team-a/chat-aggregated-0)"
+    # Waiting for GPUNodes (Unschedulable) is not failing: the prefill still rolls out.
+    waiting_decode = child_obj(decode.name, "chat", (), None, unsolved="Unschedulable")
+    fa.of(("team-a", "chat"), [*objs, waiting_decode], NODES, policy, NOW, 90.0)
+    rec = fa.record(("team-a", "chat-aggregated-0"), NOW_S)
+    assert rec is not None and rec.retiring
+    # A prefill that cannot be planned will not come up: the decode is all that waits.
+    failed = child_obj("chat-prefill-0", "chat", (), None, unsolved="Infeasible")
+    fa.of(("team-a", "chat"), [*objs, waiting_decode, failed], NODES, policy, NOW, 90.0)
+    rec = fa.record(("team-a", "chat-aggregated-0"), NOW_S)
+    assert rec is not None and rec.draining
     # Once the prefill is ready, the decode is all that waits, and only for the dropped
     # instance's node (a full fleet): it drains early, from now.
     ready_prefill = child_obj("chat-prefill-0", "chat", prefill.nodes, None, ready=True)
