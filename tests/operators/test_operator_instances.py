@@ -1,7 +1,9 @@
 """ModelDeployments planned from their traffic and SLOs (operators.instances,
 operators.parent): the fleet schedule plans them first and schedules the others on what is
 left; each instance's ModelDeployment is applied as planned, owned and labelled, and put
-back when edited; a dropped instance goes only once its replacements are ready; the parent's
+back when edited; a dropped instance retires (serves) until its replacements are ready or,
+on a full fleet, until it is the one to drain early, then drains and is deleted after the
+drain grace; the parent's
 status lists the instances with a condition per shortfall; an instance's ConfigMap launches
 it as its role and its status carries its record, which the controller's Kubernetes store
 reads as the standalone controller's InstanceRecord."""
