@@ -26,7 +26,8 @@ instances still holding nodes leave - one decision,
 :func:`policies.fleetplan.combined.plan_and_schedule`, as in the standalone controller. A planned deployment gets no nodes
 itself: each of its instances' ModelDeployments is assigned its planned nodes (less those a
 draining instance or another holder still has in its current plan); an instance the plan
-dropped keeps the nodes of its current plan until its parent deletes it.
+dropped keeps the nodes of its current plan until its parent deletes it, its record retiring
+and then draining as in the standalone controller (:meth:`FleetAssignments.record`).
 
 Demand drift: a planned deployment is planned for the traffic the controller chose after a
 sustained drift of the demand its routers measured (``status.controller.demand``, read by
