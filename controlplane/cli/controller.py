@@ -19,6 +19,7 @@ from apis.cliargs import non_negative_float, non_negative_int, positive_float, p
 from controlplane.cli.ha import add_ha_arguments
 from controlplane.cli.output import Groups, add_group, add_leaf
 from policies.errors import InputError
+from policies.fleetplan.instances import DRAIN_GRACE_S
 
 if TYPE_CHECKING:
     from controlplane.server.controller.measured import DemandSettings
@@ -159,7 +160,7 @@ def _add_instance_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--drain-grace",
         type=non_negative_float,
-        default=30.0,
+        default=DRAIN_GRACE_S,
         metavar="S",
         help="how long an engine instance the fleet plan dropped drains (routers send it no "
         "new request, its open ones finish) before its parts are removed, s; routers do not "

@@ -36,6 +36,7 @@ from pathlib import Path
 from urllib.parse import SplitResult, urlsplit
 
 from policies.errors import InputError
+from policies.launch.types import SGLANG_BOOTSTRAP_PORT
 
 ENGINES = ("sglang", "vllm", "trtllm", "native")
 #: Default cap on a request's output tokens (``--max-output-tokens``): 128 Ki, the context
@@ -58,7 +59,7 @@ _KEYS = (
 #: Protocols of a prefill/decode pair (``pd=``).
 PD_PROTOCOLS = ("sglang", "vllm")
 #: SGLang's default ``--disaggregation-bootstrap-port``.
-DEFAULT_BOOTSTRAP_PORT = 8998
+DEFAULT_BOOTSTRAP_PORT = SGLANG_BOOTSTRAP_PORT
 
 
 @dataclass(frozen=True)

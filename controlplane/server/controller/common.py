@@ -13,6 +13,7 @@ from controlplane.server.controller.measured import DemandSettings
 from controlplane.server.metrics import Metrics
 from controlplane.store import Store, StoredNode
 from policies.assignment import NodePart
+from policies.fleetplan.instances import DRAIN_GRACE_S
 
 Phase = Literal["prepare", "commit", "abort", "remove"]
 NodeHealth = Literal["ready", "degraded", "draining", "lost"]
@@ -83,7 +84,7 @@ class ControllerSettings:
     fleet_scheduler: bool = True
     namespace_quotas_gpus: Mapping[str, int] = field(default_factory=dict)
     curve_cache_dir: str = ""
-    drain_grace_s: float = 30.0
+    drain_grace_s: float = DRAIN_GRACE_S
     engine_base_port: int = ENGINE_BASE_PORT
     bootstrap_base_port: int = BOOTSTRAP_BASE_PORT
 
