@@ -39,8 +39,8 @@ from apis.kube.leader import LeaderSettings
 from apis.logsink import stderr_logger
 from operators.observe import ReconcileSettings
 from operators.operator import Operator, OperatorSettings
+from policies.defaults import DRAIN_GRACE_S
 from policies.errors import MixfleetError
-from policies.fleetplan.instances import DRAIN_GRACE_S
 
 LEVELS = ("debug", "info", "warning", "error")
 HEALTH_LEADER_SERVICE = "mixfleet.operator.Leader"

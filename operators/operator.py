@@ -87,9 +87,9 @@ from operators.observe import (
     node_view,
 )
 from operators.parent import reconcile_parent
+from policies.defaults import DRAIN_GRACE_S
 from policies.errors import InputError
 from policies.fleetplan import PlannerSettings
-from policies.fleetplan.instances import DRAIN_GRACE_S
 from policies.request import PlacementRequest, PlacementResult
 from policies.solve import solve
 from policies.tier_planner import plan_tiers

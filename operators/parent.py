@@ -48,7 +48,7 @@ from operators.decide import (
 from operators.instances import child_object, child_spec, extra_fields, same_spec
 from operators.observe import ChildView, Observed, ParentPlan
 from operators.status import DEGRADED, SOLVED, condition
-from policies.fleetplan.instances import DRAIN_GRACE_S
+from policies.defaults import DRAIN_GRACE_S
 from policies.launch import PlannedInstance
 
 READY, DEMAND_SERVED = "Ready", "DemandServed"

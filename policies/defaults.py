@@ -146,3 +146,15 @@ def parse_redundant_experts(text: str) -> int | None:
     if value < 0:
         raise ValueError(text)
     return value
+
+
+SGLANG_BOOTSTRAP_PORT = 8998
+"""SGLang's default ``--disaggregation-bootstrap-port`` (0.5.23): where a prefill server's
+bootstrap server listens, TCP port."""
+SGLANG_SERVER_PORT = 30000
+"""SGLang's default ``--port``: the engine HTTP port of an engine instance (the lowest one a
+controller gives, and the one the operator gives every instance: each runs on GPUNodes of
+its own), TCP port."""
+DRAIN_GRACE_S = 30.0
+"""Default drain grace, seconds: how long a draining engine instance (routers send it no new
+request) keeps its engine before it is deleted, for its open requests to finish."""

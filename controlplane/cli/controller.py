@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 from apis.cliargs import non_negative_float, non_negative_int, positive_float, positive_int
 from controlplane.cli.ha import add_ha_arguments
 from controlplane.cli.output import Groups, add_group, add_leaf
+from policies.defaults import DRAIN_GRACE_S, SGLANG_BOOTSTRAP_PORT, SGLANG_SERVER_PORT
 from policies.errors import InputError
-from policies.fleetplan.instances import DRAIN_GRACE_S
 
 if TYPE_CHECKING:
     from controlplane.server.controller.measured import DemandSettings
@@ -152,11 +152,6 @@ def _tcp_port(port: int, flag: str) -> int:
 
 def _add_instance_arguments(p: argparse.ArgumentParser) -> None:
     """``controller run``'s engine instances: drain grace and port bases."""
-    from controlplane.server.controller.instance_records import (
-        BOOTSTRAP_BASE_PORT,
-        ENGINE_BASE_PORT,
-    )
-
     p.add_argument(
         "--drain-grace",
         type=non_negative_float,
@@ -170,7 +165,7 @@ def _add_instance_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--engine-base-port",
         type=positive_int,
-        default=ENGINE_BASE_PORT,
+        default=SGLANG_SERVER_PORT,
         metavar="PORT",
         help="lowest engine HTTP port given to an engine instance; each gets the lowest free "
         "one (default %(default)s, SGLang's --port)",
@@ -178,7 +173,7 @@ def _add_instance_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--bootstrap-base-port",
         type=positive_int,
-        default=BOOTSTRAP_BASE_PORT,
+        default=SGLANG_BOOTSTRAP_PORT,
         metavar="PORT",
         help="lowest SGLang bootstrap port given to a prefill instance (default %(default)s, "
         "SGLang's --disaggregation-bootstrap-port)",

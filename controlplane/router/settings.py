@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import SplitResult, urlsplit
 
+from policies.defaults import SGLANG_BOOTSTRAP_PORT
 from policies.errors import InputError
-from policies.launch.types import SGLANG_BOOTSTRAP_PORT
 
 ENGINES = ("sglang", "vllm", "trtllm", "native")
 #: Default cap on a request's output tokens (``--max-output-tokens``): 128 Ki, the context

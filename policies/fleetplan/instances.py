@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from policies.defaults import DRAIN_GRACE_S
 from policies.errors import InputError
 from policies.fleetplan.report import deployment_doc
 from policies.fleetplan.types import ROLES, DeploymentPlan
@@ -27,10 +28,6 @@ from policies.spec import DeploymentSpec
 
 MAX_NAME = 63
 """Longest deployment (and so instance) name: a DNS label, characters."""
-
-DRAIN_GRACE_S = 30.0
-"""Default drain grace, seconds: how long a draining instance (routers send it no new
-request) keeps its engine before it is deleted, for its open requests to finish."""
 
 
 def is_planned(spec: DeploymentSpec) -> bool:

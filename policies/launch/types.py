@@ -10,6 +10,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from policies.defaults import SGLANG_BOOTSTRAP_PORT as SGLANG_BOOTSTRAP_PORT
+from policies.defaults import SGLANG_SERVER_PORT as SGLANG_SERVER_PORT
+
 MODEL_PATH_REF = "${MIXFLEET_MODEL_PATH}"
 """The model path when none is given: the weights directory or Hugging Face id, from the
 environment."""
@@ -18,13 +21,6 @@ DIST_INIT_REF = "${MIXFLEET_DIST_INIT_ADDR}"
 NODE_ADDR_REF = "${MIXFLEET_NODE_ADDR}"
 """The address other nodes reach this node at (prefill/decode servers), from the environment."""
 
-SGLANG_BOOTSTRAP_PORT = 8998
-"""SGLang's default ``--disaggregation-bootstrap-port`` (0.5.23): where a prefill server's
-bootstrap server listens, TCP port."""
-SGLANG_SERVER_PORT = 30000
-"""SGLang's default ``--port``: the engine HTTP port of an engine instance (the lowest one a
-controller gives, and the one the operator gives every instance: each runs on GPUNodes of
-its own), TCP port."""
 TRTLLM_SERVER_PORT = 8000
 """``trtllm-serve``'s default ``--port``: where a context or generation server listens, and
 the port of its URL in the disaggregated server's YAML, TCP port."""

@@ -13,7 +13,7 @@ from controlplane.server.controller.measured import DemandSettings
 from controlplane.server.metrics import Metrics
 from controlplane.store import Store, StoredNode
 from policies.assignment import NodePart
-from policies.fleetplan.instances import DRAIN_GRACE_S
+from policies.defaults import DRAIN_GRACE_S
 
 Phase = Literal["prepare", "commit", "abort", "remove"]
 NodeHealth = Literal["ready", "degraded", "draining", "lost"]
