@@ -118,6 +118,25 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         default=300.0,
         help="reconcile everything this often, s",
     )
+    add_leader_arguments(p)
+    p.add_argument(
+        "--health-listen",
+        default="127.0.0.1:8081",
+        help="gRPC health address (the chart passes 0.0.0.0:PORT for the kubelet); '' to disable",
+    )
+    p.add_argument(
+        "--metrics-port", type=non_negative_int, default=9090, help="Prometheus port; 0 to disable"
+    )
+    p.add_argument(
+        "--metrics-address",
+        default="127.0.0.1",
+        help="Prometheus address (the chart passes 0.0.0.0 for the scraper)",
+    )
+    p.add_argument("--log-level", default="info", choices=LEVELS)
+
+
+def add_leader_arguments(p: argparse.ArgumentParser) -> None:
+    """The leader election options of ``run`` (the Lease and its timings, s)."""
     p.add_argument("--no-leader-election", action="store_true", help="run alone (one replica only)")
     p.add_argument("--lease-name", default="mixfleet-operator")
     p.add_argument(
@@ -134,20 +153,6 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lease-duration-s", type=positive_float, default=15.0)
     p.add_argument("--renew-deadline-s", type=positive_float, default=10.0)
     p.add_argument("--retry-period-s", type=positive_float, default=2.0)
-    p.add_argument(
-        "--health-listen",
-        default="127.0.0.1:8081",
-        help="gRPC health address (the chart passes 0.0.0.0:PORT for the kubelet); '' to disable",
-    )
-    p.add_argument(
-        "--metrics-port", type=non_negative_int, default=9090, help="Prometheus port; 0 to disable"
-    )
-    p.add_argument(
-        "--metrics-address",
-        default="127.0.0.1",
-        help="Prometheus address (the chart passes 0.0.0.0 for the scraper)",
-    )
-    p.add_argument("--log-level", default="info", choices=LEVELS)
 
 
 def settings_from(args: argparse.Namespace) -> OperatorSettings:

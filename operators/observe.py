@@ -1,7 +1,9 @@
 """What one reconcile of one ModelDeployment reads: views of the deployment, its GPUNodes,
 PartitionPlans and ConfigMap, the outcomes of a solve or tier split run this tick, and the
 knobs of the decision; plus how the plans among them are read (current, newest, next
-version). Frozen dataclasses, no I/O: :mod:`operators.operator` fills them in.
+version) and how the Kubernetes objects are read into the views (:func:`deployment_view`,
+:func:`node_view`, :func:`plan_view`, :func:`config_map_view`). Frozen dataclasses, no I/O:
+:mod:`operators.operator` fetches the objects and fills them in.
 """
 
 from __future__ import annotations
@@ -310,6 +312,64 @@ def node_view(obj: Mapping[str, Any]) -> NodeView:
         status=status,
         deleting=bool(meta.get("deletionTimestamp")),
         error=error,
+    )
+
+
+def deployment_view(obj: Mapping[str, Any], namespace: str, name: str) -> DeploymentView:
+    """The ModelDeployment ``namespace/name`` (object ``obj``) as observed; a spec that does
+    not parse is None with ``spec_error`` saying why, a status that does not parse is empty."""
+    meta = obj.get("metadata") or {}
+    spec: ModelDeploymentSpec | None = None
+    spec_error = ""
+    try:
+        spec = from_wire(ModelDeploymentSpec, obj.get("spec") or {}, "spec", strict=True)
+    except InputError as exc:
+        spec_error = str(exc)
+    try:
+        status = from_wire(ModelDeploymentStatus, obj.get("status") or {}, "status")
+    except InputError:
+        status = ModelDeploymentStatus()
+    return DeploymentView(
+        name=name,
+        namespace=namespace,
+        uid=str(meta.get("uid") or ""),
+        generation=int(meta.get("generation") or 0),
+        finalizers=tuple(meta.get("finalizers") or ()),
+        deleting=bool(meta.get("deletionTimestamp")),
+        spec=spec,
+        status=status,
+        spec_error=spec_error,
+    )
+
+
+def plan_view(obj: Mapping[str, Any]) -> PlanView | str:
+    """The PartitionPlan object ``obj`` as observed, or why its spec does not parse (it is
+    then left alone); a status that does not parse is empty."""
+    meta = obj.get("metadata") or {}
+    try:
+        spec = from_wire(PartitionPlanSpec, obj.get("spec") or {}, "spec", strict=True)
+    except InputError as exc:
+        return str(exc)
+    try:
+        status = from_wire(PartitionPlanStatus, obj.get("status") or {}, "status")
+    except InputError:
+        status = PartitionPlanStatus()
+    return PlanView(
+        name=str(meta.get("name")),
+        uid=str(meta.get("uid") or ""),
+        spec=spec,
+        status=status,
+        deleting=bool(meta.get("deletionTimestamp")),
+    )
+
+
+def config_map_view(cm: Mapping[str, Any]) -> ConfigMapView:
+    """The deployment's ConfigMap object ``cm`` as observed."""
+    meta = cm.get("metadata") or {}
+    return ConfigMapView(
+        name=str(meta.get("name")),
+        plan=str((meta.get("annotations") or {}).get("mixfleet.io/plan", "")),
+        keys=tuple(sorted((cm.get("data") or {}).keys())),
     )
 
 

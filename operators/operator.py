@@ -53,13 +53,7 @@ from apis.kube.names import (
     config_map_name,
 )
 from apis.kube.schema import from_wire
-from apis.kube.v1alpha1 import (
-    ModelDeploymentSpec,
-    ModelDeploymentStatus,
-    PartitionPlanSpec,
-    PartitionPlanStatus,
-    PlacementPolicySpec,
-)
+from apis.kube.v1alpha1 import PlacementPolicySpec
 from apis.kube.versions import read_floor
 from operators.act import act, run_solve, run_tiers, set_finalizer
 from operators.decide import (
@@ -76,15 +70,17 @@ from operators.instances import child_views, parent_of
 from operators.observe import (
     ChildView,
     ConfigMapView,
-    DeploymentView,
     NodeView,
     Observed,
     PlanView,
     ReconcileSettings,
     SolveOutcome,
     TierOutcome,
+    config_map_view,
+    deployment_view,
     held_version,
     node_view,
+    plan_view,
 )
 from operators.parent import reconcile_parent
 from policies.defaults import DRAIN_GRACE_S
@@ -293,28 +289,8 @@ class Operator:
         obj = self.kube.get(MODEL_DEPLOYMENTS, name, ns)
         if obj is None:
             return None
-        meta = obj.get("metadata") or {}
-        spec: ModelDeploymentSpec | None = None
-        spec_error = ""
-        try:
-            spec = from_wire(ModelDeploymentSpec, obj.get("spec") or {}, "spec", strict=True)
-        except InputError as exc:
-            spec_error = str(exc)
-        try:
-            status = from_wire(ModelDeploymentStatus, obj.get("status") or {}, "status")
-        except InputError:
-            status = ModelDeploymentStatus()
-        d = DeploymentView(
-            name=name,
-            namespace=ns,
-            uid=str(meta.get("uid") or ""),
-            generation=int(meta.get("generation") or 0),
-            finalizers=tuple(meta.get("finalizers") or ()),
-            deleting=bool(meta.get("deletionTimestamp")),
-            spec=spec,
-            status=status,
-            spec_error=spec_error,
-        )
+        d = deployment_view(obj, ns, name)
+        spec = d.spec
         policy_name = (
             spec.policy_ref.name if spec and spec.policy_ref else self.settings.default_policy
         )
@@ -369,14 +345,7 @@ class Operator:
     def _config_map(self, ns: str, name: str) -> ConfigMapView | None:
         """The deployment's ConfigMap (a fresh GET), or None."""
         cm = self.kube.get(CONFIGMAPS, config_map_name(name), ns)
-        if cm is None:
-            return None
-        meta = cm.get("metadata") or {}
-        return ConfigMapView(
-            name=str(meta.get("name")),
-            plan=str((meta.get("annotations") or {}).get("mixfleet.io/plan", "")),
-            keys=tuple(sorted((cm.get("data") or {}).keys())),
-        )
+        return config_map_view(cm) if cm is not None else None
 
     def _children(self, key: Key) -> tuple[ChildView, ...]:
         """The engine instances' ModelDeployments labelled as serving ``key`` (from the
@@ -416,24 +385,12 @@ class Operator:
     _node_view = staticmethod(node_view)
 
     def _plan_view(self, obj: Json) -> PlanView | str:
-        """The PartitionPlan, or why it does not parse (it is then left alone)."""
-        meta = obj.get("metadata") or {}
-        try:
-            spec = from_wire(PartitionPlanSpec, obj.get("spec") or {}, "spec", strict=True)
-        except InputError as exc:
-            self.log.warning("unreadable PartitionPlan", plan=meta.get("name"), error=str(exc))
-            return str(exc)
-        try:
-            status = from_wire(PartitionPlanStatus, obj.get("status") or {}, "status")
-        except InputError:
-            status = PartitionPlanStatus()
-        return PlanView(
-            name=str(meta.get("name")),
-            uid=str(meta.get("uid") or ""),
-            spec=spec,
-            status=status,
-            deleting=bool(meta.get("deletionTimestamp")),
-        )
+        """The PartitionPlan, or why it does not parse (it is then left alone, logged)."""
+        view = plan_view(obj)
+        if isinstance(view, str):
+            name = (obj.get("metadata") or {}).get("name")
+            self.log.warning("unreadable PartitionPlan", plan=name, error=view)
+        return view
 
     # -------------------------------------------------------------------- solve
 

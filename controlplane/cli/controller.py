@@ -23,6 +23,7 @@ from policies.errors import InputError
 
 if TYPE_CHECKING:
     from controlplane.server.controller.measured import DemandSettings
+    from controlplane.server.services import ServerOptions
 
 
 def cmd_controller_run(args: argparse.Namespace) -> int:
@@ -42,21 +43,10 @@ async def _run_controller(args: argparse.Namespace) -> int:
     from controlplane.cli.ha import HighAvailability
     from controlplane.server.auth import DEV_MODE_WARNING
     from controlplane.server.controller import Controller, ControllerSettings
-    from controlplane.server.services import (
-        ServerOptions,
-        TlsFiles,
-        check_options,
-        create_server,
-        mark_serving,
-    )
+    from controlplane.server.services import check_options, create_server, mark_serving
     from controlplane.store import open_store
 
-    tls = None
-    given = [args.tls_cert, args.tls_key, args.tls_ca]
-    if any(given):
-        if not all(given):
-            raise InputError("give all three of --tls-cert, --tls-key and --tls-ca", field="--tls")
-        tls = TlsFiles(Path(args.tls_cert), Path(args.tls_key), Path(args.tls_ca))
+    options = _server_options(args)
     settings = ControllerSettings(
         heartbeat_interval_s=args.heartbeat_interval,
         node_lost_after_s=args.node_lost_after,
@@ -65,12 +55,6 @@ async def _run_controller(args: argparse.Namespace) -> int:
         drain_grace_s=args.drain_grace,
         engine_base_port=_tcp_port(args.engine_base_port, "--engine-base-port"),
         bootstrap_base_port=_tcp_port(args.bootstrap_base_port, "--bootstrap-base-port"),
-    )
-    options = ServerOptions(
-        tls=tls,
-        token_file=Path(args.token_file) if args.token_file else None,
-        insecure=args.insecure,
-        max_receive_message_bytes=args.max_message_mib << 20,
     )
     # TLS files and the token file are checked before the store is opened: a refused start
     # creates no file.
@@ -98,7 +82,7 @@ async def _run_controller(args: argparse.Namespace) -> int:
         "controller listening",
         address=f"{host}:{port}",
         store=args.store,
-        tls=tls is not None,
+        tls=options.tls is not None,
         metrics_port=args.metrics_port,
     )
     print(f"listening on {host}:{port}", flush=True)
@@ -116,6 +100,29 @@ async def _run_controller(args: argparse.Namespace) -> int:
     await ha.close()  # after the last write: releases the lease
     store.close()
     return status
+
+
+def _server_options(args: argparse.Namespace) -> ServerOptions:
+    """The gRPC server's TLS files, token file and message limit (``--tls-*``,
+    ``--token-file``, ``--insecure``, ``--max-message-mib``), not checked on disk yet.
+
+    Raises:
+        InputError: some but not all of the three TLS files are given.
+    """
+    from controlplane.server.services import ServerOptions, TlsFiles
+
+    tls = None
+    given = [args.tls_cert, args.tls_key, args.tls_ca]
+    if any(given):
+        if not all(given):
+            raise InputError("give all three of --tls-cert, --tls-key and --tls-ca", field="--tls")
+        tls = TlsFiles(Path(args.tls_cert), Path(args.tls_key), Path(args.tls_ca))
+    return ServerOptions(
+        tls=tls,
+        token_file=Path(args.token_file) if args.token_file else None,
+        insecure=args.insecure,
+        max_receive_message_bytes=args.max_message_mib << 20,
+    )
 
 
 def _demand_settings(args: argparse.Namespace) -> DemandSettings:

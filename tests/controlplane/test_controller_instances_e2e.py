@@ -164,6 +164,30 @@ def _snapshot(store: Store) -> dict[str, Any]:
     }
 
 
+def _check_routers_saw(
+    messages: list[engine_pb2.Instances],
+    name: str,
+    others: list[str],
+    blocker: str,
+    before: set[str],
+) -> None:
+    """What routers saw while ``before`` shrank to the new instance ``name``: until it was
+    ready, the ``others`` were ready and not draining in every message, and only the
+    ``blocker`` ever drained; in the end every instance of ``before`` drained."""
+    agg_ready = False
+    seen_draining: set[str] = set()
+    for msg in messages:
+        listed = {i.name: i for i in msg.instances}
+        agg_ready = agg_ready or (name in listed and listed[name].ready)
+        seen_draining |= {n for n, i in listed.items() if i.draining}
+        if not agg_ready:
+            assert all(listed[n].ready and not listed[n].draining for n in others), msg
+            if name in listed:  # planned: the ones it replaces are marked retiring
+                assert all(listed[n].retiring for n in others), msg
+            assert seen_draining <= {blocker}, msg
+    assert seen_draining == before
+
+
 async def _shrink(store: Store, address: str, agents: dict[str, FakeAgent]) -> None:
     """5 requests/s: one aggregated instance on the node of a decode instance (the fleet is
     full). The decode instance it needs drains first, alone; the other two keep serving -
@@ -222,20 +246,7 @@ async def _shrink(store: Store, address: str, agents: dict[str, FakeAgent]) -> N
         )
     assert states[blocker][-2:] == ["draining", "removed"], states[blocker]
 
-    # What routers saw: until the new instance was ready, the two others were ready and
-    # not draining in every message, and only the blocker ever drained.
-    agg_ready = False
-    seen_draining: set[str] = set()
-    for msg in messages:
-        listed = {i.name: i for i in msg.instances}
-        agg_ready = agg_ready or (name in listed and listed[name].ready)
-        seen_draining |= {n for n, i in listed.items() if i.draining}
-        if not agg_ready:
-            assert all(listed[n].ready and not listed[n].draining for n in others), msg
-            if name in listed:  # planned: the ones it replaces are marked retiring
-                assert all(listed[n].retiring for n in others), msg
-            assert seen_draining <= {blocker}, msg
-    assert seen_draining == set(before)
+    _check_routers_saw(messages, name, others, blocker, set(before))
 
     want = {n: (["q-aggregated-0"] if n in agg.nodes else []) for n in agents}
     try:

@@ -21,7 +21,7 @@ from mixfleet.v1 import engine_pb2, engine_pb2_grpc
 from test_operator_e2e import condition, status
 from test_operator_instances_e2e import CHAT, instances, start
 
-from apis.kube.client import MODEL_DEPLOYMENTS, PLACEMENT_POLICIES
+from apis.kube.client import MODEL_DEPLOYMENTS, PLACEMENT_POLICIES, Kube
 from controlplane.server.inprocess import start_controller
 from controlplane.store.kubernetes import KubernetesStore
 
@@ -48,6 +48,39 @@ def window(start_s: float, requests_per_s: float) -> engine_pb2.TrafficReport:
         tpot_ms_p50=20.0,
         tpot_ms_p99=45.0,
     )
+
+
+async def _operator_plans_for_measured(k: Kube, cluster: Cluster) -> None:
+    """The operator plans ``chat`` for the measured 100 requests/s the controller chose: a
+    third instance beside the two that keep running, the demand's source in its status."""
+
+    def names() -> list[str]:
+        return [o["metadata"]["name"] for o in instances(k, cluster, "chat")]
+
+    await asyncio.to_thread(
+        lambda: wait_for(
+            lambda: names() == ["chat-decode-0", "chat-prefill-0", "chat-prefill-1"],
+            what="a third instance",
+        )
+    )
+    st = await asyncio.to_thread(
+        lambda: wait_for(
+            lambda: (s := status(k, cluster, "chat")).get("demandFrom") == "Measured" and s,
+            what="the parent planned for the measured demand",
+        )
+    )
+    assert st["demandRequestsPerSecond"] == pytest.approx(100.0)
+    assert st["plannedRequestsPerSecond"] == pytest.approx(100.0)
+    assert [i["name"] for i in st["instances"]] == [
+        "chat-prefill-0",
+        "chat-prefill-1",
+        "chat-decode-0",
+    ]
+    assert not any(i.get("draining") for i in st["instances"])
+    solved = condition(k, cluster, "chat", "Solved")
+    assert "(the measured demand: measured 100 requests/s" in solved["message"]
+    # The operator's status writes left the controller's part alone.
+    assert st["controller"]["demand"]["planned"]["requestsPerS"] == pytest.approx(100.0)
 
 
 def test_a_sustained_rise_in_measured_demand_adds_an_instance(
@@ -102,31 +135,7 @@ def test_a_sustained_rise_in_measured_demand_adds_an_instance(
             assert doc["planned"]["requestsPerS"] == pytest.approx(100.0)
             assert doc["replans"] == 1 and "above the planned 20" in doc["lastReplanReason"]
 
-            # The operator plans for it: a third instance beside the two that keep running.
-            await asyncio.to_thread(
-                lambda: wait_for(
-                    lambda: names() == ["chat-decode-0", "chat-prefill-0", "chat-prefill-1"],
-                    what="a third instance",
-                )
-            )
-            st = await asyncio.to_thread(
-                lambda: wait_for(
-                    lambda: (s := status(k, cluster, "chat")).get("demandFrom") == "Measured" and s,
-                    what="the parent planned for the measured demand",
-                )
-            )
-            assert st["demandRequestsPerSecond"] == pytest.approx(100.0)
-            assert st["plannedRequestsPerSecond"] == pytest.approx(100.0)
-            assert [i["name"] for i in st["instances"]] == [
-                "chat-prefill-0",
-                "chat-prefill-1",
-                "chat-decode-0",
-            ]
-            assert not any(i.get("draining") for i in st["instances"])
-            solved = condition(k, cluster, "chat", "Solved")
-            assert "(the measured demand: measured 100 requests/s" in solved["message"]
-            # The operator's status writes left the controller's part alone.
-            assert st["controller"]["demand"]["planned"]["requestsPerS"] == pytest.approx(100.0)
+            await _operator_plans_for_measured(k, cluster)
 
     op = start(cluster)
     try:

@@ -31,7 +31,8 @@ the one writer of instance specs and records:
   loss costs the least planned capacity (:func:`capacity_lost`), then by name - and the
   next only once no early drain of that deployment is left, so the others keep serving. A
   dropped instance that never had a committed plan serves nothing: it is deleted at once.
-* **Status**: the planned deployment's status lists its instances under
+* **Status** (:mod:`~controlplane.server.controller.instance_status`): the planned
+  deployment's status lists its instances under
   ``INSTANCES_KEY`` (live, retiring and draining) and the plan's summary under ``fleet_plan``
   (``demand_requests_per_s``, ``served_requests_per_s``, predicted ``ttft_ms`` /
   ``tpot_ms``, ``usd_per_hour``, ``gpus``, ``solver`` and ``shortfalls``: ``resource``,
@@ -66,10 +67,13 @@ from typing import Any
 
 from controlplane.errors import PreconditionError
 from controlplane.server.controller.common import Context
-from controlplane.server.controller.instance_records import (
-    INSTANCE_KEY,
-    INSTANCES_KEY,
-    InstanceRecord,
+from controlplane.server.controller.instance_records import InstanceRecord
+from controlplane.server.controller.instance_status import (
+    FLEET_PLAN_KEY,
+    WAITING_PLAN,
+    instance_status,
+    parent_phase,
+    parent_status,
 )
 from controlplane.store import StoredDeployment
 from policies.errors import InputError
@@ -92,10 +96,6 @@ from policies.launch import PlannedInstance, instance_spec
 from policies.serving.traffic import Traffic, traffic_to_doc
 from policies.spec import DeploymentSpec
 
-#: Status key of a planned deployment's fleet plan summary.
-FLEET_PLAN_KEY = "fleet_plan"
-#: Phase message of a planned deployment before the first fleet plan.
-WAITING_PLAN = "waiting for the fleet planner"
 #: Why a retiring instance drains once its replacements are committed (log field).
 REPLACED = "the instances that replace it are committed"
 
@@ -453,35 +453,15 @@ class Instances:
         return inputs.startswith(f"g{d.generation}:") and nodes <= set(r.nodes), failure
 
     def _phase(self, parent: str, states: Mapping[str, tuple[bool, str]]) -> tuple[str, str]:
-        if self._errors.get(parent):
-            return "failed", self._errors[parent]
-        if self.failure:
-            return "failed", f"fleet plan failed: {self.failure}"
-        if self.plan is None or parent not in self.plan.deployments:
-            return "pending", WAITING_PLAN
-        short = self.plan.shortfalls.get(parent)
-        live = [n for n, r in self.records.items() if r.of == parent and not r.dropped]
-        if not live:
-            return "pending", short.message if short else "the fleet plan gives it no instance"
-        done = sum(1 for n in live if states.get(n, (False, ""))[0])
-        retiring = sum(1 for r in self.records.values() if r.of == parent and r.retiring)
-        drains = sum(1 for r in self.records.values() if r.of == parent and r.draining)
-        words = [f"{done} of {len(live)} instances committed"]
-        if retiring:
-            words.append(f"{retiring} retiring")
-        if drains:
-            words.append(f"{drains} draining")
-        if short is not None:
-            words.append(short.message)
-        failed = [f"{n}: {states[n][1]}" for n in live if n in states and states[n][1]]
-        if failed:
-            phase = "degraded" if done else "failed"
-            return phase, "; ".join([*words, *failed])[:1024]
-        if done < len(live):
-            return "rolling_out", "; ".join(words)[:1024]
-        if short is not None:
-            return "degraded", "; ".join(words)[:1024]
-        return "ready", ""
+        """``(phase, message)`` of ``parent`` (:func:`.instance_status.parent_phase`)."""
+        return parent_phase(
+            parent,
+            self.plan,
+            self.records,
+            states,
+            error=self._errors.get(parent, ""),
+            failure=self.failure,
+        )
 
     # ------------------------------------------------------------------ removal
 
@@ -513,81 +493,11 @@ class Instances:
 
     def _write_instance(self, name: str, r: InstanceRecord, gpus: int | None) -> None:
         """The instance's record and assignment in its status."""
-        verb = (
-            "drains"
-            if r.draining
-            else "retires (serves until its replacements are committed)"
-            if r.retiring
-            else "serves"
-        )
-        dp = self.plan.deployments.get(r.of) if self.plan is not None else None
-        output_tokens = dp.traffic.output_len.mean if dp is not None else 0.0
-        updates: dict[str, Any] = {
-            INSTANCE_KEY: r.to_status(),
-            "assigned_nodes": list(r.nodes),
-            "scheduling": {
-                "placed": True,
-                "reason": f"instance of {r.of}: {verb} as {r.role} in pool {r.pool}, "
-                f"planned by the fleet planner at {r.requests_per_s:.3g} requests/s",
-                "resource": "",
-                "missing": 0,
-                "missing_unit": "",
-                "predicted_tokens_per_s": 0.0 if r.dropped else r.requests_per_s * output_tokens,
-                "decision": "draining" if r.draining else "retiring" if r.retiring else "",
-                "solver": self.plan.solver if self.plan is not None else "",
-            },
-        }
-        if gpus is not None:
-            updates["assigned_gpus"] = gpus
-        self._update_status(name, updates)
+        self._update_status(name, instance_status(r, self.plan, gpus))
 
     def _write_parent(self, parent: str) -> None:
         """The planned deployment's instances and its fleet plan summary in its status."""
-        dp = self.plan.deployments.get(parent) if self.plan is not None else None
-        short = self.plan.shortfalls.get(parent) if self.plan is not None else None
-        nodes = sorted({n for r in self.records.values() if r.of == parent for n in r.nodes})
-        summary: dict[str, Any] = {}
-        if dp is not None and self.plan is not None:
-            summary = {
-                "demand_requests_per_s": dp.demand_requests_per_s,
-                "served_requests_per_s": dp.served_requests_per_s,
-                "ttft_ms": dp.ttft_ms,
-                "tpot_ms": dp.tpot_ms,
-                "usd_per_hour": dp.usd_per_hour,
-                "gpus": dp.gpus,
-                "solver": self.plan.solver,
-                "shortfalls": []
-                if short is None
-                else [
-                    {
-                        "resource": short.resource,
-                        "missing_requests_per_s": short.missing_requests_per_s,
-                        "fix": short.fix,
-                        "message": short.message,
-                    }
-                ],
-            }
-        self._update_status(
-            parent,
-            {
-                INSTANCES_KEY: self.of(parent),
-                FLEET_PLAN_KEY: summary,
-                "assigned_nodes": nodes,
-                "assigned_gpus": dp.gpus if dp is not None else 0,
-                "scheduling": {
-                    "placed": bool(dp is not None and dp.pools),
-                    "reason": short.message
-                    if short is not None
-                    else f"served by {len(self.of(parent))} engine instances",
-                    "resource": short.resource if short is not None else "",
-                    "missing": 0,
-                    "missing_unit": "",
-                    "predicted_tokens_per_s": dp.goodput_output_tokens_per_s if dp else 0.0,
-                    "decision": "",
-                    "solver": self.plan.solver if self.plan is not None else "",
-                },
-            },
-        )
+        self._update_status(parent, parent_status(parent, self.plan, self.records))
 
     def _update_status(self, name: str, updates: Mapping[str, Any]) -> None:
         """Merge ``updates`` into the deployment's stored status (written only when it
