@@ -404,7 +404,13 @@ class Agent:
         Raises:
             InputError: malformed part, or it disagrees with the message.
         """
-        a = assignment_from_json(msg.part_json)
+        a = replace(
+            assignment_from_json(msg.part_json),
+            role=msg.role,
+            instance_of=msg.instance_of,
+            engine_port=int(msg.engine_port),
+            bootstrap_port=int(msg.bootstrap_port),
+        )
         self.stats.expert_location_wire_bytes = len(msg.expert_location_zlib)
         if msg.expert_location_zlib and self.applier.wants_expert_location:
             location = inflate_expert_location(msg.expert_location_zlib, a.expert_location_bytes)

@@ -18,6 +18,7 @@ from typing import Any
 
 from policies.errors import InputError
 from policies.exports import placement_document
+from policies.fleetplan.types import ROLES
 from policies.plan import GpuPlan, Plan, gpu_plan_from_dict, gpu_plan_to_dict
 
 _DEPLOYMENT_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
@@ -46,6 +47,13 @@ class NodeAssignment:
         expert_location_sha256: hex SHA-256 the part names for ``expert_location_json``
             (``""`` when the part names none).
         expert_location_bytes: its length as the part names it, bytes (0 = none named).
+        role: the engine instance's role when the deployment is one (``aggregated`` |
+            ``prefill`` | ``decode``, :data:`policies.fleetplan.ROLES`); ``""`` for a
+            deployment not cut into instances. From ``Assignment.role``, not ``part_json``.
+        instance_of: the deployment the instance serves (``""`` when not an instance).
+        engine_port: the instance's engine HTTP port (TCP), where routers reach it on its
+            first node; 0 = the engine's default.
+        bootstrap_port: a prefill instance's SGLang bootstrap port (TCP); 0 otherwise.
     """
 
     deployment: str
@@ -59,6 +67,10 @@ class NodeAssignment:
     expert_location_json: bytes = b""
     expert_location_sha256: str = ""
     expert_location_bytes: int = 0
+    role: str = ""
+    instance_of: str = ""
+    engine_port: int = 0
+    bootstrap_port: int = 0
 
     @property
     def expert_location(self) -> dict[str, Any] | None:
@@ -100,7 +112,10 @@ class NodeAssignment:
         return None if v is None else int(v)
 
     def to_dict(self) -> dict[str, Any]:
-        """The ``part_json`` document (inverse of :func:`assignment_from_dict`)."""
+        """The ``part_json`` document (inverse of :func:`assignment_from_dict`), plus, when
+        the deployment is an engine instance, ``"instance": {"role", "of", "engine_port",
+        "bootstrap_port"}`` (what ``Assignment`` carries beside the part; the agent keeps it
+        in the ``plan.json`` it writes)."""
         gpus = []
         for rank, g in zip(self.ranks, self.gpus, strict=True):
             d = gpu_plan_to_dict(g)
@@ -120,6 +135,13 @@ class NodeAssignment:
             doc["expert_location_bytes"] = self.expert_location_bytes or len(
                 self.expert_location_json
             )
+        if self.role:
+            doc["instance"] = {
+                "role": self.role,
+                "of": self.instance_of,
+                "engine_port": self.engine_port,
+                "bootstrap_port": self.bootstrap_port,
+            }
         return doc
 
 
@@ -179,6 +201,13 @@ def assignment_from_dict(d: Any, expert_location_json: bytes = b"") -> NodeAssig
         size = d.get("expert_location_bytes", 0)
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
             raise InputError("must be an integer >= 0", field="part.expert_location_bytes")
+        inst = d.get("instance", {})
+        if not isinstance(inst, Mapping):
+            raise InputError("must be a JSON object", field="part.instance")
+        for key in ("engine_port", "bootstrap_port"):
+            port = inst.get(key, 0)
+            if isinstance(port, bool) or not isinstance(port, int):
+                raise InputError("must be an integer", field=f"part.instance.{key}")
         return NodeAssignment(
             deployment=str(_field(d, "deployment", "part")),
             plan_id=str(_field(d, "plan_id", "part")),
@@ -191,6 +220,10 @@ def assignment_from_dict(d: Any, expert_location_json: bytes = b"") -> NodeAssig
             expert_location_json=bytes(expert_location_json),
             expert_location_sha256=digest,
             expert_location_bytes=size,
+            role=str(inst.get("role", "")),
+            instance_of=str(inst.get("of", "")),
+            engine_port=inst.get("engine_port", 0),
+            bootstrap_port=inst.get("bootstrap_port", 0),
         )
     except (TypeError, ValueError, AttributeError) as exc:
         raise InputError(f"malformed assignment: {exc}", field="part") from exc
@@ -261,6 +294,7 @@ def check_assignment(a: NodeAssignment, node: str, *, with_location: bool = True
         problems.append(f"ranks: {bad_ranks[:3]} outside world size {a.world_size}")
     if a.form not in ("engine", "native"):
         problems.append(f"form: must be 'engine' or 'native', got {a.form!r}")
+    problems += _instance_problems(a)
     if not with_location:
         pass
     elif a.expert_location_sha256 or a.expert_location_json:
@@ -302,6 +336,23 @@ def check_assignment(a: NodeAssignment, node: str, *, with_location: bool = True
             problems.append(
                 f"{path}.memory_bytes: needs {total / 2**30:.1f} GiB, {usable / 2**30:.1f} usable"
             )
+    return problems
+
+
+def _instance_problems(a: NodeAssignment) -> list[str]:
+    """Problems with ``a``'s instance fields (role, ports)."""
+    problems: list[str] = []
+    if a.role and a.role not in ROLES:
+        problems.append(f"role: must be one of {', '.join(ROLES)} or empty, got {a.role!r}")
+    if not a.role and (a.instance_of or a.engine_port or a.bootstrap_port):
+        problems.append("role: empty, but instance_of or a port is set")
+    if a.role and not a.instance_of:
+        problems.append("instance_of: empty for an instance")
+    for name, port in (("engine_port", a.engine_port), ("bootstrap_port", a.bootstrap_port)):
+        if not 0 <= port <= 65535:
+            problems.append(f"{name}: must be a TCP port in 0..65535 (0 = default), got {port}")
+    if a.bootstrap_port and a.role != "prefill":
+        problems.append(f"bootstrap_port: set for a {a.role or 'plain'} deployment, not prefill")
     return problems
 
 

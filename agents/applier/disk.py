@@ -45,7 +45,7 @@ from agents.applier.assignment import (
     check_expert_location,
     gpu_index,
 )
-from agents.applier.env import gpu_env, render_env
+from agents.applier.env import gpu_env, instance_env, render_env
 from agents.applier.files import atomic_symlink, fsync_dir, write_file
 from agents.applier.hooks import HOOK_PHASES, HookResult, run_hook
 from agents.applier.protocol import ApplyResult, CommittedPlan
@@ -194,7 +194,7 @@ class PlanApplier:
         except (OSError, ValueError, InputError) as exc:
             shutil.rmtree(staged, ignore_errors=True)
             return ApplyResult(False, f"staging failed: {exc}")
-        hook = self._hook("prepare", a.deployment, a.plan_id, a.version, staged)
+        hook = self._hook("prepare", a, staged)
         if not hook.ok:
             shutil.rmtree(staged, ignore_errors=True)
             return ApplyResult(False, f"prepare {hook.reason}")
@@ -210,8 +210,8 @@ class PlanApplier:
                 return ApplyResult(True)  # a repeated commit
             return ApplyResult(False, f"nothing staged for {deployment} version {version}")
         try:
-            plan_id = str(json.loads((staged / "plan.json").read_text())["plan_id"])
-        except (OSError, ValueError, KeyError) as exc:
+            a = assignment_from_dict(json.loads((staged / "plan.json").read_text()))
+        except (OSError, ValueError, InputError) as exc:
             shutil.rmtree(staged, ignore_errors=True)
             return ApplyResult(False, f"staged files of version {version} unreadable: {exc}")
         link = self.link(deployment)
@@ -235,7 +235,7 @@ class PlanApplier:
                 with contextlib.suppress(OSError):
                     os.replace(target, staged)  # keep it staged so a retry can commit
             return ApplyResult(False, f"commit failed: {exc}")
-        hook = self._hook("commit", deployment, plan_id, version, link)
+        hook = self._hook("commit", a, link)
         if not hook.ok:
             self._restore(link, previous_target)
             shutil.rmtree(target, ignore_errors=True)
@@ -318,19 +318,18 @@ class PlanApplier:
                 json.loads(got)
         assignment_from_dict(json.loads((d / "plan.json").read_bytes()))
 
-    def _hook(
-        self, phase: str, deployment: str, plan_id: str, version: int, path: Path
-    ) -> HookResult:
+    def _hook(self, phase: str, a: NodeAssignment, path: Path) -> HookResult:
         s = self.settings
         if s.hook is None or phase not in s.hook_phases:
             return HookResult(True)
         env = {
             "MIXFLEET_HOOK_PHASE": phase,
-            "MIXFLEET_DEPLOYMENT": deployment,
-            "MIXFLEET_PLAN_ID": plan_id,
-            "MIXFLEET_PLAN_VERSION": str(version),
+            "MIXFLEET_DEPLOYMENT": a.deployment,
+            "MIXFLEET_PLAN_ID": a.plan_id,
+            "MIXFLEET_PLAN_VERSION": str(a.version),
             "MIXFLEET_PLAN_PATH": str(path),
             "MIXFLEET_NODE": s.node,
+            **instance_env(a),
         }
         return run_hook(s.hook, env, s.hook_timeout_s)
 

@@ -1,6 +1,7 @@
 """The env file of one GPU's engine container (``gpu<i>.env``, ``docker run --env-file``):
-what it holds (:func:`gpu_env`), how it is written (:func:`render_env`, values quoted for a
-POSIX shell) and read back (:func:`parse_env`).
+what it holds (:func:`gpu_env`, with :func:`instance_env`, which the hook gets too), how it
+is written (:func:`render_env`, values quoted for a POSIX shell) and read back
+(:func:`parse_env`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,23 @@ from pathlib import Path
 
 from agents.applier.assignment import NodeAssignment, gpu_index
 from policies.errors import InputError
+
+
+def instance_env(a: NodeAssignment) -> dict[str, str]:
+    """The engine instance ``a``'s deployment is, as environment variables; always all four,
+    ``""`` / ``"0"`` for a deployment not cut into instances (0: the engine's default port).
+
+    ``MIXFLEET_ROLE`` (``aggregated`` | ``prefill`` | ``decode``), ``MIXFLEET_INSTANCE_OF``
+    (the deployment served), ``MIXFLEET_ENGINE_PORT`` (HTTP port routers reach the engine
+    at on the instance's first node), ``MIXFLEET_BOOTSTRAP_PORT`` (a prefill instance's
+    SGLang bootstrap port).
+    """
+    return {
+        "MIXFLEET_ROLE": a.role,
+        "MIXFLEET_INSTANCE_OF": a.instance_of,
+        "MIXFLEET_ENGINE_PORT": str(a.engine_port),
+        "MIXFLEET_BOOTSTRAP_PORT": str(a.bootstrap_port),
+    }
 
 
 def gpu_env(
@@ -41,6 +59,7 @@ def gpu_env(
         "MIXFLEET_FP8_DISPATCH": "1" if h.fp8_dispatch else "0",
         "MIXFLEET_ATTENTION_BACKEND": h.attention_backend,
         "MIXFLEET_DECODE_NUM_SPLITS": str(h.decode_num_splits),
+        **instance_env(a),
     }
     if a.slots_per_gpu is not None:
         env["MIXFLEET_SLOTS_PER_GPU"] = str(a.slots_per_gpu)

@@ -95,6 +95,11 @@ def assignment_to_proto(e: AssignmentEvent) -> agent_pb2.Assignment:
         )
         msg.part_json = e.part.json
         msg.expert_location_zlib = e.part.expert_location_zlib
+        if e.instance is not None:
+            msg.role = e.instance.role
+            msg.instance_of = e.instance.of
+            msg.engine_port = e.instance.port
+            msg.bootstrap_port = e.instance.bootstrap_port
     return msg
 
 

@@ -8,7 +8,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from controlplane.server import reconcile as rc
-from controlplane.server.controller.instance_records import BOOTSTRAP_BASE_PORT, ENGINE_BASE_PORT
+from controlplane.server.controller.instance_records import (
+    BOOTSTRAP_BASE_PORT,
+    ENGINE_BASE_PORT,
+    InstanceRecord,
+)
 from controlplane.server.controller.measured import DemandSettings
 from controlplane.server.metrics import Metrics
 from controlplane.store import Store, StoredNode
@@ -126,7 +130,11 @@ class Context:
 
 @dataclass(frozen=True)
 class AssignmentEvent:
-    """One message on a node's WatchAssignments stream (``mixfleet.v1.Assignment``)."""
+    """One message on a node's WatchAssignments stream (``mixfleet.v1.Assignment``).
+
+    ``instance``: the deployment's :class:`InstanceRecord` when it is an engine instance
+    (its role, the deployment it serves and its ports go out with the part); None otherwise.
+    """
 
     deployment: str
     plan_id: str
@@ -135,6 +143,7 @@ class AssignmentEvent:
     world_size: int = 0
     part: NodePart | None = None
     prepare_deadline_s: float = 0.0
+    instance: InstanceRecord | None = None
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from controlplane.errors import NotFoundError, PreconditionError
 from controlplane.server import reconcile as rc
 from controlplane.server.controller.common import AssignmentEvent, Context
+from controlplane.server.controller.instance_records import InstanceRecord
 from controlplane.server.controller.nodes import NodeRegistry
 from controlplane.server.controller.watchers import Watchers
 from controlplane.store import AckState, DeletionRecord, StoredAck, StoredDeployment
@@ -47,6 +48,7 @@ class _Rollout:
     started_s: float
     prepared: set[str] = field(default_factory=set)
     failed: dict[str, str] = field(default_factory=dict)
+    instance: InstanceRecord | None = None  # the deployment is an engine instance
 
     @property
     def targets(self) -> tuple[str, ...]:
@@ -56,12 +58,14 @@ class _Rollout:
 @dataclass
 class Committed:
     """The committed version of a deployment, its plan and its node parts (split from the
-    plan on first use: the decision only needs the plan's GPUs)."""
+    plan on first use: the decision only needs the plan's GPUs), and its instance record
+    when the deployment is an engine instance (role and ports go out with its parts)."""
 
     version: int
     plan: Plan
     _parts: dict[str, NodePart] | None = None
     _split: Callable[[], dict[str, NodePart]] | None = None
+    instance: InstanceRecord | None = None
 
     @property
     def parts(self) -> dict[str, NodePart]:
@@ -121,6 +125,7 @@ class Rollouts:
                     self.split(stored.plan, d.name),
                     deadline,
                     now_s,
+                    instance=InstanceRecord.from_status(d.status),
                 )
                 for a in store.acks(d.name, p.version):
                     if a.state == "prepared":
@@ -180,7 +185,15 @@ class Rollouts:
         store.set_plan_state(
             deployment, version, "preparing", now_s=now, prepare_deadline_s=deadline
         )
-        r = _Rollout(version, stored.plan_id, plan, parts, deadline, now)
+        r = _Rollout(
+            version,
+            stored.plan_id,
+            plan,
+            parts,
+            deadline,
+            now,
+            instance=InstanceRecord.from_status(d.status),
+        )
         self._rollouts[deployment] = r
         self.ctx.log.info(
             "rollout started",
@@ -196,7 +209,27 @@ class Rollouts:
 
     def _prepare_event(self, deployment: str, r: _Rollout, part: NodePart) -> AssignmentEvent:
         return AssignmentEvent(
-            deployment, r.plan_id, r.version, "prepare", len(r.plan.gpus), part, r.deadline_s
+            deployment,
+            r.plan_id,
+            r.version,
+            "prepare",
+            len(r.plan.gpus),
+            part,
+            r.deadline_s,
+            r.instance,
+        )
+
+    @staticmethod
+    def _commit_event(deployment: str, c: Committed, node: str) -> AssignmentEvent:
+        """COMMIT of ``c`` to ``node`` with its part (a stream opening replays it)."""
+        return AssignmentEvent(
+            deployment,
+            c.plan.id,
+            c.version,
+            "commit",
+            len(c.plan.gpus),
+            c.parts[node],
+            instance=c.instance,
         )
 
     def commit(self, deployment: str, version: int) -> None:
@@ -210,7 +243,7 @@ class Rollouts:
         before = self.committed_state(deployment)
         store.commit_plan(deployment, version, now_s=now)  # the commit point
         del self._rollouts[deployment]
-        self._committed[deployment] = Committed(version, r.plan, r.parts)
+        self._committed[deployment] = Committed(version, r.plan, r.parts, instance=r.instance)
         self._on_commit(deployment)
         # Every target acked PREPARED on its current stream, so COMMIT carries no part: the
         # agent switches to what it staged (a stream opened later replays it with the part).
@@ -288,7 +321,12 @@ class Rollouts:
         if plan is None or plan.plan is None:
             return None
         doc = plan.plan
-        c = Committed(plan.version, doc, _split=lambda: self.split(doc, deployment))
+        c = Committed(
+            plan.version,
+            doc,
+            _split=lambda: self.split(doc, deployment),
+            instance=InstanceRecord.from_status(d.status),
+        )
         self._committed[deployment] = c
         return c
 
@@ -354,11 +392,7 @@ class Rollouts:
             c = committed.get(name)
             if c is not None and node in c.nodes():
                 with_work.add(name)
-                events.append(
-                    AssignmentEvent(
-                        name, c.plan.id, c.version, "commit", len(c.plan.gpus), c.parts[node]
-                    )
-                )
+                events.append(self._commit_event(name, c, node))
             r = self._rollouts.get(name)
             if r is not None and node in r.parts:
                 events.append(self._prepare_event(name, r, r.parts[node]))
@@ -373,10 +407,7 @@ class Rollouts:
                 continue
             c = None if record.deleted else self.committed_state(name)
             if c is not None and node in c.nodes():  # not in memory yet: send it
-                part = c.parts[node]
-                events.append(
-                    AssignmentEvent(name, c.plan.id, c.version, "commit", len(c.plan.gpus), part)
-                )
+                events.append(self._commit_event(name, c, node))
             elif self._known_here(record, c, applied[name]):
                 events.append(AssignmentEvent(name, "", record.committed_version or 0, "remove"))
             else:

@@ -397,6 +397,10 @@ class Assignment(_message.Message):
     PART_JSON_FIELD_NUMBER: _builtins.int
     PREPARE_DEADLINE_UNIX_S_FIELD_NUMBER: _builtins.int
     EXPERT_LOCATION_ZLIB_FIELD_NUMBER: _builtins.int
+    ROLE_FIELD_NUMBER: _builtins.int
+    INSTANCE_OF_FIELD_NUMBER: _builtins.int
+    ENGINE_PORT_FIELD_NUMBER: _builtins.int
+    BOOTSTRAP_PORT_FIELD_NUMBER: _builtins.int
     deployment: _builtins.str
     plan_id: _builtins.str
     """content hash of the plan's placement"""
@@ -425,6 +429,19 @@ class Assignment(_message.Message):
     layer), as UTF-8 JSON compressed with zlib (RFC 1950). Compressed once per plan version
     and identical for every node; empty in native form.
     """
+    role: _builtins.str
+    """The engine instance this deployment is (a deployment stated by demand and SLOs runs as
+    several instances, each a deployment of its own; see EngineService.WatchInstances), set
+    whenever part_json is set; empty / 0 for a deployment not cut into instances. Routers
+    reach the instance at http://<address of its first node>:<engine_port>.
+    "aggregated" | "prefill" | "decode"; "" when not an instance
+    """
+    instance_of: _builtins.str
+    """the deployment the instance serves; "" when not an instance"""
+    engine_port: _builtins.int
+    """the engine's HTTP port (TCP); 0 = the engine's default"""
+    bootstrap_port: _builtins.int
+    """a prefill instance's SGLang bootstrap port (TCP); 0 otherwise"""
     @_builtins.property
     def gpus(self) -> _containers.RepeatedCompositeFieldContainer[Global___GpuAssignment]:
         """this node's GPUs (empty for ABORT / REMOVE)"""
@@ -441,10 +458,14 @@ class Assignment(_message.Message):
         part_json: _builtins.bytes = ...,
         prepare_deadline_unix_s: _builtins.float = ...,
         expert_location_zlib: _builtins.bytes = ...,
+        role: _builtins.str = ...,
+        instance_of: _builtins.str = ...,
+        engine_port: _builtins.int = ...,
+        bootstrap_port: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["deployment", b"deployment", "expert_location_zlib", b"expert_location_zlib", "gpus", b"gpus", "part_json", b"part_json", "phase", b"phase", "plan_id", b"plan_id", "prepare_deadline_unix_s", b"prepare_deadline_unix_s", "version", b"version", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bootstrap_port", b"bootstrap_port", "deployment", b"deployment", "engine_port", b"engine_port", "expert_location_zlib", b"expert_location_zlib", "gpus", b"gpus", "instance_of", b"instance_of", "part_json", b"part_json", "phase", b"phase", "plan_id", b"plan_id", "prepare_deadline_unix_s", b"prepare_deadline_unix_s", "role", b"role", "version", b"version", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
