@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import shlex
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -92,7 +93,7 @@ def test_instance_role_and_ports_reach_the_hook(tmp_path: Path) -> None:
                 for node in record.nodes:
                     for phase in ("prepare", "commit"):
                         env = await eventually(
-                            lambda n=node, p=phase: _async(_hook_env(out, n, "mixtral", p)),
+                            _probe(out, node, "mixtral", phase),
                             what=f"{phase} hook on {node}",
                         )
                         assert env["MIXFLEET_DEPLOYMENT"] == "mixtral"
@@ -132,7 +133,7 @@ def test_instance_role_and_ports_reach_the_hook(tmp_path: Path) -> None:
                     for node in plan.nodes:
                         for phase in ("prepare", "commit"):
                             env = await eventually(
-                                lambda n=node, p=phase, d=name: _async(_hook_env(out, n, d, p)),
+                                _probe(out, node, name, phase),
                                 what=f"{phase} hook of {name} on {node}",
                             )
                             assert env["MIXFLEET_DEPLOYMENT"] == name
@@ -149,7 +150,7 @@ def test_instance_role_and_ports_reach_the_hook(tmp_path: Path) -> None:
                         assert [gpu_env[k] for k in INSTANCE_VARS] == want
             finally:
                 await sim.stop()
-                await channel.close()
+                await channel.close(None)
 
     asyncio.run(go())
 
@@ -159,5 +160,12 @@ def _first_gpu(part: dict[str, Any]) -> int:
     return int(str(part["gpus"][0]["gpu"]).rsplit("gpu", 1)[-1])
 
 
-async def _async(value: dict[str, str] | None) -> dict[str, str] | None:
-    return value
+def _probe(
+    out: Path, node: str, deployment: str, phase: str
+) -> Callable[[], Awaitable[dict[str, str] | None]]:
+    """A probe for :func:`eventually`: the hook's recorded environment, None until written."""
+
+    async def probe() -> dict[str, str] | None:
+        return _hook_env(out, node, deployment, phase)
+
+    return probe
