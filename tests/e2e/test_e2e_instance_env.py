@@ -8,7 +8,8 @@ and no ``instance`` in the written ``plan.json``. Deleted, its GPUs go to Qwen3-
 (SGLang) stated by traffic and SLOs, which the controller cuts into engine instances: on
 every node of an instance, in both hook phases, the hook sees the instance's role, the
 deployment it serves, and the engine and bootstrap ports of its stored record - where
-``EngineService.WatchInstances`` tells routers to look.
+``EngineService.WatchInstances`` tells routers to look. The COMMIT replayed when a stream
+opens carries them too, also when read back from the store alone (a restarted controller).
 """
 
 from __future__ import annotations
@@ -21,14 +22,17 @@ from typing import Any
 
 from e2e_support import Client, agent_settings, eventually, fleet, read_env, read_part, spec
 from grpc import aio
-from mixfleet.v1 import plan_pb2
+from mixfleet.v1 import agent_pb2, plan_pb2
 
 from agents.applier.env import parse_env
 from agents.simulate import SimulatedFleet
 from apis.wire.deployment import spec_to_proto
+from controlplane.server.controller import Controller
 from controlplane.server.controller.instance_records import InstanceRecord
+from controlplane.server.controller.rollout import Rollouts
 from controlplane.server.inprocess import FAST, start_controller
 from controlplane.store import Store
+from controlplane.wire.plans import assignment_to_proto
 from policies.engines import EngineSpec
 from policies.serving.traffic import LengthDist, Slo, Traffic
 from policies.spec import DeploymentSpec, WorkloadSpec
@@ -148,11 +152,25 @@ def test_instance_role_and_ports_reach_the_hook(tmp_path: Path) -> None:
                         }
                         gpu_env = read_env(plan_dir, node, name, _first_gpu(part))
                         assert [gpu_env[k] for k in INSTANCE_VARS] == want
+                        _check_replay(ctl.controller, node, name, r)
             finally:
                 await sim.stop()
                 await channel.close(None)
 
     asyncio.run(go())
+
+
+def _check_replay(controller: Controller, node: str, name: str, r: InstanceRecord) -> None:
+    """The COMMIT a stream opening replays carries the instance too: from the controller's
+    memory, and from the store alone (as after a restart)."""
+    live = controller.rollouts
+    fresh = Rollouts(live.ctx, live.nodes, live.watchers, on_commit=lambda _: None)
+    for rollouts, cached in ((live, True), (fresh, False)):
+        events, _ = rollouts.snapshot(node, {}, cached=cached)
+        (msg,) = [assignment_to_proto(e) for e in events if e.deployment == name]
+        assert msg.phase == agent_pb2.ASSIGNMENT_PHASE_COMMIT and msg.part_json
+        got = (msg.role, msg.instance_of, msg.engine_port, msg.bootstrap_port)
+        assert got == (r.role, r.of, r.port, r.bootstrap_port), (cached, got)
 
 
 def _first_gpu(part: dict[str, Any]) -> int:
