@@ -95,17 +95,7 @@ def test_instance_role_and_ports_reach_the_hook(tmp_path: Path) -> None:
                 await c.wait_committed("mixtral", 1)
                 record = await c.plan("mixtral")
                 for node in record.nodes:
-                    for phase in ("prepare", "commit"):
-                        env = await eventually(
-                            _probe(out, node, "mixtral", phase),
-                            what=f"{phase} hook on {node}",
-                        )
-                        assert env["MIXFLEET_DEPLOYMENT"] == "mixtral"
-                        assert [env[k] for k in INSTANCE_VARS] == ["", "", "0", "0"], env
-                    part = read_part(plan_dir, node, "mixtral")
-                    assert part is not None and "instance" not in part
-                    gpu_env = read_env(plan_dir, node, "mixtral", _first_gpu(part))
-                    assert [gpu_env[k] for k in INSTANCE_VARS] == ["", "", "0", "0"]
+                    await _check_node(plan_dir, out, node, "mixtral", None)
                 await c.plans.DeleteDeployment(
                     plan_pb2.DeleteDeploymentRequest(name="mixtral"), timeout=10
                 )
@@ -130,34 +120,43 @@ def test_instance_role_and_ports_reach_the_hook(tmp_path: Path) -> None:
                 assert roles <= {"aggregated", "prefill", "decode"} and roles, recs
                 for name, r in recs.items():
                     plan = ctl.controller.store.committed_plan(name)
-                    assert plan is not None
-                    want = [r.role, "q", str(r.port), str(r.bootstrap_port)]
-                    assert r.port > 0
+                    assert plan is not None and r.port > 0 and r.of == "q"
                     assert (r.bootstrap_port > 0) == (r.role == "prefill")
                     for node in plan.nodes:
-                        for phase in ("prepare", "commit"):
-                            env = await eventually(
-                                _probe(out, node, name, phase),
-                                what=f"{phase} hook of {name} on {node}",
-                            )
-                            assert env["MIXFLEET_DEPLOYMENT"] == name
-                            assert [env[k] for k in INSTANCE_VARS] == want, (name, node, env)
-                        part = read_part(plan_dir, node, name)
-                        assert part is not None
-                        assert part["instance"] == {
-                            "role": r.role,
-                            "of": "q",
-                            "engine_port": r.port,
-                            "bootstrap_port": r.bootstrap_port,
-                        }
-                        gpu_env = read_env(plan_dir, node, name, _first_gpu(part))
-                        assert [gpu_env[k] for k in INSTANCE_VARS] == want
+                        await _check_node(plan_dir, out, node, name, r)
                         _check_replay(ctl.controller, node, name, r)
             finally:
                 await sim.stop()
                 await channel.close(None)
 
     asyncio.run(go())
+
+
+async def _check_node(
+    plan_dir: Path, out: Path, node: str, name: str, r: InstanceRecord | None
+) -> None:
+    """Both hook phases, the engine env file and plan.json of ``name`` on ``node`` carry
+    instance ``r`` (None: a plain deployment, empty and zero)."""
+    want = ["", "", "0", "0"] if r is None else [r.role, r.of, str(r.port), str(r.bootstrap_port)]
+    for phase in ("prepare", "commit"):
+        env = await eventually(
+            _probe(out, node, name, phase), what=f"{phase} hook of {name} on {node}"
+        )
+        assert env["MIXFLEET_DEPLOYMENT"] == name
+        assert [env[k] for k in INSTANCE_VARS] == want, (name, node, env)
+    part = read_part(plan_dir, node, name)
+    assert part is not None
+    if r is None:
+        assert "instance" not in part
+    else:
+        assert part["instance"] == {
+            "role": r.role,
+            "of": r.of,
+            "engine_port": r.port,
+            "bootstrap_port": r.bootstrap_port,
+        }
+    gpu_env = read_env(plan_dir, node, name, _first_gpu(part))
+    assert [gpu_env[k] for k in INSTANCE_VARS] == want
 
 
 def _check_replay(controller: Controller, node: str, name: str, r: InstanceRecord) -> None:
