@@ -27,7 +27,7 @@ from controlplane.router.balance import Choice, RankState, choose
 from controlplane.router.instances import instance_set
 from controlplane.router.settings import RouterSettings
 from controlplane.router.state import InstanceState
-from controlplane.router.traffic import Sample, TrafficBook, report_forever
+from controlplane.router.traffic import Sample, Slo, TrafficBook, report_forever
 
 if TYPE_CHECKING:
     from controlplane.router.proxy import Router
@@ -193,6 +193,7 @@ class Fleet:
         if watched is None:
             return
         r = self.router
+        self.traffic.set_slo(deployment, Slo(message.slo_ttft_ms, message.slo_tpot_ms))
         got = instance_set(message, watched)
         for line in got.skipped:
             if line not in self._noted:  # once per router, not once per message

@@ -21,7 +21,13 @@ Per request routed to an instance of a watched deployment (:class:`Sample`):
   bytes) / (output tokens - 1), of a streamed answer with two tokens or more. An answer
   that is not streamed shows neither (the router sees it whole).
 
-A window's report carries requests, input/output mean and p90, TTFT/TPOT p50 and p99
+* SLO: a streamed answer with a TTFT is *judged* against the deployment's SLO (the targets
+  ``Instances.slo_ttft_ms`` / ``slo_tpot_ms`` from ``WatchInstances``; a deployment without
+  one judges nothing) and *met* when its TTFT and its TPOT are both within their targets (a
+  target of 0 is none; an answer of one token has no TPOT and meets that target). An
+  answer that is not streamed is not judged: the router sees no TTFT or TPOT of it.
+
+A window's report carries requests, judged and met requests, input/output mean and p90, TTFT/TPOT p50 and p99
 (:func:`policies.serving.sim_types.percentiles`, as the serving simulator reports them);
 a window with no request is sent too (demand fell to 0). A failed report is logged once
 per streak of failures and never touches requests.
@@ -111,6 +117,26 @@ class Sample:
         return (self.prompt_tokens if prompt is None else prompt), output
 
 
+@dataclass(frozen=True)
+class Slo:
+    """A deployment's latency targets as ``Instances`` carries them (0 = no target).
+
+    Attributes:
+        ttft_ms: time to first token target, ms.
+        tpot_ms: time per output token target, ms.
+    """
+
+    ttft_ms: float = 0.0
+    tpot_ms: float = 0.0
+
+    def met(self, ttft_ms: float, tpot_ms: float | None) -> bool:
+        """Whether a request with this TTFT (ms) and TPOT (ms; None = one token) met both
+        targets."""
+        ttft_ok = self.ttft_ms <= 0 or ttft_ms <= self.ttft_ms
+        tpot_ok = self.tpot_ms <= 0 or tpot_ms is None or tpot_ms <= self.tpot_ms
+        return ttft_ok and tpot_ok
+
+
 @dataclass
 class Window:
     """One deployment's measurements since its last report.
@@ -120,6 +146,7 @@ class Window:
         requests: requests that arrived.
         input_tokens, output_tokens: per finished request, tokens.
         ttft_ms, tpot_ms: per streamed request, milliseconds.
+        slo_judged, slo_met: streamed requests judged against the SLO, and those that met it.
     """
 
     start_unix_s: float
@@ -128,6 +155,8 @@ class Window:
     output_tokens: list[float] = field(default_factory=list)
     ttft_ms: list[float] = field(default_factory=list)
     tpot_ms: list[float] = field(default_factory=list)
+    slo_judged: int = 0
+    slo_met: int = 0
 
     def report(self, deployment: str, reporter: str, end_unix_s: float) -> engine_pb2.TrafficReport:
         """The ``TrafficReport`` of this window, ending at ``end_unix_s``."""
@@ -147,6 +176,8 @@ class Window:
             ttft_ms_p99=ttft.p99,
             tpot_ms_p50=tpot.p50,
             tpot_ms_p99=tpot.p99,
+            slo_judged=self.slo_judged,
+            slo_met=self.slo_met,
         )
 
 
@@ -168,6 +199,8 @@ class TrafficBook:
         self.clock = clock
         now = clock()
         self.windows = {d: Window(now) for d in deployments}
+        #: deployment -> its SLO (from its last ``Instances`` message; absent = none)
+        self.slos: dict[str, Slo] = {}
         labels = ["deployment"]
         r = registry
         self.arrived = Counter(
@@ -220,6 +253,13 @@ class TrafficBook:
             )
         return kids
 
+    def set_slo(self, deployment: str, slo: Slo) -> None:
+        """``deployment``'s SLO is now ``slo`` (no target at all: none)."""
+        if slo.ttft_ms > 0 or slo.tpot_ms > 0:
+            self.slos[deployment] = slo
+        else:
+            self.slos.pop(deployment, None)
+
     def arrive(self, deployment: str) -> None:
         """A request of ``deployment`` arrived."""
         w = self.windows.get(deployment)
@@ -242,10 +282,16 @@ class TrafficBook:
             ttft_s = sample.first_s - sample.arrived_s
             w.ttft_ms.append(ttft_s * 1e3)
             ttft.observe(ttft_s)
+            tpot_ms: float | None = None
             if output > 1:
                 tpot_s = (sample.last_s - sample.first_s) / (output - 1)
-                w.tpot_ms.append(tpot_s * 1e3)
+                tpot_ms = tpot_s * 1e3
+                w.tpot_ms.append(tpot_ms)
                 tpot.observe(tpot_s)
+            slo = self.slos.get(sample.deployment)
+            if slo is not None:
+                w.slo_judged += 1
+                w.slo_met += int(slo.met(ttft_s * 1e3, tpot_ms))
 
     def close(self, deployment: str, reporter: str) -> engine_pb2.TrafficReport:
         """End ``deployment``'s window now: its report; the next window starts."""

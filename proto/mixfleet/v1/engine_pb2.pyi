@@ -379,11 +379,23 @@ class Instances(_message.Message):
     ENGINE_FIELD_NUMBER: _builtins.int
     GENERATION_FIELD_NUMBER: _builtins.int
     INSTANCES_FIELD_NUMBER: _builtins.int
+    SLO_TTFT_MS_FIELD_NUMBER: _builtins.int
+    SLO_TPOT_MS_FIELD_NUMBER: _builtins.int
+    SLO_PERCENTILE_FIELD_NUMBER: _builtins.int
     deployment: _builtins.str
     engine: _builtins.str
     """"sglang" | "vllm" | "trtllm" | "native" """
     generation: _builtins.int
     """grows whenever anything listed changes"""
+    slo_ttft_ms: _builtins.float
+    """The deployment's latency SLO (spec.slo); 0 = no target. The router judges each
+    streamed request against it (TrafficReport.slo_judged / slo_met).
+    time to first token target, ms
+    """
+    slo_tpot_ms: _builtins.float
+    """time per output token target, ms"""
+    slo_percentile: _builtins.float
+    """share of requests that should meet both, % (0 = none)"""
     @_builtins.property
     def instances(self) -> _containers.RepeatedCompositeFieldContainer[Global___Instance]: ...
     def __init__(
@@ -393,10 +405,13 @@ class Instances(_message.Message):
         engine: _builtins.str = ...,
         generation: _builtins.int = ...,
         instances: _abc.Iterable[Global___Instance] | None = ...,
+        slo_ttft_ms: _builtins.float = ...,
+        slo_tpot_ms: _builtins.float = ...,
+        slo_percentile: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["deployment", b"deployment", "engine", b"engine", "generation", b"generation", "instances", b"instances"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deployment", b"deployment", "engine", b"engine", "generation", b"generation", "instances", b"instances", "slo_percentile", b"slo_percentile", "slo_tpot_ms", b"slo_tpot_ms", "slo_ttft_ms", b"slo_ttft_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -421,6 +436,8 @@ class TrafficReport(_message.Message):
     TTFT_MS_P99_FIELD_NUMBER: _builtins.int
     TPOT_MS_P50_FIELD_NUMBER: _builtins.int
     TPOT_MS_P99_FIELD_NUMBER: _builtins.int
+    SLO_JUDGED_FIELD_NUMBER: _builtins.int
+    SLO_MET_FIELD_NUMBER: _builtins.int
     deployment: _builtins.str
     reporter: _builtins.str
     """who measured (router name); non-empty"""
@@ -441,6 +458,11 @@ class TrafficReport(_message.Message):
     tpot_ms_p50: _builtins.float
     """time per output token the router observed, ms"""
     tpot_ms_p99: _builtins.float
+    slo_judged: _builtins.int
+    """Streamed requests (the only ones with a TTFT/TPOT) judged against the SLO that
+    WatchInstances gave, and those whose TTFT and TPOT both met it; slo_met <= slo_judged.
+    """
+    slo_met: _builtins.int
     def __init__(
         self,
         *,
@@ -457,10 +479,12 @@ class TrafficReport(_message.Message):
         ttft_ms_p99: _builtins.float = ...,
         tpot_ms_p50: _builtins.float = ...,
         tpot_ms_p99: _builtins.float = ...,
+        slo_judged: _builtins.int = ...,
+        slo_met: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["deployment", b"deployment", "end_unix_s", b"end_unix_s", "input_tokens_mean", b"input_tokens_mean", "input_tokens_p90", b"input_tokens_p90", "output_tokens_mean", b"output_tokens_mean", "output_tokens_p90", b"output_tokens_p90", "reporter", b"reporter", "requests", b"requests", "start_unix_s", b"start_unix_s", "tpot_ms_p50", b"tpot_ms_p50", "tpot_ms_p99", b"tpot_ms_p99", "ttft_ms_p50", b"ttft_ms_p50", "ttft_ms_p99", b"ttft_ms_p99"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deployment", b"deployment", "end_unix_s", b"end_unix_s", "input_tokens_mean", b"input_tokens_mean", "input_tokens_p90", b"input_tokens_p90", "output_tokens_mean", b"output_tokens_mean", "output_tokens_p90", b"output_tokens_p90", "reporter", b"reporter", "requests", b"requests", "slo_judged", b"slo_judged", "slo_met", b"slo_met", "start_unix_s", b"start_unix_s", "tpot_ms_p50", b"tpot_ms_p50", "tpot_ms_p99", b"tpot_ms_p99", "ttft_ms_p50", b"ttft_ms_p50", "ttft_ms_p99", b"ttft_ms_p99"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -19,7 +19,7 @@ from support.scripted_controller import ScriptedEngineService, instance, scripte
 
 from controlplane.router.instances import instance_set
 from controlplane.router.settings import Watched
-from controlplane.router.traffic import Sample, TrafficBook
+from controlplane.router.traffic import Sample, Slo, TrafficBook
 
 if TYPE_CHECKING:
     from controlplane.router.proxy import Router
@@ -257,6 +257,39 @@ def test_a_window_report_has_the_window_figures() -> None:
     now[0] = 120.0
     empty = book.close(DS, "me")
     assert (empty.start_unix_s, empty.requests, empty.ttft_ms_p50) == (110.0, 0, 0)
+
+
+def _streamed(first_s: float, last_s: float, tokens: int, *, stream: bool = True) -> Sample:
+    """A finished answer of ``tokens`` output tokens, arrived at 0 (seconds)."""
+    s = Sample(DS, 0.0, prompt_tokens=8, expected_output=tokens)
+    s.answer(200, "text/event-stream" if stream else "application/json")
+    s.first_s, s.last_s = first_s, last_s
+    s.last = f'{{"usage": {{"completion_tokens": {tokens}}}}}'.encode()
+    return s
+
+
+def test_slo_counts_streamed_requests_meeting_each_target() -> None:
+    from prometheus_client import CollectorRegistry
+
+    book = TrafficBook([DS], CollectorRegistry(), clock=lambda: 100.0)
+    book.finish(_streamed(0.05, 0.35, 4))  # before any SLO: not judged
+    book.set_slo(DS, Slo(ttft_ms=100, tpot_ms=20))
+    book.finish(_streamed(0.05, 0.08, 4))  # TTFT 50 ms, TPOT 10 ms: met
+    book.finish(_streamed(0.15, 0.18, 4))  # TTFT 150 ms: missed
+    book.finish(_streamed(0.05, 0.35, 4))  # TPOT 100 ms: missed
+    book.finish(_streamed(0.05, 0.05, 1))  # one token, no TPOT, TTFT met: met
+    book.finish(_streamed(0.0, 0.0, 4, stream=False))  # not streamed: not judged
+    failed = _streamed(0.05, 0.08, 4)
+    failed.status = 500
+    book.finish(failed)  # no answer counts: not judged
+    r = book.close(DS, "me")
+    assert (r.slo_judged, r.slo_met) == (4, 2)
+    book.set_slo(DS, Slo(ttft_ms=0, tpot_ms=20))  # TTFT without target
+    book.finish(_streamed(0.15, 0.18, 4))
+    book.set_slo(DS, Slo())  # no SLO any more
+    book.finish(_streamed(0.05, 0.08, 4))
+    r = book.close(DS, "me")
+    assert (r.slo_judged, r.slo_met) == (1, 1)
 
 
 @pytest.mark.parametrize(
