@@ -27,7 +27,8 @@ from controlplane.router.balance import Choice, RankState, choose
 from controlplane.router.instances import instance_set
 from controlplane.router.settings import RouterSettings
 from controlplane.router.state import InstanceState
-from controlplane.router.traffic import Sample, Slo, TrafficBook, report_forever
+from controlplane.router.traffic import Sample, TrafficBook, report_forever
+from policies.serving.traffic import Slo
 
 if TYPE_CHECKING:
     from controlplane.router.proxy import Router
@@ -193,7 +194,8 @@ class Fleet:
         if watched is None:
             return
         r = self.router
-        self.traffic.set_slo(deployment, Slo(message.slo_ttft_ms, message.slo_tpot_ms))
+        m = message
+        self.traffic.set_slo(deployment, Slo(m.slo_ttft_ms, m.slo_tpot_ms, m.slo_percentile))
         got = instance_set(message, watched)
         for line in got.skipped:
             if line not in self._noted:  # once per router, not once per message

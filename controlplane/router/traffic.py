@@ -46,6 +46,7 @@ from mixfleet.v1 import engine_pb2
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from policies.serving.sim_types import percentiles
+from policies.serving.traffic import Slo
 
 log = structlog.get_logger("mixfleet.router.traffic")
 
@@ -115,26 +116,6 @@ class Sample:
             else:
                 output = self.expected_output
         return (self.prompt_tokens if prompt is None else prompt), output
-
-
-@dataclass(frozen=True)
-class Slo:
-    """A deployment's latency targets as ``Instances`` carries them (0 = no target).
-
-    Attributes:
-        ttft_ms: time to first token target, ms.
-        tpot_ms: time per output token target, ms.
-    """
-
-    ttft_ms: float = 0.0
-    tpot_ms: float = 0.0
-
-    def met(self, ttft_ms: float, tpot_ms: float | None) -> bool:
-        """Whether a request with this TTFT (ms) and TPOT (ms; None = one token) met both
-        targets."""
-        ttft_ok = self.ttft_ms <= 0 or ttft_ms <= self.ttft_ms
-        tpot_ok = self.tpot_ms <= 0 or tpot_ms is None or tpot_ms <= self.tpot_ms
-        return ttft_ok and tpot_ok
 
 
 @dataclass
@@ -254,8 +235,9 @@ class TrafficBook:
         return kids
 
     def set_slo(self, deployment: str, slo: Slo) -> None:
-        """``deployment``'s SLO is now ``slo`` (no target at all: none)."""
-        if slo.ttft_ms > 0 or slo.tpot_ms > 0:
+        """``deployment``'s SLO is now ``slo`` (no target at all, or a percentile of 0:
+        none)."""
+        if (slo.ttft_ms > 0 or slo.tpot_ms > 0) and slo.percentile > 0:
             self.slos[deployment] = slo
         else:
             self.slos.pop(deployment, None)
@@ -282,7 +264,7 @@ class TrafficBook:
             ttft_s = sample.first_s - sample.arrived_s
             w.ttft_ms.append(ttft_s * 1e3)
             ttft.observe(ttft_s)
-            tpot_ms: float | None = None
+            tpot_ms = 0.0  # one token: no TPOT, its target holds
             if output > 1:
                 tpot_s = (sample.last_s - sample.first_s) / (output - 1)
                 tpot_ms = tpot_s * 1e3

@@ -19,7 +19,8 @@ from support.scripted_controller import ScriptedEngineService, instance, scripte
 
 from controlplane.router.instances import instance_set
 from controlplane.router.settings import Watched
-from controlplane.router.traffic import Sample, Slo, TrafficBook
+from controlplane.router.traffic import Sample, TrafficBook
+from policies.serving.traffic import Slo
 
 if TYPE_CHECKING:
     from controlplane.router.proxy import Router
@@ -284,9 +285,9 @@ def test_slo_counts_streamed_requests_meeting_each_target() -> None:
     book.finish(failed)  # no answer counts: not judged
     r = book.close(DS, "me")
     assert (r.slo_judged, r.slo_met) == (4, 2)
-    book.set_slo(DS, Slo(ttft_ms=0, tpot_ms=20))  # TTFT without target
+    book.set_slo(DS, Slo(ttft_ms=0, tpot_ms=20, percentile=90))  # TTFT without target
     book.finish(_streamed(0.15, 0.18, 4))
-    book.set_slo(DS, Slo())  # no SLO any more
+    book.set_slo(DS, Slo(ttft_ms=100, tpot_ms=20, percentile=0))  # no SLO any more
     book.finish(_streamed(0.05, 0.08, 4))
     r = book.close(DS, "me")
     assert (r.slo_judged, r.slo_met) == (1, 1)
