@@ -50,6 +50,9 @@ def instances_to_proto(s: InstanceSet, generation: int) -> engine_pb2.Instances:
         engine=s.engine,
         generation=generation,
         instances=[instance_to_proto(i) for i in s.instances],
+        slo_ttft_ms=s.slo_ttft_ms,
+        slo_tpot_ms=s.slo_tpot_ms,
+        slo_percentile=s.slo_percentile,
     )
 
 

@@ -173,6 +173,30 @@ def test_a_deployment_without_traffic_and_slo_is_only_measured() -> None:
     assert run.status.measured.requests_per_s == pytest.approx(50.0)
 
 
+def test_slo_counts_add_up_over_reporters_and_windows_into_the_attainment() -> None:
+    a = window(T0, 6.0, reporter="a", slo_judged=40, slo_met=36)
+    b = window(T0, 2.0, reporter="b", slo_judged=10, slo_met=4)
+    m = measure([a, b], T0, T0 + 10.0)
+    assert (m.slo_judged, m.slo_met) == (50, 40) and m.slo_attainment == pytest.approx(0.8)
+    # half a window inside the span counts with half its counts
+    half = measure([window(T0 - 5.0, 4.0, slo_judged=20, slo_met=10)], T0, T0 + 10.0)
+    assert (half.slo_judged, half.slo_met) == (10, 5)
+    # nothing judged: no attainment, none in the status form; the form reads back
+    none = measure([window(T0, 4.0)], T0, T0 + 10.0)
+    assert none.slo_attainment is None and "sloAttainment" not in none.to_doc()
+    assert m.to_doc()["sloAttainment"] == pytest.approx(0.8)
+    assert MeasuredDemand.from_doc(m.to_doc()) == m
+    # the tracker sums them over the windows of its span, as it does requests
+    tracker = DriftTracker(SETTINGS)
+    for k, (judged, met) in enumerate([(10, 10), (10, 5), (20, 0)]):
+        start = T0 + 10.0 * k
+        assert tracker.add(window(start, 2.0, slo_judged=judged, slo_met=met), start + 11.0)
+    status, _ = tracker.decide("d", DemandStatus(), SPEC, T0 + 31.0)
+    assert status.measured is not None
+    assert (status.measured.slo_judged, status.measured.slo_met) == pytest.approx((40, 15))
+    assert status.measured.slo_attainment == pytest.approx(15 / 40)
+
+
 def test_status_reads_back_and_traffic_for_follows_it() -> None:
     run = Run()
     run.feed(T0, 60.0, 20.0)
@@ -224,6 +248,10 @@ def test_old_windows_do_not_count() -> None:
         ({"ttft_ms_p99": 100.0}, "ttft_ms_p99"),  # below its p50 of 300
         ({"tpot_ms_p50": math.nan}, "tpot_ms_p50"),
         ({"tpot_ms_p99": 10.0}, "tpot_ms_p99"),  # below its p50 of 20
+        ({"slo_judged": -1}, "slo_judged"),
+        ({"slo_judged": 10**13}, "slo_judged"),
+        ({"slo_judged": 2, "slo_met": 3}, "slo_met"),
+        ({"slo_met": -1}, "slo_met"),
     ],
 )
 def test_each_malformed_report_names_its_field(change: dict[str, Any], field: str) -> None:

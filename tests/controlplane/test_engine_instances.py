@@ -103,6 +103,7 @@ def test_an_aggregated_deployment_lists_itself_and_follows_commits_and_addresses
                 watch = Stream(engine_pb2_grpc.EngineServiceStub(ch), "mx")
                 first = await watch.next()
                 assert first.deployment == "mx" and first.engine == "vllm"
+                assert (first.slo_ttft_ms, first.slo_percentile) == (0, 0)  # no spec.slo
                 ready = first
                 if not first.instances[0].ready:  # usually: nothing committed yet
                     (pending,) = first.instances
@@ -145,7 +146,9 @@ def test_a_planned_deployment_lists_its_instance_records(tmp_path: Path) -> None
             store.put_deployment(PLANNED, now_s=c.clock())
             engine = engine_pb2_grpc.EngineServiceStub(ch)
             watch = Stream(engine, "p")
-            assert list((await watch.next()).instances) == []  # planned, nothing written yet
+            empty = await watch.next()
+            assert list(empty.instances) == []  # planned, nothing written yet
+            assert (empty.slo_ttft_ms, empty.slo_tpot_ms, empty.slo_percentile) == (1000, 50, 90)
 
             records = {
                 "p-prefill-0": _record("p", "prefill", ("n0",), 30000, bootstrap_port=8998),
@@ -233,6 +236,8 @@ def _report(start_s: float, rps: float, reporter: str = "r0", **changes: Any) ->
         "ttft_ms_p99": 900.0,
         "tpot_ms_p50": 20.0,
         "tpot_ms_p99": 45.0,
+        "slo_judged": 10,
+        "slo_met": 9,
     }
     fields.update(changes)
     return engine_pb2.TrafficReport(**fields)
@@ -250,6 +255,7 @@ def _report(start_s: float, rps: float, reporter: str = "r0", **changes: Any) ->
         ({"ttft_ms_p99": 1.0}, "ttft_ms_p99"),
         ({"tpot_ms_p50": math.nan}, "tpot_ms_p50"),
         ({"requests": 2**63}, "requests"),
+        ({"slo_judged": 2, "slo_met": 3}, "slo_met"),
     ],
 )
 def test_a_malformed_report_is_invalid_argument_naming_its_field(
@@ -328,6 +334,7 @@ def test_a_sustained_shift_replans_once_and_survives_a_restart(tmp_path: Path) -
             assert st.replans == 1 and "above the planned 10 requests/s" in st.last_replan_reason
             assert st.measured is not None and st.measured.requests_per_s == pytest.approx(90.0)
             assert st.measured.reporters == 2 and st.measured.ttft_ms_p99 == 900.0
+            assert st.measured.slo_attainment == pytest.approx(0.9)  # 9 of 10 per window
 
         async with start_controller(tmp_path, run_loop=False, clock=lambda: now[0]) as ctl2:
             d = ctl2.controller.store.get_deployment("p")

@@ -107,11 +107,16 @@ class InstanceSet:
         deployment: the deployment served.
         engine: its engine (``sglang`` | ``vllm`` | ``trtllm`` | ``native``).
         instances: by name.
+        slo_ttft_ms, slo_tpot_ms: the deployment's SLO targets (``spec.slo``), ms; 0 = none.
+        slo_percentile: the share of requests that should meet both, %; 0 = no SLO.
     """
 
     deployment: str
     engine: str
     instances: tuple[InstanceEndpoint, ...]
+    slo_ttft_ms: float = 0.0
+    slo_tpot_ms: float = 0.0
+    slo_percentile: float = 0.0
 
 
 def engine_url(host: str, port: int) -> str:
@@ -142,19 +147,22 @@ def instance_set(
     if d is None:
         raise NotFoundError(f"no deployment {name!r}", field="deployment")
     engine = d.spec.engine.name
+    slo = d.spec.slo
+    targets = (slo.ttft_ms, slo.tpot_ms, slo.percentile) if slo is not None else (0.0, 0.0, 0.0)
     own = InstanceRecord.from_status(d.status)
     if own is not None:  # an instance itself: as its deployment lists it
-        return InstanceSet(name, engine, (_from_record(d, own, host_of),))
+        return InstanceSet(name, engine, (_from_record(d, own, host_of),), *targets)
     names = instance_names(store, d)
     if not names and not is_planned(d.spec):
-        return InstanceSet(name, engine, (_aggregated(store, host_of, d, engine_port),))
+        one = (_aggregated(store, host_of, d, engine_port),)
+        return InstanceSet(name, engine, one, *targets)
     out = []
     for n in names:
         inst = store.get_deployment(n)
         r = InstanceRecord.from_status(inst.status) if inst is not None else None
         if inst is not None and r is not None and r.of == name:
             out.append(_from_record(inst, r, host_of))
-    return InstanceSet(name, engine, tuple(out))
+    return InstanceSet(name, engine, tuple(out), *targets)
 
 
 def _from_record(

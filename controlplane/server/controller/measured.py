@@ -16,6 +16,8 @@ least :data:`MIN_BUCKET_COVERAGE` of it; gaps count as no data, never as zero tr
 arrive as summaries (mean, p90, p50, p99) and a percentile of a union cannot be recovered
 from summaries; the merged figure is the request-weighted mean of the reporters' figures
 (exact for means, and for percentiles when the reporters see the same distribution).
+SLO counts (streamed requests judged against the SLO, and those that met it) add up
+exactly, like requests; the attainment is met / judged over the span.
 
 **Planning for a measurement** (:func:`measured_traffic`): a
 :class:`~policies.serving.traffic.Traffic` with lognormal lengths fitted to the measured mean
@@ -127,6 +129,8 @@ class TrafficWindow:
         ttft_ms_p99: 99th percentile time to first token observed, ms.
         tpot_ms_p50: median time per output token observed, ms.
         tpot_ms_p99: 99th percentile time per output token observed, ms.
+        slo_judged: streamed requests judged against the SLO.
+        slo_met: those whose TTFT and TPOT both met it (<= ``slo_judged``).
     """
 
     deployment: str
@@ -142,6 +146,8 @@ class TrafficWindow:
     ttft_ms_p99: float = 0.0
     tpot_ms_p50: float = 0.0
     tpot_ms_p99: float = 0.0
+    slo_judged: int = 0
+    slo_met: int = 0
 
     @property
     def span_s(self) -> float:
@@ -188,6 +194,18 @@ def check_window(w: TrafficWindow, settings: DemandSettings) -> None:
             f"{MAX_REQUESTS_PER_S:g} requests/s)",
             field="requests",
         )
+    if w.slo_judged < 0 or w.slo_judged / w.span_s > MAX_REQUESTS_PER_S:
+        raise InputError(
+            f"{w.slo_judged} over {w.span_s:g} s is out of range (at most "
+            f"{MAX_REQUESTS_PER_S:g} requests/s)",
+            field="slo_judged",
+        )
+    if not 0 <= w.slo_met <= w.slo_judged:
+        raise InputError(
+            f"{w.slo_met} is not in [0, slo_judged {w.slo_judged}]. To fix: count only judged "
+            "requests as met",
+            field="slo_met",
+        )
     for name in _TOKEN_FIELDS:
         _check_figure(getattr(w, name), name, MAX_LENGTH_TOKENS)
     for name in _MS_FIELDS:
@@ -228,6 +246,8 @@ class MeasuredDemand:
         tpot_ms_p50: median time per output token observed, ms.
         tpot_ms_p99: 99th percentile time per output token observed, ms.
         reporters: routers whose windows fall in the span.
+        slo_judged: streamed requests judged against the SLO in the span.
+        slo_met: those that met it.
     """
 
     start_s: float
@@ -243,10 +263,19 @@ class MeasuredDemand:
     tpot_ms_p50: float = 0.0
     tpot_ms_p99: float = 0.0
     reporters: int = 0
+    slo_judged: float = 0.0
+    slo_met: float = 0.0
+
+    @property
+    def slo_attainment(self) -> float | None:
+        """Share of the judged requests that met the SLO, in [0, 1]; None when none was
+        judged."""
+        return min(self.slo_met / self.slo_judged, 1.0) if self.slo_judged > 0 else None
 
     def to_doc(self) -> dict[str, Any]:
-        """The status form (camelCase, JSON values)."""
-        return {
+        """The status form (camelCase, JSON values; ``sloAttainment`` only when some
+        request was judged)."""
+        doc: dict[str, Any] = {
             "startUnixS": self.start_s,
             "endUnixS": self.end_s,
             "requestsPerS": self.requests_per_s,
@@ -256,7 +285,12 @@ class MeasuredDemand:
             "ttftMs": {"p50": self.ttft_ms_p50, "p99": self.ttft_ms_p99},
             "tpotMs": {"p50": self.tpot_ms_p50, "p99": self.tpot_ms_p99},
             "reporters": self.reporters,
+            "sloJudged": self.slo_judged,
+            "sloMet": self.slo_met,
         }
+        if self.slo_attainment is not None:
+            doc["sloAttainment"] = self.slo_attainment
+        return doc
 
     @staticmethod
     def from_doc(doc: Any) -> MeasuredDemand | None:
@@ -280,6 +314,8 @@ class MeasuredDemand:
                 tpot_ms_p50=float(tpot["p50"]),
                 tpot_ms_p99=float(tpot["p99"]),
                 reporters=int(doc.get("reporters", 0)),
+                slo_judged=float(doc.get("sloJudged", 0.0)),
+                slo_met=float(doc.get("sloMet", 0.0)),
             )
         except (KeyError, TypeError, ValueError):
             return None
@@ -296,17 +332,23 @@ class Share:
         covered_s: seconds of the span its windows cover.
         requests: requests in it (a window's spread evenly over the window).
         weighted: request-weighted sums of the figures, in the order of ``_FIGURES``.
+        slo_judged, slo_met: SLO counts in it (a window's spread evenly, like requests).
     """
 
     covered_s: float = 0.0
     requests: float = 0.0
     weighted: list[float] = field(default_factory=lambda: [0.0] * len(_FIGURES))
+    slo_judged: float = 0.0
+    slo_met: float = 0.0
 
     def add(self, w: TrafficWindow, inside_s: float) -> None:
         """Add the ``inside_s`` seconds of ``w`` that fall in the span."""
-        n = w.requests * inside_s / w.span_s
+        part = inside_s / w.span_s
+        n = w.requests * part
         self.covered_s += inside_s
         self.requests += n
+        self.slo_judged += w.slo_judged * part
+        self.slo_met += w.slo_met * part
         for i, name in enumerate(_FIGURES):
             self.weighted[i] += n * getattr(w, name)
 
@@ -314,6 +356,8 @@ class Share:
         """Add another span's share of the same reporter."""
         self.covered_s += other.covered_s
         self.requests += other.requests
+        self.slo_judged += other.slo_judged
+        self.slo_met += other.slo_met
         self.weighted = [a + b for a, b in zip(self.weighted, other.weighted, strict=True)]
 
 
@@ -332,6 +376,8 @@ def demand_of(shares: Mapping[str, Share], start_s: float, end_s: float) -> Meas
         requests_per_s=rate,
         requests=total,
         reporters=len(shares),
+        slo_judged=sum(x.slo_judged for x in shares.values()),
+        slo_met=sum(x.slo_met for x in shares.values()),
         **means,
     )
 

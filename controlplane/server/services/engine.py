@@ -90,5 +90,7 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
             ttft_ms_p99=r.ttft_ms_p99,
             tpot_ms_p50=r.tpot_ms_p50,
             tpot_ms_p99=r.tpot_ms_p99,
+            slo_judged=r.slo_judged,
+            slo_met=r.slo_met,
         )
         return engine_pb2.ReportTrafficResponse(accepted=self.c.demands.report(window))
