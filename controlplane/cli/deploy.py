@@ -263,6 +263,7 @@ def _print_demand(st: Any) -> None:
             *cells(d.planned, has_plan),
             _ms(d.predicted_ttft_ms),
             _ms(d.predicted_tpot_ms),
+            f"{d.slo_percentile:g}%" if d.slo_percentile > 0 else "-",
         ],
         [
             f"measured ({d.measured_seconds:.0f} s, {d.reporters} routers)"
@@ -271,6 +272,7 @@ def _print_demand(st: Any) -> None:
             *cells(d.measured, has_measure),
             _ms(measured.ttft_ms_p99) if measured is not None else "-",
             _ms(measured.tpot_ms_p99) if measured is not None else "-",
+            _attainment(measured),
         ],
     ]
     print()
@@ -285,13 +287,25 @@ def _print_demand(st: Any) -> None:
                 "OSL_P90",
                 "TTFT_MS",
                 "TPOT_MS",
+                "SLO_MET",
             ],
             rows,
         )
     )
     print("(TTFT/TPOT: planned = the fleet plan's prediction; measured = p99 the routers saw)")
+    print(
+        "(SLO_MET: planned = the SLO's target percentile; measured = share of the streamed "
+        "requests the routers judged that met it)"
+    )
     if d.replans:
         print(f"re-planned for measured demand {d.replans} time(s); last: {d.last_replan_reason}")
+
+
+def _attainment(measured: Any) -> str:
+    """Measured SLO attainment as a percentage, or ``-`` when none was judged."""
+    if measured is None or not measured.HasField("slo_attainment"):
+        return "-"
+    return f"{100 * measured.slo_attainment:.1f}%"
 
 
 def cmd_deploy_delete(args: argparse.Namespace) -> int:

@@ -78,6 +78,7 @@ def demand_to_proto(
         last_replan_unix_s=st.last_replan_s or 0.0,
         last_replan_reason=st.last_replan_reason,
         replans=st.replans,
+        slo_percentile=spec.slo.percentile if spec.slo is not None else 0.0,
     )
     if planned is not None:
         msg.planned.CopyFrom(
@@ -112,6 +113,7 @@ def _measured(m: MeasuredDemand) -> plan_pb2.DemandFigures:
         ttft_ms_p99=m.ttft_ms_p99,
         tpot_ms_p50=m.tpot_ms_p50,
         tpot_ms_p99=m.tpot_ms_p99,
+        slo_attainment=m.slo_attainment,
     )
 
 

@@ -65,13 +65,11 @@ async def _setup(ctl: RunningController) -> None:
     store.set_deployment_status("p", {INSTANCES_KEY: sorted(RECORDS), "fleet_plan": fleet_plan})
     end = math.floor(now / 10.0) * 10.0
     for k in range(6):  # 60 s at twice the plan, from two routers
-        for router in ("r0", "r1"):
+        for router, met in (("r0", 45), ("r1", 35)):  # SLO met by 80 of 100 judged
             start = end - 60.0 + 10.0 * k
-            c.demands.report(
-                TrafficWindow(
-                    "p", router, start, start + 10.0, 100, 2000, 3000, 400, 600, 300, 900, 20, 45
-                )
-            )
+            figures = (2000, 3000, 400, 600, 300, 900, 20, 45)
+            window = TrafficWindow("p", router, start, start + 10.0, 100, *figures, 50, met)
+            c.demands.report(window)
 
 
 @pytest.fixture
@@ -128,9 +126,10 @@ def test_deploy_get_shows_instances_and_demand(
     assert prefill[6] == "retiring"
     planned = next(x for x in lines if x.startswith("planned")).split()
     # re-planned for the measured 20 requests/s; the prediction is the fleet plan's
-    assert planned == ["planned", "(measured)", "20", "2000", "3000", "400", "600", "380.0", "31.0"]
+    # ... beside the SLO's target percentile, and the attainment the routers measured
+    assert planned[2:] == ["20", "2000", "3000", "400", "600", "380.0", "31.0", "90%"]
     measured = next(x for x in lines if x.startswith("measured")).split()
-    assert measured[-7:] == ["20", "2000", "3000", "400", "600", "900.0", "45.0"]
+    assert measured[-8:] == ["20", "2000", "3000", "400", "600", "900.0", "45.0", "80.0%"]
     assert "2 routers" in out and "re-planned for measured demand 1 time(s)" in out
 
     got = json.loads(cli(capsys, *addr, "deploy", "get", "p", "-o", "json"))["status"]
@@ -141,6 +140,8 @@ def test_deploy_get_shows_instances_and_demand(
     assert got["demand"]["planned"]["requestsPerS"] == pytest.approx(20.0)
     assert got["demand"]["plannedFromMeasurement"] is True
     assert got["demand"]["predictedTtftMs"] == 380.0
+    assert got["demand"]["measured"]["sloAttainment"] == pytest.approx(0.8)
+    assert got["demand"]["sloPercentile"] == 90
 
     listing = cli(capsys, *addr, "deploy", "get").splitlines()
     cols = listing[0].split()

@@ -715,6 +715,7 @@ class DemandStatus(_message.Message):
     LAST_REPLAN_UNIX_S_FIELD_NUMBER: _builtins.int
     LAST_REPLAN_REASON_FIELD_NUMBER: _builtins.int
     REPLANS_FIELD_NUMBER: _builtins.int
+    SLO_PERCENTILE_FIELD_NUMBER: _builtins.int
     planned_from_measurement: _builtins.bool
     measured_end_unix_s: _builtins.float
     measured_seconds: _builtins.float
@@ -728,6 +729,8 @@ class DemandStatus(_message.Message):
     """0 = the measured demand never re-planned it"""
     last_replan_reason: _builtins.str
     replans: _builtins.int
+    slo_percentile: _builtins.float
+    """the SLO's target share of requests meeting it, %; 0 = no SLO"""
     @_builtins.property
     def planned(self) -> Global___DemandFigures:
         """What it is planned for now: its spec's traffic, or the measured traffic after a
@@ -752,10 +755,11 @@ class DemandStatus(_message.Message):
         last_replan_unix_s: _builtins.float = ...,
         last_replan_reason: _builtins.str = ...,
         replans: _builtins.int = ...,
+        slo_percentile: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["measured", b"measured", "planned", b"planned"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["last_replan_reason", b"last_replan_reason", "last_replan_unix_s", b"last_replan_unix_s", "measured", b"measured", "measured_end_unix_s", b"measured_end_unix_s", "measured_seconds", b"measured_seconds", "planned", b"planned", "planned_from_measurement", b"planned_from_measurement", "predicted_tpot_ms", b"predicted_tpot_ms", "predicted_ttft_ms", b"predicted_ttft_ms", "replans", b"replans", "reporters", b"reporters"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["last_replan_reason", b"last_replan_reason", "last_replan_unix_s", b"last_replan_unix_s", "measured", b"measured", "measured_end_unix_s", b"measured_end_unix_s", "measured_seconds", b"measured_seconds", "planned", b"planned", "planned_from_measurement", b"planned_from_measurement", "predicted_tpot_ms", b"predicted_tpot_ms", "predicted_ttft_ms", b"predicted_ttft_ms", "replans", b"replans", "reporters", b"reporters", "slo_percentile", b"slo_percentile"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -778,6 +782,7 @@ class DemandFigures(_message.Message):
     TTFT_MS_P99_FIELD_NUMBER: _builtins.int
     TPOT_MS_P50_FIELD_NUMBER: _builtins.int
     TPOT_MS_P99_FIELD_NUMBER: _builtins.int
+    SLO_ATTAINMENT_FIELD_NUMBER: _builtins.int
     requests_per_s: _builtins.float
     input_tokens_mean: _builtins.float
     input_tokens_p90: _builtins.float
@@ -787,6 +792,10 @@ class DemandFigures(_message.Message):
     ttft_ms_p99: _builtins.float
     tpot_ms_p50: _builtins.float
     tpot_ms_p99: _builtins.float
+    slo_attainment: _builtins.float
+    """Measured only: share of the streamed requests judged against the SLO that met it,
+    in [0, 1]; unset when none was judged.
+    """
     def __init__(
         self,
         *,
@@ -799,12 +808,15 @@ class DemandFigures(_message.Message):
         ttft_ms_p99: _builtins.float = ...,
         tpot_ms_p50: _builtins.float = ...,
         tpot_ms_p99: _builtins.float = ...,
+        slo_attainment: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_slo_attainment", b"_slo_attainment", "slo_attainment", b"slo_attainment"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["input_tokens_mean", b"input_tokens_mean", "input_tokens_p90", b"input_tokens_p90", "output_tokens_mean", b"output_tokens_mean", "output_tokens_p90", b"output_tokens_p90", "requests_per_s", b"requests_per_s", "tpot_ms_p50", b"tpot_ms_p50", "tpot_ms_p99", b"tpot_ms_p99", "ttft_ms_p50", b"ttft_ms_p50", "ttft_ms_p99", b"ttft_ms_p99"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_slo_attainment", b"_slo_attainment", "input_tokens_mean", b"input_tokens_mean", "input_tokens_p90", b"input_tokens_p90", "output_tokens_mean", b"output_tokens_mean", "output_tokens_p90", b"output_tokens_p90", "requests_per_s", b"requests_per_s", "slo_attainment", b"slo_attainment", "tpot_ms_p50", b"tpot_ms_p50", "tpot_ms_p99", b"tpot_ms_p99", "ttft_ms_p50", b"ttft_ms_p50", "ttft_ms_p99", b"ttft_ms_p99"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__slo_attainment: _TypeAlias = _typing.Literal["slo_attainment"]  # noqa: Y015
+    _WhichOneofArgType__slo_attainment: _TypeAlias = _typing.Literal["_slo_attainment", b"_slo_attainment"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__slo_attainment) -> _WhichOneofReturnType__slo_attainment | None: ...
 
 Global___DemandFigures: _TypeAlias = DemandFigures  # noqa: Y015
 
