@@ -1760,6 +1760,13 @@ MODEL_DEPLOYMENT = CrdDef(
             "Demand the routers measured, req/s",
             1,
         ),
+        PrinterColumn(
+            "MeasuredAttainment",
+            "number",
+            ".status.controller.demand.measured.sloAttainment",
+            "Share of the streamed requests the routers judged that met the SLO, 0-1",
+            1,
+        ),
         PrinterColumn("InstanceOf", "string", ".status.instance.of", "Deployment it serves", 1),
         PrinterColumn(
             "USDPerMTok",

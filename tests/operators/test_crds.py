@@ -65,7 +65,10 @@ def test_manifests_are_valid_customresourcedefinitions(crd: CrdDef, version: str
 
 
 #: Printer columns that read the controller's free-form status document.
-FREE_FORM_COLUMNS = (".status.controller.demand.measured.requestsPerS",)
+FREE_FORM_COLUMNS = (
+    ".status.controller.demand.measured.requestsPerS",
+    ".status.controller.demand.measured.sloAttainment",
+)
 
 
 def _schema_at(schema: dict[str, Any], json_path: str) -> dict[str, Any] | None:

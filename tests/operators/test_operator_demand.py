@@ -158,8 +158,14 @@ def test_kubectl_shows_the_demand_planned_for_and_the_measured_one() -> None:
     assert cols["DemandFrom"]["jsonPath"] == ".status.demandFrom"
     assert cols["MeasuredRPS"]["jsonPath"] == ".status.controller.demand.measured.requestsPerS"
     assert cols["MeasuredRPS"]["priority"] == cols["DemandRPS"]["priority"] == 1
+    attainment = cols["MeasuredAttainment"]
+    assert attainment["jsonPath"] == ".status.controller.demand.measured.sloAttainment"
+    assert attainment["priority"] == 1 and attainment["type"] == "number"
     # The path the column reads is where the controller writes the measured rate.
     assert demand_doc(None, measured_rps=21.0)["measured"]["requestsPerS"] == 21.0
+    judged = MeasuredDemand(1e9, 1e9 + 60, 2.0, requests=120, slo_judged=80, slo_met=60)
+    assert DemandStatus(measured=judged).to_doc()["measured"]["sloAttainment"] == 0.75
+    assert "sloAttainment" not in demand_doc(None)["measured"]  # none judged: the cell is empty
     status = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
     assert status["demandFrom"]["enum"] == ["Spec", "Measured"]
     assert json.dumps(status["controller"]).count("preserve-unknown-fields") == 1
