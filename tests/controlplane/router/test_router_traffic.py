@@ -43,6 +43,8 @@ def test_traffic_is_reported_per_window_with_the_right_counts() -> None:
         svc = ScriptedEngineService()
         svc.route("ds-a", [1.0])
         svc.publish(DS, [instance("ds-a", engine.url)])
+        slo = svc.sets[DS]  # a generous SLO: every streamed request meets it
+        slo.slo_ttft_ms, slo.slo_tpot_ms, slo.slo_percentile = 600_000.0, 600_000.0, 90.0
         try:
             async with (
                 scripted_controller(svc) as addr,
@@ -65,6 +67,8 @@ def test_traffic_is_reported_per_window_with_the_right_counts() -> None:
                 for _ in range(3):
                     assert (await complete(s, url, max_tokens=2, prompt=prompt))[0] == 200
                 await until(lambda: sum(r.requests for r in svc.reports) == 8, what="8 reported")
+                # a request's finish may be reported a window after its arrival
+                await until(lambda: sum(r.slo_judged for r in svc.reports) >= 5, what="judged")
                 metrics = await (await s.get(f"{url}/metrics")).text()
         finally:
             await engine.stop()
@@ -81,6 +85,8 @@ def test_traffic_is_reported_per_window_with_the_right_counts() -> None:
         assert _metric(metrics, f"mixfleet_router_traffic_ttft_seconds_count{lab}") == 5
         assert _metric(metrics, f"mixfleet_router_traffic_tpot_seconds_count{lab}") == 5
         assert max(r.ttft_ms_p99 for r in svc.reports) > 0
+        # the SLO came with the instances: the 5 streamed requests judged, the others not
+        assert sum(r.slo_judged for r in svc.reports) == sum(r.slo_met for r in svc.reports) == 5
 
     asyncio.run(main())
 
