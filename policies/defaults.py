@@ -158,3 +158,6 @@ its own), TCP port."""
 DRAIN_GRACE_S = 30.0
 """Default drain grace, seconds: how long a draining engine instance (routers send it no new
 request) keeps its engine before it is deleted, for its open requests to finish."""
+
+INSTANCE_ROLES = ("aggregated", "prefill", "decode")
+"""What an engine instance does: both phases with chunked prefill, or one of them."""

@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from policies.defaults import INSTANCE_ROLES as ROLES
 from policies.errors import InputError
 from policies.exports import placement_document
-from policies.fleetplan.types import ROLES
 from policies.plan import GpuPlan, Plan, gpu_plan_from_dict, gpu_plan_to_dict
 
 _DEPLOYMENT_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")

@@ -1069,7 +1069,6 @@ class TiersStatus:
     )
 
 
-INSTANCE_ROLES = ("aggregated", "prefill", "decode")
 MAX_INSTANCES = 256
 """Most engine instances one ModelDeployment lists in its status."""
 
@@ -1080,7 +1079,7 @@ class InstanceSummary:
     ModelDeployment the operator owns (label ``mixfleet.io/instance-of``)."""
 
     name: str = field(metadata=k8s("The instance's ModelDeployment.", max_length=63))
-    role: str = field(metadata=k8s("aggregated, prefill or decode.", enum=INSTANCE_ROLES))
+    role: str = field(metadata=k8s("aggregated, prefill or decode.", enum=defaults.INSTANCE_ROLES))
     pool: str = field(
         metadata=k8s("Its pool (a prefill/decode pool's instances pair up).", max_length=253)
     )
@@ -1147,7 +1146,7 @@ class InstanceRecordStatus:
     Kubernetes store)."""
 
     of: str = field(metadata=k8s("The ModelDeployment it serves.", max_length=63))
-    role: str = field(metadata=k8s("aggregated, prefill or decode.", enum=INSTANCE_ROLES))
+    role: str = field(metadata=k8s("aggregated, prefill or decode.", enum=defaults.INSTANCE_ROLES))
     pool: str = field(metadata=k8s("Its pool.", max_length=253))
     variant: str = field(default="", metadata=k8s("The fleet planner's variant.", max_length=253))
     nodes: tuple[str, ...] = field(

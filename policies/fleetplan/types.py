@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from policies.defaults import INSTANCE_ROLES
 from policies.fleet import Fleet
 from policies.fleetplan.curves import CurveGrid
 from policies.fleetplan.sizing import UTILISATION, Sizing
@@ -29,8 +30,9 @@ from policies.serving.traffic import Slo, Traffic
 from policies.spec import DeploymentSpec
 from policies.spec_types import DISAGGREGATION as SPEC_DISAGGREGATION
 
-ROLES = ("aggregated", "prefill", "decode")
-"""What an instance does: both phases with chunked prefill, or one of them."""
+ROLES = INSTANCE_ROLES
+"""What an instance does: both phases with chunked prefill, or one of them
+(:data:`policies.defaults.INSTANCE_ROLES`)."""
 
 DISAGGREGATION = SPEC_DISAGGREGATION
 """Whether a deployment may (``auto``), may not (``off``) or must (``on``) split prefill and
