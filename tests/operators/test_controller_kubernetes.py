@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from k8s_builders import inventory, md_object, propose_plan
-from k8s_cluster import Cluster
+from k8s_cluster import Cluster, wait_for
 
 from apis.kube.client import GPUNODES, MODEL_DEPLOYMENTS
 from apis.kube.v1alpha1 import API_VERSION
@@ -147,3 +147,33 @@ def test_no_rollout_while_the_operator_reports_it_cannot_plan(
     _run(cluster, tmp_path, steps)
     md = cluster.kube().get(MODEL_DEPLOYMENTS, "mx", cluster.namespace)
     assert md is not None and md["spec"]["policyRef"] == {"name": cluster.name("fast")}
+
+
+def test_a_node_reporting_a_deployment_deleted_while_its_stream_was_down_gets_remove(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A node whose stored record lags (heartbeats are persisted at intervals) opens its
+    stream without the deleted deployment in that record, then reports it in a heartbeat:
+    the Kubernetes store keeps no tombstone, so the version counter says it was this store's,
+    and the node gets REMOVE (it was left running before)."""
+    h100 = cluster.name("h100-0")
+
+    def steps(controller: Any) -> None:
+        user = cluster.kube("kubectl")
+        user.delete(MODEL_DEPLOYMENTS, "mx", cluster.namespace)
+        assert wait_for(lambda: user.get(MODEL_DEPLOYMENTS, "mx", cluster.namespace) is None)
+        session = controller.register(inventory(h100, "h100-0")).session_id
+        sent: list[tuple[str, str, str, int]] = []
+        controller.watchers.send = lambda node, e: sent.append(
+            (node, e.deployment, e.phase, e.version)
+        )
+        assert controller.heartbeat(h100, session, applied={"mx": 1})
+        assert sent == [(h100, "mx", "remove", 1)]
+        assert controller.nodes.node_views(h100)[0].unknown_deployments == ()
+        # a version this store never allocated is another store's: reported, never removed
+        sent.clear()
+        assert controller.heartbeat(h100, session, applied={"mx": 7})
+        assert sent == []
+        assert controller.nodes.node_views(h100)[0].unknown_deployments == ("mx",)
+
+    _run(cluster, tmp_path, steps)

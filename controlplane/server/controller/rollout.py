@@ -400,7 +400,7 @@ class Rollouts:
         for name in sorted(set(applied) - with_work):
             record = store.get_deployment(name, include_deleted=True)
             if record is None:
-                if _deleted_here(store, name, applied[name]):
+                if deleted_here(store, name, applied[name]):
                     events.append(AssignmentEvent(name, "", applied[name], "remove"))
                 else:
                     unknown.append(name)
@@ -423,7 +423,7 @@ class Rollouts:
                 continue  # what it was sent
             store = self.ctx.store
             d = store.get_deployment(name, include_deleted=True)
-            if d is None and _deleted_here(store, name, version):
+            if d is None and deleted_here(store, name, version):
                 continue  # deleted: REMOVEd when its stream opens, or by the sweep
             latest = store.list_plans(name, limit=1) if d is not None else []
             if d is None or not latest or version > latest[0].version:
@@ -573,7 +573,7 @@ def _check_ack(
         )
 
 
-def _deleted_here(store: object, name: str, version: int) -> bool:
+def deleted_here(store: object, name: str, version: int) -> bool:
     """Whether a store without tombstones knows ``name`` at ``version`` as deleted
     (:class:`~controlplane.store.base.DeletionRecord`); False for other stores."""
     return isinstance(store, DeletionRecord) and store.deleted_here(name, version)

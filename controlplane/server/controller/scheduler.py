@@ -38,7 +38,7 @@ from controlplane.server import reconcile as rc
 from controlplane.server.controller.common import AssignmentEvent, Context
 from controlplane.server.controller.instances import Instances
 from controlplane.server.controller.nodes import NodeRegistry
-from controlplane.server.controller.rollout import Rollouts
+from controlplane.server.controller.rollout import Rollouts, deleted_here
 from controlplane.server.controller.watchers import Watchers
 from controlplane.store import PlanWithdrawal, StoredDeployment
 from policies.errors import InputError
@@ -367,12 +367,15 @@ class FleetScheduler:
     def remove_deleted(self, node: str, applied: Mapping[str, int]) -> None:
         """REMOVE what ``node`` reports it runs (``applied``: name -> version) of deployments
         deleted here: a delete while its stream was down (a restart, a drained engine
-        instance) reaches it this way when its stream opened before it reported them."""
+        instance) reaches it this way when its stream opened before it reported them (the
+        stored record of what a node runs lags: heartbeats are persisted at intervals).
+        Deleted here: a tombstone, or (Kubernetes) gone at a version this store allocated."""
+        store = self.ctx.store
         for name, version in sorted(applied.items()):
             if name in self.rollouts.held():
                 continue
-            d = self.ctx.store.get_deployment(name, include_deleted=True)
-            if d is not None and d.deleted:
+            d = store.get_deployment(name, include_deleted=True)
+            if (d is not None and d.deleted) or (d is None and deleted_here(store, name, version)):
                 self.watchers.send(node, AssignmentEvent(name, "", version, "remove"))
 
     def _withdraw(self, d: StoredDeployment, reason: str, now_s: float) -> None:
