@@ -113,6 +113,14 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         "request (default %(default)s)",
     )
     p.add_argument(
+        "--curve-cache",
+        default="",
+        metavar="DIR",
+        help="where the fleet planner keeps the step curves of ModelDeployments planned from "
+        "their traffic and SLOs, so that a restarted operator reads them instead of computing "
+        "them again (the chart mounts a volume there); default: in memory only",
+    )
+    p.add_argument(
         "--resync-period-s",
         type=positive_float,
         default=300.0,
@@ -181,6 +189,7 @@ def settings_from(args: argparse.Namespace) -> OperatorSettings:
         leader=leader,
         namespace_quotas_gpus=namespace_quotas(args.namespace_quota),
         drain_grace_s=args.drain_grace,
+        curve_cache_dir=args.curve_cache,
     )
 
 

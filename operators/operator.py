@@ -34,6 +34,7 @@ from datetime import UTC, datetime
 import structlog
 from prometheus_client import Counter, Gauge
 
+from apis.curvecache import open_curve_cache
 from apis.kube.client import (
     CONFIGMAPS,
     GPUNODES,
@@ -122,6 +123,10 @@ class OperatorSettings:
             send it no new request, its open ones finish - before its ModelDeployment is
             deleted, s (``mixfleet-operator run --drain-grace``; the standalone
             controller's ``drain_grace_s``).
+        curve_cache_dir: directory of the fleet planner's step curves
+            (:class:`apis.curvecache.FileCurveCache`, ``mixfleet-operator run
+            --curve-cache``): a restarted operator reads them instead of computing them again;
+            "" keeps them in memory only.
     """
 
     field_manager: str = "mixfleet-operator"
@@ -139,6 +144,7 @@ class OperatorSettings:
     namespace_quotas_gpus: Mapping[str, int] = field(default_factory=dict)
     fleet_planner: PlannerSettings = field(default_factory=PlannerSettings)
     drain_grace_s: float = DRAIN_GRACE_S
+    curve_cache_dir: str = ""
 
 
 class Operator:
@@ -232,7 +238,9 @@ class Operator:
             kube, PLACEMENT_POLICIES, on_event=self._on_policy, watch_timeout_s=t
         )
         self.fleet = FleetAssignments(
-            self.settings.namespace_quotas_gpus, self.settings.fleet_planner
+            self.settings.namespace_quotas_gpus,
+            self.settings.fleet_planner,
+            open_curve_cache(self.settings.curve_cache_dir),
         )
 
     # ------------------------------------------------------------------- events

@@ -70,6 +70,8 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         }
     },
     "operator-without-election": {"operator": {"leaderElection": {"enabled": False}}},
+    "curve-cache-on-a-claim": {"operator": {"curveCache": {"existingClaim": "mixfleet-curves"}}},
+    "curve-cache-off": {"operator": {"curveCache": {"enabled": False}}},
 }
 
 
@@ -201,6 +203,9 @@ def test_every_container_command_line_parses_with_the_programs_own_parser(
         assert op.no_leader_election is not o_values.get("leaderElection", {}).get("enabled", True)
         assert op.health_listen == "0.0.0.0:8082"
         assert op.drain_grace == o_values.get("drainGraceS", 30.0)
+        cache = o_values.get("curveCache", {})
+        on = cache.get("enabled", True)
+        assert op.curve_cache == ("/var/cache/mixfleet/curves" if on else "")
     agent = parsed.get("DaemonSet/mixfleet-agent/agent")
     assert (agent is None) == (values.get("agent", {}).get("enabled", True) is False)
 
@@ -359,6 +364,39 @@ def test_optional_parts_follow_their_switches() -> None:
     ]
 
 
+def _operator_pod(docs: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The controller pod's spec and its operator container."""
+    (dep,) = [
+        d for d in objects(docs, "Deployment") if d["metadata"]["name"].endswith("controller")
+    ]
+    pod = dep["spec"]["template"]["spec"]
+    (op,) = [c for c in pod["containers"] if c["name"] == "operator"]
+    return pod, op
+
+
+def test_the_operators_curve_cache_is_a_volume_an_empty_dir_or_a_claim() -> None:
+    pod, op = _operator_pod(render({}))
+    (mount,) = [m for m in op["volumeMounts"] if m["name"] == "curve-cache"]
+    assert mount["mountPath"] == "/var/cache/mixfleet/curves"
+    assert "--curve-cache=/var/cache/mixfleet/curves" in op["args"]
+    vols = {v["name"]: v for v in pod["volumes"]}
+    assert vols["curve-cache"]["emptyDir"] == {"sizeLimit": "256Mi"}
+    pod, op = _operator_pod(render(VALUE_SETS["curve-cache-on-a-claim"]))
+    vols = {v["name"]: v for v in pod["volumes"]}
+    assert vols["curve-cache"] == {
+        "name": "curve-cache",
+        "persistentVolumeClaim": {"claimName": "mixfleet-curves"},
+    }
+    pod, op = _operator_pod(render(VALUE_SETS["curve-cache-off"]))
+    assert "curve-cache" not in {v["name"] for v in pod["volumes"]}
+    assert not [a for a in op["args"] if a.startswith("--curve-cache")]
+    without = render(VALUE_SETS["operator-disabled"])
+    (dep,) = [
+        d for d in objects(without, "Deployment") if d["metadata"]["name"].endswith("controller")
+    ]
+    assert "curve-cache" not in {v["name"] for v in dep["spec"]["template"]["spec"]["volumes"]}
+
+
 @pytest.mark.parametrize(
     "values",
     [
@@ -369,6 +407,8 @@ def test_optional_parts_follow_their_switches() -> None:
         {"agent": {"planDir": "relative/path"}},
         {"unknownKey": 1},
         {"operator": {"drainGraceS": -1}},
+        {"operator": {"curveCache": {"path": "relative/curves"}}},
+        {"operator": {"curveCache": {"existingClaim": "Not A Claim"}}},
     ],
     ids=[
         "tls-mode",
@@ -378,6 +418,8 @@ def test_optional_parts_follow_their_switches() -> None:
         "plan-dir",
         "unknown-key",
         "drain-grace",
+        "curve-cache-path",
+        "curve-cache-claim",
     ],
 )
 def test_values_schema_rejects_bad_values(values: dict[str, Any]) -> None:

@@ -62,7 +62,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from controlplane.errors import PreconditionError
@@ -77,7 +76,7 @@ from controlplane.server.controller.instance_status import (
 )
 from controlplane.store import StoredDeployment
 from policies.errors import InputError
-from policies.fleetplan.curves import CurveCache, MemoryCurveCache
+from policies.fleetplan.curves import CurveCache
 from policies.fleetplan.instances import (
     ServingInstance,
     first_to_drain,
@@ -105,12 +104,10 @@ TrafficFor = Callable[[StoredDeployment], Traffic]
 
 def curve_cache(directory: str) -> CurveCache:
     """The fleet planner's step curves: on disk under ``directory``
-    (:class:`controlplane.curvecache.FileCurveCache`), in memory when it is ""."""
-    if not directory:
-        return MemoryCurveCache()
-    from controlplane.curvecache import FileCurveCache
+    (:func:`apis.curvecache.open_curve_cache`), in memory when it is ""."""
+    from apis.curvecache import open_curve_cache
 
-    return FileCurveCache(Path(directory))
+    return open_curve_cache(directory)
 
 
 def spec_traffic(d: StoredDeployment) -> Traffic:

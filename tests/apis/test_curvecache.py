@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.curvecache import ENV_VAR, FileCurveCache, default_dir
+from apis.curvecache import ENV_VAR, FileCurveCache, default_dir
 from policies.errors import InputError
 from policies.fleetplan.curves import CurveEntry
 from policies.serving.curves import StepCurve
@@ -40,7 +40,7 @@ def test_put_then_get_in_this_process_and_another(tmp_path: Path) -> None:
     files = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
     assert [str(p) for p in files] == [f"curves/ab/{KEY}.json", f"curves/cd/{'cd' + '1' * 62}.json"]
     code = (
-        "import sys; from pathlib import Path; from controlplane.curvecache import FileCurveCache;"
+        "import sys; from pathlib import Path; from apis.curvecache import FileCurveCache;"
         f"e = FileCurveCache(Path(sys.argv[1])).get({KEY!r}); print(e.curve.max_batch, e.gpus)"
     )
     out = subprocess.run(
