@@ -475,6 +475,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="--peers: routers to run",
     )
     p.add_argument("--seconds", type=float, default=10.0, metavar="S", help="--peers: per path")
+    p.add_argument(
+        "--pin",
+        default="",
+        metavar="ROLE=CPUS;...",
+        help="--peers: CPUs per role, e.g. 'router=0-1;engines=2-3;client=4-7' (each router "
+        "gets the router CPUs; default: unpinned)",
+    )
     p.add_argument("--log-dir", default="", metavar="DIR", help="--peers: the routers' logs")
     p.add_argument("--out", metavar="PATH")
     p.add_argument("--write-weights", metavar="PATH", help="solve, write the plan's weights, stop")

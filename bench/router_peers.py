@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.router_client import pct
+from policies.errors import InputError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -164,9 +165,43 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK_S  # utime, stime
 
 
+PINNED: dict[str, frozenset[int]] = {}
+"""CPUs per role (``router``, ``engines``, ``client``) from ``--pin``; a role without an entry
+runs wherever the kernel puts it. Set once by :func:`run`."""
+
+
+def parse_pin(text: str) -> dict[str, frozenset[int]]:
+    """``router=0-1;engines=2-3;client=4-7`` -> CPUs per role (``;`` between roles, ``,`` and
+    ``-`` within one).
+
+    Raises:
+        InputError: an unknown role, or a CPU list that is not numbers and ranges.
+    """
+    out: dict[str, frozenset[int]] = {}
+    for part in filter(None, text.split(";")):
+        role, _, cpus = part.partition("=")
+        if role not in ("router", "engines", "client"):
+            raise InputError(f"--pin: role {role!r}: choose router, engines or client")
+        chosen: set[int] = set()
+        for item in cpus.split(","):
+            lo, _, hi = item.partition("-")
+            if not lo.isdigit() or (hi and not hi.isdigit()):
+                raise InputError(f"--pin {role}: {cpus!r} is not a CPU list like 0-1,4")
+            chosen.update(range(int(lo), int(hi or lo) + 1))
+        out[role] = frozenset(chosen)
+    return out
+
+
 def _start(name: str, argv: Sequence[str], url: str, log_dir: Path) -> Proc:
     log = open(log_dir / f"{name}.log", "wb")  # noqa: SIM115 - the process owns it
-    popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+    cpus = PINNED.get("engines" if name == "engines" else "router")
+    popen = subprocess.Popen(
+        argv,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=REPO,
+        preexec_fn=None if cpus is None else (lambda: os.sched_setaffinity(0, cpus)),
+    )
     return Proc(name, popen, url)
 
 
@@ -556,6 +591,10 @@ def finish(doc: dict[str, Any]) -> dict[str, Any]:
 def run(args: Any) -> dict[str, Any]:
     """The peers comparison (module docstring); the results document."""
     paths = [p for p in args.paths.split(",") if p]
+    PINNED.clear()
+    PINNED.update(parse_pin(args.pin))
+    if "client" in PINNED:
+        os.sched_setaffinity(0, PINNED["client"])
     venv = ensure_peers(Path(args.peers_venv)) if {"sglang", "vllm"} & set(paths) else None
     log_dir = Path(args.log_dir or (REPO / "bench" / ".peers-logs"))
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -572,6 +611,7 @@ def run(args: Any) -> dict[str, Any]:
             "cpus_usable": len(os.sched_getaffinity(0)),
             "python": platform.python_version(),
             "load_average_1m": [round(load0, 2), round(os.getloadavg()[0], 2)],
+            "pinned_cpus": {k: sorted(v) for k, v in sorted(PINNED.items())},
             "peers": _peer_versions(venv_path) if venv else {},
             "mixfleet_loop": "uvloop",
         },
