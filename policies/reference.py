@@ -186,3 +186,145 @@ def comparison(model: str) -> list[Comparison]:
         for k in sorted(ref)
         if k in dflt and k in base and k in base_d
     ]
+
+
+# ------------------------------------------------------------------ whole-layer step curves
+
+LAYER_PHASES = ("attention_us", "exchange_us", "expert_us", "step_us")
+"""The phases of a step compared (microseconds, every layer of the model): attention phase
+(norms, projections, attention kernel, router, shared expert or dense FFN), dispatch +
+combine, routed experts, and the whole step."""
+
+
+def layer_setups() -> tuple[str, ...]:
+    """Names of the whole-layer setups in the data file (``layer_curves``)."""
+    return tuple(sorted(reference_document().get("layer_curves", {})))
+
+
+def layer_setup(name: str) -> dict[str, Any]:
+    """One whole-layer setup of the data file: its model, phase, exchange, batches and,
+    per GPU, the measured curve or why there is none."""
+    setups = reference_document().get("layer_curves", {})
+    if name not in setups:
+        raise InputError(
+            f"unknown reference setup {name!r}. To fix: use one of {', '.join(sorted(setups))}",
+            field="setup",
+        )
+    return dict(setups[name])
+
+
+def layer_source(name: str, model: str) -> str:
+    """Where the measured curve of ``model`` in setup ``name`` comes from."""
+    s = layer_setup(name)
+    g = s["by_gpu"][model]
+    return (
+        f"aiconfigurator-core 0.12.0 step composition (its SDK's op graph for SGLang summed "
+        f"over NVIDIA's per-operation tables of systems/data/{reference_document()['gpus'][model]['folder']}, "
+        f"SGLang {g.get('sglang', '?')} tables): {s['describe']}"
+    )
+
+
+def measured_layer_curve(name: str, model: str) -> dict[int, dict[str, float]]:
+    """The measured step of ``model`` in setup ``name`` per batch (sequences per GPU):
+    :data:`LAYER_PHASES` in microseconds; {} where the reference has no data for it."""
+    g = layer_setup(name)["by_gpu"].get(model, {})
+    return {
+        int(b): {k: float(v[k]) for k in LAYER_PHASES} for b, v in g.get("by_batch", {}).items()
+    }
+
+
+def _one_node(model: str, count: int = 8) -> Any:
+    """A fleet of one node with ``count`` GPUs of catalog ``model`` (NVLink when it has)."""
+    from policies.fleet import Fleet, Gpu, GpuId, Node, NvLinkDomain
+
+    spec = lookup(model)
+    gpus = tuple(Gpu(GpuId(f"n/gpu{i}"), "n", i, spec) for i in range(count))
+    nvlink = (
+        NvLinkDomain("n", spec.nvlink_bidir_gbytes_per_s)
+        if spec.nvlink_bidir_gbytes_per_s > 0
+        else None
+    )
+    return Fleet(model, (Node("n", gpus, nvlink, ()),))
+
+
+def model_layer_curve(
+    name: str, model: str, eff: Efficiency | None = None
+) -> dict[int, dict[str, float]]:
+    """The cost model's step of setup ``name`` on 8 GPUs of ``model`` in one node, per batch
+    (no calibration: catalog peaks times ``eff``, default :class:`Efficiency`): attention
+    data-parallel with equal shares, expert e on GPU ``e * 8 // E`` (uniform load, no
+    replicas), the setup's exchange. :data:`LAYER_PHASES` in microseconds, each phase summed
+    over the layers at its slowest GPU (what :func:`policies.evaluation.evaluate` sums)."""
+    from policies.costmodel import CostSettings, build_cost_table
+    from policies.evaluation import LayerPlacement, evaluate
+    from policies.models import preset
+    from policies.workload import make_workload
+
+    s = layer_setup(name)
+    spec = preset(s["preset"])
+    fleet = _one_node(model)
+    n = len(fleet.gpus)
+    per: list[list[tuple[int, float]]] = [[] for _ in range(n)]
+    for e in range(spec.num_experts):
+        per[e * n // spec.num_experts].append((e, 1.0))
+    layer = LayerPlacement(tuple(tuple(x) for x in per))
+    settings = CostSettings() if eff is None else CostSettings(efficiency=eff)
+    out: dict[int, dict[str, float]] = {}
+    for b in s["batches"]:
+        decode = s["phase"] == "decode"
+        wl = make_workload(
+            spec,
+            phase=s["phase"],
+            tokens_per_gpu=b if decode else b * int(s["context"]),
+            context_len=int(s["context"]),
+            kv_cache_dtype=s["kv_cache_dtype"],
+        )
+        table = build_cost_table(fleet, spec, wl, settings)
+        ev = evaluate(table, [1.0 / n] * n, [layer] * spec.num_moe_layers, s["exchange"])
+        dense = ev.dense_layer
+        attn = max(dense.attention_us) * ev.num_dense_layers if dense else 0.0
+        attn += sum(max(t.attention_us) for t in ev.moe_layers)
+        out[b] = {
+            "attention_us": attn,
+            "exchange_us": sum(max(max(t.comm_us), t.link_us) for t in ev.moe_layers),
+            "expert_us": sum(max(t.expert_us) for t in ev.moe_layers),
+            "step_us": ev.step_time_us,
+        }
+    return out
+
+
+def layer_comparison(model: str, eff: Efficiency | None = None) -> list[Comparison]:
+    """Every whole-layer step of ``model`` with reference data against the cost model, per
+    setup and batch: figure ``"<setup> step_us @<batch>"``, ratios to the baseline GPU's
+    step time in the same setup (a time ratio: above 1 is slower than the H200)."""
+    out: list[Comparison] = []
+    for name in layer_setups():
+        ref, base = measured_layer_curve(name, model), measured_layer_curve(name, BASELINE)
+        if not ref or not base:
+            continue
+        dflt, base_d = model_layer_curve(name, model, eff), model_layer_curve(name, BASELINE, eff)
+        for b in sorted(ref):
+            m, d = ref[b]["step_us"], dflt[b]["step_us"]
+            out.append(
+                Comparison(
+                    model,
+                    f"{name} step_us @{b}",
+                    m,
+                    d,
+                    m / base[b]["step_us"],
+                    d / base_d[b]["step_us"],
+                )
+            )
+    return out
+
+
+def layer_misses(model: str, eff: Efficiency | None = None) -> dict[str, tuple[int, ...]]:
+    """Per setup, the batch sizes at which the cost model's step of ``model`` misses the
+    reference by more than :data:`ABSOLUTE_TOLERANCE` or its ratio to the baseline by
+    more than :data:`RATIO_TOLERANCE`."""
+    out: dict[str, list[int]] = {}
+    for c in layer_comparison(model, eff):
+        if not c.within:
+            setup, at = c.figure.split(" step_us @")
+            out.setdefault(setup, []).append(int(at))
+    return {k: tuple(v) for k, v in out.items()}
