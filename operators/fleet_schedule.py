@@ -20,9 +20,10 @@ placed deployment it is taken from no longer has it in its current plan
 (``status.nodes``); until then the new holder plans on the assigned nodes it already has.
 
 Planned deployments (:mod:`operators.instances`): ModelDeployments that state traffic and
-SLOs go through the fleet planner first, the previous plan kept for the move penalty; the
-others through :func:`policies.scheduling.schedule` on the GPUNodes that plan and the
-instances still holding nodes leave - one decision,
+SLOs go through the fleet planner, the previous plan kept for the move penalty; the others
+through :func:`policies.scheduling.schedule` on the GPUNodes the instances still holding
+nodes leave; priority orders both kinds (a higher one first, an equal one never takes a
+running deployment's GPUNodes) - one decision,
 :func:`policies.fleetplan.combined.plan_and_schedule`, as in the standalone controller. A planned deployment gets no nodes
 itself: each of its instances' ModelDeployments is assigned its planned nodes (less those a
 draining instance or another holder still has in its current plan); an instance the plan
@@ -328,8 +329,9 @@ class FleetAssignments:
             self.unplaceable.discard(k)
             self.reasons[k] = (
                 f"{lost} of its {len(ns)} eligible GPUNodes serve planned deployments' "
-                "instances (deployments with traffic and SLOs are planned first) and the "
-                "rest cannot hold it. To fix: add GPUNodes, or widen spec.nodeSelector"
+                "instances (deployments with traffic and SLOs of a higher priority, or of its "
+                "own and planned first) and the rest cannot hold it. To fix: raise its "
+                "priority, add GPUNodes, or widen spec.nodeSelector"
             )
 
     def _decide(

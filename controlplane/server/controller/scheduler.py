@@ -16,8 +16,8 @@ waiting deployment is marked changed when its view changes, so it is decided the
 deployment the new assignment leaves Pending has its committed plan withdrawn (its parts
 removed from the agents) so its nodes free at once.
 
-Deployments that state their traffic and SLOs are planned by the fleet planner instead, and
-the others scheduled on the nodes its plan leaves free
+Deployments that state their traffic and SLOs are planned by the fleet planner instead, the
+others scheduled, priority ordering both kinds
 (:func:`policies.fleetplan.combined.plan_and_schedule`); such a deployment runs as engine
 instances (:class:`~controlplane.server.controller.instances.Instances`), each a deployment
 assigned its planned nodes. A retiring or draining instance (one the plan dropped) holds

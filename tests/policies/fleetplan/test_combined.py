@@ -1,16 +1,26 @@
 """One fleet, both kinds of deployment (policies.fleetplan.combined): the deployment with
-traffic and SLOs is planned as instances first, the other gets whole nodes from the fleet
-scheduler among the nodes the plan leaves free - and only those."""
+traffic and SLOs is planned as instances, the other gets whole nodes from the fleet
+scheduler among the nodes the plan leaves free - and only those; priority orders both kinds
+by the fleet scheduler's rules (a higher priority first and may take a lower one's nodes, an
+equal one never takes a running deployment's nodes)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from test_instances import SETTINGS, SPEC
 
+from policies.errors import InputError
 from policies.fleet import parse_fleet
-from policies.fleetplan import MemoryCurveCache
-from policies.fleetplan.combined import PlanOptions, plan_and_schedule
+from policies.fleetplan import FleetPlan, MemoryCurveCache
+from policies.fleetplan.combined import (
+    FleetDecision,
+    PlanOptions,
+    ScheduleOptions,
+    plan_and_schedule,
+    steps,
+)
 from policies.spec import DeploymentSpec, WorkloadSpec
 
 NODES = [
@@ -51,3 +61,126 @@ def test_the_planned_deployment_first_then_the_other_on_the_free_nodes() -> None
     assert alone.plan is not None and set(alone.plan.free_nodes) == set(d.plan.free_nodes)
     only = plan_and_schedule(FLEET, [(OTHER, ALL)], planning=planning)
     assert only.plan is None and only.schedule is not None
+
+
+CURVES = MemoryCurveCache()
+#: More demand than the three nodes serve: the planner wants every node it may have.
+HUNGRY = SPEC
+#: One node is all it may take (4 GPUs).
+ONE_NODE = replace(OTHER, max_gpus=4)
+
+
+def _decide(
+    *specs: DeploymentSpec, running: dict[str, frozenset[str]] | None = None
+) -> FleetDecision:
+    return plan_and_schedule(
+        FLEET,
+        [(s, ALL) for s in specs],
+        planning=PlanOptions(settings=SETTINGS, cache=CURVES),
+        scheduling=ScheduleOptions(previous=running or {}),
+    )
+
+
+def _planned_nodes(plan: FleetPlan | None) -> set[str]:
+    assert plan is not None
+    return {
+        n
+        for dp in plan.deployments.values()
+        for p in dp.pools
+        for g in p.groups()
+        for i in g.nodes
+        for n in i
+    }
+
+
+def test_a_higher_priority_unplanned_deployment_keeps_its_node_from_a_planned_one() -> None:
+    alone = _decide(HUNGRY)
+    assert _planned_nodes(alone.plan) == set(ALL)  # it would take every node
+    running = {"batch": frozenset({"h0"})}
+    d = _decide(HUNGRY, replace(ONE_NODE, priority=100), running=running)
+    assert d.schedule is not None and d.plan is not None
+    assert d.schedule.placements["batch"].nodes == ("h0",)
+    assert _planned_nodes(d.plan) == {"h1", "h2"}
+    assert d.plan.free_nodes == ("h0",)  # no instance uses it
+    short = d.plan.shortfalls["q"]
+    assert short.resource == "gpus" and "(h0) are held by batch" in short.message
+    assert [(s.kind, s.priorities, s.nodes) for s in d.steps] == [
+        ("schedule", (100,), ("h0",)),
+        ("plan", (0,), ("h1", "h2")),
+        ("schedule", (100,), ()),
+    ]
+    # A newcomer of the higher priority gets a node too; the plan keeps off it.
+    new = _decide(HUNGRY, replace(ONE_NODE, priority=100))
+    assert new.schedule is not None and len(new.schedule.placements["batch"].nodes) == 1
+    assert not set(new.schedule.placements["batch"].nodes) & _planned_nodes(new.plan)
+
+
+def test_a_higher_priority_planned_deployment_takes_a_lower_running_ones_nodes() -> None:
+    alone = _decide(HUNGRY)
+    running = {"batch": frozenset(ALL)}
+    d = _decide(replace(HUNGRY, priority=100), OTHER, running=running)
+    assert _planned_nodes(d.plan) == _planned_nodes(alone.plan) == set(ALL)
+    assert d.plan is not None and alone.plan is not None
+    assert d.plan.deployments["q"].served_requests_per_s == pytest.approx(
+        alone.plan.deployments["q"].served_requests_per_s
+    )
+    assert d.schedule is not None and not d.schedule.placements
+    pend = d.schedule.pending["batch"]
+    assert (pend.resource, pend.nodes, pend.missing) == ("priority", ALL, 12.0)
+    assert "instances of q" in pend.message
+    assert [dec.kind for dec in d.schedule.decisions] == ["pending"]
+
+
+def test_equal_priority_never_preempts_a_running_deployment() -> None:
+    hungry, one = replace(HUNGRY, priority=5), replace(ONE_NODE, priority=5)
+    # The unplanned deployment runs on h0: the planned newcomer of its priority leaves it.
+    d = _decide(hungry, one, running={"batch": frozenset({"h0"})})
+    assert d.schedule is not None and d.schedule.placements["batch"].nodes == ("h0",)
+    assert _planned_nodes(d.plan) == {"h1", "h2"}
+    assert d.plan is not None and "(h0) are held by batch" in d.plan.shortfalls["q"].message
+    assert [s.kind for s in d.steps] == ["plan", "schedule"]
+    # Both new: the planned one is served first, as before.
+    both_new = _decide(hungry, one)
+    assert _planned_nodes(both_new.plan) == set(ALL)
+    assert both_new.schedule is not None and "batch" in both_new.schedule.pending
+    # The planned one runs (its previous plan) and the unplanned one is new: it keeps them.
+    assert both_new.plan is not None
+    kept = plan_and_schedule(
+        FLEET,
+        [(hungry, ALL), (one, ALL)],
+        planning=PlanOptions(previous=both_new.plan, settings=SETTINGS, cache=CURVES),
+    )
+    assert _planned_nodes(kept.plan) == set(ALL)
+    assert kept.schedule is not None and "batch" in kept.schedule.pending
+
+
+def test_the_walk_down_the_priority_levels() -> None:
+    def walk(*specs: DeploymentSpec) -> list[tuple[str, list[str]]]:
+        pairs = [(s, ALL) for s in specs]
+        return [(kind, [pairs[i][0].name for i in idx]) for kind, idx in steps(pairs)]
+
+    p = [replace(HUNGRY, name=f"p{i}", priority=i) for i in (9, 5, 0)]
+    u = [replace(OTHER, name=f"u{i}", priority=i) for i in (9, 5, 0)]
+    # Planned at or above every unplanned one: the planner once, then the scheduler once.
+    assert walk(u[2], p[0], u[1], p[1]) == [("plan", ["p9", "p5"]), ("schedule", ["u5", "u0"])]
+    assert walk(p[2], u[2]) == [("plan", ["p0"]), ("schedule", ["u0"])]
+    # Interleaved levels: one step per run of one kind, high to low.
+    assert walk(p[2], u[0], p[1], u[2]) == [
+        ("schedule", ["u9"]),
+        ("plan", ["p5", "p0"]),
+        ("schedule", ["u0"]),
+    ]
+    assert walk(u[0], u[1], p[2]) == [("schedule", ["u9", "u5"]), ("plan", ["p0"])]
+    assert walk() == []
+
+
+def test_the_same_inputs_give_the_same_decision_and_names_are_unique() -> None:
+    args = (HUNGRY, replace(ONE_NODE, priority=100))
+    a, b = _decide(*args), _decide(*args)
+    assert a.plan is not None and b.plan is not None and a.schedule and b.schedule
+    assert _planned_nodes(a.plan) == _planned_nodes(b.plan)
+    assert a.plan.shortfalls == b.plan.shortfalls and a.steps == b.steps
+    assert a.schedule.placements == b.schedule.placements
+    with pytest.raises(InputError, match="appears twice") as err:
+        _decide(HUNGRY, replace(OTHER, name="q"))
+    assert err.value.field == "deployments.q.name"
