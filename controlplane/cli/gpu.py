@@ -22,6 +22,7 @@ from controlplane.cli.output import (
 from policies.catalog import (
     CATALOG,
     DATASHEETS,
+    LAYER_REFERENCE_NOTES,
     REFERENCE_NOTES,
     GpuSpec,
     aliases_of,
@@ -29,7 +30,13 @@ from policies.catalog import (
     figure_sources,
     lookup,
 )
-from policies.reference import comparison, reference_models, reference_source
+from policies.reference import (
+    comparison,
+    layer_comparison,
+    layer_source,
+    reference_models,
+    reference_source,
+)
 
 #: Table columns: (header, GpuSpec field); every header carries its unit.
 _COLUMNS = (
@@ -54,9 +61,32 @@ def _number(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def gpu_document(spec: GpuSpec) -> dict[str, Any]:
+def _layer_rows(model: str) -> list[dict[str, Any]]:
+    """Whole-layer step times of ``model`` against the cost model, per setup and batch
+    (policies.reference.layer_comparison), each with its source and the catalog's note."""
+    rows: list[dict[str, Any]] = []
+    for c in layer_comparison(model):
+        setup, at = c.figure.split(" step_us @")
+        batches, why = LAYER_REFERENCE_NOTES.get((model, setup), ((), ""))
+        rows.append(
+            {
+                "setup": setup,
+                "sequences_per_gpu": int(at),
+                "measured_step_us": c.measured,
+                "model_step_us": c.default,
+                "measured_vs_h200": c.measured_ratio,
+                "model_vs_h200": c.default_ratio,
+                "source": layer_source(setup, model),
+                "note": why if int(at) in batches else "",
+            }
+        )
+    return rows
+
+
+def gpu_document(spec: GpuSpec, *, layers: bool = False) -> dict[str, Any]:
     """One catalog entry as ``-o json|yaml`` writes it: identity, figures (field names carry
-    the units), the other names that resolve to it and the source of every figure."""
+    the units), the other names that resolve to it and the source of every figure; with
+    ``layers``, also the whole-layer step times measured against the cost model's."""
     doc: dict[str, Any] = dict(vars(spec))
     doc["aliases"] = aliases_of(spec.model)
     doc["datasheet"] = DATASHEETS[spec.model]
@@ -76,6 +106,8 @@ def gpu_document(spec: GpuSpec) -> dict[str, Any]:
                 for c in comparison(spec.model)
             ],
         }
+        if layers:
+            doc["reference"]["layers"] = _layer_rows(spec.model)
     return doc
 
 
@@ -99,7 +131,7 @@ def cmd_gpu_list(args: argparse.Namespace) -> int:
 def cmd_gpu_show(args: argparse.Namespace) -> int:
     """``gpu show NAME``: one entry (catalog, alias or NVML name), each figure with its source."""
     spec = lookup(args.name, field_path="NAME")
-    doc = gpu_document(spec)
+    doc = gpu_document(spec, layers=True)
     if args.output != "table":
         emit_document(doc, args.output, [spec.model])
         return 0
@@ -132,9 +164,48 @@ def cmd_gpu_show(args: argparse.Namespace) -> int:
                 ],
             )
         )
+        _emit_layers(ref.get("layers", []))
     else:
         emit("No measured reference for this GPU: its figures are the datasheet's above.")
     return 0
+
+
+_LAYER_HEADERS = [
+    "seq/gpu",
+    "measured_ms",
+    "model_ms",
+    "error",
+    "measured/h200",
+    "model/h200",
+    "note",
+]
+
+
+def _emit_layers(rows: list[dict[str, Any]]) -> None:
+    """The whole-layer step table of ``gpu show``, one block per setup with its source."""
+    for setup in dict.fromkeys(r["setup"] for r in rows):
+        block = [r for r in rows if r["setup"] == setup]
+        emit(f"Step time, {setup} ({block[0]['source']}) against the cost model's default:")
+        emit(
+            format_table(
+                _LAYER_HEADERS,
+                [
+                    [
+                        str(r["sequences_per_gpu"]),
+                        f"{r['measured_step_us'] / 1e3:.2f}",
+                        f"{r['model_step_us'] / 1e3:.2f}",
+                        f"{r['model_step_us'] / r['measured_step_us'] - 1:+.0%}",
+                        f"{r['measured_vs_h200']:.3g}",
+                        f"{r['model_vs_h200']:.3g}",
+                        "see below" if r["note"] else "within 15% (10% on the ratio)",
+                    ]
+                    for r in block
+                ],
+            )
+        )
+        notes = dict.fromkeys(r["note"] for r in block if r["note"])
+        for note in notes:
+            emit(f"  note: {note}")
 
 
 def register(groups: Groups) -> None:

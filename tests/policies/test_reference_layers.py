@@ -7,8 +7,11 @@ policies.catalog.LAYER_REFERENCE_NOTES, and no note outlives its miss."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from controlplane.cli import main
 from policies.catalog import LAYER_REFERENCE_NOTES, lookup
 from policies.errors import InputError
 from policies.reference import (
@@ -132,3 +135,20 @@ def test_h200_attention_phase_at_64_sequences_is_the_issues_figure() -> None:
     measured = measured_layer_curve(DSV3_DECODE, BASELINE)[64]["attention_us"]
     assert model == pytest.approx(11_230, rel=0.02)
     assert measured == pytest.approx(18_197, rel=0.02)
+
+
+def test_gpu_show_prints_the_step_curves_with_source_and_notes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["gpu", "show", "A100-SXM4-80GB", "-o", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["reference"]["layers"]
+    assert [r["sequences_per_gpu"] for r in rows] == [1, 8, 32, 64, 128, 256]
+    assert all(r["setup"] == QWEN3_DECODE and r["note"] for r in rows)  # every batch misses
+    assert "aiconfigurator-core 0.12.0" in rows[0]["source"]
+    assert main(["gpu", "show", "H100-SXM5-80GB"]) == 0
+    out = capsys.readouterr().out
+    for name in (DSV3_DECODE, DSV3_PREFILL, QWEN3_DECODE):
+        assert f"Step time, {name} (aiconfigurator-core 0.12.0" in out
+    assert "Triton fused-MoE" not in out  # the A100 note stays with the A100
+    assert main(["gpu", "show", "L40S"]) == 0
+    assert "Step time" not in capsys.readouterr().out  # no curve: the model does not fit
