@@ -143,6 +143,19 @@ SETUPS: dict[str, dict[str, Any]] = {
         "MoE kernel, tokens all-gathered and reduce-scattered), attention DP 8 x TP 1, EP 8, "
         "decode at 4096 tokens of context",
     },
+    "qwen3-30b-a3b-bf16/decode/allgather": {
+        "hf_model": "Qwen/Qwen3-30B-A3B",
+        "preset": "qwen3-30b-a3b",
+        "phase": "decode",
+        "exchange": "allgather",
+        "deepep": False,
+        "kv_cache_dtype": "bf16",
+        "gpus": ("A100-SXM4-80GB", "H100-SXM5-80GB", "H200-SXM-141GB", "B200", "L40S"),
+        "batches": (1, 8, 32, 64, 128, 256),
+        "describe": "Qwen3-30B-A3B in BF16, SGLang's default MoE inside one node (fused MoE "
+        "kernel, tokens all-gathered and reduce-scattered: over PCIe on L40S), attention DP 8 "
+        "x TP 1, EP 8, decode at 4096 tokens of context",
+    },
 }
 """Whole-layer setups: aiconfigurator model, mixfleet preset, phase, how the EP group moves
 tokens (``alltoall``: DeepEP; ``allgather``: SGLang's default EP inside a node), KV-cache

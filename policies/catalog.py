@@ -500,4 +500,44 @@ LAYER_REFERENCE_NOTES: dict[tuple[str, str], tuple[tuple[int, ...], str]] = {
         "at 128 sequences), where the model's expert phase (weight reads at decode sizes) is "
         "1.5x the H200's speed",
     ),
+    ("A100-SXM4-80GB", "qwen3-30b-a3b-bf16/decode/allgather"): (
+        (1, 8, 32, 64, 128, 256),
+        "step 26-39% faster than measured and 1.34-2.25x the H200's against 1.60-3.88x "
+        "measured: the expert phase is SGLang 0.5.10's Triton fused-MoE kernel in BF16 "
+        "(3.5-57.5 ms a step against 2.3-5.5 ms modelled, 10x at 256 sequences; the H200 "
+        "takes 8.9 ms there); the attention phase is within 2-23% (FA2 at 50% of peak)",
+    ),
+    ("H100-SXM5-80GB", "qwen3-30b-a3b-bf16/decode/allgather"): (
+        (8, 32, 64, 128, 256),
+        "step 14-34% slower than measured at 32-256 sequences and its ratio to the H200 "
+        "10-11% high at 8-32: the attention phase is 1.3-1.7x the measured one (FA3 reads "
+        "the KV cache at 85% of peak, the model assumes 51%), partly offset by the fused-MoE "
+        "kernel running 1.4-2.9x slower than the model's grouped GEMM",
+    ),
+    ("H200-SXM-141GB", "qwen3-30b-a3b-bf16/decode/allgather"): (
+        (128, 256),
+        "step 21-27% slower than measured at 128-256 sequences: the attention phase is 1.7x "
+        "the measured one (FA3 reads the KV cache at 80% of peak, the model assumes 51%), "
+        "partly offset by the fused-MoE kernel running 2.2-3.2x slower than modelled",
+    ),
+    ("B200", "qwen3-30b-a3b-bf16/decode/allgather"): (
+        (1, 8, 64, 128, 256),
+        "0.82-0.91x the H200's step at 1-8 sequences against 0.68-0.76x measured (ratio "
+        "19-21% high: FlashInfer's TensorRT-LLM MoE on B200 runs 2-2.6x the H200's Triton "
+        "fused MoE, the model 1.2-1.4x) and 23-37% slower than measured at 64-256 (the "
+        "attention phase is 1.6-1.7x the measured one: flashinfer reads the KV cache at 74% "
+        "of peak, the model assumes 51%)",
+    ),
+    ("L40S", "qwen3-30b-a3b-bf16/decode/allgather"): (
+        (1, 8, 64, 128, 256),
+        "8 GPUs on PCIe: the all-gather and reduce-scatter of the tokens take 31-535 ms a "
+        "step at 8-256 sequences against 13-374 ms modelled (the model prices them at the "
+        "1.43 GB/s NCCL median at 256 MiB; the messages here are 0.03-1 MiB per GPU, where "
+        "NCCL through the host is slower still), so at 8 and 64-256 sequences the step is "
+        "11-39% fast and its ratio to the H200 23-32% low (12.4x against 18.1x at 256); at 1"
+        " sequence the model reads every local "
+        "expert's weights (4.4 ms a step against 1.5 ms measured): 15% slow, ratio 34% high; "
+        "the attention phase is 1.3-1.6x the measured one (flashinfer at 85% of peak, the "
+        "model 51%)",
+    ),
 }

@@ -30,6 +30,7 @@ from policies.reference import (
 DSV3_DECODE = "deepseek-v3/decode/deepep"
 DSV3_PREFILL = "deepseek-v3/prefill/deepep"
 QWEN3_DECODE = "qwen3-235b-a22b-bf16/decode/allgather"
+QWEN3_SMALL = "qwen3-30b-a3b-bf16/decode/allgather"
 
 #: Measured step-time ratios to the H200 (a time ratio: above 1 is slower), pinned: a new
 #: data file that moves any by more than 2% must come with a reviewed update here and in the
@@ -46,11 +47,15 @@ PINNED_STEP_RATIOS = {
     ("B200", QWEN3_DECODE, 1): 0.772,
     ("B200", QWEN3_DECODE, 64): 0.540,
     ("B200", QWEN3_DECODE, 256): 0.588,
+    ("A100-SXM4-80GB", QWEN3_SMALL, 64): 3.399,
+    ("L40S", QWEN3_SMALL, 1): 1.805,
+    ("L40S", QWEN3_SMALL, 64): 12.79,
+    ("L40S", QWEN3_SMALL, 256): 18.12,
 }
 
 
 def test_setups_name_their_source_batches_and_every_gpu_with_data() -> None:
-    assert set(layer_setups()) == {DSV3_DECODE, DSV3_PREFILL, QWEN3_DECODE}
+    assert set(layer_setups()) == {DSV3_DECODE, DSV3_PREFILL, QWEN3_DECODE, QWEN3_SMALL}
     for name in layer_setups():
         s = layer_setup(name)
         assert s["context"] == 4096 and s["gpus_per_node"] == 8
@@ -115,7 +120,7 @@ def test_comparison_reads_the_model_and_the_reference_at_the_same_point() -> Non
     assert c.default_ratio == pytest.approx(c.default / base)
     # no comparison where the baseline or the GPU has no curve (B200 lacks DeepEP data)
     assert not any(c.figure.startswith(DSV3_DECODE) for c in layer_comparison("B200"))
-    assert layer_comparison("L40S") == []
+    assert {c.figure.split(" ")[0] for c in layer_comparison("L40S")} == {QWEN3_SMALL}
 
 
 def test_model_step_is_the_sum_of_its_phases_and_grows_with_the_batch() -> None:
@@ -142,13 +147,17 @@ def test_gpu_show_prints_the_step_curves_with_source_and_notes(
 ) -> None:
     assert main(["gpu", "show", "A100-SXM4-80GB", "-o", "json"]) == 0
     rows = json.loads(capsys.readouterr().out)["reference"]["layers"]
-    assert [r["sequences_per_gpu"] for r in rows] == [1, 8, 32, 64, 128, 256]
-    assert all(r["setup"] == QWEN3_DECODE and r["note"] for r in rows)  # every batch misses
+    assert [r["sequences_per_gpu"] for r in rows] == [1, 8, 32, 64, 128, 256] * 2
+    assert {r["setup"] for r in rows} == {QWEN3_DECODE, QWEN3_SMALL}
+    assert all(r["note"] for r in rows)  # every batch misses on the A100
     assert "aiconfigurator-core 0.12.0" in rows[0]["source"]
     assert main(["gpu", "show", "H100-SXM5-80GB"]) == 0
     out = capsys.readouterr().out
-    for name in (DSV3_DECODE, DSV3_PREFILL, QWEN3_DECODE):
+    for name in (DSV3_DECODE, DSV3_PREFILL, QWEN3_DECODE, QWEN3_SMALL):
         assert f"Step time, {name} (aiconfigurator-core 0.12.0" in out
     assert "Triton fused-MoE" not in out  # the A100 note stays with the A100
     assert main(["gpu", "show", "L40S"]) == 0
-    assert "Step time" not in capsys.readouterr().out  # no curve: the model does not fit
+    out = capsys.readouterr().out
+    assert f"Step time, {QWEN3_SMALL}" in out and DSV3_DECODE not in out  # only where it has data
+    assert main(["gpu", "show", "L4"]) == 0
+    assert "Step time" not in capsys.readouterr().out  # no reference data at all
