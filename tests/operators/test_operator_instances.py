@@ -478,3 +478,30 @@ def test_a_deployment_whose_nodes_all_serve_instances_waits_and_never_plans_on_t
     assert pp is not None and {n for i in pp.instances for n in i.nodes} == {"h100-0", "h100-1"}
     assert got == ()
     assert why.startswith("2 of its 2 eligible GPUNodes serve planned deployments' instances")
+
+
+def test_priority_orders_planned_and_unplanned_deployments_alike() -> None:
+    """A ModelDeployment without traffic of a higher priority keeps a GPUNode from a planned
+    one that wants every GPUNode (policies.fleetplan.combined); at the planned one's
+    priority, new, it waits for the planned one's instances and says so."""
+    hungry: dict[str, Any] = json.loads(json.dumps(CHAT))
+    hungry["traffic"]["requestsPerS"] = 1000
+    every = {n.name for n in NODES}
+    for prio, batch_gets in ((100, 1), (0, 0)):
+        fa = FleetAssignments(planner=PLANNER)
+        batch = md_object("batch", "team-a", maxGpus=2, priority=prio)
+        chat = md_object("chat", "team-a", **hungry)
+        objs = [chat, batch]
+        for o in objs:
+            o["metadata"]["generation"] = 1
+        fa.of(("team-a", "chat"), objs, NODES, policy, NOW, 90.0)
+        pp = fa.parent(("team-a", "chat"))
+        assert pp is not None and not pp.error
+        planned = {n for i in pp.instances for n in i.nodes}
+        nodes, why, _ = fa.of(("team-a", "batch"), objs, NODES, policy, NOW, 90.0)
+        assert nodes is not None
+        assert len(nodes) == batch_gets and planned == every - set(nodes), (prio, nodes, planned)
+        if batch_gets:
+            assert why == ""
+        else:
+            assert "serve planned deployments' instances" in why and "higher priority" in why
