@@ -237,10 +237,13 @@ class Operator:
         self.policies = Informer(
             kube, PLACEMENT_POLICIES, on_event=self._on_policy, watch_timeout_s=t
         )
-        self.fleet = FleetAssignments(
-            self.settings.namespace_quotas_gpus,
-            self.settings.fleet_planner,
-            open_curve_cache(self.settings.curve_cache_dir),
+        self.fleet = self._fleet_assignments()
+
+    def _fleet_assignments(self) -> FleetAssignments:
+        """The fleet schedule; its step curves on disk when ``curve_cache_dir`` is set."""
+        s = self.settings
+        return FleetAssignments(
+            s.namespace_quotas_gpus, s.fleet_planner, open_curve_cache(s.curve_cache_dir)
         )
 
     # ------------------------------------------------------------------- events
