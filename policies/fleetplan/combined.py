@@ -29,9 +29,10 @@ calls it was before (the planner once, then the scheduler once on what the plan 
 * **One schedule.** The assignment of the unplanned deployments is then made by ONE
   scheduler call over all of them on the nodes no planned instance uses (so
   :func:`policies.scheduling.explain.explain` and the decisions against ``previous`` see one
-  request): the higher ones find the nodes they were given kept free, the priorities among
-  them are the scheduler's own. When the last step is the only scheduler step (the usual
-  case) that call is the step itself.
+  request): the nodes a scheduler step took stay eligible for its deployments only (a lower
+  unplanned level never gets nodes a planned level between was denied), the other nodes
+  are the scheduler's to share by its own priorities. When the last step is the only
+  scheduler step (the usual case) that call is the step itself.
 * **One plan.** The plans of the planner steps are merged into one :class:`FleetPlan`
   (:func:`merge_plans`): deployments and shortfalls of every step, ``free_nodes`` the fleet's
   nodes no planned instance uses, curve counts and solve times summed. A planned
@@ -190,17 +191,11 @@ def plan_and_schedule(
     so = scheduling or ScheduleOptions()
     if so.cache is None:  # the scheduler steps share their estimates
         so = replace(so, cache=EstimateCache())
-    seen: set[str] = set()
-    for s, _ in specs:
-        if s.name in seen:
-            raise InputError(
-                f"deployment {s.name!r} appears twice. To fix: give each deployment its own name",
-                field=f"deployments.{s.name}.name",
-            )
-        seen.add(s.name)
+    _check_names(specs)
     previous = so.previous or {}
     walk = steps(specs)
     taken: dict[str, str] = {}  # node -> the unplanned deployment a scheduler step gave it
+    step_of: dict[str, int] = {}  # unplanned deployment -> its scheduler step
     planned_nodes: set[str] = set()
     plans: list[FleetPlan] = []
     done: list[Step] = []
@@ -215,6 +210,7 @@ def plan_and_schedule(
             order = tuple(x.name for x in fleet.nodes if x.name in used)
             done.append(Step(kind, levels, names, order))
         elif n < len(walk) - 1:  # a planner step follows: keep what this one gets from it
+            step_of.update((name, n) for name in names)
             _, sched = _schedule(
                 fleet, [specs[i] for i in idx], planned_nodes | set(taken), so, pool
             )
@@ -226,7 +222,13 @@ def plan_and_schedule(
                 Step(kind, levels, names, tuple(x.name for x in fleet.nodes if x.name in got))
             )
     merged = merge_plans(fleet, plans) if plans else None
-    rest = [(s, nodes) for s, nodes in specs if not is_planned(s)]
+    # Nodes a scheduler step took stay its own: a lower unplanned level does not get them
+    # where the planned level between was denied them.
+    rest = [
+        (s, [x for x in nodes if x not in taken or step_of[taken[x]] == step_of.get(s.name)])
+        for s, nodes in specs
+        if not is_planned(s)
+    ]
     if not rest:
         return FleetDecision(merged, steps=tuple(done))
     req_s, sched = _schedule(fleet, rest, planned_nodes, so, pool)
@@ -234,6 +236,18 @@ def plan_and_schedule(
     levels = tuple(sorted({s.priority for s, _ in rest}, reverse=True))
     done.append(Step("schedule", levels, tuple(s.name for s, _ in rest)))
     return FleetDecision(merged, req_s, sched, tuple(done))
+
+
+def _check_names(specs: Specs) -> None:
+    """Refuse a deployment name given twice (of either kind)."""
+    seen: set[str] = set()
+    for s, _ in specs:
+        if s.name in seen:
+            raise InputError(
+                f"deployment {s.name!r} appears twice. To fix: give each deployment its own name",
+                field=f"deployments.{s.name}.name",
+            )
+        seen.add(s.name)
 
 
 def _plan_step(
@@ -274,18 +288,30 @@ def _name_holders(
     shortfalls: Mapping[str, Shortfall], kept: Mapping[str, Mapping[str, str]]
 ) -> dict[str, Shortfall]:
     """``shortfalls`` with the unplanned deployments that hold nodes the planner could not
-    offer (``kept``: deployment -> node -> holder) named in the ``gpus`` ones."""
+    offer (``kept``: deployment -> node -> holder) named: in a ``gpus`` shortfall, and in
+    place of ``nodes`` (none eligible) when they hold every node it may use."""
     out: dict[str, Shortfall] = {}
     for name, sf in shortfalls.items():
         nodes = kept.get(name, {})
-        if sf.resource == "gpus" and nodes:
+        if nodes and sf.resource in ("gpus", "nodes"):
             who = ", ".join(sorted(set(nodes.values())))
             listed = ", ".join(sorted(nodes)[:5]) + (", ..." if len(nodes) > 5 else "")
-            note = (
-                f" Nodes it may use ({listed}) are held by {who}: deployments without traffic "
-                "and SLOs of a higher priority, or of its own and running."
+            held = (
+                f"nodes it may use ({listed}) are held by {who}: deployments without traffic "
+                "and SLOs of a higher priority, or of its own and running"
             )
-            sf = replace(sf, message=sf.message.rstrip(".") + "." + note)
+            if sf.resource == "gpus":
+                sf = replace(sf, message=f"{sf.message.rstrip('.')}. N{held[1:]}.")
+            else:
+                sf = replace(
+                    sf,
+                    resource="gpus",
+                    fix=f"the nodes {who} hold",
+                    message=(
+                        f"{name} misses {sf.missing_requests_per_s:.3g} requests/s: the {held}. "
+                        "To fix: raise its priority, lower theirs or add nodes"
+                    ),
+                )
         out[name] = sf
     return out
 

@@ -184,3 +184,15 @@ def test_the_same_inputs_give_the_same_decision_and_names_are_unique() -> None:
     with pytest.raises(InputError, match="appears twice") as err:
         _decide(HUNGRY, replace(OTHER, name="q"))
     assert err.value.field == "deployments.q.name"
+
+
+def test_a_lower_unplanned_level_gets_no_node_the_planned_level_above_it_was_denied() -> None:
+    top = replace(OTHER, name="top", priority=100)  # takes every node it may
+    low = replace(ONE_NODE, name="low")
+    d = _decide(replace(HUNGRY, priority=50), top, low)
+    assert d.plan is not None and d.schedule is not None
+    assert d.schedule.placements["top"].nodes == ALL
+    assert not _planned_nodes(d.plan) and d.plan.deployments["q"].served_requests_per_s == 0
+    assert "are held by top" in d.plan.shortfalls["q"].message
+    assert "low" in d.schedule.pending  # not on a node q, of a higher priority, was denied
+    assert [s.kind for s in d.steps] == ["schedule", "plan", "schedule"]
