@@ -130,6 +130,33 @@ SETUPS: dict[str, dict[str, Any]] = {
         "describe": "DeepSeek-V3 (FP8 block weights), SGLang with DeepEP high-throughput "
         "all-to-all, attention DP 8 x TP 1, EP 8, prefill of sequences of 4096 tokens",
     },
+    "deepseek-v3/decode/allgather": {
+        "hf_model": "deepseek-ai/DeepSeek-V3",
+        "preset": "deepseek-v3",
+        "phase": "decode",
+        "exchange": "allgather",
+        "deepep": False,
+        "kv_cache_dtype": "fp8",
+        "gpus": ("H100-SXM5-80GB", "H200-SXM-141GB", "B200"),
+        "batches": (1, 8, 32, 64, 128, 256),
+        "describe": "DeepSeek-V3 (FP8 block weights, FP8 KV cache), SGLang's default MoE inside "
+        "one node (fused MoE kernel, tokens all-gathered and reduce-scattered, overlapped with "
+        "the shared expert), attention DP 8 x TP 1, EP 8, decode at 4096 tokens of context",
+    },
+    "deepseek-v3/prefill/allgather": {
+        "hf_model": "deepseek-ai/DeepSeek-V3",
+        "preset": "deepseek-v3",
+        "phase": "prefill",
+        "exchange": "allgather",
+        "deepep": False,
+        "kv_cache_dtype": "fp8",
+        "fmha_quant_mode": "bfloat16",  # the tables hold no FP8 context MLA for this path
+        "gpus": ("H100-SXM5-80GB", "H200-SXM-141GB", "B200"),
+        "batches": (1, 2, 4),
+        "describe": "DeepSeek-V3 (FP8 block weights, BF16 attention), SGLang's default MoE "
+        "inside one node (fused MoE kernel, tokens all-gathered and reduce-scattered), "
+        "attention DP 8 x TP 1, EP 8, prefill of sequences of 4096 tokens",
+    },
     "qwen3-235b-a22b-bf16/decode/allgather": {
         "hf_model": "Qwen/Qwen3-235B-A22B",
         "preset": "qwen3-235b-a22b",
@@ -174,6 +201,9 @@ PHASE_OF_OP = {
         "proj_gemm",
         "router_gemm",
         "gate_ffn1_gemm",
+        "shared_gate_up_gemm",
+        "shared_act_gate",
+        "shared_ffn2_gemm",
         "act_gate",
         "ffn2_gemm",
     ),
@@ -184,7 +214,9 @@ PHASE_OF_OP = {
 """aiconfigurator op name (without its ``generation_``/``context_`` prefix) -> the mixfleet
 phase it belongs to: attention phase (norms, attention projections, the attention kernel,
 router and the shared expert), dispatch + combine, routed experts, and what runs outside
-the layers (embedding, LM head)."""
+the layers (embedding, LM head). In SGLang's default DeepSeek decode graph one op,
+``moe_overlap``, is the router, all-gather, routed experts and reduce-scatter overlapped
+with the shared expert: it counts as routed experts."""
 
 
 def _aic_step_ms(
@@ -210,7 +242,9 @@ def _aic_step_ms(
     version = perf_database.get_latest_database_version(system, "sglang")
     db = perf_database.get_database(system, "sglang", version)
     # tp, pp, attention dp, moe tp, moe ep; quant modes from the checkpoint
-    mc = api._build_model_config(1, 1, 8, 1, 8, None, None, None, None, None)
+    mc = api._build_model_config(
+        1, 1, 8, 1, 8, None, None, setup.get("fmha_quant_mode"), None, None
+    )
     decode = setup["phase"] == "decode"
     # uniform expert load: DeepEP tables call it "uniform", the fused-MoE ones "balanced"
     mc.workload_distribution = "uniform" if setup["deepep"] else "balanced"

@@ -500,6 +500,51 @@ LAYER_REFERENCE_NOTES: dict[tuple[str, str], tuple[tuple[int, ...], str]] = {
         "at 128 sequences), where the model's expert phase (weight reads at decode sizes) is "
         "1.5x the H200's speed",
     ),
+    ("H200-SXM-141GB", "deepseek-v3/decode/allgather"): (
+        (1, 8, 32, 64, 128, 256),
+        "step 34-76% faster than measured on SGLang's default path (the MLA-module and "
+        "fused-MoE tables aiconfigurator uses for EP inside one node): the MLA module grows "
+        "to 1.4-5x the model's attention phase from 1 to 256 sequences (42 ms a step at 64 "
+        "against 11 ms modelled; 2.3x the DeepEP path's attention table on the same GPU) and "
+        "the fused MoE with its all-gather and reduce-scatter to 1.4-3.3x the model's",
+    ),
+    ("H100-SXM5-80GB", "deepseek-v3/decode/allgather"): (
+        (1, 8, 32, 64, 128, 256),
+        "step 28-75% faster than measured (as on the H200: MLA module 1.2-5.2x and fused MoE "
+        "1.3-3.1x the model's) and 1.14-1.34x the H200's step against 1.10-1.24x measured "
+        "(up to 15% high): the model's H100 expert phase is 0.71x the H200's speed (the HBM "
+        "ratio), the measured fused MoE 0.77-0.86x",
+    ),
+    ("B200", "deepseek-v3/decode/allgather"): (
+        (1, 8, 32, 64, 128, 256),
+        "step 39-67% faster than measured; 0.55-0.76x the H200's step against 0.40-0.79x "
+        "measured (13% low at 8 sequences, 12-37% high at 32-256): the MLA module runs "
+        "1.9-7x the H200's speed at 8-256 sequences (the H200's table slows with the batch, "
+        "B200's barely) where the model gives 1.4-2.1x, and the fused MoE 1.1-1.3x where "
+        "the model gives 1.5-1.6x",
+    ),
+    ("H200-SXM-141GB", "deepseek-v3/prefill/allgather"): (
+        (1, 2, 4),
+        "step 72-73% faster than measured: on SGLang's default path the fused-MoE table "
+        "takes 1242 ms a step at one sequence of 4096 per GPU, 7.8x the DeepEP path's expert "
+        "table for the same pairs on the same GPU and 9.4x the model; the MLA module (BF16 "
+        "attention: the data has no FP8 context MLA on this path) is 1.5-1.6x the model's "
+        "attention phase",
+    ),
+    ("H100-SXM5-80GB", "deepseek-v3/prefill/allgather"): (
+        (1, 2, 4),
+        "step 75% faster than measured (the fused-MoE table: 1447 ms a step at one sequence, "
+        "11x the model's; see the H200's note); ratio to the H200 10% low: the model's H100 "
+        "prefill equals the H200's (the same compute peaks), the measured fused MoE is 16% "
+        "slower on the H100",
+    ),
+    ("B200", "deepseek-v3/prefill/allgather"): (
+        (1, 2, 4),
+        "step 81% faster than measured, and 2.2x the H200's speed modelled against 1.5x "
+        "measured: the MLA module runs 3.8-4.1x the H200's (the model 2.3x) but the fused "
+        "MoE only 1.27x (the model 2.3x, the FP8 peak ratio), at 976 ms a step against 59 ms "
+        "modelled",
+    ),
     ("A100-SXM4-80GB", "qwen3-30b-a3b-bf16/decode/allgather"): (
         (1, 8, 32, 64, 128, 256),
         "step 26-39% faster than measured and 1.34-2.25x the H200's against 1.60-3.88x "

@@ -31,6 +31,9 @@ DSV3_DECODE = "deepseek-v3/decode/deepep"
 DSV3_PREFILL = "deepseek-v3/prefill/deepep"
 QWEN3_DECODE = "qwen3-235b-a22b-bf16/decode/allgather"
 QWEN3_SMALL = "qwen3-30b-a3b-bf16/decode/allgather"
+DSV3_GATHER = "deepseek-v3/decode/allgather"
+DSV3_GATHER_PREFILL = "deepseek-v3/prefill/allgather"
+ALL = (DSV3_DECODE, DSV3_PREFILL, DSV3_GATHER, DSV3_GATHER_PREFILL, QWEN3_DECODE, QWEN3_SMALL)
 
 #: Measured step-time ratios to the H200 (a time ratio: above 1 is slower), pinned: a new
 #: data file that moves any by more than 2% must come with a reviewed update here and in the
@@ -51,11 +54,14 @@ PINNED_STEP_RATIOS = {
     ("L40S", QWEN3_SMALL, 1): 1.805,
     ("L40S", QWEN3_SMALL, 64): 12.79,
     ("L40S", QWEN3_SMALL, 256): 18.12,
+    ("B200", DSV3_GATHER, 1): 0.763,
+    ("B200", DSV3_GATHER, 256): 0.400,
+    ("B200", DSV3_GATHER_PREFILL, 1): 0.662,
 }
 
 
 def test_setups_name_their_source_batches_and_every_gpu_with_data() -> None:
-    assert set(layer_setups()) == {DSV3_DECODE, DSV3_PREFILL, QWEN3_DECODE, QWEN3_SMALL}
+    assert set(layer_setups()) == set(ALL)
     for name in layer_setups():
         s = layer_setup(name)
         assert s["context"] == 4096 and s["gpus_per_node"] == 8
@@ -153,7 +159,7 @@ def test_gpu_show_prints_the_step_curves_with_source_and_notes(
     assert "aiconfigurator-core 0.12.0" in rows[0]["source"]
     assert main(["gpu", "show", "H100-SXM5-80GB"]) == 0
     out = capsys.readouterr().out
-    for name in (DSV3_DECODE, DSV3_PREFILL, QWEN3_DECODE, QWEN3_SMALL):
+    for name in ALL:
         assert f"Step time, {name} (aiconfigurator-core 0.12.0" in out
     assert "Triton fused-MoE" not in out  # the A100 note stays with the A100
     assert main(["gpu", "show", "L40S"]) == 0
