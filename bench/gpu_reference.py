@@ -3,10 +3,10 @@ per-operation data (PyPI ``aiconfigurator-core`` 0.12.0, ``systems/data/<gpu>/..
 measured by NVIDIA on each GPU with SGLang's kernels and NCCL), written as the data file
 ``policies/data/reference_timings.json`` that :mod:`policies.reference` reads.
 
-``python -m bench.gpu_reference --data DIR`` with ``DIR`` the ``aiconfigurator_core/systems/
-data`` folder of the unpacked wheel (``pip download --no-deps aiconfigurator-core==0.12.0``
-then unzip); needs ``pyarrow`` to read the parquet tables (not a dependency of this
-project: only this extraction needs it).
+``python -m bench.gpu_reference`` in an environment with ``aiconfigurator-core==0.12.0``
+and ``pyarrow`` installed (neither is a dependency of this project: only this extraction
+needs them); ``--data DIR`` reads the tables from another ``aiconfigurator_core/systems/
+data`` folder (an unpacked wheel) than the installed package's.
 
 Per GPU it keeps: BF16 and FP8 GEMM times at ``m x 8192 x 8192`` (m = 16 and 8192: weight
 streaming and compute rate), decode attention times (8 query heads, 1 KV head of 128, BF16
@@ -378,7 +378,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         doc = extract(Path(args.data) if args.data else _installed_data())
     except (OSError, ImportError, KeyError) as exc:
-        print(f"error: cannot read the reference data: {exc}", file=sys.stderr)
+        fix = (
+            ". To fix: pip install aiconfigurator-core==0.12.0 pyarrow (a scratch environment)"
+            if isinstance(exc, ImportError)
+            else ""
+        )
+        print(f"error: cannot read the reference data: {exc}{fix}", file=sys.stderr)
         return 2
     Path(args.out).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     print(f"wrote {args.out}")

@@ -19,6 +19,14 @@ calibrated (catalog peak times :class:`policies.costmodel.Efficiency`; collectiv
 NVLink or PCIe per-direction rate times its efficiency), and :func:`comparison` both, with
 the ratios to the H200 that the heterogeneity-aware planner relies on.
 
+Whole-layer steps (``layer_curves`` in the file): the step time of each setup (model,
+engine path, phase; 8 GPUs of one node, 4096 tokens of context, 1-256 sequences per GPU)
+as aiconfigurator's SDK composes it from those tables, per GPU, split into the cost model's
+phases. :func:`measured_layer_curve` reads one, :func:`model_layer_curve` computes the
+cost model's step on the same setup (defaults, no calibration), and
+:func:`layer_comparison` / :func:`layer_misses` set them side by side with the ratios to
+the H200; :data:`policies.catalog.LAYER_REFERENCE_NOTES` says where and why they miss.
+
 Units: TFLOPS, GB/s (1e9 B/s), microseconds in the data file.
 """
 
