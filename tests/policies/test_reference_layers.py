@@ -167,3 +167,26 @@ def test_gpu_show_prints_the_step_curves_with_source_and_notes(
     assert f"Step time, {QWEN3_SMALL}" in out and DSV3_DECODE not in out  # only where it has data
     assert main(["gpu", "show", "L4"]) == 0
     assert "Step time" not in capsys.readouterr().out  # no reference data at all
+
+
+def test_every_stored_op_has_one_phase_and_the_phases_sum_to_the_step() -> None:
+    from bench.gpu_reference import PHASE_OF_OP, _phases_us
+
+    owners: dict[str, list[str]] = {}
+    for phase, names in PHASE_OF_OP.items():
+        for op in names:
+            owners.setdefault(op, []).append(phase)
+    assert all(len(v) == 1 for v in owners.values()), owners
+    for name in layer_setups():
+        for g in layer_setup(name)["by_gpu"].values():
+            assert set(g.get("ops", ())) <= set(owners), (name, g.get("ops"))
+    got = _phases_us({"generation_attention": 1.0, "generation_moe": 2.0, "generation_p2p": 0.5})
+    assert got == {
+        "attention_us": 1000.0,
+        "exchange_us": 0.0,
+        "expert_us": 2000.0,
+        "outside_layers_us": 500.0,
+        "step_us": 3500.0,
+    }
+    with pytest.raises(KeyError, match="no phase"):
+        _phases_us({"generation_new_kernel": 1.0})
