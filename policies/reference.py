@@ -259,23 +259,21 @@ def model_layer_curve(
     name: str, model: str, eff: Efficiency | None = None
 ) -> dict[int, dict[str, float]]:
     """The cost model's step of setup ``name`` on 8 GPUs of ``model`` in one node, per batch
-    (no calibration: catalog peaks times ``eff``, default :class:`Efficiency`): attention
-    data-parallel with equal shares, expert e on GPU ``e * 8 // E`` (uniform load, no
-    replicas), the setup's exchange. :data:`LAYER_PHASES` in microseconds, each phase summed
-    over the layers at its slowest GPU (what :func:`policies.evaluation.evaluate` sums)."""
+    (no calibration: catalog peaks times ``eff``, default :class:`Efficiency`): the
+    ``uniform`` policy's native placement (equal attention shares, expert e on GPU
+    ``e * 8 // E``, no replicas; uniform load), the setup's exchange. :data:`LAYER_PHASES`
+    in microseconds, each phase summed over the layers at its slowest GPU (what
+    :func:`policies.evaluation.evaluate` sums)."""
     from policies.costmodel import CostSettings, build_cost_table
-    from policies.evaluation import LayerPlacement, evaluate
+    from policies.evaluation import evaluate
     from policies.models import preset
+    from policies.request import PlacementRequest
+    from policies.solvers import uniform
     from policies.workload import make_workload
 
     s = layer_setup(name)
     spec = preset(s["preset"])
     fleet = _one_node(model)
-    n = len(fleet.gpus)
-    per: list[list[tuple[int, float]]] = [[] for _ in range(n)]
-    for e in range(spec.num_experts):
-        per[e * n // spec.num_experts].append((e, 1.0))
-    layer = LayerPlacement(tuple(tuple(x) for x in per))
     settings = CostSettings() if eff is None else CostSettings(efficiency=eff)
     out: dict[int, dict[str, float]] = {}
     for b in s["batches"]:
@@ -288,7 +286,9 @@ def model_layer_curve(
             kv_cache_dtype=s["kv_cache_dtype"],
         )
         table = build_cost_table(fleet, spec, wl, settings)
-        ev = evaluate(table, [1.0 / n] * n, [layer] * spec.num_moe_layers, s["exchange"])
+        req = PlacementRequest(fleet, spec, wl, "uniform", "native", 0, settings=settings)
+        placed = uniform.place(req, table)
+        ev = evaluate(table, placed.attention_share, placed.layers, s["exchange"])
         dense = ev.dense_layer
         attn = max(dense.attention_us) * ev.num_dense_layers if dense else 0.0
         attn += sum(max(t.attention_us) for t in ev.moe_layers)
