@@ -43,6 +43,7 @@ from policies.errors import InputError
 
 if TYPE_CHECKING:
     from policies.costmodel import Efficiency
+    from policies.fleet import Fleet
 
 DATA = Path(__file__).resolve().parent / "data" / "reference_timings.json"
 BASELINE = "H200-SXM-141GB"
@@ -224,11 +225,12 @@ def layer_setup(name: str) -> dict[str, Any]:
 def layer_source(name: str, model: str) -> str:
     """Where the measured curve of ``model`` in setup ``name`` comes from."""
     s = layer_setup(name)
-    g = s["by_gpu"][model]
+    version = s["by_gpu"][model].get("sglang", "?")
+    folder = reference_document()["gpus"][model]["folder"]
     return (
         f"aiconfigurator-core 0.12.0 step composition (its SDK's op graph for SGLang summed "
-        f"over NVIDIA's per-operation tables of systems/data/{reference_document()['gpus'][model]['folder']}, "
-        f"SGLang {g.get('sglang', '?')} tables): {s['describe']}"
+        f"over NVIDIA's per-operation tables of systems/data/{folder}, SGLang {version} "
+        f"tables): {s['describe']}"
     )
 
 
@@ -241,7 +243,7 @@ def measured_layer_curve(name: str, model: str) -> dict[int, dict[str, float]]:
     }
 
 
-def _one_node(model: str, count: int = 8) -> Any:
+def _one_node(model: str, count: int = 8) -> Fleet:
     """A fleet of one node with ``count`` GPUs of catalog ``model`` (NVLink when it has)."""
     from policies.fleet import Fleet, Gpu, GpuId, Node, NvLinkDomain
 
