@@ -18,9 +18,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from apis.curvecache import FileCurveCache
 from bench.common import log
 from bench.goodput_setup import spec, traffic
-from controlplane.curvecache import FileCurveCache
 from policies.fleet import Fleet, parse_fleet
 from policies.fleetplan import FleetDeployment, PlanRequest, plan_fleet
 from policies.fleetplan.report import plan_doc

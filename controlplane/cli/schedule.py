@@ -68,8 +68,8 @@ def _plan_and_schedule(
     """Deployments with traffic and SLOs through the fleet planner; the others through the
     fleet scheduler on the nodes the plan leaves free (either part None when empty):
     :func:`policies.fleetplan.combined.plan_and_schedule`, as the controller decides."""
+    from apis.curvecache import FileCurveCache
     from controlplane.cli.schedule_plan import curve_cache_dir
-    from controlplane.curvecache import FileCurveCache
     from policies.fleetplan.combined import PlanOptions, ScheduleOptions, plan_and_schedule
     from policies.scheduling.table import TableSettings
     from policies.spec import selects

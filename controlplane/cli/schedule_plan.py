@@ -4,7 +4,7 @@ their traffic and SLOs (``spec.traffic``, ``spec.slo``) are planned by
 TTFT/TPOT, goodput against demand, cost and shortfalls; the others keep the fleet
 scheduler's assignment of whole nodes on what the plan leaves free.
 
-Step curves are kept on disk across runs (:class:`controlplane.curvecache.FileCurveCache`)
+Step curves are kept on disk across runs (:class:`apis.curvecache.FileCurveCache`)
 under ``--curve-cache DIR``, else ``$MIXFLEET_CURVE_CACHE``, else
 ``$XDG_CACHE_HOME/mixfleet/curves`` (``~/.cache/mixfleet/curves``).
 
@@ -38,7 +38,7 @@ def planned(spec: DeploymentSpec) -> bool:
 
 def curve_cache_dir(args: argparse.Namespace) -> Path:
     """The curve cache directory of this run."""
-    from controlplane.curvecache import default_dir
+    from apis.curvecache import default_dir
 
     given = getattr(args, "curve_cache", None)
     return Path(given).expanduser() if given else default_dir()
@@ -52,7 +52,7 @@ def run_planner(
 ) -> FleetPlan:
     """Plan ``specs`` (each with traffic and SLOs) on ``fleet`` with the on-disk curve cache
     (``--workers N`` processes for the curves not cached)."""
-    from controlplane.curvecache import FileCurveCache
+    from apis.curvecache import FileCurveCache
     from policies.fleetplan import FleetDeployment, PlanRequest, plan_fleet
 
     cache = FileCurveCache(curve_cache_dir(args))

@@ -17,7 +17,7 @@ token; the instance holds the smallest of those (the first GPU to fill stops adm
 :func:`curve_key` is a stable hash of everything that changes a curve (model, node make-up,
 engine, dtypes, load, form, grids, :data:`CURVE_VERSION` and the cost model's
 :data:`~policies.costmodel.COST_MODEL_VERSION`); :class:`CurveCache` is the
-load/store interface a caller backs with disk (``controlplane.curvecache``), and
+load/store interface a caller backs with disk (``apis.curvecache``), and
 :class:`MemoryCurveCache` keeps them in a dict.
 
 Units: microseconds (``_us``), tokens, bytes. Pure: no I/O.

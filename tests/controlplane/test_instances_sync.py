@@ -168,8 +168,8 @@ def test_instances_ports_drain_and_the_running_plan(tmp_path: Path) -> None:
 def test_the_controller_keeps_step_curves_next_to_its_sqlite_file(tmp_path: Path) -> None:
     from argparse import Namespace
 
+    from apis.curvecache import FileCurveCache
     from controlplane.cli.controller import _curve_cache_dir
-    from controlplane.curvecache import FileCurveCache
 
     store = SqliteStore(tmp_path / "state.db")
     try:
