@@ -409,6 +409,7 @@ def test_the_operators_curve_cache_is_a_volume_an_empty_dir_or_a_claim() -> None
         {"operator": {"drainGraceS": -1}},
         {"operator": {"curveCache": {"path": "relative/curves"}}},
         {"operator": {"curveCache": {"existingClaim": "Not A Claim"}}},
+        {"router": {"workers": 0}},
     ],
     ids=[
         "tls-mode",
@@ -420,6 +421,7 @@ def test_the_operators_curve_cache_is_a_volume_an_empty_dir_or_a_claim() -> None
         "drain-grace",
         "curve-cache-path",
         "curve-cache-claim",
+        "router-workers",
     ],
 )
 def test_values_schema_rejects_bad_values(values: dict[str, Any]) -> None:
@@ -433,6 +435,7 @@ def test_router_runs_against_the_controller_with_mtls_and_its_flags_are_valid() 
     assert parsed.controller == "mixfleet-controller.mixfleet-system.svc:7443"
     assert parsed.instance == ["url=http://e:30000,deployment=ds3"]
     assert parsed.tls_ca == "/etc/mixfleet/tls/ca.crt" and parsed.listen == "0.0.0.0:8000"
+    assert parsed.workers == 2  # one per CPU the pod requests
     from controlplane.cli.router import settings_from_args
 
     assert parsed.deployment == ["qwen,tier=batch"]
