@@ -33,6 +33,7 @@ import json
 import sys
 import time
 import traceback
+from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
@@ -61,15 +62,16 @@ def _log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def points() -> list[dict[str, Any]]:
-    """Every (phase, tokens, context, seq_len) of the sweep, decode first."""
+def points(phase: str = "all") -> list[dict[str, Any]]:
+    """Every (phase, tokens, context, seq_len) of the sweep, decode first (``phase``:
+    ``all``, or only ``decode`` or ``prefill`` points)."""
     out = [
         {"phase": "decode", "tokens": b, "context": c, "seq_len": c}
         for c in DECODE_CONTEXT
         for b in DECODE_BATCH
     ]
     out += [{"phase": "prefill", "tokens": t, "context": s, "seq_len": s} for t, s in PREFILL]
-    return out
+    return [p for p in out if phase in ("all", p["phase"])]
 
 
 def _base_layer(model: str, expert_dtype: str, seed: int) -> Any:
@@ -165,15 +167,26 @@ def attention_probe() -> list[dict[str, Any]]:
     return rows
 
 
-def run_sweep(rounds: int, iters: int) -> list[dict[str, Any]]:
-    """Every model x point, ``rounds`` times (rounds outermost)."""
+def run_sweep(
+    rounds: int,
+    iters: int,
+    phase: str = "all",
+    cases: Sequence[str] = (),
+    tokens: Sequence[int] = (),
+) -> list[dict[str, Any]]:
+    """Every model x point of ``phase`` (:func:`points`), ``rounds`` times (rounds
+    outermost); only the ``model/dtype`` ``cases`` and the points of ``tokens`` when given."""
     import torch
 
     results: list[dict[str, Any]] = []
     for r in range(rounds):
         for model, dt in MODELS:
+            if cases and f"{model}/{dt}" not in cases:
+                continue
             base = _base_layer(model, dt, seed=r)
-            for k, p in enumerate(points()):
+            for k, p in enumerate(points(phase)):
+                if tokens and p["tokens"] not in tokens:
+                    continue
                 label = {"model": model, "expert_dtype": dt, "round": r, **p}
                 try:
                     res = measure_point(base, p, iters, split=True, seed=1000 * r + k)
@@ -193,16 +206,53 @@ def run_sweep(rounds: int, iters: int) -> list[dict[str, Any]]:
     return results
 
 
-def main(argv: list[str] | None = None) -> int:
+def _bad_filters(only: str, tokens: str) -> str | None:
+    """What is wrong with ``--only`` / ``--tokens`` (None when both are good)."""
+    known = [f"{m}/{d}" for m, d in MODELS]
+    bad = [c for c in only.split(",") if c and c not in known]
+    if bad:
+        return f"--only {bad[0]!r}: choose from {', '.join(known)}"
+    if not all(t.isdigit() for t in tokens.split(",") if t):
+        return f"--tokens {tokens!r}: give whole numbers, e.g. 8192,16384"
+    return None
+
+
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("--out", help="folder for gpu-h200-sweep.json (runs the sweep on the GPU)")
     p.add_argument("--analyse", help="a sweep results file to compare with the cost model")
     p.add_argument("--png", help="with --analyse: write the measured-vs-predicted figure here")
+    p.add_argument(
+        "--phase",
+        choices=("all", "decode", "prefill"),
+        default="all",
+        help="with --out: only these points (the cost-model fit needs all)",
+    )
+    p.add_argument(
+        "--only",
+        default="",
+        metavar="MODEL/DTYPE,...",
+        help="with --out: only these cases, e.g. deepseek-v3/bf16 (default: all)",
+    )
+    p.add_argument(
+        "--tokens",
+        default="",
+        metavar="N,...",
+        help="with --out: only the points of these tokens per GPU (default: all)",
+    )
     p.add_argument("--rounds", type=int, default=3, help="rounds over the whole sweep")
     p.add_argument("--iters", type=int, default=10, help="graph replays per point and round")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     if bool(args.out) == bool(args.analyse):
         print("error: give exactly one of --out (measure) or --analyse FILE", file=sys.stderr)
+        return 2
+    problem = _bad_filters(args.only, args.tokens)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     from bench import gpu_fit
 
@@ -244,7 +294,9 @@ def main(argv: list[str] | None = None) -> int:
     _log(f"ceilings {doc['ceilings']}")
     doc["attention_probe"] = attention_probe()
     _log(f"attention probe {doc['attention_probe']}")
-    doc["points"] = run_sweep(args.rounds, args.iters)
+    cases = tuple(c for c in args.only.split(",") if c)
+    tokens = tuple(int(t) for t in args.tokens.split(",") if t)
+    doc["points"] = run_sweep(args.rounds, args.iters, args.phase, cases, tokens)
     doc["duration_s"] = time.perf_counter() - t0
     path = save_record(doc, args.out, "gpu-h200-sweep.json")
     _log(f"wrote {path} in {doc['duration_s']:.0f} s")

@@ -82,8 +82,9 @@ def _rowwise_fp8(x: Tensor) -> tuple[Tensor, Tensor]:
     return (x / s[:, None]).to(torch.float8_e4m3fn), s.float()
 
 
-def _fused_quant() -> bool:
-    """Whether the one-pass Triton row quantisation can run here."""
+def fused_kernels() -> bool:
+    """Whether the Triton kernels of the expert phase (one-pass activation, FP8 row
+    quantisation, fused combine) can run here: triton imported and a CUDA GPU."""
     try:
         from agents.runtime import triton_experts
 
@@ -106,7 +107,7 @@ def _gemm(
         return torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)
     if quantized is not None:
         x8, sx = quantized
-    elif x.is_cuda and _fused_quant():
+    elif x.is_cuda and fused_kernels():
         from agents.runtime.triton_experts import quantize_rows
 
         x8, sx = quantize_rows(x)
@@ -127,11 +128,13 @@ def _act(h: Tensor, scale: Tensor | None) -> Tensor:
 
 def _ffn_grouped(x: Tensor, w: ExpertWeights, offs: Tensor, scale: Tensor | None) -> Tensor:
     h = _gemm(x, w.w13, w.s13, offs, x.dtype)
-    if w.s2 is not None and h.is_cuda and _fused_quant():  # activation and FP8 in one pass
-        from agents.runtime.triton_experts import quantize_rows
+    if h.is_cuda and fused_kernels():  # the activation in one pass (and FP8 with it)
+        from agents.runtime.triton_experts import act_rows, quantize_rows
 
-        q = quantize_rows(h, act=True, scale=None if scale is None else scale.float())
-        return _gemm(h, w.w2, w.s2, offs, x.dtype, quantized=q)
+        if w.s2 is not None:
+            q = quantize_rows(h, act=True, scale=None if scale is None else scale.float())
+            return _gemm(h, w.w2, w.s2, offs, x.dtype, quantized=q)
+        return _gemm(act_rows(h, scale), w.w2, None, offs, x.dtype)
     return _gemm(_act(h, scale), w.w2, w.s2, offs, x.dtype)
 
 
@@ -208,7 +211,24 @@ def expert_forward(
     """``y[i] = scale[i] * FFN_{slot[i]}(src[row_of[i]])`` (``row_of`` None: row i; no
     ``scale``: 1); rows with ``slot == w.slots`` are padding (their output is undefined).
     Rows are gathered once into slot order (padded per group when the plan asks) and the
-    results gathered back once. No host synchronisation except in the ``loop`` kernel."""
+    results gathered back once (:func:`expert_rows` leaves that gather to the caller). No
+    host synchronisation except in the ``loop`` kernel."""
+    y, index = expert_rows(src, row_of, slot, w, plan, scale)
+    return y if index is None else y[index]
+
+
+def expert_rows(
+    src: Tensor,
+    row_of: Tensor | None,
+    slot: Tensor,
+    w: ExpertWeights,
+    plan: ExpertPlan,
+    scale: Tensor | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """:func:`expert_forward` without the last gather: ``(y, index)`` with the result of
+    row ``i`` at ``y[index[i]]`` (``index`` None: at ``y[i]``), so that a combine step can
+    fuse that gather with the sum over each token's pairs
+    (:func:`agents.runtime.triton_experts.combine_rows`)."""
     s = w.slots
     n = slot.shape[0]
     dev = slot.device
@@ -222,7 +242,7 @@ def expert_forward(
     if plan.kernel == "loop":
         out = src.new_empty((n, w.w2.shape[1]))
         out[order] = _ffn_loop(src[src_row], w, counts.tolist(), sorted_scale)
-        return out
+        return out, None
     inverse = torch.empty_like(order)
     if plan.kernel == "triton":
         from agents.runtime.triton_experts import moe_ffn
@@ -231,12 +251,12 @@ def expert_forward(
             src, src_row, counts, w.w13, w.w2, w.s13, w.s2, sorted_scale, plan.rows / max(s, 1)
         )
         inverse[order] = torch.arange(n, device=dev)
-        return y[inverse]
+        return y, inverse
     if plan.kernel == "grouped" and plan.align == 1:  # padding rows sort last, past offs
         offs = torch.cumsum(counts, 0).to(torch.int32)
         y = _ffn_grouped(src[src_row], w, offs, sorted_scale)
         inverse[order] = torch.arange(n, device=dev)
-        return y[inverse]
+        return y, inverse
     starts = torch.cumsum(counts, 0) - counts
     valid = sorted_slot < s
     clamped = sorted_slot.clamp(max=s - 1)
@@ -244,7 +264,7 @@ def expert_forward(
     if plan.kernel == "capacity":
         both, at = _capacity_rows(src, src_row, sorted_scale, counts, clamped, pos, valid, w, plan)
         inverse[order] = at
-        return both[inverse]
+        return both, inverse
     a = plan.align
     padded = (counts + a - 1) // a * a
     pstarts = torch.cumsum(padded, 0) - padded
@@ -259,7 +279,7 @@ def expert_forward(
         pscale = pscale[:total]
     yb = _ffn_grouped(src[gidx[:total]], w, torch.cumsum(padded, 0).to(torch.int32), pscale)
     inverse[order] = dest.clamp(max=total - 1)
-    return yb[inverse]
+    return yb, inverse
 
 
 def _capacity_rows(

@@ -52,6 +52,8 @@ from agents.runtime.experts import (
     ExpertWeights,
     expert_forward,
     expert_plan,
+    expert_rows,
+    fused_kernels,
     quantize_experts,
 )
 from agents.runtime.gputiming import event_time_us, graph_time_us, profiled_segments
@@ -225,9 +227,11 @@ class FastLayer:
 
     def phase_experts(self) -> None:
         st = self.st
-        st["y"] = expert_forward(
-            st["rows"], st.get("row_of"), st["slot"], self.experts, self.plan, st.get("scale")
-        )
+        args = (st["rows"], st.get("row_of"), st["slot"], self.experts, self.plan, st.get("scale"))
+        if self.world == 1:  # the gather back to pair order is left to the combine
+            st["y"], st["y_index"] = expert_rows(*args)
+        else:
+            st["y"] = expert_forward(*args)
 
     def phase_combine(self) -> None:
         y, a, gate = self.st["y"], self.st["a"], self.st["gate"]
@@ -239,7 +243,13 @@ class FastLayer:
             routed = torch.bmm(gate.to(y.dtype).unsqueeze(1), y.view(self.tokens, k, -1))
             routed = routed.squeeze(1)
         else:  # rows already carry their router weight (phase_dispatch)
-            routed = y.view(self.tokens, k, -1).sum(1)
+            index = self.st["y_index"]
+            if y.is_cuda and index is not None and fused_kernels():  # gather + sum + add
+                from agents.runtime.triton_experts import combine_rows
+
+                self.st["out"] = combine_rows(y, index, k, a, self.st.get("shared"))
+                return
+            routed = (y if index is None else y[index]).view(self.tokens, k, -1).sum(1)
         out = a + routed
         if "shared" in self.st:
             out = out + self.st["shared"]

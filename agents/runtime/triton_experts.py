@@ -13,7 +13,10 @@ against one tile of output channels, streaming that slot's weight tile once. Emp
 have no blocks: their weights are not read.
 
 * :func:`moe_up`: ``g[i] = scale[i] * silu(x[src[i]] Wg[s_i]^T) * (x[src[i]] Wu[s_i]^T)``;
-* :func:`moe_down`: ``y[i] = g[i] W2[s_i]^T``.
+* :func:`moe_down`: ``y[i] = g[i] W2[s_i]^T``;
+* :func:`act_rows`: the BF16 grouped path's activation in one pass; :func:`combine_rows`:
+  the gather back to pair order, the sum over each token's pairs and the residual add in one
+  pass; :func:`quantize_rows`: FP8 rows (with the activation fused) for the FP8 path.
 
 Checked against :func:`agents.runtime.experts.expert_forward`'s ``loop`` kernel (tests
 marked ``gpu``). Needs triton and a CUDA GPU (or ``TRITON_INTERPRET=1`` on the CPU).
@@ -315,3 +318,100 @@ def quantize_rows(
             num_warps=8,
         )
     return q, s
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def act_rows_kernel(  # type: ignore[no-untyped-def]
+    h_ptr,
+    rs_ptr,
+    g_ptr,
+    W: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Program (row, tile): ``g = silu(h[:W]) * h[W:] * rs`` over ``BLOCK`` columns, in
+    float32, rounded once to ``g``'s dtype."""
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < W
+    g = tl.load(h_ptr + row * 2 * W + offs, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(h_ptr + row * 2 * W + W + offs, mask=mask, other=0.0).to(tl.float32)
+    v = g / (1.0 + tl.exp(-g)) * u
+    if HAS_SCALE:
+        v = v * tl.load(rs_ptr + row)
+    tl.store(g_ptr + row * W + offs, v.to(g_ptr.dtype.element_ty), mask=mask)
+
+
+def act_rows(h: Tensor, scale: Tensor | None = None) -> Tensor:
+    """``silu(h[:, :W]) * h[:, W:]`` (times each row's ``scale``) of ``h`` ``[n, 2W]`` in one
+    pass over ``h`` (the up-projection's output), in ``h``'s dtype: the activation of the
+    BF16 expert path, where PyTorch takes three to four passes."""
+    h = h.contiguous()
+    n, in_w = h.shape
+    w = in_w // 2
+    g = torch.empty((n, w), device=h.device, dtype=h.dtype)
+    if n:
+        block = 1024
+        act_rows_kernel[(n, triton.cdiv(w, block))](
+            h,
+            scale.float().contiguous() if scale is not None else g,
+            g,
+            W=w,
+            HAS_SCALE=scale is not None,
+            BLOCK=block,
+            num_warps=4,
+        )
+    return g
+
+
+@triton.jit  # type: ignore[untyped-decorator]
+def combine_rows_kernel(  # type: ignore[no-untyped-def]
+    y_ptr,
+    idx_ptr,
+    a_ptr,
+    sh_ptr,
+    out_ptr,
+    H: tl.constexpr,
+    K: tl.constexpr,
+    HAS_SHARED: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Program (token, tile): ``out[t] = a[t] (+ shared[t]) + sum_j y[idx[t * K + j]]``
+    over ``BLOCK`` columns, accumulated in float32."""
+    t = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < H
+    acc = tl.load(a_ptr + t * H + offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_SHARED:
+        acc += tl.load(sh_ptr + t * H + offs, mask=mask, other=0.0).to(tl.float32)
+    for j in tl.static_range(K):
+        r = tl.load(idx_ptr + t * K + j).to(tl.int64)
+        acc += tl.load(y_ptr + r * H + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + t * H + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def combine_rows(
+    y: Tensor, index: Tensor, top_k: int, residual: Tensor, shared: Tensor | None = None
+) -> Tensor:
+    """``residual + shared + sum over k of y[index].view(tokens, top_k, H)`` in one pass:
+    the gather of the expert results back into pair order, the sum over each token's
+    ``top_k`` pairs and the residual add fused (``y`` ``[rows, H]`` in slot order,
+    ``index`` ``[tokens * top_k]`` the row of each pair)."""
+    y, residual = y.contiguous(), residual.contiguous()
+    tokens, h = residual.shape
+    out = torch.empty_like(residual)
+    if tokens:
+        block = 1024
+        combine_rows_kernel[(tokens, triton.cdiv(h, block))](
+            y,
+            index.contiguous(),
+            residual,
+            shared.contiguous() if shared is not None else residual,
+            out,
+            H=h,
+            K=top_k,
+            HAS_SHARED=shared is not None,
+            BLOCK=block,
+            num_warps=4,
+        )
+    return out

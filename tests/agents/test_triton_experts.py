@@ -130,3 +130,42 @@ def test_fp8_grouped_kernel_with_fused_quantisation_matches_the_reference() -> N
     got = expert_forward(src, None, slot, w, ExpertPlan("grouped", n, align=16), scale).float()
     err = float((got[valid] - want[valid]).norm() / want[valid].norm())
     assert err < 8e-2, err  # activations in FP8 (3 mantissa bits)
+
+
+@pytest.mark.parametrize("with_scale", [False, True])
+def test_one_pass_activation_matches_pytorch(with_scale: bool) -> None:
+    """``act_rows`` = ``silu(gate) * up * router weight`` (the BF16 expert path's activation,
+    PyTorch's several passes computed in float32), odd widths and rows included."""
+    from agents.runtime.triton_experts import act_rows
+
+    g = torch.Generator(device="cuda").manual_seed(7 + with_scale)
+    for n, w in ((1, 64), (37, 1536), (300, 2048), (5, 2049)):
+        h = torch.randn(n, 2 * w, device="cuda", generator=g).bfloat16()
+        scale = torch.rand(n, device="cuda", generator=g) if with_scale else None
+        hf = h.float()
+        want = torch.nn.functional.silu(hf[:, :w]) * hf[:, w:]
+        if scale is not None:
+            want = want * scale[:, None]
+        got = act_rows(h, scale)
+        assert got.dtype == torch.bfloat16 and got.shape == (n, w)
+        torch.testing.assert_close(got.float(), want, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("with_shared", [False, True])
+def test_fused_combine_matches_gather_then_sum(with_shared: bool) -> None:
+    """``combine_rows`` = residual (+ shared) + each token's top-k expert results gathered
+    back from slot order and summed: the combine of a world-size-1 step, in one pass."""
+    from agents.runtime.triton_experts import combine_rows
+
+    g = torch.Generator(device="cuda").manual_seed(11 + with_shared)
+    for tokens, k, h, spare in ((1, 8, 7168, 0), (33, 8, 4096, 16), (257, 2, 1000, 5)):
+        y = torch.randn(tokens * k + spare, h, device="cuda", generator=g).bfloat16()
+        index = torch.randperm(tokens * k + spare, device="cuda", generator=g)[: tokens * k]
+        a = torch.randn(tokens, h, device="cuda", generator=g).bfloat16()
+        shared = torch.randn(tokens, h, device="cuda", generator=g).bfloat16()
+        want = a.float() + y.float()[index].view(tokens, k, h).sum(1)
+        if with_shared:
+            want = want + shared.float()
+        got = combine_rows(y, index, k, a, shared if with_shared else None)
+        assert got.dtype == torch.bfloat16 and got.shape == (tokens, h)
+        torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=2e-2)
