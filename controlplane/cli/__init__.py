@@ -125,3 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return EXIT_OK
+    finally:  # a Ctrl-C being handled ends the process with 130, not this return
+        interrupt_module = sys.modules.get("controlplane.cli.interrupt")
+        if interrupt_module is not None:
+            interrupt_module.hold_if_leaving()

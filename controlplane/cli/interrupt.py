@@ -71,8 +71,22 @@ def _stop_children() -> None:
             os.kill(pid, signal.SIGTERM)
 
 
+#: Held by the thread that leaves (:func:`_leave`) from its first step to its ``os._exit``:
+#: the main thread must not end the process first (:func:`hold_if_leaving`).
+_LEAVING = _thread.allocate_lock()
+
+
+def hold_if_leaving() -> None:
+    """Called by the CLI on its way out: while a Ctrl-C is being handled, wait for it to end
+    the process with 130. Stopping the workers makes the solve fail in the main thread,
+    which would otherwise return its own error status (1) before the exit below ran."""
+    if _LEAVING.locked():
+        _LEAVING.acquire()  # never released: the leaving thread ends the process
+
+
 def _leave() -> None:
     """Print the one line, silence this process, stop the worker processes, exit 130."""
+    _LEAVING.acquire()
     with contextlib.suppress(Exception):
         sys.stdout.flush()
     with contextlib.suppress(Exception):
