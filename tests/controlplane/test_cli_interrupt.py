@@ -128,3 +128,33 @@ def test_sigint_during_a_solve_exits_with_one_line(
         time.sleep(0.01)
         left = _group_members(proc.pid)
     assert left == []
+
+
+def _fail_while_leaving(hold: str) -> int:
+    """Exit status of a process whose main thread fails (status 1) while a thread plays the
+    Ctrl-C handler: it holds the handler's lock, as ``_leave`` does, and exits 130 half a
+    second later (an order of events, not a bound); ``hold`` runs on the main thread's way
+    out, as ``main``'s ``finally`` does."""
+    code = (
+        "import os, sys, time, _thread\n"
+        "from controlplane.cli import interrupt\n"
+        "held = _thread.allocate_lock(); held.acquire()\n"
+        "def leave():\n"
+        "    interrupt._LEAVING.acquire(); held.release(); time.sleep(0.5); os._exit(130)\n"
+        "_thread.start_new_thread(leave, ())\n"
+        "held.acquire()\n"
+        "try:\n"
+        "    raise SystemExit(1)\n"
+        "finally:\n"
+        f"    {hold}\n"
+    )
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, timeout=120).returncode
+
+
+def test_a_command_that_fails_while_ctrl_c_is_handled_still_exits_130() -> None:
+    """The race behind a status 1 seen once: the handler stops the workers, the solve then
+    fails in the main thread, and the command returned its own status while the handler was
+    still leaving. The CLI's way out waits for the handler: 130 (without that wait, ``pass``
+    here, the process ends with 1 before the handler's exit; not asserted: that side is a
+    race the half second only makes likely)."""
+    assert _fail_while_leaving("interrupt.hold_if_leaving()") == 130
