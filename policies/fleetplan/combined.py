@@ -277,11 +277,15 @@ def _plan_step(
         eligible = {x for x in nodes if x not in planned}
         kept[s.name] = {x: taken.get(x) or own[x] for x in eligible if x in taken or x in own}
         mine.append(FleetDeployment(s, frozenset(eligible - set(kept[s.name]))))
-    off = set(taken) | set(planned)
-    part = Fleet(fleet.name, tuple(x for x in fleet.nodes if x.name not in off), fleet.fabric_links)
+    part = _without(fleet, set(taken) | set(planned))
     req = PlanRequest(part, tuple(mine), previous=po.previous, settings=po.settings)
     plan = plan_fleet(req, cache=po.cache, pool=pool)
     return replace(plan, shortfalls=_name_holders(plan.shortfalls, kept))
+
+
+def _without(fleet: Fleet, off: Collection[str]) -> Fleet:
+    """``fleet`` without the nodes named in ``off`` (its fabric links kept)."""
+    return Fleet(fleet.name, tuple(x for x in fleet.nodes if x.name not in off), fleet.fabric_links)
 
 
 def _name_holders(
@@ -326,9 +330,7 @@ def _schedule(
     """The fleet scheduler over ``specs`` on ``fleet``'s nodes less ``off``."""
     off = set(off)
     if off:
-        fleet = Fleet(
-            fleet.name, tuple(x for x in fleet.nodes if x.name not in off), fleet.fabric_links
-        )
+        fleet = _without(fleet, off)
         specs = [(s, [x for x in nodes if x not in off]) for s, nodes in specs]
     return schedule(
         fleet,

@@ -1,5 +1,6 @@
 """Fixtures of the operator tests (see k8s_cluster.py): ``cluster`` runs each test against
-the fake API server and, when ``MIXFLEET_E2E_KUBECONFIG`` is set, against a real cluster."""
+the fake API server and, when ``MIXFLEET_E2E_KUBECONFIG`` is set, against a real cluster;
+``fleet3`` puts three 2-GPU H100 GPUNodes and a greedy default policy on it."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from k8s_builders import inventory, policy_object
 from k8s_cluster import (
     CRD_DIR,
     E2E_ENV,
@@ -20,7 +22,7 @@ from k8s_cluster import (
 from kubernetes import client as k8s_client
 from support.fakeapi import FakeApiServer, crd_manifests
 
-from apis.kube.client import Resource
+from apis.kube.client import PLACEMENT_POLICIES, Kube, Resource
 
 
 @pytest.fixture(params=["fake", "real"])
@@ -79,3 +81,13 @@ def fake_only(cluster: Cluster) -> FakeApiServer:
     if cluster.fake is None:
         pytest.skip("inspects the fake API server's internals")
     return cluster.fake
+
+
+@pytest.fixture
+def fleet3(cluster: Cluster) -> Iterator[Kube]:
+    """Three 2-GPU H100 GPUNodes and a greedy default policy; yields the test's client."""
+    k = cluster.kube("mixfleet-test")
+    k.create(PLACEMENT_POLICIES, policy_object(cluster.name("default"), policy="greedy"))
+    for n in ("h100-0", "h100-1", "h100-2"):
+        cluster.put_gpunode(k, n, inventory(n, "h100-0"), labels={"rack": "r1"})
+    yield k

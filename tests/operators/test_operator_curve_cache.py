@@ -11,13 +11,13 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from k8s_builders import inventory, md_object, policy_object
+from k8s_builders import md_object
 from k8s_cluster import RUN_LABEL, Cluster, wait_for
 from test_operator_e2e import settings
 from test_operator_instances_e2e import CHAT, PLANNER
 
 from apis.curvecache import FileCurveCache
-from apis.kube.client import MODEL_DEPLOYMENTS, PLACEMENT_POLICIES
+from apis.kube.client import MODEL_DEPLOYMENTS, Kube
 from operators.cli import build_parser, settings_from
 from operators.operator import Operator
 from policies.fleetplan import FleetPlan, MemoryCurveCache
@@ -63,12 +63,9 @@ def _instances(plan: FleetPlan) -> list[tuple[str, str, int]]:
 
 
 def test_a_restarted_operator_reads_the_curves_its_predecessor_computed(
-    cluster: Cluster, tmp_path: Path
+    cluster: Cluster, fleet3: Kube, tmp_path: Path
 ) -> None:
-    k = cluster.kube("mixfleet-test")
-    k.create(PLACEMENT_POLICIES, policy_object(cluster.name("default"), policy="greedy"))
-    for n in ("h100-0", "h100-1", "h100-2"):
-        cluster.put_gpunode(k, n, inventory(n, "h100-0"), labels={"rack": "r1"})
+    k = fleet3
     spec = {**CHAT, "nodeSelector": {RUN_LABEL: cluster.run}}
     k.create(MODEL_DEPLOYMENTS, md_object("chat", cluster.namespace, **spec))
     curves = tmp_path / "curves"

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import grpc
 import pytest
-from k8s_builders import inventory, md_object, policy_object
+from k8s_builders import md_object
 from k8s_cluster import RUN_LABEL, Cluster, wait_for
 from mixfleet.v1 import engine_pb2, engine_pb2_grpc
 from test_operator_e2e import condition, status
 from test_operator_instances_e2e import CHAT, instances, start
 
-from apis.kube.client import MODEL_DEPLOYMENTS, PLACEMENT_POLICIES, Kube
+from apis.kube.client import MODEL_DEPLOYMENTS, Kube
 from controlplane.server.inprocess import start_controller
 from controlplane.store.kubernetes import KubernetesStore
 
@@ -84,12 +84,9 @@ async def _operator_plans_for_measured(k: Kube, cluster: Cluster) -> None:
 
 
 def test_a_sustained_rise_in_measured_demand_adds_an_instance(
-    cluster: Cluster, tmp_path: Path
+    cluster: Cluster, fleet3: Kube, tmp_path: Path
 ) -> None:
-    k = cluster.kube("mixfleet-test")
-    k.create(PLACEMENT_POLICIES, policy_object(cluster.name("default"), policy="greedy"))
-    for n in ("h100-0", "h100-1", "h100-2"):
-        cluster.put_gpunode(k, n, inventory(n, "h100-0"), labels={"rack": "r1"})
+    k = fleet3
     store = KubernetesStore(cluster.kube("mixfleet-controller"), cluster.namespace)
     now = [T0]
 

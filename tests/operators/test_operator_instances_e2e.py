@@ -15,16 +15,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from functools import partial
 
 import pytest
-from k8s_builders import inventory, md_object, policy_object
+from k8s_builders import md_object
 from k8s_cluster import RUN_LABEL, Cluster, wait_for
 from test_operator_e2e import ack, condition, plans, settings, status
 
-from apis.kube.client import CONFIGMAPS, MODEL_DEPLOYMENTS, PLACEMENT_POLICIES, Json, Kube
+from apis.kube.client import CONFIGMAPS, MODEL_DEPLOYMENTS, Json, Kube
 from apis.kube.names import LABEL_INSTANCE_OF
 from operators.operator import Operator
 from policies.fleetplan import CurveGrid, PlannerSettings
@@ -53,16 +52,6 @@ CHAT = {
     "slo": {"ttftMs": 2000, "tpotMs": 50, "percentile": 90},
     "disaggregation": "on",
 }
-
-
-@pytest.fixture
-def fleet3(cluster: Cluster) -> Iterator[Kube]:
-    """Three 2-GPU H100 GPUNodes and a greedy default policy; yields the test's client."""
-    k = cluster.kube("mixfleet-test")
-    k.create(PLACEMENT_POLICIES, policy_object(cluster.name("default"), policy="greedy"))
-    for n in ("h100-0", "h100-1", "h100-2"):
-        cluster.put_gpunode(k, n, inventory(n, "h100-0"), labels={"rack": "r1"})
-    yield k
 
 
 class Clock:
