@@ -46,6 +46,7 @@ from typing import Any
 from controlplane.errors import PreconditionError
 from policies.request import PlacementRequest, PlacementResult
 from policies.solve import solve
+from policies.solvers.milp import work_only
 
 #: ``PR_SET_PDEATHSIG`` of ``<linux/prctl.h>``.
 _PR_SET_PDEATHSIG = 1
@@ -199,6 +200,15 @@ class SolverPool:
         for p in processes.values():
             with contextlib.suppress(Exception):
                 p.join(timeout=5.0)
+
+
+def background_timeout_s(solver_time_limit_s: float) -> float | None:
+    """How long a background solve (a contingency plan, a dry run) may run before it is
+    stopped: twice the spec's solver time limit and 30 s, s. None (no limit) where the
+    solvers run on work limits alone (:func:`policies.solvers.milp.work_only`, set by the
+    test suite): there a solve takes as long as its work takes, and a busy machine must not
+    turn that into a failure."""
+    return None if work_only() else 2.0 * solver_time_limit_s + 30.0
 
 
 async def _bounded(work: Any, timeout_s: float | None, stop: Any) -> PlacementResult:

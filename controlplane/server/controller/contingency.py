@@ -27,7 +27,7 @@ from controlplane.server.controller.common import Context
 from controlplane.server.controller.loads import Loads
 from controlplane.server.controller.nodes import NodeRegistry
 from controlplane.server.controller.rollout import Rollouts
-from controlplane.server.solver_pool import SolverPool
+from controlplane.server.solver_pool import SolverPool, background_timeout_s
 from policies.errors import InfeasibleError, InputError
 from policies.plan import Plan
 from policies.spec import build_request
@@ -127,7 +127,9 @@ class Contingencies:
             request = await asyncio.to_thread(
                 build_request, d.spec, fleet, previous=committed.plan, measured=measured
             )
-            result = await self.pool.solve(request, timeout_s=2 * d.spec.solver_time_limit_s + 30.0)
+            result = await self.pool.solve(
+                request, timeout_s=background_timeout_s(d.spec.solver_time_limit_s)
+            )
         except (InputError, InfeasibleError) as exc:
             log.info("no contingency plan", why=str(exc)[:300])
             return

@@ -20,7 +20,7 @@ from controlplane.server.controller.loads import Loads
 from controlplane.server.controller.nodes import NodeRegistry, reachable_or_precondition
 from controlplane.server.controller.rollout import Rollouts
 from controlplane.server.controller.watchers import Watchers
-from controlplane.server.solver_pool import SolverPool
+from controlplane.server.solver_pool import SolverPool, background_timeout_s
 from controlplane.store import StoredDeployment, StoredPlan
 from policies.assignment import NodePart, split_plan
 from policies.errors import InfeasibleError, InputError
@@ -266,4 +266,4 @@ class Solves:
         # A dry run is a viewer's question: it runs in the background pool (niced; never
         # in the way of a re-plan) and is stopped after twice its time limit and 30 s.
         pool = self.contingencies.pool if self.contingencies is not None else self.solver
-        return await pool.solve(request, timeout_s=2 * spec.solver_time_limit_s + 30.0)
+        return await pool.solve(request, timeout_s=background_timeout_s(spec.solver_time_limit_s))
