@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import grpc
 from grpc import aio
 from mixfleet.v1 import engine_pb2, engine_pb2_grpc, plan_pb2, plan_pb2_grpc
 
@@ -533,13 +534,21 @@ async def show_replan(
     scratch_spec.workload.load = "measured"
     say("  from scratch (dry run: the same load planned from nothing, nothing rolled out)")
     t0 = time.monotonic()
-    reply: plan_pb2.SolveResponse = await with_progress(
-        demo.plans.Solve(
-            plan_pb2.SolveRequest(spec=scratch_spec, include_plan=True),
-            timeout=time_limit_s * 4 + 60,
-        ),
-        lambda s: f"    ... solving ({s:.0f} s)",
-    )
+    try:
+        reply: plan_pb2.SolveResponse = await with_progress(
+            demo.plans.Solve(
+                plan_pb2.SolveRequest(spec=scratch_spec, include_plan=True),
+                timeout=time_limit_s * 4 + 60,
+            ),
+            lambda s: f"    ... solving ({s:.0f} s)",
+        )
+    except aio.AioRpcError as exc:
+        if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:
+            raise
+        # The controller stops a dry run after twice its time limit and 30 s; on a busy
+        # machine this comparison may not finish. It is a viewer's question: say so, go on.
+        say(f"    not compared: {exc.details()}")
+        return
     scratch = plan_from_dict(json.loads(reply.plan.plan_json))
     scratch_diff = diff_plans(plan1, scratch)
     say(
