@@ -438,28 +438,39 @@ def sglang_static_map(
     without a nearest one, and the rank takes its position among them.
     """
     slots = len(rows[0]) // ep_size
-    # Per (layer, expert): candidates, each rank's nearest, the ranks without one.
-    table: list[list[tuple[list[int], list[int], list[int]]]] = []
+    # Per (layer, expert): candidates, each rank's nearest, the position of each rank
+    # without one among those ranks.
+    table: list[list[tuple[list[int], list[int], dict[int, int]]]] = []
     for row in rows:
         per_expert = []
         for cands in replicas_of(row, num_logical):
             near = [_nearest(cands, q, slots, gpus_per_node) for q in range(ep_size)]
-            per_expert.append((cands, near, [q for q in range(ep_size) if near[q] == -1]))
+            without = [q for q in range(ep_size) if near[q] == -1]
+            per_expert.append((cands, near, {q: i for i, q in enumerate(without)}))
         table.append(per_expert)
-    out: list[list[list[int]]] = []
+    # A rank's draws depend only on which experts collapse for it: ranks alike in that
+    # (usually the GPUs of one node) make the same calls on the generator, so one replay
+    # serves them all, each taking its own position among the ranks without a nearest.
+    alike: dict[bytes, list[int]] = {}
     for rank in range(ep_size):
+        key = bytes(near[rank] == -1 for per_expert in table for _, near, _ in per_expert)
+        alike.setdefault(key, []).append(rank)
+    out: list[list[list[int]]] = [[] for _ in range(ep_size)]
+    for ranks in alike.values():
         r = random.Random(seed)
-        picks_by_layer: list[list[int]] = []
+        first = ranks[0]
         for per_expert in table:
-            picks: list[int] = []
-            for cands, near, remaining in per_expert:
-                if near[rank] != -1:
-                    picks.append(near[rank])
+            picks: dict[int, list[int]] = {q: [] for q in ranks}
+            for cands, near, position in per_expert:
+                if near[first] != -1:
+                    for q in ranks:
+                        picks[q].append(near[q])
                     continue
-                choices = _fair_choices(cands, len(remaining), r)
-                picks.append(choices[remaining.index(rank)])
-            picks_by_layer.append(picks)
-        out.append(picks_by_layer)
+                choices = _fair_choices(cands, len(position), r)
+                for q in ranks:
+                    picks[q].append(choices[position[q]])
+            for q in ranks:
+                out[q].append(picks[q])
     return out
 
 
