@@ -525,6 +525,15 @@ def dispatch(
     shares: list[list[float]] = []
     traffic: list[list[list[float]]] | None = [] if (local and weights is not None) else None
     for li, row in enumerate(rows):
+        if runtime.dispatch == "dynamic":
+            w_row = weights[li] if weights is not None else None
+            share, dyn_flows = _dynamic_layer(
+                row, num_logical, x, slots, runtime.gpus_per_node, w_row
+            )
+            shares.append(share)
+            if traffic is not None and dyn_flows is not None:
+                traffic.append(dyn_flows)
+            continue
         share = [0.0] * len(row)
         flows = [[0.0] * ep for _ in range(ep)] if traffic is not None else None
         for e, cands in enumerate(replicas_of(row, num_logical)):
@@ -541,19 +550,74 @@ def dispatch(
                 continue
             w = weights[li][e] if weights is not None else 0.0
             for q in range(ep):
-                if static is not None:
-                    picks = [(static[q][li][e], 1.0)]
-                else:  # dynamic: nearest, else the expectation of a uniform pick
-                    near = _nearest(cands, q, slots, runtime.gpus_per_node)
-                    picks = [(near, 1.0)] if near != -1 else [(p, 1.0 / len(cands)) for p in cands]
-                for p, f in picks:
-                    share[p] += x[q] * f
-                    if flows is not None:
-                        flows[q][p // slots] += x[q] * w * f
+                assert static is not None  # dynamic: _dynamic_layer
+                p = static[q][li][e]
+                share[p] += x[q]
+                if flows is not None:
+                    flows[q][p // slots] += x[q] * w
         shares.append(share)
         if traffic is not None and flows is not None:
             traffic.append(flows)
     return shares, traffic
+
+
+def _dynamic_layer(
+    row: Sequence[int],
+    num_logical: int,
+    x: Sequence[float],
+    slots: int,
+    gpus_per_node: int,
+    weights: Sequence[float] | None,
+) -> tuple[list[float], list[list[float]] | None]:
+    """One layer of :func:`dispatch` under the ``dynamic`` rule: each rank sends an expert's
+    tokens to its nearest replica (:func:`_nearest`), else spreads them evenly over all
+    replicas (the expectation of a uniform pick; also that of SGLang's ``static`` choice).
+
+    Only the ranks on a node that holds a replica can have a nearest one, so they are
+    treated one by one and every other rank in aggregate: the work per expert grows with its replicas, not with the ranks. With
+    ``weights`` (the layer's expert fractions) the traffic matrix ``[src rank][dst rank]``
+    is returned too, else None.
+    """
+    ep = len(x)
+    per_node = slots * gpus_per_node
+    everyone = sum(x)
+    share = [0.0] * len(row)
+    flows = [[0.0] * ep for _ in range(ep)] if weights is not None else None
+    spread = [0.0] * ep  # per destination rank: the pairs every rank sends there by default
+    for e, cands in enumerate(replicas_of(row, num_logical)):
+        if not cands:
+            continue
+        w = weights[e] if weights is not None else 0.0
+        if len(cands) == 1:  # every rank's nearest is the only replica
+            share[cands[0]] += everyone
+            spread[cands[0] // slots] += w
+            continue
+        near: dict[int, int] = {}  # rank -> its nearest replica (ascending: the first wins)
+        for p in cands:
+            near.setdefault(p // slots, p)
+        nodes: dict[int, list[int]] = {}
+        for p in cands:
+            nodes.setdefault(p // per_node, []).append(p)
+        for node, same in nodes.items():
+            if len(same) < len(cands):
+                for q in range(node * gpus_per_node, min(ep, (node + 1) * gpus_per_node)):
+                    near.setdefault(q, same[0])
+        f = 1.0 / len(cands)
+        rest = everyone - sum(x[q] for q in near)
+        for p in cands:
+            share[p] += rest * f
+            spread[p // slots] += w * f
+        for q, p in near.items():
+            share[p] += x[q]
+            if flows is not None:
+                for c in cands:  # q does not spread: take back its default share
+                    flows[q][c // slots] -= x[q] * w * f
+                flows[q][p // slots] += x[q] * w
+    if flows is not None:
+        for q in range(ep):
+            for dst in range(ep):
+                flows[q][dst] += x[q] * spread[dst]
+    return share, flows
 
 
 def rank_shares(runtime: Runtime, planned: Sequence[float]) -> list[float]:
