@@ -614,9 +614,10 @@ def _dynamic_layer(
                     flows[q][c // slots] -= x[q] * w * f
                 flows[q][p // slots] += x[q] * w
     if flows is not None:
-        for q in range(ep):
-            for dst in range(ep):
-                flows[q][dst] += x[q] * spread[dst]
+        flows = [
+            [f + xq * s for f, s in zip(row_q, spread, strict=True)]
+            for row_q, xq in zip(flows, x, strict=True)
+        ]
     return share, flows
 
 

@@ -19,6 +19,8 @@ from policies.costmodel import build_cost_table
 from policies.engines import (
     EngineOptions,
     EngineSpec,
+    _nearest,
+    dispatch,
     engine_to_doc,
     full_rows,
     parse_engine,
@@ -199,6 +201,66 @@ def test_locality_split_matches_the_exact_rule_without_draws() -> None:
         split = locality.split(holders, share, node_of, totals)
         for g in holders:
             assert split[g] == pytest.approx(sum(exact[p] for p in cands if p // 2 == g))
+
+
+def _rank_by_rank(
+    rows: list[list[int]], experts: int, x: list[float], per_node: int, w: list[list[float]]
+) -> tuple[list[list[float]], list[list[list[float]]]]:
+    """The dynamic rule as its definition reads, one rank at a time: the nearest replica
+    (``_nearest``, the function SGLang's rule is checked against), else an even spread."""
+    ep = len(x)
+    slots = len(rows[0]) // ep
+    shares, traffic = [], []
+    for li, row in enumerate(rows):
+        share = [0.0] * len(row)
+        flows = [[0.0] * ep for _ in range(ep)]
+        for e, cands in enumerate(replicas_of(row, experts)):
+            for q in range(ep):
+                near = _nearest(cands, q, slots, per_node)
+                picks = [(near, 1.0)] if near != -1 else [(p, 1 / len(cands)) for p in cands]
+                for p, f in picks:
+                    share[p] += x[q] * f
+                    flows[q][p // slots] += x[q] * w[li][e] * f
+        shares.append(share)
+        traffic.append(flows)
+    return shares, traffic
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    shape=st.sampled_from([(1, 4), (2, 2), (4, 2), (3, 4), (2, 8)]),
+    slots=st.integers(1, 4),
+)
+def test_the_dynamic_rule_in_aggregate_equals_it_rank_by_rank(
+    seed: int, shape: tuple[int, int], slots: int
+) -> None:
+    """:func:`dispatch`'s dynamic rule treats only the ranks on a node holding a replica one
+    by one; the shares and the traffic are those of the rule applied to every rank."""
+    nodes, per_node = shape
+    ep = nodes * per_node
+    rng = random.Random(seed)
+    experts = min(ep * slots, rng.choice([2, 4, 8]))
+    rows = []
+    for _ in range(2):
+        row = list(range(experts)) + [rng.randrange(experts) for _ in range(ep * slots - experts)]
+        rng.shuffle(row)
+        rows.append(row)
+    x = [rng.random() + 0.01 for _ in range(ep)]
+    w = [[rng.random() for _ in range(experts)] for _ in rows]
+    rt = dataclasses.replace(
+        resolve_runtime(_engine("sglang", dispatch="dynamic"), ["hopper"] * ep, ["n"] * ep),
+        gpus_per_node=per_node,
+    )
+    got_shares, got_traffic = dispatch(rt, rows, experts, x, weights=w)
+    total = sum(x)
+    want_shares, want_traffic = _rank_by_rank(rows, experts, [v / total for v in x], per_node, w)
+    assert got_traffic is not None
+    for got, want in zip(got_shares, want_shares, strict=True):
+        assert got == pytest.approx(want, abs=1e-12)
+    for got_m, want_m in zip(got_traffic, want_traffic, strict=True):
+        for got, want in zip(got_m, want_m, strict=True):
+            assert got == pytest.approx(want, abs=1e-12)
 
 
 # --------------------------------------------------------------------------- solving

@@ -4,10 +4,11 @@ cannot run."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from policies.deployment import sub_fleet, try_solve
-from policies.engines import EngineSpec
+from policies.engines import EngineOptions, EngineSpec
 from policies.fleet import parse_fleet
 from policies.scheduling import schedule
 from policies.scheduling.baselines import first_fit
@@ -140,3 +141,34 @@ def test_a_pool_gives_the_same_table_and_each_make_up_is_solved_once() -> None:
         for c in serial.candidates["mx"]
         if c.counts == again.candidates["mx"][0].counts
     )
+
+
+def test_sglang_estimates_take_the_static_choice_as_its_expectation_unless_exact() -> None:
+    """A candidate of an SGLang deployment (static replica choice) is estimated with the
+    choice's expectation, the ``dynamic`` rule; ``exact_dispatch`` replays it; either way
+    the figure is the solve of that rule on the candidate's nodes."""
+    names = ["h100-0", "h100-1", "h200-0"]
+    spec = DeploymentSpec(
+        "sg",
+        model="qwen3-30b-a3b",
+        policy="greedy",
+        workload=W,
+        engine=EngineSpec("sglang"),
+        redundant_experts=8,
+    )
+    part = sub_fleet(FLEET, names)
+
+    def solved(dispatch: str) -> float:
+        engine = EngineSpec("sglang", options=EngineOptions(dispatch=dispatch))
+        out = try_solve(to_request(replace(spec, engine=engine), SolverPolicy(workers=1), part))
+        assert out.ok and out.result is not None, out.reason
+        return out.result.plan.summary.tokens_per_s
+
+    def estimated(settings: TableSettings) -> float:
+        req = build_table(FLEET, [(spec, names)], settings=settings)
+        (every,) = [c for c in req.candidates["sg"] if c.gpus == 6]
+        return every.tokens_per_s
+
+    assert estimated(TableSettings()) == solved("dynamic")
+    assert estimated(TableSettings(exact_dispatch=True)) == solved("static")
+    assert solved("dynamic") != solved("static")  # the two rules differ on this make-up
