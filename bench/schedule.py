@@ -16,7 +16,12 @@ recorded). Three assignments are compared on each deployment set:
 
 Scenarios: ``issue-mixed-24`` (the issue's DeepSeek-V3 on mixed-24 with and without the A100
 node, and three deployments on the same 24 GPUs), ``mixed-64`` (five deployments of
-different models and priorities; then a sixth added and one removed, counting moved nodes).
+different models and priorities; then a sixth added and one removed, counting moved nodes),
+``sglang-scale`` (one SGLang deployment's cold table on 120 and 1,000 GPUs of five types,
+with SGLang's static replica choice as its expectation and, on 120 GPUs, replayed exactly),
+``planned-and-unplanned`` (the controller's decision on 1,000 GPUs: twenty deployments with
+traffic and SLOs through the fleet planner, four without through this scheduler, one of them
+outranking the rest; cold and warm).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from typing import Any
 import yaml
 
 from bench.common import add_arguments, command_line, log, package_versions, run_main, write_results
+from policies.engines import EngineSpec
 from policies.errors import InputError
 from policies.fleet import Fleet, parse_fleet
 from policies.scheduling.baselines import every_on_every, first_fit, overcommit
@@ -222,7 +228,107 @@ def mixed_64(pool: Executor | None) -> dict[str, Any]:
     return out
 
 
-SCENARIOS = {"issue-mixed-24": issue_mixed_24, "mixed-64": mixed_64}
+def _sglang_table(
+    fleet: Fleet, spec: DeploymentSpec, settings: TableSettings, pool: Executor | None
+) -> tuple[dict[str, Any], dict[tuple[int, ...], float]]:
+    """The cold cost table of ``spec`` alone on ``fleet``: its time and best candidate, and
+    every candidate's tokens/s by its node counts."""
+    names = [n.name for n in fleet.nodes]
+    t0 = time.perf_counter()
+    req = build_table(fleet, [(spec, names)], settings=settings, cache=EstimateCache(), pool=pool)
+    took = time.perf_counter() - t0
+    cands = req.candidates[spec.name]
+    best = max(cands, key=lambda c: c.tokens_per_s)
+    doc = {
+        "estimate_s": round(took, 1),
+        "candidates": len(cands),
+        "best_gpus": best.gpus,
+        "best_tokens_per_s": round(best.tokens_per_s, 1),
+    }
+    return doc, {c.counts: c.tokens_per_s for c in cands}
+
+
+def sglang_scale(pool: Executor | None) -> dict[str, Any]:
+    """One SGLang deployment (Qwen3-30B-A3B, static replica choice) on the generated fleets
+    of five GPU types (:func:`bench.goodput_timing.generated_fleet`): the cold table with
+    the static choice's expectation (the default) and, on 120 GPUs, with its exact replay in
+    every candidate (``exact_dispatch``; on 1,000 GPUs that takes hours)."""
+    from bench.goodput_timing import generated_fleet
+
+    spec = replace(_spec("qwen3-30b", "qwen3-30b-a3b", 5, tokens=128), engine=EngineSpec("sglang"))
+    small, large = generated_fleet(3), generated_fleet(25)
+    mean, mean_tps = _sglang_table(small, spec, TableSettings(), pool)
+    exact, exact_tps = _sglang_table(small, spec, TableSettings(exact_dispatch=True), pool)
+    gaps = [abs(mean_tps[k] / v - 1.0) for k, v in exact_tps.items() if v > 0 and k in mean_tps]
+    large_doc, _ = _sglang_table(large, spec, TableSettings(), pool)
+    return {
+        "gpus_120": {
+            "expectation": mean,
+            "exact_replay": exact,
+            "largest_tokens_per_s_gap": round(max(gaps, default=0.0), 6),
+        },
+        "gpus_1000": {"expectation": large_doc},
+    }
+
+
+#: Deployments without traffic and SLOs beside the twenty planned ones of
+#: :func:`bench.goodput_timing.twenty_deployments` (priorities 1-10): one outranks them all.
+UNPLANNED = (
+    ("u-qwen3-30b", "qwen3-30b-a3b", "sglang", 11),
+    ("u-llama-70b", "llama-3.1-70b", "sglang", 7),
+    ("u-gpt-oss", "gpt-oss-120b", "vllm", 5),
+    ("u-mixtral", "mixtral-8x7b", "vllm", 1),
+)
+
+
+def planned_and_unplanned(pool: Executor | None) -> dict[str, Any]:
+    """The decision the controller and the operator make (:func:`policies.fleetplan.combined.
+    plan_and_schedule`) on the generated 1,000-GPU fleet: the twenty planned deployments of
+    the planner's timing and the four unplanned ones of :data:`UNPLANNED`; cold (empty curve
+    cache and estimate cache), then again with both caches warm."""
+    import tempfile
+
+    from apis.curvecache import FileCurveCache
+    from bench.goodput_timing import generated_fleet, twenty_deployments
+    from policies.fleetplan.combined import PlanOptions, ScheduleOptions, plan_and_schedule
+
+    fleet = generated_fleet(25)
+    names = [n.name for n in fleet.nodes]
+    specs = [d.spec for d in twenty_deployments()] + [
+        replace(_spec(n, m, p, tokens=128, kv="fp8"), engine=EngineSpec(e))  # type: ignore[arg-type]
+        for n, m, e, p in UNPLANNED
+    ]
+    out: dict[str, Any] = {"gpus": len(fleet.gpus), "planned": 20, "unplanned": len(UNPLANNED)}
+    with tempfile.TemporaryDirectory() as tmp:
+        estimates = EstimateCache()
+        for run in ("cold", "warm"):
+            t0 = time.perf_counter()
+            decision = plan_and_schedule(
+                fleet,
+                [(s, names) for s in specs],
+                planning=PlanOptions(cache=FileCurveCache(Path(tmp))),
+                scheduling=ScheduleOptions(cache=estimates),
+                pool=pool,
+            )
+            took = time.perf_counter() - t0
+            placed = decision.schedule.placements if decision.schedule is not None else {}
+            out[run] = {
+                "wall_s": round(took, 1),
+                "steps": [f"{s.kind} {','.join(map(str, s.priorities))}" for s in decision.steps],
+                "estimate_solves": estimates.solves,
+                "unplanned_placed": sorted(placed),
+                "planned_deployments": len(decision.plan.deployments) if decision.plan else 0,
+            }
+            log(f"  planned-and-unplanned {run}: {took:.1f} s, steps {out[run]['steps']}")
+    return out
+
+
+SCENARIOS = {
+    "issue-mixed-24": issue_mixed_24,
+    "mixed-64": mixed_64,
+    "sglang-scale": sglang_scale,
+    "planned-and-unplanned": planned_and_unplanned,
+}
 
 
 def run(args: argparse.Namespace) -> int:

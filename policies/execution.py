@@ -16,9 +16,10 @@ from dataclasses import replace
 import numpy as np
 
 from policies.costmodel import CostTable
-from policies.engines import Runtime, dispatch, full_rows, rank_shares, resolve_runtime
+from policies.engines import Runtime, full_rows, rank_shares, resolve_runtime
 from policies.errors import InputError
 from policies.evaluation import LayerPlacement
+from policies.replica_choice import dispatch
 from policies.request import PlacementRequest, RawPlacement
 
 SGLANG_PLACEMENT_FAMILIES = frozenset(

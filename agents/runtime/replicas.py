@@ -20,7 +20,8 @@ from typing import Any
 import torch
 
 from agents.runtime.routing import RankPlacement
-from policies.engines import Runtime, parse_engine, resolve_runtime, sglang_static_map
+from policies.engines import Runtime, parse_engine, resolve_runtime
+from policies.replica_choice import sglang_static_map
 
 Tensor = Any  # torch.Tensor; torch is untyped for mypy here
 

@@ -13,11 +13,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from policies.costmodel import CostTable
-from policies.engines import EngineOptions, EngineSpec, Runtime, dispatch, full_rows
+from policies.engines import EngineOptions, EngineSpec, Runtime, full_rows
 from policies.evaluation import Evaluation, LayerPlacement, served_fractions
 from policies.execution import layer_rows
 from policies.models import ModelSpec
 from policies.plan import Plan
+from policies.replica_choice import dispatch
 from policies.topology import Channel
 
 #: A ``[gpu][moe_layer]`` grid of one panel.

@@ -529,7 +529,12 @@ async def show_replan(
     for n in before:
         a, b = before[n], after.get(n, [])
         say(f"    {n}  {sum(a) / len(a):.3f} -> " + (f"{sum(b) / len(b):.3f}" if b else "gone"))
-    # The same measured load planned from scratch (a dry run: nothing stored or rolled out).
+    await _from_scratch(demo, plan1, time_limit_s)
+
+
+async def _from_scratch(demo: Demo, plan1: Any, time_limit_s: float) -> None:
+    """The same measured load planned from scratch (a dry run: nothing stored or rolled
+    out): its moves against v1 and its step."""
     scratch_spec = _spec(time_limit_s)
     scratch_spec.workload.load = "measured"
     say("  from scratch (dry run: the same load planned from nothing, nothing rolled out)")

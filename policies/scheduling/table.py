@@ -56,7 +56,7 @@ class TableSettings:
         full_enumeration: enumerate every count vector up to this many per deployment.
         max_instances: engine instances (replica groups) a deployment may be split into.
         exact_dispatch: replay SGLang's ``static`` replica choice exactly in every estimate
-            (:func:`policies.engines.sglang_static_map`, whose cost grows with the square of
+            (:func:`policies.replica_choice.sglang_static_map`, whose cost grows with the square of
             the instance's GPUs: minutes per deployment on a few hundred GPUs) instead of
             its expectation (each rank's nearest replica, else a uniform pick: what the
             ``dynamic`` rule computes). The solve of the chosen instance replays it exactly

@@ -19,20 +19,22 @@ from policies.costmodel import build_cost_table
 from policies.engines import (
     EngineOptions,
     EngineSpec,
-    _nearest,
-    dispatch,
     engine_to_doc,
     full_rows,
     parse_engine,
-    replicas_of,
     resolve_runtime,
-    served_shares,
-    sglang_static_map,
 )
 from policies.errors import InputError
 from policies.evaluation import LayerPlacement, evaluate, gather_times_us
 from policies.execution import executed, runtime_of
 from policies.models import preset
+from policies.replica_choice import (
+    _nearest,
+    dispatch,
+    replicas_of,
+    served_shares,
+    sglang_static_map,
+)
 from policies.request import PlacementRequest, RawPlacement
 from policies.solve import solve
 from policies.solvers import locality
