@@ -252,7 +252,8 @@ def sglang_scale(pool: Executor | None) -> dict[str, Any]:
     """One SGLang deployment (Qwen3-30B-A3B, static replica choice) on the generated fleets
     of five GPU types (:func:`bench.goodput_timing.generated_fleet`): the cold table with
     the static choice's expectation (the default) and, on 120 GPUs, with its exact replay in
-    every candidate (``exact_dispatch``; on 1,000 GPUs that takes hours)."""
+    every candidate (``exact_dispatch``; not run on 1,000 GPUs: its cost grows with the
+    square of a candidate's GPUs, and candidates there reach 600)."""
     from bench.goodput_timing import generated_fleet
 
     spec = replace(_spec("qwen3-30b", "qwen3-30b-a3b", 5, tokens=128), engine=EngineSpec("sglang"))
@@ -272,7 +273,10 @@ def sglang_scale(pool: Executor | None) -> dict[str, Any]:
 
 
 #: Deployments without traffic and SLOs beside the twenty planned ones of
-#: :func:`bench.goodput_timing.twenty_deployments` (priorities 1-10): one outranks them all.
+#: :func:`bench.goodput_timing.twenty_deployments` (priorities 1-10): one outranks them all;
+#: each holds at most :data:`UNPLANNED_MAX_GPUS` GPUs (without a bound the first would take
+#: the three fastest node groups, 600 GPUs: more GPUs, more tokens/s).
+UNPLANNED_MAX_GPUS = 16
 UNPLANNED = (
     ("u-qwen3-30b", "qwen3-30b-a3b", "sglang", 11),
     ("u-llama-70b", "llama-3.1-70b", "sglang", 7),
@@ -295,7 +299,10 @@ def planned_and_unplanned(pool: Executor | None) -> dict[str, Any]:
     fleet = generated_fleet(25)
     names = [n.name for n in fleet.nodes]
     specs = [d.spec for d in twenty_deployments()] + [
-        replace(_spec(n, m, p, tokens=128, kv="fp8"), engine=EngineSpec(e))  # type: ignore[arg-type]
+        replace(
+            _spec(n, m, p, tokens=128, kv="fp8", max_gpus=UNPLANNED_MAX_GPUS),
+            engine=EngineSpec(e),  # type: ignore[arg-type]
+        )
         for n, m, e, p in UNPLANNED
     ]
     out: dict[str, Any] = {"gpus": len(fleet.gpus), "planned": 20, "unplanned": len(UNPLANNED)}
@@ -316,7 +323,7 @@ def planned_and_unplanned(pool: Executor | None) -> dict[str, Any]:
                 "wall_s": round(took, 1),
                 "steps": [f"{s.kind} {','.join(map(str, s.priorities))}" for s in decision.steps],
                 "estimate_solves": estimates.solves,
-                "unplanned_placed": sorted(placed),
+                "unplanned_placed": {n: p.gpus for n, p in sorted(placed.items())},
                 "planned_deployments": len(decision.plan.deployments) if decision.plan else 0,
             }
             log(f"  planned-and-unplanned {run}: {took:.1f} s, steps {out[run]['steps']}")

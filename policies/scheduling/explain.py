@@ -88,6 +88,16 @@ def _reason(
             "spec.minGpus or add nodes",
         )
     runnable = _runnable(d, cands)
+    if not cands and d.max_gpus:
+        return Pending(
+            d.name,
+            "gpus",
+            tuple(eligible),
+            float(min(gpus_of[n] for n in eligible) - d.max_gpus),
+            "GPUs",
+            f"maxGpus {d.max_gpus} is below one node's GPUs on every node it may use (at "
+            f"least {min(gpus_of[n] for n in eligible)}). To fix: raise spec.maxGpus",
+        )
     if not runnable:
         why = next((c.reason for c in sorted(cands, key=lambda c: -c.gpus) if c.reason), "")
         return Pending(

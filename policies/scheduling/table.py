@@ -11,7 +11,8 @@ the engine cannot run. Which vectors:
 * every vector when there are at most ``full_enumeration`` of them;
 * else every single-group vector (``1..n_t`` nodes of group ``t``), and mixed groups made of
   whole node groups taken in order of their per-GPU throughput (the fastest group, then the
-  two fastest, ...), the last one being every node the deployment may use.
+  two fastest, ...), the last one being every node the deployment may use;
+* none with more GPUs than the deployment's ``maxGpus`` (it could not be given one).
 
 A deployment with ``memoryFraction`` f < 1 is estimated on GPUs with f of their memory and
 gets f of their throughput (time-shared compute; an assumption, not a measurement).
@@ -106,9 +107,27 @@ def count_vectors(
     eligible: Collection[str],
     settings: TableSettings,
     per_gpu_order: Sequence[int] | None = None,
+    max_gpus: int = 0,
 ) -> list[tuple[int, ...]]:
     """The candidate count vectors of a deployment (see the module docstring), smallest
-    first; ``per_gpu_order`` is the group order of the mixed vectors (fastest first)."""
+    first; ``per_gpu_order`` is the group order of the mixed vectors (fastest first). None
+    has more than ``max_gpus`` GPUs (0: no limit): the scheduler could not give it one."""
+    vecs = _vectors(groups, eligible, settings, per_gpu_order)
+    if max_gpus:
+        vecs = [
+            v
+            for v in vecs
+            if sum(k * g.gpus_per_node for k, g in zip(v, groups, strict=True)) <= max_gpus
+        ]
+    return vecs
+
+
+def _vectors(
+    groups: Sequence[NodeGroup],
+    eligible: Collection[str],
+    settings: TableSettings,
+    per_gpu_order: Sequence[int] | None,
+) -> list[tuple[int, ...]]:
     caps = [sum(1 for n in g.nodes if n in eligible) for g in groups]
     total = 1
     for c in caps:
@@ -161,7 +180,7 @@ def build_table(
     jobs = [
         (s, d, v)
         for s, d in demands
-        for v in count_vectors(groups, d.eligible, one_group)
+        for v in count_vectors(groups, d.eligible, one_group, max_gpus=d.max_gpus)
         if sum(1 for k in v if k) == 1
     ]
     done = _estimate_all(fleet, groups, jobs, settings, cache, pool)
@@ -173,7 +192,7 @@ def build_table(
                 t = next(i for i, k in enumerate(v) if k)
                 per_gpu[t] = max(per_gpu.get(t, 0.0), c.tokens_per_s / max(1, c.gpus))
         order = sorted(per_gpu, key=lambda t: -per_gpu[t])
-        vectors[d.name] = count_vectors(groups, d.eligible, settings, order)
+        vectors[d.name] = count_vectors(groups, d.eligible, settings, order, d.max_gpus)
     jobs = [(s, d, v) for s, d in demands for v in vectors[d.name] if (d.name, v) not in done]
     done.update(_estimate_all(fleet, groups, jobs, settings, cache, pool))
     return ScheduleRequest(

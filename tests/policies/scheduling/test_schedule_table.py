@@ -13,6 +13,7 @@ from policies.fleet import parse_fleet
 from policies.scheduling import schedule
 from policies.scheduling.baselines import first_fit
 from policies.scheduling.check import violations
+from policies.scheduling.ilp import solve_schedule
 from policies.scheduling.table import EstimateCache, TableSettings, build_table
 from policies.spec import DeploymentSpec, SolverPolicy, WorkloadSpec, to_request
 
@@ -172,3 +173,33 @@ def test_sglang_estimates_take_the_static_choice_as_its_expectation_unless_exact
     assert estimated(TableSettings()) == solved("dynamic")
     assert estimated(TableSettings(exact_dispatch=True)) == solved("static")
     assert solved("dynamic") != solved("static")  # the two rules differ on this make-up
+
+
+def test_no_candidate_above_max_gpus_is_estimated_and_the_schedule_is_the_same() -> None:
+    """A candidate larger than ``maxGpus`` could never be given: it is not estimated (fewer
+    solves), and the schedule is the one the full table gives."""
+    names = [n.name for n in FLEET.nodes]
+    capped = DeploymentSpec(
+        "qw", model="qwen3-30b-a3b", policy="greedy", workload=W, max_gpus=4, priority=2
+    )
+    other = DeploymentSpec("mx", model="mixtral-8x7b", policy="greedy", workload=W, priority=1)
+    specs = [(capped, names), (other, names)]
+    req = build_table(FLEET, specs)
+    assert req.candidates["qw"] and all(c.gpus <= 4 for c in req.candidates["qw"])
+    uncapped = build_table(FLEET, [(replace(capped, max_gpus=0), names), (other, names)])
+    assert len(req.candidates["qw"]) < len(uncapped.candidates["qw"])
+    pruned = solve_schedule(req)
+    full = solve_schedule(replace(uncapped, demands=req.demands))
+    assert pruned.placements == full.placements
+
+
+def test_max_gpus_below_every_node_says_so() -> None:
+    """With ``maxGpus`` below the GPUs of every node it may use, no candidate is left; the
+    pending reason names maxGpus and the fix."""
+    names = [n.name for n in FLEET.nodes]
+    spec = DeploymentSpec("qw", model="qwen3-30b-a3b", policy="greedy", workload=W, max_gpus=1)
+    req, s = schedule(FLEET, [(spec, names)])
+    assert req.candidates["qw"] == () and "qw" not in s.placements
+    why = s.pending["qw"]
+    assert why.resource == "gpus" and "maxGpus 1 is below one node's GPUs" in why.message
+    assert "raise spec.maxGpus" in why.message
