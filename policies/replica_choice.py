@@ -14,7 +14,14 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
+import numpy as np
+import numpy.typing as npt
+
 from policies.engines import Runtime
+
+Traffic = npt.NDArray[np.float64]
+"""One layer's traffic matrix ``[src rank][dst rank]``: the fraction of the layer's
+token-expert pairs src's tokens send to dst."""
 
 SGLANG_DISPATCH_SEED = 42
 """Seed of SGLang's ``compute_logical_to_rank_dispatch_physical_map`` (its default)."""
@@ -130,7 +137,7 @@ def dispatch(
     *,
     planned: Sequence[Sequence[float]] | None = None,
     weights: Sequence[Sequence[float]] | None = None,
-) -> tuple[list[list[float]], list[list[list[float]]] | None]:
+) -> tuple[list[list[float]], list[Traffic] | None]:
     """Where each rank's tokens of each expert go under the runtime's replica rule.
 
     Args:
@@ -159,7 +166,7 @@ def dispatch(
         else None
     )
     shares: list[list[float]] = []
-    traffic: list[list[list[float]]] | None = [] if (local and weights is not None) else None
+    traffic: list[Traffic] | None = [] if (local and weights is not None) else None
     for li, row in enumerate(rows):
         if runtime.dispatch == "dynamic":
             w_row = weights[li] if weights is not None else None
@@ -193,7 +200,7 @@ def dispatch(
                     flows[q][p // slots] += x[q] * w
         shares.append(share)
         if traffic is not None and flows is not None:
-            traffic.append(flows)
+            traffic.append(np.asarray(flows, dtype=float))
     return shares, traffic
 
 
@@ -204,21 +211,22 @@ def _dynamic_layer(
     slots: int,
     gpus_per_node: int,
     weights: Sequence[float] | None,
-) -> tuple[list[float], list[list[float]] | None]:
+) -> tuple[list[float], Traffic | None]:
     """One layer of :func:`dispatch` under the ``dynamic`` rule: each rank sends an expert's
     tokens to its nearest replica (:func:`_nearest`), else spreads them evenly over all
     replicas (the expectation of a uniform pick; also that of SGLang's ``static`` choice).
 
     Only the ranks on a node that holds a replica can have a nearest one, so they are
-    treated one by one and every other rank in aggregate: the work per expert grows with its replicas, not with the ranks. With
-    ``weights`` (the layer's expert fractions) the traffic matrix ``[src rank][dst rank]``
-    is returned too, else None.
+    treated one by one and every other rank in aggregate: the work per expert grows with
+    its replicas, not with the ranks. With ``weights`` (the layer's expert fractions) the
+    traffic matrix ``[src rank][dst rank]`` is returned too, else None: every rank's
+    default spread (one outer product) plus the corrections of the ranks with a nearest.
     """
     ep = len(x)
     per_node = slots * gpus_per_node
     everyone = sum(x)
     share = [0.0] * len(row)
-    flows = [[0.0] * ep for _ in range(ep)] if weights is not None else None
+    moved: dict[tuple[int, int], float] = {}  # (src, dst) -> correction to the spread
     spread = [0.0] * ep  # per destination rank: the pairs every rank sends there by default
     for e, cands in enumerate(replicas_of(row, num_logical)):
         if not cands:
@@ -245,13 +253,15 @@ def _dynamic_layer(
             spread[p // slots] += w * f
         for q, p in near.items():
             share[p] += x[q]
-            if flows is not None:
+            if weights is not None:
                 for c in cands:  # q does not spread: take back its default share
-                    flows[q][c // slots] -= x[q] * w * f
-                flows[q][p // slots] += x[q] * w
-    if flows is not None:
-        flows = [
-            [f + xq * s for f, s in zip(row_q, spread, strict=True)]
-            for row_q, xq in zip(flows, x, strict=True)
-        ]
+                    key = (q, c // slots)
+                    moved[key] = moved.get(key, 0.0) - x[q] * w * f
+                key = (q, p // slots)
+                moved[key] = moved.get(key, 0.0) + x[q] * w
+    if weights is None:
+        return share, None
+    flows = np.outer(np.asarray(x, dtype=float), np.asarray(spread, dtype=float))
+    for (q, dst), v in moved.items():
+        flows[q, dst] += v
     return share, flows
