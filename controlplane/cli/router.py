@@ -300,10 +300,12 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _state(inst: dict[str, Any]) -> str:
-    """``serving``; ``draining`` (listed by the controller, not ready or draining: no new
-    request); ``leaving`` (no longer listed; removed once its open requests end)."""
+    """``serving``; ``no-ranks`` (routable, but its DP ranks have not come yet: a watched
+    deployment's instance before its routing, see ``WatchRouting``; it gets no request);
+    ``draining`` (listed by the controller, not ready or draining: no new request);
+    ``leaving`` (no longer listed; removed once its open requests end)."""
     if inst.get("routable", True):
-        return "serving"
+        return "serving" if inst.get("ranks", 1) else "no-ranks"
     return "draining" if inst.get("listed", True) else "leaving"
 
 

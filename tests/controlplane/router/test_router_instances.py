@@ -64,6 +64,37 @@ async def _stop(engines: Sequence[LoopbackEngine]) -> None:
         await e.stop()
 
 
+def test_an_instance_listed_before_its_routing_shows_no_ranks_and_takes_no_request() -> None:
+    """The controller lists ``ds-b`` before its routing exists: ``router status`` says
+    ``no-ranks`` for it (not ``serving``) and every request goes to ``ds-a``; once its
+    routing comes it serves."""
+
+    async def main() -> None:
+        a, b = await _engines(2)
+        svc = ScriptedEngineService()
+        svc.route("ds-a", [1.0, 1.0])
+        svc.publish(DS, [instance("ds-a", a.url), instance("ds-b", b.url)])
+        try:
+            async with world(svc) as (router, url, s):
+                await until(lambda: _routable(router) == {"ds-a"}, what="ds-a routable")
+                await until(lambda: "ds-b" in router.state.instances, what="ds-b listed")
+                table = await asyncio.to_thread(_status_table, url)
+                row = next(line for line in table.splitlines() if line.startswith("ds-b"))
+                assert "no-ranks" in row and "serving" not in row, table
+                for _ in range(4):
+                    assert (await complete(s, url))[0] == 200
+                assert (len(a.records), len(b.records)) == (4, 0)
+                svc.route("ds-b", [1.0, 1.0])
+                await until(lambda: _routable(router) == {"ds-a", "ds-b"}, what="ds-b ranks")
+                table = await asyncio.to_thread(_status_table, url)
+                row = next(line for line in table.splitlines() if line.startswith("ds-b"))
+                assert "serving" in row, table
+        finally:
+            await _stop([a, b])
+
+    asyncio.run(main())
+
+
 def test_instances_added_drained_and_removed_follow_the_controller_without_cutting_a_stream() -> (
     None
 ):
