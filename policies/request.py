@@ -44,6 +44,11 @@ class SolverOptions:
             (used only with a previous plan); None = 30% of the previous plan's mean time
             per MoE layer divided by its slots per layer: a move must buy back a third of
             what one slot's share of the layer costs.
+        later_stages: run the stages after the policy's own placement, each kept when the
+            engine executes it better (``ilp``: the EPLB plan and a mix with it; ``greedy``
+            and ``ilp`` under a nearest-replica engine: the locality search of
+            :func:`policies.solvers.locality.refine`). Off for a screening estimate (the
+            fleet scheduler's candidates): the solve of the chosen instance runs them.
     """
 
     time_limit_s: float = defaults.DEFAULT_SOLVER_TIME_LIMIT_S
@@ -51,6 +56,7 @@ class SolverOptions:
     solver: str = defaults.DEFAULT_MILP_SOLVER
     workers: int = defaults.DEFAULT_WORKERS
     migration_weight_us: float | None = None
+    later_stages: bool = True
 
 
 @dataclass(frozen=True)

@@ -56,18 +56,20 @@ class TableSettings:
         estimate_policy: policy of the estimate solves (``greedy``: fast; ``ilp``: exact).
         full_enumeration: enumerate every count vector up to this many per deployment.
         max_instances: engine instances (replica groups) a deployment may be split into.
-        exact_dispatch: replay SGLang's ``static`` replica choice exactly in every estimate
-            (:func:`policies.replica_choice.sglang_static_map`, whose cost grows with the square of
-            the instance's GPUs: minutes per deployment on a few hundred GPUs) instead of
-            its expectation (each rank's nearest replica, else a uniform pick: what the
-            ``dynamic`` rule computes). The solve of the chosen instance replays it exactly
-            either way.
+        engine_exact: run the engine-exact stages in every estimate: SGLang's ``static``
+            replica choice replayed draw by draw
+            (:func:`policies.replica_choice.sglang_static_map`, whose cost grows with the
+            square of the instance's GPUs) and the solve's later stages (the nearest-replica
+            locality search; ``SolverOptions.later_stages``). Off, an estimate takes the
+            static choice as its expectation (each rank's nearest replica, else an even
+            spread: the ``dynamic`` rule) and the policy's placement as it is: a screen.
+            The solve of the chosen instance runs them either way.
     """
 
     estimate_policy: str = "greedy"
     full_enumeration: int = 24
     max_instances: int = 1
-    exact_dispatch: bool = False
+    engine_exact: bool = False
 
 
 def demand_of(spec: DeploymentSpec, eligible: Collection[str], max_instances: int = 1) -> Demand:
@@ -244,7 +246,7 @@ def _estimate_all(
     parts = [t[0] for t in todo.values()]
     specs = [t[1] for t in todo.values()]
     policies = [settings.estimate_policy] * len(todo)
-    exact = [settings.exact_dispatch] * len(todo)
+    exact = [settings.engine_exact] * len(todo)
     mapper = pool.map if pool is not None and len(todo) > 1 else map
     answers = list(mapper(_solve_one, parts, specs, policies, exact))
     for (key, (_, _, counts, gpus, usd)), (tps, step_us, why) in zip(
@@ -259,24 +261,27 @@ def _estimate_all(
 
 
 def _solve_one(
-    part: Fleet, spec: DeploymentSpec, policy: str, exact_dispatch: bool = False
+    part: Fleet, spec: DeploymentSpec, policy: str, engine_exact: bool = False
 ) -> tuple[float, float, str]:
     """One candidate's estimate: ``(tokens/s, step time us, "")`` or ``(0, 0, why not)``
-    (a module-level function, so a process pool can run it); SGLang's ``static`` replica
-    choice as its expectation unless ``exact_dispatch`` (:class:`TableSettings`)."""
+    (a module-level function, so a process pool can run it); a screen unless
+    ``engine_exact`` (:class:`TableSettings`)."""
     f = spec.memory_fraction
     if f < 1.0:
         part = _memory_share(part, f)
     est = replace(spec, policy=policy)
     if (
-        not exact_dispatch
+        not engine_exact
         and spec.engine.name == "sglang"
         and spec.engine.options.dispatch != "dynamic"
     ):
         options = replace(spec.engine.options, dispatch="dynamic")
         est = replace(est, engine=replace(spec.engine, options=options))
     try:
-        out = try_solve(to_request(est, SolverPolicy(workers=1), part))
+        req = to_request(est, SolverPolicy(workers=1), part)
+        if not engine_exact:
+            req = replace(req, options=replace(req.options, later_stages=False))
+        out = try_solve(req)
     except (InputError, InfeasibleError) as exc:
         return 0.0, 0.0, str(exc) or type(exc).__name__
     if out.result is None or not out.ok:
