@@ -232,6 +232,7 @@ def _estimate_all(
         key: tuple[object, ...] = (
             _spec_key(spec),
             settings.estimate_policy,
+            settings.engine_exact,
             tuple(
                 sorted((repr(n.gpus[0].spec) if n.gpus else "", len(n.gpus)) for n in part.nodes)
             ),

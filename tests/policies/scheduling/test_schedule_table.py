@@ -176,6 +176,10 @@ def test_sglang_estimates_are_a_screen_unless_engine_exact() -> None:
     screen, exact = solved("dynamic", False), solved("static", True)
     assert estimated(TableSettings()) == screen
     assert estimated(TableSettings(engine_exact=True)) == exact
+    cache = EstimateCache()  # one cache for both: each kind keeps its own estimates
+    for settings, want in ((TableSettings(), screen), (TableSettings(engine_exact=True), exact)):
+        req = build_table(FLEET, [(spec, names)], settings=settings, cache=cache)
+        assert [c.tokens_per_s for c in req.candidates["sg"] if c.gpus == 6] == [want]
     assert screen != exact  # the screen differs from the engine-exact solve here
     assert abs(screen / exact - 1) < 0.05
 
