@@ -30,7 +30,9 @@ SGLANG_PLACEMENT_FAMILIES = frozenset(
 
 
 def runtime_of(req: PlacementRequest) -> Runtime:
-    """The runtime the request's engine gives its one EP group (all its GPUs, fleet order).
+    """The runtime the request's engine gives its one EP group (all its GPUs, fleet order);
+    for a screening estimate (``SolverOptions.screen``) SGLang's ``static`` replica choice
+    as its expectation, the ``dynamic`` rule.
 
     Raises:
         InputError: no coherent backend; an engine that needs equal slots with a native
@@ -57,7 +59,12 @@ def runtime_of(req: PlacementRequest) -> Runtime:
             field="engine",
         )
     gpus = req.fleet.gpus
-    return resolve_runtime(engine, [g.spec.architecture for g in gpus], [g.node for g in gpus])
+    runtime = resolve_runtime(engine, [g.spec.architecture for g in gpus], [g.node for g in gpus])
+    if req.options.screen and runtime.dispatch == "static":  # its expectation (SolverOptions)
+        return replace(
+            runtime, dispatch="dynamic", why=f"{runtime.why}; screen: static as expected"
+        )
+    return runtime
 
 
 def layer_rows(layers: Sequence[LayerPlacement]) -> list[list[int]]:

@@ -44,11 +44,14 @@ class SolverOptions:
             (used only with a previous plan); None = 30% of the previous plan's mean time
             per MoE layer divided by its slots per layer: a move must buy back a third of
             what one slot's share of the layer costs.
-        later_stages: run the stages after the policy's own placement, each kept when the
-            engine executes it better (``ilp``: the EPLB plan and a mix with it; ``greedy``
-            and ``ilp`` under a nearest-replica engine: the locality search of
-            :func:`policies.solvers.locality.refine`). Off for a screening estimate (the
-            fleet scheduler's candidates): the solve of the chosen instance runs them.
+        screen: a screening estimate (the fleet scheduler's candidates; the solve of the
+            chosen instance is not one): SGLang's seeded ``static`` replica choice is taken
+            as its expectation, the ``dynamic`` rule
+            (:func:`policies.execution.runtime_of`), instead of replayed draw by draw, whose
+            cost grows with the square of the GPUs; and the stages after the policy's own
+            placement are skipped (``ilp``: the EPLB plan and a mix with it; ``greedy`` and
+            ``ilp`` under a nearest-replica engine: the locality search of
+            :func:`policies.solvers.locality.refine`).
     """
 
     time_limit_s: float = defaults.DEFAULT_SOLVER_TIME_LIMIT_S
@@ -56,7 +59,7 @@ class SolverOptions:
     solver: str = defaults.DEFAULT_MILP_SOLVER
     workers: int = defaults.DEFAULT_WORKERS
     migration_weight_us: float | None = None
-    later_stages: bool = True
+    screen: bool = False
 
 
 @dataclass(frozen=True)

@@ -148,7 +148,7 @@ def _later_stages(
     30% of the time limit is left (a note says when it was not)."""
     if req.policy not in ("greedy", "ilp") or not raw.layers or req.previous is not None:
         return best
-    if not req.options.later_stages:
+    if req.options.screen:
         return best
     runtime = runtime_of(req)
     share = rank_shares(runtime, raw.attention_share)

@@ -563,11 +563,7 @@ class Router:
         return error(503, "no admitted engine instance")
 
     async def _health(self, request: web.Request) -> web.StreamResponse:
-        ok = any(
-            r.weight > 0 and r.instance in self.health.healthy
-            for ranks in self.state.tiers.values()
-            for r in ranks
-        )
+        ok = bool(self.state.serving(self.health.healthy))
         return web.Response(status=200 if ok else 503, text="ok\n" if ok else "no rank\n")
 
     async def _metrics(self, request: web.Request) -> web.StreamResponse:

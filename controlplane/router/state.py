@@ -4,7 +4,7 @@ routing sets them. No I/O: :mod:`.proxy` and :mod:`.routing` drive it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Container, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -185,6 +185,17 @@ class RouterState:
                 ranks.append(r)
         self.tiers[tier] = ranks
 
+    def serving(self, healthy: Container[str]) -> set[str]:
+        """The instances that take new requests now: healthy, with a rank of weight > 0
+        (routable, and its DP ranks known: a watched instance gets them from its own
+        ``WatchRouting`` stream, which may come after ``WatchInstances`` lists it)."""
+        return {
+            r.instance
+            for ranks in self.tiers.values()
+            for r in ranks
+            if r.weight > 0 and r.instance in healthy
+        }
+
     def tier_ranks(self) -> Iterator[tuple[str, Sequence[RankState]]]:
         """(tier, ranks) pairs, for the metrics."""
         yield from self.tiers.items()
@@ -210,6 +221,7 @@ class RouterState:
                 }
                 for r, p, a in zip(ranks, planned, achieved, strict=True)
             ]
+        serving = self.serving(healthy)
         return {
             "instances": [
                 {
@@ -219,6 +231,7 @@ class RouterState:
                     "deployment": i.spec.deployment,
                     "engine": i.engine,
                     "healthy": i.spec.name in healthy,
+                    "serving": i.spec.name in serving,
                     "ranks": len(i.planned),
                     "version": i.version,
                     "plan_id": i.plan_id,

@@ -348,10 +348,10 @@ async def routed(
     router: Router, session: aiohttp.ClientSession, msg: engine_pb2.Instances, limit_s: float
 ) -> float:
     """Wait until the router routes to every live instance of ``msg`` (a prefill/decode
-    pool: to its pair), each healthy and with its DP ranks: the router learns an instance
-    from ``WatchInstances`` and its ranks from the instance's own ``WatchRouting`` stream,
-    which may come later; until then it has no rank to route to (503). Returns the seconds
-    waited."""
+    pool: to its pair): each ``serving`` in its status, healthy and with its DP ranks (the
+    router learns an instance from ``WatchInstances`` and its ranks from the instance's own
+    ``WatchRouting`` stream, which may come later; until then a request finds no rank:
+    503). Returns the seconds waited."""
     want = router_names(msg)
     t0 = last = time.monotonic()
     while True:
@@ -359,11 +359,7 @@ async def routed(
             raise RuntimeError(f"the router exited ({router.tail()})")
         with contextlib.suppress(aiohttp.ClientError, ValueError, KeyError):
             doc = await router.status(session)
-            ok = {
-                i["name"]
-                for i in doc["instances"]
-                if i.get("healthy") and i.get("routable", True) and i.get("ranks", 0) > 0
-            }
+            ok = {i["name"] for i in doc["instances"] if i.get("serving")}
             if want <= ok:
                 return time.monotonic() - t0
         now = time.monotonic()

@@ -56,14 +56,12 @@ class TableSettings:
         estimate_policy: policy of the estimate solves (``greedy``: fast; ``ilp``: exact).
         full_enumeration: enumerate every count vector up to this many per deployment.
         max_instances: engine instances (replica groups) a deployment may be split into.
-        engine_exact: run the engine-exact stages in every estimate: SGLang's ``static``
-            replica choice replayed draw by draw
+        engine_exact: solve every estimate as the chosen instance is solved. Off, each
+            estimate is a screen (``SolverOptions.screen``): SGLang's ``static`` replica
+            choice as its expectation (each rank's nearest replica, else an even spread)
+            instead of replayed draw by draw
             (:func:`policies.replica_choice.sglang_static_map`, whose cost grows with the
-            square of the instance's GPUs) and the solve's later stages (the nearest-replica
-            locality search; ``SolverOptions.later_stages``). Off, an estimate takes the
-            static choice as its expectation (each rank's nearest replica, else an even
-            spread: the ``dynamic`` rule) and the policy's placement as it is: a screen.
-            The solve of the chosen instance runs them either way.
+            square of the instance's GPUs), and no locality search after the placement.
     """
 
     estimate_policy: str = "greedy"
@@ -271,18 +269,9 @@ def _solve_one(
     if f < 1.0:
         part = _memory_share(part, f)
     est = replace(spec, policy=policy)
-    if (
-        not engine_exact
-        and spec.engine.name == "sglang"
-        and spec.engine.options.dispatch != "dynamic"
-    ):
-        options = replace(spec.engine.options, dispatch="dynamic")
-        est = replace(est, engine=replace(spec.engine, options=options))
     try:
         req = to_request(est, SolverPolicy(workers=1), part)
-        if not engine_exact:
-            req = replace(req, options=replace(req.options, later_stages=False))
-        out = try_solve(req)
+        out = try_solve(replace(req, options=replace(req.options, screen=not engine_exact)))
     except (InputError, InfeasibleError) as exc:
         return 0.0, 0.0, str(exc) or type(exc).__name__
     if out.result is None or not out.ok:

@@ -20,13 +20,29 @@ from aiohttp import web
 from demo.instances_serving import Router, routed
 from mixfleet.v1 import engine_pb2
 
+from controlplane.router.settings import InstanceSpec
+from controlplane.router.state import RouterState
+
 #: status documents served before the ranks arrive
 WITHOUT_RANKS = 3
 
 
+NAME = "dep-aggregated-0"
+
+
 def _status(ranks: int) -> dict[str, Any]:
-    instance = {"name": "dep-aggregated-0", "healthy": True, "routable": True, "ranks": ranks}
-    return {"instances": [instance], "tiers": {}}
+    """The router's own status document (:meth:`RouterState.status`) of a healthy, ready
+    instance of a watched deployment, before its routing came (``ranks`` 0) or after."""
+    state = RouterState()
+    spec = InstanceSpec(NAME, "http://127.0.0.1:1", "default", deployment=NAME, source="dep")
+    state.sync("dep", [(spec, True)])
+    if ranks:
+        state.apply_routing(
+            engine_pb2.Routing(deployment=NAME, version=1, dp_weights=[1.0] * ranks)
+        )
+    doc = state.status({NAME}, {}, {})
+    assert doc["instances"][0]["ranks"] == ranks
+    return doc
 
 
 async def _wait(tmp_path: Path) -> tuple[list[int], float]:
@@ -50,7 +66,7 @@ async def _wait(tmp_path: Path) -> tuple[list[int], float]:
     )
     msg = engine_pb2.Instances(
         deployment="dep",
-        instances=[engine_pb2.Instance(name="dep-aggregated-0", role="aggregated", ready=True)],
+        instances=[engine_pb2.Instance(name=NAME, role="aggregated", ready=True)],
     )
     try:
         router = Router(proc, f"http://127.0.0.1:{port}", tmp_path / "router.log")

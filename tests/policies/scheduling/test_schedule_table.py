@@ -161,9 +161,11 @@ def test_sglang_estimates_are_a_screen_unless_engine_exact() -> None:
     part = sub_fleet(FLEET, names)
 
     def solved(dispatch: str, later_stages: bool) -> float:
+        """The candidate's solve under the ``dispatch`` rule, with or without the stages
+        after the placement (the screen's options, spelled out)."""
         engine = EngineSpec("sglang", options=EngineOptions(dispatch=dispatch))
         req = to_request(replace(spec, engine=engine), SolverPolicy(workers=1), part)
-        req = replace(req, options=replace(req.options, later_stages=later_stages))
+        req = replace(req, options=replace(req.options, screen=not later_stages))
         out = try_solve(req)
         assert out.ok and out.result is not None, out.reason
         return out.result.plan.summary.tokens_per_s
