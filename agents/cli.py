@@ -45,7 +45,7 @@ from apis.cliargs import (
 )
 from apis.documents import read_limited
 from policies.errors import InputError, MixfleetError
-from policies.inventory import NodeInventory
+from policies.hardware.inventory import NodeInventory
 from policies.limits import check_host_address, decode_utf8
 
 EXIT_OK = 0

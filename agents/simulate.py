@@ -21,8 +21,8 @@ from grpc import aio
 
 from agents.agent import Agent, AgentSettings, AssignmentEvent, make_channel
 from agents.applier import Applier, ApplierSettings, MemoryApplier, PlanApplier
-from policies.fleet import Fleet
-from policies.inventory import GpuHealth, NodeInventory, inventory_from_node
+from policies.hardware.fleet import Fleet
+from policies.hardware.inventory import GpuHealth, NodeInventory, inventory_from_node
 
 
 class SimulatedFleet:

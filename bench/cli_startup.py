@@ -41,7 +41,7 @@ COMMANDS: dict[str, list[str]] = {
 }
 GOAL_S = 0.3
 VERSION_GOAL_CPU_S = 0.15
-HEAVY = ("grpc", "pulp", "numpy", "networkx", "yaml", "policies.solve", "policies.cost")
+HEAVY = ("grpc", "pulp", "numpy", "networkx", "yaml", "policies.solve", "policies.advice.cost")
 
 
 def _time(argv: Sequence[str], repeats: int, tree: Path = REPO) -> dict[str, float] | None:

@@ -72,7 +72,7 @@ from bench.controlplane_report import (
     render_markdown,
     summary_line,
 )
-from policies.fleet import Fleet
+from policies.hardware.fleet import Fleet
 
 if TYPE_CHECKING:
     from bench.controlplane_harness import PlanStub

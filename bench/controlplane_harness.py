@@ -28,7 +28,7 @@ from mixfleet.v1 import plan_pb2, plan_pb2_grpc
 
 from agents.agent import AssignmentEvent
 from agents.simulate import SimulatedFleet
-from policies.fleet import Fleet, parse_fleet
+from policies.hardware.fleet import Fleet, parse_fleet
 
 if TYPE_CHECKING:
     PlanStub: TypeAlias = plan_pb2_grpc.PlanServiceAsyncStub

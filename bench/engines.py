@@ -33,8 +33,8 @@ from typing import Any
 from bench.common import add_arguments, command_line, log, package_versions, run_main
 from bench.placement import FLEETS, SCENARIOS, _request
 from controlplane.cli.files import read_fleet
-from policies.engines import EngineOptions, EngineSpec
 from policies.errors import InputError
+from policies.estimate.engines import EngineOptions, EngineSpec
 from policies.request import POLICIES, PlacementResult
 from policies.solve import rescore, solve
 
@@ -156,7 +156,7 @@ def _markdown(doc: dict[str, Any]) -> str:
         f"Command: `{doc['command']}` ({doc['machine']['cpu_count']} CPUs, "
         f"{doc['machine']['python']}). Step times are the shared cost model's prediction of one "
         "decode step, with each engine's own replica choice and DP balancing "
-        "(policies/engines.py).",
+        "(policies/estimate/engines.py).",
         "",
     ]
     for scen, res in doc["results"].items():

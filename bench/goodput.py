@@ -73,7 +73,6 @@ from bench.goodput_timing import (
     twenty_deployments,
 )
 from policies.errors import InputError
-from policies.fleet import Fleet
 from policies.fleetplan import (
     CurveCache,
     DeploymentPlan,
@@ -85,9 +84,10 @@ from policies.fleetplan import (
 )
 from policies.fleetplan.report import serving_plan
 from policies.fleetplan.sizing import size_aggregated
+from policies.hardware.fleet import Fleet
 from policies.serving.plan import DEFAULT_CHUNK_TOKENS, ServingPlan
 from policies.serving.traffic import Traffic
-from policies.spec import DeploymentSpec
+from policies.spec.build import DeploymentSpec
 
 __all__ = [
     "SCENARIOS",

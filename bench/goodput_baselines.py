@@ -11,17 +11,17 @@ from __future__ import annotations
 from typing import Any
 
 from bench.goodput_setup import SLO
-from policies.cost import fleet_usd_per_hour
+from policies.advice.cost import fleet_usd_per_hour
 from policies.deployment import sub_fleet
-from policies.fleet import Fleet
 from policies.fleetplan import compute_curve, kv_path
 from policies.fleetplan.sizing import size_aggregated, size_pair
+from policies.hardware.fleet import Fleet
 from policies.scheduling.table import fleet_groups
 from policies.scheduling.types import NodeGroup
 from policies.serving.curves import StepCurve
 from policies.serving.plan import DEFAULT_CHUNK_TOKENS, InstanceGroup, KvPath, Pool, ServingPlan
 from policies.serving.traffic import Traffic
-from policies.spec import DeploymentSpec, price_table
+from policies.spec.build import DeploymentSpec, price_table
 
 AIC_PREFILL, AIC_DECODE = 0.9, 0.92  # aiconfigurator's rate-matching degradation factors
 

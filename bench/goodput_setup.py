@@ -15,12 +15,12 @@ from typing import Any
 
 import yaml
 
-from policies.engines import EngineSpec
-from policies.fleet import Fleet, parse_fleet
+from policies.estimate.engines import EngineSpec
+from policies.hardware.fleet import Fleet, parse_fleet
 from policies.serving.plan import ServingPlan
 from policies.serving.simulate import SimOptions, simulate
 from policies.serving.traffic import LengthDist, Slo, Traffic
-from policies.spec import DeploymentSpec, WorkloadSpec
+from policies.spec.build import DeploymentSpec, WorkloadSpec
 
 MODELS = {"dsv3": "deepseek-v3", "qwen235b": "qwen3-235b-a22b"}
 FLEETS = ("hopper-blackwell-24", "mixed-24", "mixed-64", "ada-hopper", "homog-32")

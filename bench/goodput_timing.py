@@ -21,9 +21,9 @@ from typing import Any
 from apis.curvecache import FileCurveCache
 from bench.common import log
 from bench.goodput_setup import spec, traffic
-from policies.fleet import Fleet, parse_fleet
 from policies.fleetplan import FleetDeployment, PlanRequest, plan_fleet
 from policies.fleetplan.report import plan_doc
+from policies.hardware.fleet import Fleet, parse_fleet
 from policies.serving.plan import DEFAULT_CHUNK_TOKENS
 from policies.serving.traffic import Slo
 

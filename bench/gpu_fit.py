@@ -182,7 +182,7 @@ def roofline_rows(
     if not ceilings:
         return []
     from agents.runtime.roofline import layer_work, rooflines_us
-    from policies.costmodel import active_fraction
+    from policies.estimate.costmodel import active_fraction
 
     tflops = {"bf16": ceilings["bf16_tflops"], "fp8": ceilings["fp8_tflops"]}
     out = []

@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from agents.calibrate.fit import layer_phase_times
-from policies.models import ModelSpec, preset
+from policies.model.architecture import ModelSpec, preset
 
 GPU_MODEL = "H200-SXM-141GB"
 

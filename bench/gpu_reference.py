@@ -1,7 +1,7 @@
 """Reference timings of GPUs this project cannot run, read from NVIDIA's aiconfigurator
 per-operation data (PyPI ``aiconfigurator-core`` 0.12.0, ``systems/data/<gpu>/...``,
 measured by NVIDIA on each GPU with SGLang's kernels and NCCL), written as the data file
-``policies/data/reference_timings.json`` that :mod:`policies.reference` reads.
+``policies/data/reference_timings.json`` that :mod:`policies.estimate.reference` reads.
 
 ``python -m bench.gpu_reference`` in an environment with ``aiconfigurator-core==0.12.0``
 and ``pyarrow`` installed (neither is a dependency of this project: only this extraction

@@ -47,7 +47,7 @@ from controlplane.server.controller.instance_records import (
 from controlplane.server.controller.measured import TrafficWindow
 from controlplane.server.inprocess import start_controller
 from policies.serving.traffic import LengthDist, Slo, Traffic
-from policies.spec import DeploymentSpec
+from policies.spec.build import DeploymentSpec
 
 PLANNED = DeploymentSpec(
     "p",

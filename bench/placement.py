@@ -25,11 +25,11 @@ from bench.common import add_arguments, command_line, log, package_versions, run
 from bench.placement_report import check_targets, render_markdown
 from controlplane.cli.files import read_fleet
 from policies.errors import InfeasibleError, InputError
-from policies.fleet import Fleet
-from policies.models import ModelSpec, preset
+from policies.estimate.workload import make_workload, synthetic_zipf
+from policies.hardware.fleet import Fleet
+from policies.model.architecture import ModelSpec, preset
 from policies.request import POLICIES, PlacementRequest, PlacementResult, SolverOptions
 from policies.solve import solve
-from policies.workload import make_workload, synthetic_zipf
 
 REPO = Path(__file__).resolve().parent.parent
 FLEETS = REPO / "examples" / "fleets"

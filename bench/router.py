@@ -149,7 +149,7 @@ def _plan(policy: str) -> tuple[Any, Any, Any]:
     """(plan, request with router weights, request with SGLang's own balancing)."""
     from bench.placement import FLEETS, SCENARIOS, _request
     from controlplane.cli.files import read_fleet
-    from policies.engines import EngineOptions, EngineSpec
+    from policies.estimate.engines import EngineOptions, EngineSpec
     from policies.solve import solve
 
     s = SCENARIOS["mixed-24-decode"]

@@ -41,14 +41,14 @@ from typing import Any
 import yaml
 
 from bench.common import add_arguments, command_line, log, package_versions, run_main, write_results
-from policies.engines import EngineSpec
 from policies.errors import InputError
-from policies.fleet import Fleet, parse_fleet
+from policies.estimate.engines import EngineSpec
+from policies.hardware.fleet import Fleet, parse_fleet
 from policies.scheduling.baselines import every_on_every, first_fit, overcommit
 from policies.scheduling.ilp import solve_schedule
 from policies.scheduling.table import EstimateCache, TableSettings, build_table
 from policies.scheduling.types import Schedule, ScheduleRequest
-from policies.spec import DeploymentSpec, WorkloadSpec
+from policies.spec.build import DeploymentSpec, WorkloadSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 

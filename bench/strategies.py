@@ -23,7 +23,7 @@ from typing import Any
 from bench.common import add_arguments, command_line, log, package_versions, run_main
 from bench.strategies_scenarios import LOAD, OPTIONS, SCENARIOS
 from controlplane.cli.files import plain
-from policies.cost import DEFAULT_USD_PER_GPU_HOUR
+from policies.advice.cost import DEFAULT_USD_PER_GPU_HOUR
 from policies.errors import InputError
 
 # ------------------------------------------------------------------------------ report
@@ -206,7 +206,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         "Assumptions behind the figures:",
         "",
         "- Every throughput and latency is the cost model's prediction, not a measurement.",
-        "- Interactive tier (`policies/tier_planner.py`): one replica per NVLink domain (no",
+        "- Interactive tier (`policies/advice/tier_planner.py`): one replica per NVLink domain (no",
         "  cross-node expert traffic); a replica runs the largest decode batch meeting TPOT and",
         "  the largest prefill batch meeting TTFT; prefill and decode share its time, so it",
         "  serves `max_utilisation / (output/D + prompt/P)` requests/s (D, P its decode and",
@@ -214,7 +214,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         "  tier fastest units first; `max-batch` picks the minimal split that leaves the batch",
         "  tier the most throughput. Volta has no FlashAttention-class kernels: never",
         "  interactive.",
-        "- Prices (`policies/cost.py`) are ASSUMED list prices per GPU-hour, not quotes:",
+        "- Prices (`policies/advice/cost.py`) are ASSUMED list prices per GPU-hour, not quotes:",
         "  "
         + ", ".join(f"{k} {v:.2f}" for k, v in DEFAULT_USD_PER_GPU_HOUR.items())
         + " USD. Override them with `--prices FILE` (`{currency: USD, prices: {MODEL: X}}`).",

@@ -2,8 +2,8 @@
 context, cost, vendors.
 
 Each scenario function solves its question on the fleets of ``examples/fleets/`` through the
-pure planners (:mod:`policies.tiers`, :mod:`policies.advise`, :mod:`policies.cost`,
-:mod:`policies.vendors`) and returns a JSON-ready record: the ``mixfleetctl`` commands that
+pure planners (:mod:`policies.advice.tiers`, :mod:`policies.advice.advise`, :mod:`policies.advice.cost`,
+:mod:`policies.hardware.vendors`) and returns a JSON-ready record: the ``mixfleetctl`` commands that
 reproduce it, its headline figures and checks of the property it demonstrates.
 :data:`SCENARIOS` lists them in report order; :mod:`bench.strategies` runs them.
 """
@@ -23,16 +23,16 @@ from controlplane.cli.reports import (
     min_cost_document,
     tiers_document,
 )
-from policies.advise import advise_batch, advise_context
-from policies.cost import PriceTable, min_cost, plan_cost
+from policies.advice.advise import advise_batch, advise_context
+from policies.advice.cost import PriceTable, min_cost, plan_cost
+from policies.advice.tier_planner import plan_tiers
+from policies.advice.tiers import BatchTier, InteractiveTier, TierRequest
 from policies.deployment import Deployment, try_solve
 from policies.errors import InputError
-from policies.models import preset
+from policies.estimate.workload import synthetic_zipf
+from policies.hardware.vendors import check_vendors, split_by_vendor
+from policies.model.architecture import preset
 from policies.request import SolverOptions
-from policies.tier_planner import plan_tiers
-from policies.tiers import BatchTier, InteractiveTier, TierRequest
-from policies.vendors import check_vendors, split_by_vendor
-from policies.workload import synthetic_zipf
 
 REPO = Path(__file__).resolve().parent.parent
 FLEETS = REPO / "examples" / "fleets"
@@ -296,7 +296,7 @@ def cost_scenario(log: Log) -> dict[str, Any]:
         "scenario": "cost",
         "description": (
             f"{MODEL} decode at 64 tokens/GPU. Prices are the built-in ASSUMED list prices "
-            "per GPU-hour (policies/cost.py). Cost per policy on mixed-24 (16 redundant "
+            "per GPU-hour (policies/advice/cost.py). Cost per policy on mixed-24 (16 redundant "
             "experts); cheapest subset of mixed-64 (2 nodes each of A100, H100, H200, B200) "
             "for 100k tokens/s (best of one group or one replica per node) and 60k tokens/s "
             "(one expert-parallel group)"
@@ -348,7 +348,7 @@ def vendors_scenario(log: Log) -> dict[str, Any]:
         "commands": [
             "mixfleetctl plan solve --fleet examples/fleets/mixed-vendors.yaml --model "
             f"{MODEL} --tokens 64 --redundant-experts 0   (refused once policies.solve calls "
-            "policies.vendors.check_vendors)"
+            "policies.hardware.vendors.check_vendors)"
         ],
         "runs": {
             "refused": refused,

@@ -41,9 +41,9 @@ from operators.decide import (
 )
 from operators.informer import Key
 from operators.observe import DeploymentView, Observed, SolveOutcome, TierOutcome
+from policies.advice.tiers import TierPlan, TierRequest
 from policies.errors import InfeasibleError, InputError, SolverError
 from policies.request import PlacementRequest, PlacementResult
-from policies.tiers import TierPlan, TierRequest
 
 SOLVES = Histogram(
     "mixfleet_operator_solve_seconds",

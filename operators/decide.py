@@ -23,7 +23,7 @@ GPUNode: the reason says which resource, nodes and amount), ``MixedVendors``, ``
 solved again only when its inputs change.
 
 Tiers. When the PlacementPolicy defines an ``interactive`` tier, a tick first asks for a
-:class:`TierAction`: :func:`policies.tier_planner.plan_tiers` splits the eligible nodes into
+:class:`TierAction`: :func:`policies.advice.tier_planner.plan_tiers` splits the eligible nodes into
 interactive replicas (each one NVLink domain, an independent copy of the model sized to the
 SLO) and a batch tier. The split is recorded in ``status.tiers`` (with the digest of its
 inputs, so it is planned again only when they change) and reported by the
@@ -35,7 +35,7 @@ identical GPUs needs no heterogeneous placement).
 
 Cost. ``status.costPerMillionTokensUSD`` prices the current plan's GPUs at the
 deployment's ``gpuHourPrices`` over the policy's over the built-in assumed prices
-(:mod:`policies.cost`).
+(:mod:`policies.advice.cost`).
 
 This module owns the actions and the order of the rules; the inputs of a solve are built
 in :mod:`operators.inputs`, the status in :mod:`operators.status`, the objects written in
@@ -88,9 +88,9 @@ from operators.status import (
     deployment_status,
     tiers_status,
 )
+from policies.advice.tiers import TierRequest
 from policies.errors import InputError
 from policies.request import PlacementRequest
-from policies.tiers import TierRequest
 
 #: Solve failures that re-solving the same inputs cannot fix.
 PERMANENT_SOLVE_REASONS = frozenset({"Infeasible", "InvalidSpec", "PlanTooLarge"})
@@ -125,7 +125,7 @@ class SolveAction:
 @dataclass(frozen=True)
 class TierAction:
     """Split the eligible nodes between the interactive and the batch tier
-    (:func:`policies.tier_planner.plan_tiers`); feed the outcome back into :func:`reconcile`.
+    (:func:`policies.advice.tier_planner.plan_tiers`); feed the outcome back into :func:`reconcile`.
 
     Attributes:
         request: the tier request (the whole eligible fleet).

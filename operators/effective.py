@@ -1,6 +1,6 @@
 """A ModelDeployment resolved against its PlacementPolicy (deployment > policy > built-in):
 its model (:func:`model_of`), solver settings (:func:`effective_settings`), prices
-(:func:`effective_prices`), and the one :class:`policies.spec.DeploymentSpec` every path
+(:func:`effective_prices`), and the one :class:`policies.spec.build.DeploymentSpec` every path
 solves (:func:`effective_spec`). Pure: errors in the spec are raised as
 :class:`apis.kube.errors.PermanentError` with a reason and a fix.
 
@@ -17,14 +17,14 @@ from apis.kube.errors import PermanentError
 from apis.kube.schema import to_wire
 from apis.kube.v1alpha1 import ModelDeploymentSpec, PlacementPolicySpec, WorkloadSpec
 from operators.observe import Observed
-from policies.cost import PriceTable, catalog_price_table
+from policies.advice.cost import PriceTable, catalog_price_table
 from policies.defaults import default_tokens_per_gpu
-from policies.engines import EngineSpec, parse_engine
 from policies.errors import InputError
-from policies.models import ModelSpec, from_hf_config, preset
-from policies.spec import DeploymentSpec, serving_from_doc
-from policies.spec import RebalanceSpec as SpecRebalance
-from policies.spec import WorkloadSpec as SpecWorkload
+from policies.estimate.engines import EngineSpec, parse_engine
+from policies.model.architecture import ModelSpec, from_hf_config, preset
+from policies.spec.build import DeploymentSpec, serving_from_doc
+from policies.spec.build import RebalanceSpec as SpecRebalance
+from policies.spec.build import WorkloadSpec as SpecWorkload
 
 _T = TypeVar("_T")
 
@@ -117,7 +117,7 @@ def effective_spec(
     name: str, spec: ModelDeploymentSpec, policy: PlacementPolicySpec
 ) -> DeploymentSpec:
     """The ModelDeployment's spec resolved against its PlacementPolicy (deployment > policy
-    > built-in): the one :class:`policies.spec.DeploymentSpec` that every path solves."""
+    > built-in): the one :class:`policies.spec.build.DeploymentSpec` that every path solves."""
     eff = effective_settings(spec, policy)
     rb = spec.rebalance or policy.rebalance
     defaults = DeploymentSpec(name=name)
@@ -149,7 +149,7 @@ def effective_spec(
 
 def deployment_serving(spec: ModelDeploymentSpec) -> dict[str, Any]:
     """The deployment's demand fields (traffic, slo, disaggregation, budget) through the
-    document's one parser (:func:`policies.spec.serving_from_doc`).
+    document's one parser (:func:`policies.spec.build.serving_from_doc`).
 
     Raises:
         PermanentError: ``InvalidSpec`` naming the field (``spec.traffic.inputTokens.p90``).
@@ -167,7 +167,7 @@ def deployment_serving(spec: ModelDeploymentSpec) -> dict[str, Any]:
 
 def deployment_engine(spec: ModelDeploymentSpec) -> EngineSpec:
     """The deployment's target engine through the one engine parser
-    (:func:`policies.engines.parse_engine`); unset is ``native``.
+    (:func:`policies.estimate.engines.parse_engine`); unset is ``native``.
 
     Raises:
         PermanentError: ``InvalidSpec`` naming the field (an option the engine lacks).

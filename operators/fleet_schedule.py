@@ -67,7 +67,6 @@ from operators.instances import (
 from operators.observe import ChildView, NodeView, ParentPlan
 from operators.parent import is_ready
 from policies.errors import InputError
-from policies.fleet import Fleet, Node
 from policies.fleetplan import FleetPlan, MemoryCurveCache, PlannerSettings
 from policies.fleetplan.combined import (
     FleetDecision,
@@ -82,10 +81,11 @@ from policies.fleetplan.instances import (
     first_to_drain,
     is_planned,
 )
+from policies.hardware.fleet import Fleet, Node
 from policies.launch import PlannedInstance
 from policies.scheduling.table import EstimateCache
 from policies.serving.traffic import traffic_to_doc
-from policies.spec import DeploymentSpec, check_spec
+from policies.spec.build import DeploymentSpec, check_spec
 
 Key = tuple[str, str]
 Json = dict[str, Any]

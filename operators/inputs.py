@@ -43,24 +43,24 @@ from operators.observe import (
     ReconcileSettings,
     current_plan,
 )
-from policies.cost import PriceTable
-from policies.costmodel import MeasuredFigures, measured_from_dict
+from policies.advice.cost import PriceTable
+from policies.advice.tiers import BatchTier, InteractiveTier, TierRequest
 from policies.defaults import default_tokens_per_gpu
 from policies.deployment import Deployment
-from policies.engines import EngineSpec, engine_to_doc
 from policies.errors import InputError
-from policies.fleet import Fleet, Node, check_reachable, fleet_to_doc
-from policies.inventory import NodeInventory
-from policies.models import ModelSpec
+from policies.estimate.costmodel import MeasuredFigures, measured_from_dict
+from policies.estimate.engines import EngineSpec, engine_to_doc
+from policies.hardware.fleet import Fleet, Node, check_reachable, fleet_to_doc
+from policies.hardware.inventory import NodeInventory
+from policies.model.architecture import ModelSpec
 from policies.plan import Plan
 from policies.request import PlacementRequest
-from policies.spec import (
+from policies.spec.build import (
     Measured,
     SolverPolicy,
     redundancy_note,
     to_request,
 )
-from policies.tiers import BatchTier, InteractiveTier, TierRequest
 
 
 def digest(doc: Any) -> str:
@@ -245,7 +245,7 @@ def solve_inputs(
 ) -> SolveInputs:
     """Build the placement request of a deployment from its spec, policy and GPUNodes,
     through :func:`effective_spec` and the one request builder
-    :func:`policies.spec.to_request` (the controller's too).
+    :func:`policies.spec.build.to_request` (the controller's too).
 
     Args:
         observed: the observation.
@@ -277,7 +277,7 @@ def solve_inputs(
         raise PermanentError("InvalidWorkload", f"spec.workload: {exc}") from exc
     fleet = request.fleet
     _check_nodes(view, fleet, reserved)
-    try:  # the one reachability check (policies.fleet), here on the GPUNodes' inventories
+    try:  # the one reachability check (policies.hardware.fleet), here on the GPUNodes' inventories
         check_reachable(fleet, field="")
     except InputError as exc:
         raise PermanentError(

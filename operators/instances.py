@@ -38,12 +38,12 @@ from apis.kube.v1alpha1 import (
 from operators.effective import effective_spec
 from operators.observe import ChildView, DeploymentView, ParentPlan
 from policies.errors import InputError
-from policies.fleet import Node
 from policies.fleetplan import FleetPlan
 from policies.fleetplan.instances import plan_instances
+from policies.hardware.fleet import Node
 from policies.launch import PlannedInstance, instance_spec
 from policies.launch.types import SGLANG_BOOTSTRAP_PORT, SGLANG_SERVER_PORT
-from policies.spec import DeploymentSpec, spec_to_doc
+from policies.spec.build import DeploymentSpec, spec_to_doc
 
 Key = tuple[str, str]
 

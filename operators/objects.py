@@ -41,7 +41,7 @@ from operators.observe import (
     next_version,
 )
 from policies.errors import InputError
-from policies.exports import export_plan, export_sidecar
+from policies.exports.engine import export_plan, export_sidecar
 from policies.launch import (
     KvTransfer,
     failing_script,

@@ -25,10 +25,10 @@ from apis.kube.v1alpha1 import (
     PartitionPlanStatus,
     PlacementPolicySpec,
 )
+from policies.advice.tiers import TierPlan
 from policies.errors import InputError
 from policies.launch import PlannedInstance
 from policies.plan import Plan
-from policies.tiers import TierPlan
 
 
 @dataclass(frozen=True)

@@ -84,13 +84,13 @@ from operators.observe import (
     plan_view,
 )
 from operators.parent import reconcile_parent
+from policies.advice.tier_planner import plan_tiers
+from policies.advice.tiers import TierPlan, TierRequest
 from policies.defaults import DRAIN_GRACE_S
 from policies.errors import InputError
 from policies.fleetplan import PlannerSettings
 from policies.request import PlacementRequest, PlacementResult
 from policies.solve import solve
-from policies.tier_planner import plan_tiers
-from policies.tiers import TierPlan, TierRequest
 
 RECONCILES = Counter("mixfleet_operator_reconciles_total", "Reconcile ticks by result", ["result"])
 LEADER = Gauge("mixfleet_operator_leader", "1 while this replica holds the leader lease")
@@ -156,7 +156,7 @@ class Operator:
         clock: wall clock, UTC (injectable for tests).
         solver: the placement solve (``policies.solve.solve``; injectable for tests).
         lease_kube: API access for the Lease (default: a copy of ``kube`` without guard).
-        tier_planner: the interactive / batch split (``policies.tier_planner.plan_tiers``;
+        tier_planner: the interactive / batch split (``policies.advice.tier_planner.plan_tiers``;
             injectable for tests).
     """
 

@@ -35,9 +35,9 @@ from operators.observe import (
     SolveOutcome,
     TierOutcome,
 )
-from policies.cost import PriceTable, usd_per_million_tokens
+from policies.advice.cost import PriceTable, usd_per_million_tokens
+from policies.advice.tiers import TierPlan
 from policies.errors import InputError
-from policies.tiers import TierPlan
 
 SOLVED, ROLLED_OUT, DEGRADED = "Solved", "RolledOut", "Degraded"
 

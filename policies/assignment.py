@@ -15,15 +15,15 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from policies.costmodel import build_cost_table
 from policies.errors import InputError
-from policies.evaluation import LayerPlacement, evaluate
-from policies.exports import export_plan, placement_document
-from policies.fleet import Fleet
-from policies.models import PRESETS, ModelSpec
+from policies.estimate.costmodel import build_cost_table
+from policies.estimate.evaluation import LayerPlacement, evaluate
+from policies.estimate.workload import Workload
+from policies.exports.engine import export_plan, placement_document
+from policies.hardware.fleet import Fleet
+from policies.model.architecture import PRESETS, ModelSpec
 from policies.plan import Plan
 from policies.request import count_moves
-from policies.workload import Workload
 
 ROUTING_FORMATS = ("sglang", "vllm", "trtllm", "native")
 

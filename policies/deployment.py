@@ -1,6 +1,6 @@
 """A deployment to size: fleet, model and placement settings, everything but the batch.
 
-The strategy modules (:mod:`policies.advise`, :mod:`policies.tiers`, :mod:`policies.cost`)
+The strategy modules (:mod:`policies.advice.advise`, :mod:`policies.advice.tiers`, :mod:`policies.advice.cost`)
 ask the same question many times with one thing changed - the batch, the context, the
 nodes, the policy - and always through :func:`policies.solve.solve`, so every answer
 comes from the one cost model. :class:`Deployment` holds what stays fixed and builds each
@@ -17,11 +17,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from policies.costmodel import CostSettings
-from policies.engines import EngineSpec
 from policies.errors import InputError
-from policies.fleet import Fleet, Node
-from policies.models import ModelSpec
+from policies.estimate.costmodel import CostSettings
+from policies.estimate.engines import EngineSpec
+from policies.estimate.workload import KV_DTYPES, PHASES, Workload, make_workload
+from policies.hardware.fleet import Fleet, Node
+from policies.model.architecture import ModelSpec
 from policies.plan import FORMS
 from policies.request import (
     POLICIES,
@@ -30,7 +31,6 @@ from policies.request import (
     SolverOptions,
 )
 from policies.solve import solve
-from policies.workload import KV_DTYPES, PHASES, Workload, make_workload
 
 
 def engine_redundancy(num_experts: int, num_gpus: int, at_least: int = 0) -> int:
@@ -98,8 +98,8 @@ class Deployment:
         settings: cost-model settings.
         allow_cross_vendor: let one deployment's expert-parallel all-to-all span GPU
             vendors (passed on to the request once it has that field; see
-            :mod:`policies.vendors`).
-        engine: the engine that will run the plans (:mod:`policies.engines`).
+            :mod:`policies.hardware.vendors`).
+        engine: the engine that will run the plans (:mod:`policies.estimate.engines`).
     """
 
     fleet: Fleet

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from policies.errors import InputError
-from policies.fleet import Fleet
+from policies.hardware.fleet import Fleet
 from policies.request import PlacementRequest, PlacementResult
 from policies.solve import solve
 

@@ -83,7 +83,7 @@ MAX_ABS_INTEGER = (1 << 63) - 1
 #: parsed, so the wire encoder never meets a value it cannot hold.
 MAX_WIRE_INT32 = (1 << 31) - 1
 #: Plausible range of each GPU figure a fleet file or an agent may give, in the unit of the
-#: catalog field (:class:`policies.catalog.GpuSpec`); 0 keeps meaning "none" or "not
+#: catalog field (:class:`policies.hardware.catalog.GpuSpec`); 0 keeps meaning "none" or "not
 #: reported". Beyond them the solvers' coefficients span more than floating point holds (an
 #: HBM bandwidth of 1e-300 GB/s made HiGHS fail; a capacity of 0 divided by zero).
 GPU_FIGURE_RANGES: Mapping[str, tuple[float, float]] = {

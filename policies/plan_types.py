@@ -32,7 +32,7 @@ class RuntimeHints:
 
     Attributes:
         ep_backend: the EP group's one all-to-all backend (every GPU of a group the same;
-            :func:`policies.engines.resolve_runtime`).
+            :func:`policies.estimate.engines.resolve_runtime`).
         deepep_mode: ``normal`` (prefill) or ``low_latency`` (decode).
         deepep_num_sms: SMs given to communication kernels (even; DeepEP default 20).
         num_nvl_bytes: intra-node communication buffer, bytes.

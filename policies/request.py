@@ -18,17 +18,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from policies import defaults
-from policies.costmodel import CostSettings, CostTable
 from policies.defaults import POLICIES as POLICIES  # one default per concept
 from policies.defaults import PolicyName as PolicyName
-from policies.engines import EngineSpec
 from policies.errors import InfeasibleError, InputError
-from policies.evaluation import Evaluation, LayerPlacement
-from policies.fleet import Fleet, check_reachable
-from policies.models import ModelSpec
+from policies.estimate.costmodel import CostSettings, CostTable
+from policies.estimate.engines import EngineSpec
+from policies.estimate.evaluation import Evaluation, LayerPlacement
+from policies.estimate.workload import Workload
+from policies.hardware.fleet import Fleet, check_reachable
+from policies.hardware.vendors import check_vendors
+from policies.model.architecture import ModelSpec
 from policies.plan import FORMS, Plan
-from policies.vendors import check_vendors
-from policies.workload import Workload
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class SolverOptions:
         screen: a screening estimate (the fleet scheduler's candidates; the solve of the
             chosen instance is not one): SGLang's seeded ``static`` replica choice is taken
             as its expectation, the ``dynamic`` rule
-            (:func:`policies.execution.runtime_of`), instead of replayed draw by draw, whose
+            (:func:`policies.estimate.execution.runtime_of`), instead of replayed draw by draw, whose
             cost grows with the square of the GPUs; and the stages after the policy's own
             placement are skipped (``ilp``: the EPLB plan and a mix with it; ``greedy`` and
             ``ilp`` under a nearest-replica engine: the locality search of
@@ -79,7 +79,7 @@ class PlacementRequest:
         settings: cost-model settings (efficiencies, measured figures, headroom).
         allow_cross_vendor: let one expert-parallel group span GPU vendors (NVIDIA and AMD
             all-to-all in one group); off by default.
-        engine: the engine that will run the plan (:mod:`policies.engines`); its replica
+        engine: the engine that will run the plan (:mod:`policies.estimate.engines`); its replica
             choice and DP balancing are what the plan is scored and optimised under.
     """
 

@@ -17,13 +17,14 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import cast
 
-from policies import tensor_parallel
-from policies.costmodel import GIB, CostTable
 from policies.defaults import auto_redundant_experts
-from policies.engines import Runtime, rank_shares
 from policies.errors import InputError
-from policies.evaluation import Evaluation, LayerPlacement, evaluate
-from policies.execution import executed, runtime_of
+from policies.estimate import tensor_parallel
+from policies.estimate.costmodel import GIB, CostTable
+from policies.estimate.engines import Runtime, rank_shares
+from policies.estimate.evaluation import Evaluation, LayerPlacement, evaluate
+from policies.estimate.execution import executed, runtime_of
+from policies.hardware.topology import Channel
 from policies.plan import (
     ExpertSlot,
     GpuPlan,
@@ -46,7 +47,6 @@ from policies.request import (
 )
 from policies.solvers import eplb, greedy, ilp, locality, portfolio, uniform
 from policies.solvers.milp import work_only
-from policies.topology import Channel
 
 PLACE: dict[PolicyName, PolicyFn] = {
     "uniform": uniform.place,
@@ -96,7 +96,7 @@ def rescore(req: PlacementRequest, plan: Plan) -> PlacementResult:
 
     Raises:
         InputError: the plan does not fit the request's fleet and model, or the engine
-            cannot run it (see :func:`policies.execution.runtime_of`).
+            cannot run it (see :func:`policies.estimate.execution.runtime_of`).
     """
     check_request(req)
     if [g.gpu for g in plan.gpus] != [g.id for g in req.fleet.gpus]:
@@ -188,7 +188,7 @@ def _later_stages(
 
 def fits_at_all(req: PlacementRequest, table: CostTable) -> Infeasible | None:
     """Why the model cannot fit the fleet under any placement at ``table``'s attention TP
-    sizes, with the numbers; None when it might (:func:`policies.tensor_parallel.choose`
+    sizes, with the numbers; None when it might (:func:`policies.estimate.tensor_parallel.choose`
     asks it of every TP candidate and, when none fits, replies with the largest sizes')."""
     usable = sum(c.usable_bytes - c.fixed_bytes for c in table.gpus)
     experts = req.model.num_moe_layers * req.model.num_experts * table.expert_bytes
@@ -348,7 +348,7 @@ def assemble_plan(
     """Score a policy's raw answer as the request's engine executes it and build the plan.
 
     The plan's attention shares and replica shares are the executed ones
-    (:func:`policies.execution.executed`); its DP weights are the planned ones, which the
+    (:func:`policies.estimate.execution.executed`); its DP weights are the planned ones, which the
     mixfleet router applies (equal when the engine balances)."""
     runtime = runtime_of(req)
     run = executed(req, runtime, raw, table)

@@ -39,7 +39,7 @@ from agents.applier import (
 from agents.backoff import Backoff
 from apis.wire.inventory import health_to_proto, inventory_to_proto
 from policies.errors import InputError, MixfleetError
-from policies.inventory import NodeInventory, check_inventory
+from policies.hardware.inventory import NodeInventory, check_inventory
 
 T = TypeVar("T")
 if TYPE_CHECKING:  # typing-only names of the generated stubs

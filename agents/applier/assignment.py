@@ -18,7 +18,7 @@ from typing import Any
 
 from policies.defaults import INSTANCE_ROLES as ROLES
 from policies.errors import InputError
-from policies.exports import placement_document
+from policies.exports.engine import placement_document
 from policies.plan import GpuPlan, Plan, gpu_plan_from_dict, gpu_plan_to_dict
 
 _DEPLOYMENT_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")

@@ -20,7 +20,7 @@ Per GPU (one process per GPU, all GPUs at once, so each is measured as it runs i
 
 Everything is measured ``repeats`` times (default 3); a figure the runs disagree on by more
 than 5% is dropped with the reason (:func:`stable_figures`). The result is a JSON document:
-per GPU the :class:`policies.costmodel.MeasuredFigures` (``measured``), what was dropped,
+per GPU the :class:`policies.estimate.costmodel.MeasuredFigures` (``measured``), what was dropped,
 every run's figures and raw curves, and how long calibration took. :func:`apply_calibration`
 puts the figures into a :class:`NodeInventory`; :func:`planning_inputs` builds the fleet and
 cost settings a solve needs from such an inventory.

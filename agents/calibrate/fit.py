@@ -1,6 +1,6 @@
 """From measured curves to planning inputs, pure (no torch, no I/O).
 
-Owns :func:`figures_from_curves` (curves -> :class:`policies.costmodel.MeasuredFigures`
+Owns :func:`figures_from_curves` (curves -> :class:`policies.estimate.costmodel.MeasuredFigures`
 fields; the fast runtime's measured kernel rates and fixed costs, :func:`runtime_overheads`),
 keeping only the figures that repeated calibrations agree on (:func:`stable_figures`), putting figures into an inventory (:func:`apply_calibration`), pooling same-model figures
 that agree within noise (:func:`pool_within_noise`) and the fleet and cost settings a solve
@@ -18,8 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from policies.catalog import lookup
-from policies.costmodel import (
+from policies.estimate.costmodel import (
     CostSettings,
     Efficiency,
     MeasuredFigures,
@@ -27,11 +26,12 @@ from policies.costmodel import (
     build_cost_table,
     measured_from_dict,
 )
-from policies.evaluation import LayerPlacement, evaluate
-from policies.fleet import Fleet, Gpu, GpuId, Node
-from policies.inventory import NodeInventory, gpu_spec
-from policies.models import ModelSpec
-from policies.workload import make_workload
+from policies.estimate.evaluation import LayerPlacement, evaluate
+from policies.estimate.workload import make_workload
+from policies.hardware.catalog import lookup
+from policies.hardware.fleet import Fleet, Gpu, GpuId, Node
+from policies.hardware.inventory import NodeInventory, gpu_spec
+from policies.model.architecture import ModelSpec
 
 
 def figures_from_curves(

@@ -177,7 +177,7 @@ def main(args: argparse.Namespace) -> int:
             print(f"gpu{g['index']} dropped {k}: {why}")
     print(f"calibration took {doc['duration_s']:.1f} s; wrote {args.out}")
     if args.inventory:
-        from policies.inventory import inventory_from_dict, inventory_to_dict
+        from policies.hardware.inventory import inventory_from_dict, inventory_to_dict
 
         with open(args.inventory, encoding="utf-8") as fh:
             inv = inventory_from_dict(json.load(fh))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from policies.models import ModelSpec
+from policies.model.architecture import ModelSpec
 
 DEFAULT_TOKEN_COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 DEFAULT_ROWS_PER_EXPERT = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)

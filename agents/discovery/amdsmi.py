@@ -13,7 +13,7 @@ discovery:
 * maximum GFX clock (MHz), power cap (reported in microwatts), PCIe generation and width;
 * Infinity Fabric (xGMI): for every pair of GPUs ``amdsmi_topo_get_link_type`` tells XGMI or
   PCIe and the hop count; each direct (1-hop) xGMI peer is one link, reported as an
-  :class:`NvLinkInfo` of generation :data:`policies.inventory.XGMI_MI300_GENERATION` (64 GB/s
+  :class:`NvLinkInfo` of generation :data:`policies.hardware.inventory.XGMI_MI300_GENERATION` (64 GB/s
   per direction), so ``GpuInventory.nvlink_bidir_gbytes_per_s`` is 7 x 128 = 896 GB/s on an 8x MI300X
   platform. GPUs of one xGMI hive (``amdsmi_get_xgmi_info``'s ``xgmi_hive_id``) share an
   NVLink-domain id (the node name; ``<node>-xgmi<k>`` when a node has several hives);
@@ -46,9 +46,9 @@ from typing import Any
 
 from agents.discovery.base import DiscoveryError, recording_main
 from agents.discovery.nvml_recording import normalize_bus_id
-from policies.catalog import GpuSpec, lookup
 from policies.errors import InputError
-from policies.inventory import (
+from policies.hardware.catalog import GpuSpec, lookup
+from policies.hardware.inventory import (
     XGMI_MI300_GENERATION,
     GpuHealth,
     GpuInventory,
@@ -464,7 +464,7 @@ def record_node(amdsmi: Any = None, *, node_name: str = "") -> dict[str, Any]:
     Raises:
         DiscoveryError: AMD SMI cannot run here.
     """
-    from policies.inventory import inventory_to_dict
+    from policies.hardware.inventory import inventory_to_dict
 
     backend = AmdSmiDiscovery(node_name=node_name, amdsmi=amdsmi)
     inv = backend.discover()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from policies.inventory import NodeInventory
+from policies.hardware.inventory import NodeInventory
 
 
 class DiscoveryError(Exception):

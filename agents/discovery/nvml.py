@@ -75,7 +75,7 @@ from agents.discovery.nvml_recording import (
     inventory_from_recording,
     normalize_bus_id,
 )
-from policies.inventory import (
+from policies.hardware.inventory import (
     NodeInventory,
     inventory_to_dict,
 )

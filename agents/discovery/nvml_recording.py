@@ -18,9 +18,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from policies.catalog import lookup
 from policies.errors import InputError
-from policies.inventory import (
+from policies.hardware.catalog import lookup
+from policies.hardware.inventory import (
     NVML_NVLINK_VERSION_TO_GENERATION,
     GpuHealth,
     GpuInventory,

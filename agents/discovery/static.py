@@ -2,7 +2,7 @@
 
 For simulated agents (``mixfleet-agent --simulate-fleet``) and for hardware NVML cannot see.
 The file is the same YAML/JSON document ``mixfleetctl`` plans with (see
-:func:`policies.fleet.parse_fleet`).
+:func:`policies.hardware.fleet.parse_fleet`).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import structlog
 from agents.discovery.base import DiscoveryError
 from apis.documents import load_document, read_limited
 from policies.errors import InputError
-from policies.fleet import Fleet, parse_fleet
-from policies.inventory import NodeInventory, inventory_from_node
+from policies.hardware.fleet import Fleet, parse_fleet
+from policies.hardware.inventory import NodeInventory, inventory_from_node
 from policies.limits import decode_utf8
 
 

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from policies.inventory import NicInventory, NodeInventory
+from policies.hardware.inventory import NicInventory, NodeInventory
 
 _RATE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*Gb/sec")
 

@@ -42,15 +42,15 @@ from agents.calibrate import (
 )
 from agents.runtime.bench_config import BenchConfig, bench_model, workloads
 from agents.runtime.bench_results import environment, report, summary
-from policies.costmodel import CostSettings, build_cost_table
-from policies.evaluation import evaluate
-from policies.fleet import Fleet
-from policies.inventory import inventory_from_dict, inventory_to_dict
-from policies.models import ModelSpec
+from policies.estimate.costmodel import CostSettings, build_cost_table
+from policies.estimate.evaluation import evaluate
+from policies.estimate.workload import Workload
+from policies.hardware.fleet import Fleet
+from policies.hardware.inventory import inventory_from_dict, inventory_to_dict
+from policies.model.architecture import ModelSpec
 from policies.plan import Plan, plan_from_dict
 from policies.request import PlacementRequest, SolverOptions
 from policies.solve import solve
-from policies.workload import Workload
 
 POLICIES = ("uniform", "eplb", "ilp")
 
@@ -109,7 +109,7 @@ def predictions(
     fleet: Fleet, model: ModelSpec, wl: Workload, settings: CostSettings, plan: Plan
 ) -> dict[str, Any]:
     """The cost model's per-GPU phase times for the plan's MoE layer, microseconds."""
-    from policies.evaluation import LayerPlacement
+    from policies.estimate.evaluation import LayerPlacement
 
     table = build_cost_table(fleet, model, wl, settings)
     layer = LayerPlacement(

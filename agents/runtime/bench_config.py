@@ -11,8 +11,8 @@ from typing import Any
 from agents.calibrate import (
     CalibrationOptions,
 )
-from policies.models import ModelSpec
-from policies.workload import Workload, make_workload
+from policies.estimate.workload import Workload, make_workload
+from policies.model.architecture import ModelSpec
 
 
 @dataclass(frozen=True)

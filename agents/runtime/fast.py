@@ -15,7 +15,7 @@ CPU equivalence tests):
   a few rows per expert, one batched GEMM over a padded capacity per slot plus a grouped
   GEMM for the rows beyond it (``capacity``);
 * the replica an expert's pair goes to follows the engine's own rule
-  (:mod:`policies.engines`): SGLang ``static`` (``sglang_static_map``: every rank sends an
+  (:mod:`policies.estimate.engines`): SGLang ``static`` (``sglang_static_map``: every rank sends an
   expert's tokens to one replica, its nearest), ``even`` (vLLM's hash of the token index
   over the replicas; TensorRT-LLM and SGLang without all-to-all split evenly too) or
   ``planned`` (the plan's shares, native form), chosen by :mod:`agents.runtime.replicas`;

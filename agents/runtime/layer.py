@@ -43,7 +43,7 @@ from agents.runtime.routing import (
     fp8_roundtrip,
     fp8_unpack,
 )
-from policies.models import ModelSpec
+from policies.model.architecture import ModelSpec
 
 Tensor = Any  # torch.Tensor; torch is untyped for mypy here
 

@@ -2,7 +2,7 @@
 each expert, by the engine's own rule.
 
 The fast runtime (:mod:`agents.runtime.fast`) follows the rule of the engine it stands in
-for (:mod:`policies.engines`): SGLang ``static`` (``sglang_static_map``: every rank sends an
+for (:mod:`policies.estimate.engines`): SGLang ``static`` (``sglang_static_map``: every rank sends an
 expert's tokens to one replica, its nearest), ``even`` (vLLM's hash of the token index over
 the replicas; TensorRT-LLM and SGLang without all-to-all split evenly too) or ``planned``
 (the plan's shares, native form). :func:`replica_map` builds the choice once as plain lists,
@@ -20,8 +20,8 @@ from typing import Any
 import torch
 
 from agents.runtime.routing import RankPlacement
-from policies.engines import Runtime, parse_engine, resolve_runtime
-from policies.replica_choice import sglang_static_map
+from policies.estimate.engines import Runtime, parse_engine, resolve_runtime
+from policies.estimate.replica_choice import sglang_static_map
 
 Tensor = Any  # torch.Tensor; torch is untyped for mypy here
 
@@ -32,7 +32,7 @@ VLLM_HASH = 2654435769  # vLLM's multiplier for the even replica choice
 
 
 def engine_runtime(rule: str, world: int) -> Runtime:
-    """The :class:`policies.engines.Runtime` whose replica rule is ``rule`` on one node of
+    """The :class:`policies.estimate.engines.Runtime` whose replica rule is ``rule`` on one node of
     ``world`` GPUs (SGLang with DeepEP for ``static``, SGLang without all-to-all for
     ``even``, native for ``planned``)."""
     docs: dict[str, dict[str, Any]] = {

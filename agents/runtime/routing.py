@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from policies.evaluation import LayerPlacement
+from policies.estimate.evaluation import LayerPlacement
 from policies.plan import Plan
 
 Tensor = Any  # torch.Tensor; torch is untyped for mypy here

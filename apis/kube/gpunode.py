@@ -11,7 +11,7 @@ from datetime import datetime
 from apis.kube.names import rfc3339
 from apis.kube.schema import Json, from_wire, to_wire
 from apis.kube.v1alpha1 import API_VERSION, AgentSession, GPUNodeSpec, GPUNodeStatus, NodeHealth
-from policies.inventory import NodeInventory
+from policies.hardware.inventory import NodeInventory
 
 
 def node_health(inv: NodeInventory) -> NodeHealth:

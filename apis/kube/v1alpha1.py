@@ -6,7 +6,7 @@ dataclass below; :mod:`operators.crdgen` turns them into the CRD manifests in
 classes (:func:`apis.kube.schema.from_wire` / :func:`apis.kube.schema.to_wire`).
 
 * ``GPUNode`` (cluster-scoped): one GPU host. Status: the inventory its agent reported
-  (the agent's own :class:`policies.inventory.NodeInventory`, reflected), health and last
+  (the agent's own :class:`policies.hardware.inventory.NodeInventory`, reflected), health and last
   heartbeat. Spec: cordon it out of placement, tag its tier.
 * ``PlacementPolicy`` (cluster-scoped): solver settings, slot budget, tiers, rebalancing.
 * ``ModelDeployment`` (namespaced): a model to place on GPUNodes, with conditions
@@ -28,13 +28,13 @@ from typing import Any, ClassVar
 
 from apis.kube.schema import Json, Meta, Rule, k8s, openapi_schema
 from policies import defaults
-from policies.catalog import CATALOG
-from policies.engines import A2A_BACKENDS, DISPATCH_OPTIONS, DP_BALANCE_OPTIONS, ENGINES
-from policies.exports import EXPORT_FORMATS
-from policies.inventory import NodeInventory
+from policies.estimate.engines import A2A_BACKENDS, DISPATCH_OPTIONS, DP_BALANCE_OPTIONS, ENGINES
+from policies.estimate.workload import KV_DTYPES, PHASES
+from policies.exports.engine import EXPORT_FORMATS
+from policies.hardware.catalog import CATALOG
+from policies.hardware.inventory import NodeInventory
 from policies.plan import FORMS
 from policies.request import POLICIES
-from policies.workload import KV_DTYPES, PHASES
 
 GROUP = "mixfleet.io"
 VERSION = "v1alpha1"
@@ -276,7 +276,7 @@ class RebalanceSpec:
 @dataclass(frozen=True)
 class InteractiveTierSpec:
     """An interactive (latency) tier: its SLO and traffic. Nodes are split between it and a
-    batch tier by :func:`policies.tier_planner.plan_tiers`; each interactive replica stays inside
+    batch tier by :func:`policies.advice.tier_planner.plan_tiers`; each interactive replica stays inside
     one NVLink domain."""
 
     tpot_ms: float | None = field(
@@ -505,7 +505,7 @@ ENGINE_BACKEND_RULE = Rule(
 
 @dataclass(frozen=True)
 class EngineOptions:
-    """The engine settings that change how a plan executes (:mod:`policies.engines`)."""
+    """The engine settings that change how a plan executes (:mod:`policies.estimate.engines`)."""
 
     a2a_backend: str = field(
         default="auto",

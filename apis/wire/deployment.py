@@ -1,4 +1,4 @@
-"""The protobuf codec of :class:`policies.spec.DeploymentSpec` (``mixfleet.v1.DeploymentSpec``):
+"""The protobuf codec of :class:`policies.spec.build.DeploymentSpec` (``mixfleet.v1.DeploymentSpec``):
 zero values on the wire mean the defaults; decoding validates like the document parser."""
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ from mixfleet.v1 import plan_pb2
 
 from apis.documents import load_json_field
 from policies.defaults import default_tokens_per_gpu
-from policies.engines import EngineOptions, EngineSpec, parse_engine
 from policies.errors import InputError
+from policies.estimate.engines import EngineOptions, EngineSpec, parse_engine
+from policies.estimate.workload import load_from_json
 from policies.serving.traffic import LengthDist, Slo, Traffic
-from policies.spec import (
+from policies.spec.build import (
     Budget,
     DeploymentSpec,
     RebalanceSpec,
@@ -24,7 +25,6 @@ from policies.spec import (
     resolve_model,
     serving_from_doc,
 )
-from policies.workload import load_from_json
 
 
 def spec_to_proto(spec: DeploymentSpec) -> plan_pb2.DeploymentSpec:
@@ -116,7 +116,7 @@ def _length_doc(msg: plan_pb2.LengthDistSpec) -> dict[str, Any]:
 
 def serving_from_proto(msg: plan_pb2.DeploymentSpec) -> dict[str, Any]:
     """The demand fields of a message as DeploymentSpec keyword arguments, read by the
-    document's one parser (:func:`policies.spec.serving_from_doc`); zero values mean the
+    document's one parser (:func:`policies.spec.build.serving_from_doc`); zero values mean the
     defaults, an unset message none.
 
     Raises:
@@ -166,7 +166,7 @@ def engine_to_proto(engine: EngineSpec) -> plan_pb2.EngineSpec:
 
 def engine_from_proto(msg: plan_pb2.EngineSpec, path: str = "spec.engine") -> EngineSpec:
     """The engine of a message through the one engine parser
-    (:func:`policies.engines.parse_engine`); empty strings mean the defaults.
+    (:func:`policies.estimate.engines.parse_engine`); empty strings mean the defaults.
 
     Raises:
         InputError: naming the field (``spec.engine.options.dispatch``...).

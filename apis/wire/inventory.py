@@ -1,12 +1,12 @@
-"""Conversions between :mod:`policies.inventory` dataclasses and the ``mixfleet.v1`` messages.
+"""Conversions between :mod:`policies.hardware.inventory` dataclasses and the ``mixfleet.v1`` messages.
 
 Both sides of AgentService use these: the agent to send its inventory and GPU health, the
 controller to read them back. They only copy fields; validation is
-:func:`policies.inventory.check_inventory` (the controller runs it on every Register).
+:func:`policies.hardware.inventory.check_inventory` (the controller runs it on every Register).
 
-This is the one proto codec of :class:`policies.inventory.NodeInventory`; its JSON mapping
+This is the one proto codec of :class:`policies.hardware.inventory.NodeInventory`; its JSON mapping
 (:func:`inventory_to_proto_json`, what the SQLite store keeps) goes through it too. The
-plain JSON codec is :func:`policies.inventory.inventory_to_dict`, the CRD codec
+plain JSON codec is :func:`policies.hardware.inventory.inventory_to_dict`, the CRD codec
 :func:`apis.kube.gpunode.inventory_to_crd`.
 """
 
@@ -18,7 +18,13 @@ from typing import Any
 from google.protobuf import json_format
 from mixfleet.v1 import inventory_pb2 as pb
 
-from policies.inventory import GpuHealth, GpuInventory, NicInventory, NodeInventory, NvLinkInfo
+from policies.hardware.inventory import (
+    GpuHealth,
+    GpuInventory,
+    NicInventory,
+    NodeInventory,
+    NvLinkInfo,
+)
 
 
 def health_to_proto(h: GpuHealth) -> pb.GpuHealth:

@@ -7,7 +7,7 @@
 * ``advise tiers``   - interactive/batch split of the fleet's nodes for an SLO and a rate.
 
 Handlers read files (fleet, model config, load, prices), call the pure planners in
-:mod:`policies.advise` and :mod:`policies.tiers`, and print. Exit 3 (infeasible) when the
+:mod:`policies.advice.advise` and :mod:`policies.advice.tiers`, and print. Exit 3 (infeasible) when the
 question has no answer: no batch meets the target, the SLO cannot be met (the error lists
 what to add).
 """
@@ -88,7 +88,7 @@ def _ints(text: str, field: str) -> tuple[int, ...]:
 def cmd_advise_batch(args: argparse.Namespace) -> int:
     """``advise batch``: the batch-size curve and the largest batch meeting the target."""
     from controlplane.cli.reports import batch_document, batch_table
-    from policies.advise import advise_batch
+    from policies.advice.advise import advise_batch
 
     dep = deployment_from_args(args)
     target = _target(args, dep.phase)
@@ -115,7 +115,7 @@ def cmd_advise_batch(args: argparse.Namespace) -> int:
 def cmd_advise_context(args: argparse.Namespace) -> int:
     """``advise context``: long-context capacity per policy."""
     from controlplane.cli.reports import context_document, context_table
-    from policies.advise import advise_context
+    from policies.advice.advise import advise_context
 
     dep = deployment_from_args(args)
     contexts = _ints(args.contexts, "--contexts")
@@ -143,8 +143,8 @@ def cmd_advise_context(args: argparse.Namespace) -> int:
 def cmd_advise_tiers(args: argparse.Namespace) -> int:
     """``advise tiers``: split the nodes between an interactive and a batch tier."""
     from controlplane.cli.reports import tiers_document, tiers_table
-    from policies.tier_planner import plan_tiers
-    from policies.tiers import BatchTier, InteractiveTier, TierRequest
+    from policies.advice.tier_planner import plan_tiers
+    from policies.advice.tiers import BatchTier, InteractiveTier, TierRequest
 
     dep = deployment_from_args(args)
     prices = read_prices(args.prices) if args.prices else None

@@ -55,7 +55,7 @@ def deployment_document(d: plan_pb2.Deployment) -> dict[str, Any]:
     """A deployment as the ModelDeployment document ``deploy apply`` reads (camelCase),
     with the controller's ``status`` (dropped again on apply)."""
     from apis.wire.deployment import spec_from_proto
-    from policies.spec import spec_to_doc
+    from policies.spec.build import spec_to_doc
 
     doc = spec_to_doc(spec_from_proto(d.spec))
     status = to_json(d.status, proto_names=False)
@@ -68,7 +68,7 @@ def cmd_deploy_apply(args: argparse.Namespace) -> int:
     from mixfleet.v1 import plan_pb2, plan_pb2_grpc
 
     from apis.wire.deployment import spec_to_proto
-    from policies.spec import parse_deployment
+    from policies.spec.build import parse_deployment
 
     specs = [parse_deployment(doc) for doc in _read_docs(args.file)]
     if not specs:

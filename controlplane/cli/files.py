@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 from policies.errors import InputError
 
 if TYPE_CHECKING:  # the parsers are imported when a file is read (mixfleetctl --help is cheap)
-    from policies.fleet import Fleet
-    from policies.models import ModelSpec
+    from policies.hardware.fleet import Fleet
+    from policies.model.architecture import ModelSpec
     from policies.plan import Plan
 
 YAML_SUFFIXES = (".yaml", ".yml")
@@ -61,12 +61,12 @@ def _in_file(path: str | Path, what: str, exc: InputError) -> InputError:
 
 
 def read_fleet(path: str | Path) -> Fleet:
-    """Read and parse a Fleet file (YAML or JSON; see :func:`policies.fleet.parse_fleet`).
+    """Read and parse a Fleet file (YAML or JSON; see :func:`policies.hardware.fleet.parse_fleet`).
 
     Raises:
         InputError: naming the file, the field (``spec.nodes[1].gpus[0].model``) and the fix.
     """
-    from policies.fleet import parse_fleet
+    from policies.hardware.fleet import parse_fleet
 
     doc = read_document(path, "fleet")
     try:
@@ -85,7 +85,7 @@ def read_model_config(path: str | Path) -> ModelSpec:
     Raises:
         InputError: unreadable, not JSON, or an unsupported or incomplete config.
     """
-    from policies.models import from_hf_config
+    from policies.model.architecture import from_hf_config
 
     p = Path(path)
     doc = read_document(p, "model config")
@@ -109,7 +109,7 @@ def read_expert_load(path: str | Path, model: ModelSpec) -> tuple[tuple[float, .
     Raises:
         InputError: unreadable, not JSON, NaN or infinite entries, or the wrong shape.
     """
-    from policies.workload import load_from_json, make_workload
+    from policies.estimate.workload import load_from_json, make_workload
 
     doc = read_document(path, "load")
     try:

@@ -27,7 +27,7 @@ from controlplane.cli.output import (
 from policies.errors import InputError
 
 if TYPE_CHECKING:
-    from policies.fleet import Fleet
+    from policies.hardware.fleet import Fleet
 
 
 def _group_gpus(gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -50,7 +50,7 @@ def _group_gpus(gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def fleet_document(fleet: Fleet) -> dict[str, Any]:
     """The Fleet document of ``fleet``, GPU groups folded (:func:`_group_gpus`)."""
-    from policies.fleet import fleet_to_doc
+    from policies.hardware.fleet import fleet_to_doc
 
     doc = fleet_to_doc(fleet)
     for node in doc["spec"]["nodes"]:
@@ -70,7 +70,7 @@ def cmd_fleet_export(args: argparse.Namespace) -> int:
 
     from apis.wire.inventory import inventory_from_proto
     from controlplane.cli.connection import call
-    from policies.fleet import Fleet
+    from policies.hardware.fleet import Fleet
 
     reply = call(args, lambda s, md: s.ListNodes(plan_pb2.ListNodesRequest(), metadata=md))
     nodes = []

@@ -19,7 +19,14 @@ from controlplane.cli.output import (
     emit_document,
     format_table,
 )
-from policies.catalog import (
+from policies.estimate.reference import (
+    comparison,
+    layer_comparison,
+    layer_source,
+    reference_models,
+    reference_source,
+)
+from policies.hardware.catalog import (
     CATALOG,
     DATASHEETS,
     LAYER_REFERENCE_NOTES,
@@ -29,13 +36,6 @@ from policies.catalog import (
     ambiguous_names,
     figure_sources,
     lookup,
-)
-from policies.reference import (
-    comparison,
-    layer_comparison,
-    layer_source,
-    reference_models,
-    reference_source,
 )
 
 #: Table columns: (header, GpuSpec field); every header carries its unit.
@@ -63,7 +63,7 @@ def _number(value: Any) -> str:
 
 def _layer_rows(model: str) -> list[dict[str, Any]]:
     """Whole-layer step times of ``model`` against the cost model, per setup and batch
-    (policies.reference.layer_comparison), each with its source and the catalog's note."""
+    (policies.estimate.reference.layer_comparison), each with its source and the catalog's note."""
     rows: list[dict[str, Any]] = []
     for c in layer_comparison(model):
         setup, at = c.figure.split(" step_us @")

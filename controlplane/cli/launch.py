@@ -24,11 +24,11 @@ from apis.cliargs import positive_int
 from controlplane.cli import files
 from controlplane.cli.output import Groups, add_leaf, add_output_arg, emit, emit_document, notes
 from policies.defaults import PLACEMENT_FILES, TRTLLM_OPTIONS_FILE
-from policies.engines import ENGINES
+from policies.estimate.engines import ENGINES
 
 if TYPE_CHECKING:
     from policies.launch import DeploymentLaunch, LaunchRecipe
-    from policies.models import ModelSpec
+    from policies.model.architecture import ModelSpec
 
 
 def launch_text(recipe: LaunchRecipe) -> str:
@@ -73,7 +73,7 @@ def deployment_text(launch: DeploymentLaunch) -> str:
 
 
 def _preset(name: str) -> ModelSpec:
-    from policies.models import preset
+    from policies.model.architecture import preset
 
     return preset(name)
 
@@ -159,7 +159,7 @@ def _fleet_plan_launch(args: argparse.Namespace) -> int:
         planned_instances,
     )
     from policies.solve import solve
-    from policies.spec import parse_deployment, resolve_model
+    from policies.spec.build import parse_deployment, resolve_model
 
     for flag in ("deployment", "fleet", "file"):
         if not getattr(args, flag):
@@ -205,7 +205,7 @@ def _fleet_plan_launch(args: argparse.Namespace) -> int:
     if not args.model_path:
         say("--model-path not given: the commands read $MIXFLEET_MODEL_PATH")
     if args.write_options:
-        from policies.exports import export_plan
+        from policies.exports.engine import export_plan
 
         model = resolve_model(spec)
         written = dict(launch.files)

@@ -16,7 +16,7 @@ from controlplane.cli.output import (
 )
 
 if TYPE_CHECKING:
-    from policies.models import ModelSpec
+    from policies.model.architecture import ModelSpec
 
 
 def _model_row(m: ModelSpec) -> dict[str, Any]:
@@ -38,7 +38,7 @@ def _model_row(m: ModelSpec) -> dict[str, Any]:
 
 def cmd_model_list(args: argparse.Namespace) -> int:
     """``model list``: the presets."""
-    from policies.models import PRESETS
+    from policies.model.architecture import PRESETS
 
     rows = [_model_row(m) for m in PRESETS.values()]
     if args.output != "table":

@@ -56,7 +56,7 @@ from policies import defaults
 from policies.errors import InfeasibleError, InputError
 
 if TYPE_CHECKING:
-    from policies.models import ModelSpec
+    from policies.model.architecture import ModelSpec
     from policies.plan import Plan, PlanEngine, PlanSummary
 
 # ------------------------------------------------------------------------- output
@@ -245,7 +245,7 @@ def _export_model(args: argparse.Namespace, plan: Plan) -> ModelSpec:
     if args.model_config:
         return files.read_model_config(args.model_config)
     try:
-        from policies.models import preset
+        from policies.model.architecture import preset
 
         return preset(plan.model)
     except InputError as exc:
@@ -270,8 +270,8 @@ def _manifest_path(args: argparse.Namespace) -> Path | None:
 def cmd_plan_export(args: argparse.Namespace) -> int:
     """``plan export FILE --format F``: an engine's placement file, the manifest beside it
     (engine, version, world size, R, rank -> GPU order) and optionally a sidecar."""
-    from policies.export_manifest import export_manifest
-    from policies.exports import export_plan, export_sidecar
+    from policies.exports.engine import export_plan, export_sidecar
+    from policies.exports.manifest import export_manifest
 
     plan = files.read_plan(args.file)
     model = _export_model(args, plan)
@@ -321,7 +321,7 @@ def cmd_plan_render(args: argparse.Namespace) -> int:
     if args.load:
         m = model
         if m is None:
-            from policies.models import preset
+            from policies.model.architecture import preset
 
             m = preset(plan.model)
         load, _ = read_load(args.load, m)
@@ -352,7 +352,7 @@ def cmd_plan_cost(args: argparse.Namespace) -> int:
 def cmd_plan_min_cost(args: argparse.Namespace) -> int:
     """``plan min-cost``: the cheapest subset of whole nodes reaching a throughput."""
     from controlplane.cli.reports import min_cost_document, min_cost_table
-    from policies.cost import min_cost
+    from policies.advice.cost import min_cost
 
     dep = deployment_from_args(args)
     prices = read_prices(args.prices)

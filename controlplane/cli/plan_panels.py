@@ -12,14 +12,14 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from policies.costmodel import CostTable
-from policies.engines import EngineOptions, EngineSpec, Runtime, full_rows
-from policies.evaluation import Evaluation, LayerPlacement, served_fractions
-from policies.execution import layer_rows
-from policies.models import ModelSpec
+from policies.estimate.costmodel import CostTable
+from policies.estimate.engines import EngineOptions, EngineSpec, Runtime, full_rows
+from policies.estimate.evaluation import Evaluation, LayerPlacement, served_fractions
+from policies.estimate.execution import layer_rows
+from policies.estimate.replica_choice import dispatch
+from policies.hardware.topology import Channel
+from policies.model.architecture import ModelSpec
 from policies.plan import Plan
-from policies.replica_choice import dispatch
-from policies.topology import Channel
 
 #: A ``[gpu][moe_layer]`` grid of one panel.
 Grid = tuple[tuple[float, ...], ...]

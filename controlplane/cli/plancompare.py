@@ -54,11 +54,11 @@ def summary_line(plan: Plan) -> str:
 
 
 def usd_per_million_tokens(plan: Plan, prices: Any) -> float | None:
-    """The plan's cost per million tokens at ``prices`` (a :class:`policies.cost.PriceTable`),
+    """The plan's cost per million tokens at ``prices`` (a :class:`policies.advice.cost.PriceTable`),
     or None when a GPU has no price or the plan serves no tokens."""
     import math
 
-    from policies.cost import plan_cost
+    from policies.advice.cost import plan_cost
 
     try:
         usd = plan_cost(plan, prices).usd_per_million_tokens

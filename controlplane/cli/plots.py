@@ -13,7 +13,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from controlplane.cli.render import save_png
-from policies.advise import BatchAdvice
+from policies.advice.advise import BatchAdvice
 
 
 def render_batch_curve(advice: BatchAdvice, out: str | Path, *, title: str = "") -> Path:

@@ -29,17 +29,17 @@ from controlplane.cli.problem_args import add_problem_args as add_problem_args
 from controlplane.cli.problem_args import engine_from_args as engine_from_args
 from policies import defaults
 from policies.defaults import POLICIES, auto_redundant_experts
-from policies.engines import EngineSpec
 from policies.errors import InfeasibleError, InputError
+from policies.estimate.engines import EngineSpec
 
 if TYPE_CHECKING:  # the solver and the cost model are imported when a command runs
-    from policies.cost import PriceTable
+    from policies.advice.cost import PriceTable
     from policies.deployment import Deployment
-    from policies.fleet import Fleet
-    from policies.models import ModelSpec
+    from policies.estimate.workload import Workload
+    from policies.hardware.fleet import Fleet
+    from policies.model.architecture import ModelSpec
     from policies.plan import Plan
     from policies.request import PlacementRequest, PlacementResult, SolverOptions
-    from policies.workload import Workload
 
 #: Tokens per step per GPU when ``--tokens`` is not given, by phase (policies.defaults).
 DEFAULT_TOKENS_PER_GPU = defaults.DEFAULT_TOKENS_PER_GPU
@@ -106,7 +106,7 @@ def read_load(spec: str | None, model: ModelSpec) -> tuple[Sequence[Sequence[flo
     if spec is None or spec == "uniform":
         return None, "uniform"
     if spec.startswith("synthetic:"):
-        from policies.workload import synthetic_zipf
+        from policies.estimate.workload import synthetic_zipf
 
         return synthetic_zipf(model, spec), spec
     return files.read_expert_load(spec, model), f"file:{spec}"
@@ -120,7 +120,7 @@ def read_model(args: argparse.Namespace) -> ModelSpec:
     """
     if getattr(args, "model_config", None):
         return files.read_model_config(args.model_config)
-    from policies.models import preset
+    from policies.model.architecture import preset
 
     return preset(args.model)
 
@@ -176,8 +176,8 @@ def problem_from_args(args: argparse.Namespace) -> Problem:
     Raises:
         InputError: any bad file or value.
     """
+    from policies.estimate.workload import make_workload
     from policies.request import SolverOptions
-    from policies.workload import make_workload
 
     fleet = read_fleet_args(args)
     model = read_model(args)
@@ -292,7 +292,7 @@ def read_prices(path: str | None) -> PriceTable:
     Raises:
         InputError: unreadable file or a bad price.
     """
-    from policies.cost import PriceTable, price_table_from_dict
+    from policies.advice.cost import PriceTable, price_table_from_dict
 
     if not path:
         return PriceTable()

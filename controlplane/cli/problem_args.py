@@ -14,7 +14,8 @@ from apis.cliargs import non_negative_float, non_negative_int, positive_float, p
 from controlplane.cli.output import add_output_arg, add_progress_arg, token_count
 from policies import defaults
 from policies.defaults import FORMS, KV_DTYPES, PHASES, POLICIES, parse_redundant_experts
-from policies.engines import (
+from policies.errors import InputError
+from policies.estimate.engines import (
     A2A_BACKENDS,
     DISPATCH_OPTIONS,
     DP_BALANCE_OPTIONS,
@@ -22,7 +23,6 @@ from policies.engines import (
     EngineSpec,
     parse_engine,
 )
-from policies.errors import InputError
 
 _TOKENS_HELP = ", ".join(f"{n} {phase}" for phase, n in defaults.DEFAULT_TOKENS_PER_GPU.items())
 
@@ -39,7 +39,7 @@ _ENGINE_FLAGS = {
 
 def engine_from_args(args: argparse.Namespace) -> EngineSpec:
     """``--engine`` and its options through the one engine parser
-    (:func:`policies.engines.parse_engine`, as the deployment document is read).
+    (:func:`policies.estimate.engines.parse_engine`, as the deployment document is read).
 
     Raises:
         InputError: an option the engine does not have, naming the flag.

@@ -46,15 +46,15 @@ from controlplane.cli.plan_panels import (
     phases,
     runtime_of_plan,
 )
-from policies.catalog import lookup
-from policies.costmodel import CostTable, build_cost_table
 from policies.errors import InputError
-from policies.evaluation import LayerPlacement, evaluate, served_fractions
-from policies.fleet import Fleet, Gpu, GpuId, Node
-from policies.models import ModelSpec, preset
+from policies.estimate.costmodel import CostTable, build_cost_table
+from policies.estimate.evaluation import LayerPlacement, evaluate, served_fractions
+from policies.estimate.tensor_parallel import tp_cost_table
+from policies.estimate.workload import make_workload, synthetic_zipf
+from policies.hardware.catalog import lookup
+from policies.hardware.fleet import Fleet, Gpu, GpuId, Node
+from policies.model.architecture import ModelSpec, preset
 from policies.plan import Plan
-from policies.tensor_parallel import tp_cost_table
-from policies.workload import make_workload, synthetic_zipf
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -15,9 +15,9 @@ from typing import Any
 
 from controlplane.cli.output import clip, format_table
 from controlplane.cli.problem import CompareRow, plan_problems
-from policies.advise import BatchAdvice, BatchPoint, ContextAdvice
-from policies.cost import MinCostResult, PlanCost, PriceTable, plan_cost
-from policies.tiers import TierPlan
+from policies.advice.advise import BatchAdvice, BatchPoint, ContextAdvice
+from policies.advice.cost import MinCostResult, PlanCost, PriceTable, plan_cost
+from policies.advice.tiers import TierPlan
 
 # ------------------------------------------------------------------------ batch sizing
 

@@ -27,10 +27,10 @@ from controlplane.cli.output import Groups, add_group, add_leaf, add_output_arg,
 from policies.errors import InputError
 
 if TYPE_CHECKING:
-    from policies.fleet import Fleet
     from policies.fleetplan import FleetPlan
+    from policies.hardware.fleet import Fleet
     from policies.scheduling.types import Schedule, ScheduleRequest
-    from policies.spec import DeploymentSpec
+    from policies.spec.build import DeploymentSpec
 
 
 def _usd(v: float) -> str:
@@ -50,7 +50,7 @@ def _read_specs(args: argparse.Namespace) -> tuple[Fleet, list[DeploymentSpec]]:
             "--fleet needs the deployments. To fix: pass -f DEPLOYMENTS.yaml", field="-f"
         )
     from controlplane.cli.deploy import _read_docs
-    from policies.spec import parse_deployment
+    from policies.spec.build import parse_deployment
 
     fleet = files.read_fleet(args.fleet)
     specs = [parse_deployment(doc) for path in args.file for doc in _read_docs(path)]
@@ -72,7 +72,7 @@ def _plan_and_schedule(
     from controlplane.cli.schedule_plan import curve_cache_dir
     from policies.fleetplan.combined import PlanOptions, ScheduleOptions, plan_and_schedule
     from policies.scheduling.table import TableSettings
-    from policies.spec import selects
+    from policies.spec.build import selects
 
     fleet, specs = _read_specs(args)
     pairs = [(s, [n.name for n in fleet.nodes if selects(s, n.labels)]) for s in specs]

@@ -91,7 +91,7 @@ def _local_fleet(nodes: list[Any]) -> Any:
     """The controller's ready nodes (healthy GPUs) as a Fleet."""
     from apis.wire.inventory import inventory_from_proto
     from controlplane.wire.plans import NODE_HEALTH_NAMES
-    from policies.fleet import Fleet
+    from policies.hardware.fleet import Fleet
 
     ready = [n for n in nodes if NODE_HEALTH_NAMES.get(n.health) == "ready"]
     fleet_nodes = [inventory_from_proto(n.inventory).to_node(healthy_only=True) for n in ready]
@@ -167,7 +167,7 @@ def _local_request(args: argparse.Namespace, deps: list[Any], nodes: list[Any]) 
     from apis.wire.deployment import spec_from_proto
     from controlplane.cli.schedule import _quotas
     from policies.scheduling import schedule
-    from policies.spec import selects
+    from policies.spec.build import selects
 
     fleet = _local_fleet(nodes)
     specs = [spec_from_proto(d.spec) for d in deps]

@@ -24,9 +24,9 @@ from controlplane.cli.output import emit, format_table
 from policies.errors import InputError
 
 if TYPE_CHECKING:
-    from policies.fleet import Fleet
     from policies.fleetplan import FleetPlan
-    from policies.spec import DeploymentSpec
+    from policies.hardware.fleet import Fleet
+    from policies.spec.build import DeploymentSpec
 
 
 def planned(spec: DeploymentSpec) -> bool:

@@ -133,7 +133,7 @@ def _traffic_file(path: str) -> tuple[Traffic | None, Slo | None]:
     """``{traffic, slo}`` or a ModelDeployment document's ``spec.traffic`` and ``spec.slo``."""
     from policies.keys import check_keys
     from policies.serving.traffic import slo_from_doc, traffic_from_doc
-    from policies.spec import parse_deployment
+    from policies.spec.build import parse_deployment
 
     doc = files.read_document(path, "deployment")
     where = f"traffic file {path!r}"

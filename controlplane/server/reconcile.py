@@ -46,7 +46,7 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from policies.spec import DeploymentSpec, selects
+from policies.spec.build import DeploymentSpec, selects
 
 
 @dataclass(frozen=True)

@@ -2,18 +2,18 @@
 AdviseBatch, AdviseContext, EstimateCost, MinCost).
 
 The planners are the ones ``mixfleetctl advise ...`` / ``plan cost|min-cost`` call
-(:mod:`policies.tiers`, :mod:`policies.advise`, :mod:`policies.cost`); what differs is
+(:mod:`policies.advice.tiers`, :mod:`policies.advice.advise`, :mod:`policies.advice.cost`); what differs is
 where the inputs come from. Here:
 
 * the fleet is the controller's live view - registered nodes that are alive, not draining,
   with healthy GPUs, matching ``spec.node_selector`` - built exactly as
   :meth:`controlplane.server.controller.Controller.dry_run` builds it (:meth:`StrategyService.fleet`);
 * the model, workload, policy, form, slot budget and whether expert-parallel traffic may
-  span GPU vendors come from a :class:`~policies.spec.DeploymentSpec`
+  span GPU vendors come from a :class:`~policies.spec.build.DeploymentSpec`
   (:func:`deployment_for`), with the measured load of a deployment of the same name when
   engines reported one (as Solve);
 * prices are the built-in assumed list prices, replaced by the spec's ``gpu_hour_prices``
-  (:func:`policies.spec.price_table`), replaced by the request's overrides
+  (:func:`policies.spec.build.price_table`), replaced by the request's overrides
   (:class:`PriceOverrides`).
 
 A question (``*Question``, already validated by :mod:`controlplane.wire.strategies`) goes in,
@@ -38,10 +38,8 @@ from controlplane.errors import PreconditionError
 from controlplane.server import reconcile as rc
 from controlplane.server.controller import Controller
 from controlplane.server.controller.nodes import reachable_or_precondition
-from policies.advise import BatchAdvice, ContextAdvice, advise_batch, advise_context
-from policies.assignment import aggregate_load
-from policies.catalog import AmbiguousGpuNameError, lookup
-from policies.cost import (
+from policies.advice.advise import BatchAdvice, ContextAdvice, advise_batch, advise_context
+from policies.advice.cost import (
     MinCostResult,
     PlanCost,
     PriceTable,
@@ -49,14 +47,16 @@ from policies.cost import (
     plan_cost,
     price_table_from_dict,
 )
+from policies.advice.tier_planner import plan_tiers
+from policies.advice.tiers import BatchTier, InteractiveTier, TierPlan, TierRequest
+from policies.assignment import aggregate_load
 from policies.deployment import Deployment
 from policies.errors import InfeasibleError, InputError
-from policies.fleet import Fleet
+from policies.hardware.catalog import AmbiguousGpuNameError, lookup
+from policies.hardware.fleet import Fleet
 from policies.plan import Plan
 from policies.request import SolverOptions
-from policies.spec import DeploymentSpec, price_table, resolve_model, workload_for
-from policies.tier_planner import plan_tiers
-from policies.tiers import BatchTier, InteractiveTier, TierPlan, TierRequest
+from policies.spec.build import DeploymentSpec, price_table, resolve_model, workload_for
 
 #: Measured load windows younger than this feed the advice (as in Solve), s.
 MEASURED_LOAD_WINDOW_S = 3600.0
@@ -132,7 +132,7 @@ def deployment_for(
     measured: Sequence[Sequence[float]] | None = None,
 ) -> Deployment:
     """The planning core's :class:`~policies.deployment.Deployment` of a spec on a fleet:
-    the same model, workload and slot budget :func:`policies.spec.build_request`
+    the same model, workload and slot budget :func:`policies.spec.build.build_request`
     gives a Solve of that spec.
 
     Args:
@@ -377,7 +377,7 @@ class StrategyService:
         return deployment_for(spec, fleet, measured=self.measured_load(spec))
 
     async def tiers(self, q: TiersQuestion) -> TiersAnswer:
-        """Split the live fleet between the tiers (:func:`policies.tier_planner.plan_tiers`).
+        """Split the live fleet between the tiers (:func:`policies.advice.tier_planner.plan_tiers`).
 
         Raises:
             InputError, PreconditionError: see :meth:`deployment`, bad tiers.
@@ -403,7 +403,7 @@ class StrategyService:
         return TiersAnswer(dep.fleet, plan, prices.currency)
 
     async def batch(self, q: BatchQuestion) -> BatchAnswer:
-        """Batch-size search on the live fleet (:func:`policies.advise.advise_batch`).
+        """Batch-size search on the live fleet (:func:`policies.advice.advise.advise_batch`).
 
         Raises:
             InputError, PreconditionError: see :meth:`deployment`.
@@ -415,7 +415,7 @@ class StrategyService:
         return BatchAnswer(dep.fleet, advice)
 
     async def context(self, q: ContextQuestion) -> ContextAnswer:
-        """Long-context report on the live fleet (:func:`policies.advise.advise_context`).
+        """Long-context report on the live fleet (:func:`policies.advice.advise.advise_context`).
 
         Raises:
             InputError, PreconditionError: see :meth:`deployment`.
@@ -472,7 +472,7 @@ class StrategyService:
         return CostAnswer(plan, version, name, cost, used, prices.currency, infeasible)
 
     async def min_cost(self, q: MinCostQuestion) -> MinCostAnswer:
-        """The cheapest subset of the live fleet (:func:`policies.cost.min_cost`).
+        """The cheapest subset of the live fleet (:func:`policies.advice.cost.min_cost`).
 
         Raises:
             InputError, PreconditionError: see :meth:`deployment`, bad options or prices.

@@ -42,9 +42,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from policies.inventory import NodeInventory
+from policies.hardware.inventory import NodeInventory
 from policies.plan import Plan
-from policies.spec import DeploymentSpec
+from policies.spec.build import DeploymentSpec
 
 PlanState = Literal["proposed", "preparing", "committed", "aborted", "superseded"]
 AckState = Literal["prepared", "committed", "failed"]

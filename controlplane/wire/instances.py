@@ -18,7 +18,7 @@ from controlplane.server.controller.endpoints import InstanceEndpoint, InstanceS
 from controlplane.server.controller.instance_records import INSTANCES_KEY, InstanceRecord
 from controlplane.server.controller.instances import FLEET_PLAN_KEY
 from controlplane.server.controller.measured import MeasuredDemand
-from policies.spec import DeploymentSpec
+from policies.spec.build import DeploymentSpec
 
 
 def instance_to_proto(i: InstanceEndpoint) -> engine_pb2.Instance:

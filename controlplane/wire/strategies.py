@@ -29,14 +29,14 @@ from controlplane.server.strategies import (
     TiersQuestion,
 )
 from controlplane.wire.plans import unstored_plan_to_proto
-from policies.advise import DEFAULT_CONTEXTS, BatchPoint, ContextPoint, ModelShare
-from policies.catalog import lookup
-from policies.cost import LAYOUTS, CostCandidate
+from policies.advice.advise import DEFAULT_CONTEXTS, BatchPoint, ContextPoint, ModelShare
+from policies.advice.cost import LAYOUTS, CostCandidate
+from policies.advice.tiers import PREFERENCES, InteractiveTier, UnitCapacity
 from policies.errors import InputError
-from policies.fleet import Fleet
+from policies.hardware.catalog import lookup
+from policies.hardware.fleet import Fleet
 from policies.request import POLICIES
-from policies.spec import DeploymentSpec
-from policies.tiers import PREFERENCES, InteractiveTier, UnitCapacity
+from policies.spec.build import DeploymentSpec
 
 #: Name given to a request's spec when it has none (names only pick up measured load).
 DEFAULT_SPEC_NAME = "advice"

@@ -28,9 +28,9 @@ from controlplane.cli.output import quiet_note, stderr_note
 from controlplane.cli.plan import compare_table
 from controlplane.cli.problem import CompareRow, Problem, compare_policies
 from policies.errors import InfeasibleError, MixfleetError
-from policies.models import preset
+from policies.estimate.workload import make_workload, synthetic_zipf
+from policies.model.architecture import preset
 from policies.request import POLICIES, SolverOptions
-from policies.workload import make_workload, synthetic_zipf
 
 REPO = Path(__file__).resolve().parents[2]
 FLEET_FILE = REPO / "examples" / "fleets" / "mixed-24.yaml"

@@ -21,7 +21,7 @@ from demo.instances_serving import Answer, EngineFarm, Router, current
 from demo.session import _table, say
 from policies.serving.sim_types import SimOptions, SimReport, quantile_sorted
 from policies.serving.simulate import simulate
-from policies.spec import DeploymentSpec
+from policies.spec.build import DeploymentSpec
 
 SIM_REQUESTS = 2000  # requests the serving simulator runs
 

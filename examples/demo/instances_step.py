@@ -84,8 +84,8 @@ from demo.instances_serving import Router as Router
 from demo.instances_serving import routed as routed
 from demo.instances_serving import start_router as start_router
 from demo.session import PROGRESS_S, say
-from policies.spec import DeploymentSpec
-from policies.spec_doc import parse_deployment
+from policies.spec.build import DeploymentSpec
+from policies.spec.document import parse_deployment
 
 FLEET_FILE = REPO / "examples" / "fleets" / "mixed-12.yaml"
 DEPLOYMENT_FILE = REPO / "examples" / "deployments" / "qwen3-30b-a3b-demand.yaml"

@@ -30,10 +30,10 @@ from apis.wire.deployment import spec_from_proto
 from controlplane.server.controller import ControllerSettings
 from controlplane.server.inprocess import RunningController
 from policies.assignment import diff_plans
-from policies.models import preset
+from policies.model.architecture import preset
 from policies.plan import Plan, plan_from_dict
 from policies.solve import rescore
-from policies.spec import build_request
+from policies.spec.build import build_request
 
 T = TypeVar("T")
 

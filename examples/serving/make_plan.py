@@ -19,12 +19,12 @@ from pathlib import Path
 
 import yaml
 
-from policies.cost import catalog_price_table
-from policies.fleet import Fleet, parse_fleet
+from policies.advice.cost import catalog_price_table
 from policies.fleetplan.curves import compute_curve
+from policies.hardware.fleet import Fleet, parse_fleet
 from policies.serving.curves import StepCurve
 from policies.serving.plan import InstanceGroup, KvPath, Pool, ServingPlan, plan_to_doc
-from policies.spec import parse_deployment
+from policies.spec.build import parse_deployment
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = Path(__file__).resolve().parent / "plan-dsv3-hopper-blackwell.yaml"

@@ -1,2 +1,2 @@
 """Data files of the planning core: reference_timings.json, the measured per-operation
-timings :mod:`policies.reference` reads."""
+timings :mod:`policies.estimate.reference` reads."""

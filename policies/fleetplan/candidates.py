@@ -17,18 +17,18 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, replace
 
-from policies.cost import fleet_usd_per_hour
-from policies.costmodel import GIB, Efficiency
+from policies.advice.cost import fleet_usd_per_hour
 from policies.deployment import describe_nodes, sub_fleet
 from policies.errors import InputError
-from policies.fleet import Fleet
+from policies.estimate.costmodel import GIB, Efficiency
 from policies.fleetplan.curves import CurveCache, CurveEntry, compute_curve, curve_key
 from policies.fleetplan.pairs import Pair, pairs_for
 from policies.fleetplan.sizing import Sizing, decode_capacity, size_aggregated
 from policies.fleetplan.types import FleetDeployment, PlanRequest, Variant
+from policies.hardware.fleet import Fleet
 from policies.scheduling.table import fleet_groups
 from policies.scheduling.types import NodeGroup
-from policies.spec import price_table, selects
+from policies.spec.build import price_table, selects
 
 Job = tuple[FleetDeployment, tuple[int, ...]]
 """A make-up asked for: ``(deployment, nodes per group)``."""

@@ -49,7 +49,6 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field, replace
 
 from policies.errors import InputError
-from policies.fleet import Fleet
 from policies.fleetplan.curves import CurveCache
 from policies.fleetplan.instances import is_planned
 from policies.fleetplan.planner import plan_fleet
@@ -60,10 +59,11 @@ from policies.fleetplan.types import (
     PlanRequest,
     Shortfall,
 )
+from policies.hardware.fleet import Fleet
 from policies.scheduling import schedule
 from policies.scheduling.table import EstimateCache, TableSettings
 from policies.scheduling.types import Schedule, ScheduleRequest
-from policies.spec import DeploymentSpec
+from policies.spec.build import DeploymentSpec
 
 
 @dataclass(frozen=True)

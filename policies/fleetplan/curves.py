@@ -4,8 +4,8 @@ per node make-up from the one cost model and reused for every batch size.
 A curve (:class:`policies.serving.curves.StepCurve`) is filled by solving the instance ONCE
 with a fast policy (``eplb`` for MoE models: the engine's own layout, no SGLang locality
 search and no per-layer ILP), replaying the engine's dispatch of that placement once
-(:func:`policies.execution.executed`), and then re-scoring the same placement with the cost
-model (:func:`policies.evaluation.evaluate`) at every grid point: a batch x context grid of
+(:func:`policies.estimate.execution.executed`), and then re-scoring the same placement with the cost
+model (:func:`policies.estimate.evaluation.evaluate`) at every grid point: a batch x context grid of
 decode steps and a token grid of prefill forwards. Step times between grid points are
 interpolated by the curve; the placement (and so the attention TP sizes and the replica
 layout) stays the one of the reference solve, as a running engine's would.
@@ -16,7 +16,7 @@ token; the instance holds the smallest of those (the first GPU to fill stops adm
 
 :func:`curve_key` is a stable hash of everything that changes a curve (model, node make-up,
 engine, dtypes, load, form, grids, :data:`CURVE_VERSION` and the cost model's
-:data:`~policies.costmodel.COST_MODEL_VERSION`); :class:`CurveCache` is the
+:data:`~policies.estimate.costmodel.COST_MODEL_VERSION`); :class:`CurveCache` is the
 load/store interface a caller backs with disk (``apis.curvecache``), and
 :class:`MemoryCurveCache` keeps them in a dict.
 
@@ -32,23 +32,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, cast
 
-from policies.costmodel import COST_MODEL_VERSION, CostSettings, CostTable
 from policies.deployment import node_make_up
-from policies.engines import engine_to_doc
 from policies.errors import InfeasibleError, InputError
-from policies.evaluation import LayerPlacement, evaluate
-from policies.execution import executed, runtime_of
-from policies.fleet import Fleet
+from policies.estimate.costmodel import COST_MODEL_VERSION, CostSettings, CostTable
+from policies.estimate.engines import engine_to_doc
+from policies.estimate.evaluation import LayerPlacement, evaluate
+from policies.estimate.execution import executed, runtime_of
+from policies.estimate.tensor_parallel import tp_cost_table
+from policies.hardware.fleet import Fleet
 from policies.request import PlacementRequest, PolicyName, RawPlacement, check_request
 from policies.serving.curves import StepCurve
 from policies.solve import PLACE, fits_at_all, solve
-from policies.spec import DeploymentSpec, SolverPolicy, to_request, workload_for
-from policies.tensor_parallel import tp_cost_table
+from policies.spec.build import DeploymentSpec, SolverPolicy, to_request, workload_for
 
 CURVE_VERSION = "fleetplan-curve-3"
 """Bumped whenever the curve's document format or the way a curve is filled changes: a cached
 curve of another version is never read. A change of the cost model's formulas bumps
-:data:`policies.costmodel.COST_MODEL_VERSION` instead, which the key also holds (as it holds
+:data:`policies.estimate.costmodel.COST_MODEL_VERSION` instead, which the key also holds (as it holds
 the cost model's default settings and efficiencies)."""
 
 
@@ -184,7 +184,7 @@ def curve_key(spec: DeploymentSpec, part: Fleet, grid: CurveGrid) -> str:
     model (preset name or config), form, redundant experts, cross-vendor flag, engine, KV
     dtype, expert load, the nodes' make-ups and counts (not their names), the fabric links
     between them, the grid, :data:`CURVE_VERSION`, the cost model's default settings and
-    :data:`~policies.costmodel.COST_MODEL_VERSION` (so a curve cached on disk is never reused
+    :data:`~policies.estimate.costmodel.COST_MODEL_VERSION` (so a curve cached on disk is never reused
     after a cost formula changes)."""
     w = spec.workload
     makeups = sorted(repr(node_make_up(n)) for n in part.nodes)

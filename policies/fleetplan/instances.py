@@ -24,7 +24,7 @@ from policies.errors import InputError
 from policies.fleetplan.report import deployment_doc
 from policies.fleetplan.types import ROLES, DeploymentPlan
 from policies.launch.fleet import PlannedInstance, planned_instances
-from policies.spec import DeploymentSpec
+from policies.spec.build import DeploymentSpec
 
 MAX_NAME = 63
 """Longest deployment (and so instance) name: a DNS label, characters."""

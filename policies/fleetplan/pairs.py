@@ -11,10 +11,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from policies.costmodel import Efficiency
-from policies.fleet import Fleet, Node
+from policies.estimate.costmodel import Efficiency
 from policies.fleetplan.sizing import size_pair
 from policies.fleetplan.types import FleetDeployment, PlanRequest, Variant
+from policies.hardware.fleet import Fleet, Node
 from policies.scheduling.types import NodeGroup
 
 

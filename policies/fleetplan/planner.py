@@ -59,7 +59,7 @@ from policies.fleetplan.pairs import Pair, kv_path
 from policies.fleetplan.program import Counts, solve
 from policies.fleetplan.readback import read_back, req_priority
 from policies.fleetplan.types import FleetPlan, PlanRequest
-from policies.spec import check_spec
+from policies.spec.build import check_spec
 
 __all__ = [
     "Candidates",

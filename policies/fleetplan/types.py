@@ -8,7 +8,7 @@ decode instances with the KV path between them, each a :class:`Variant` x count 
 nodes), what they are predicted to give (TTFT, TPOT, goodput, cost), and which deployments
 are short of what (:class:`Shortfall`). A pool maps one to one onto a
 :class:`policies.serving.plan.Pool`, so a plan runs through the serving simulator as it is
-(:func:`policies.fleetplan.serving_plan`), and onto the engine instances a controller would
+(:func:`policies.fleetplan.report.serving_plan`), and onto the engine instances a controller would
 start.
 
 Units: requests per second, tokens per second, milliseconds (``_ms``), microseconds
@@ -21,14 +21,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from policies.defaults import INSTANCE_ROLES
-from policies.fleet import Fleet
 from policies.fleetplan.curves import CurveGrid
 from policies.fleetplan.sizing import UTILISATION, Sizing
+from policies.hardware.fleet import Fleet
 from policies.serving.curves import StepCurve
 from policies.serving.plan import DEFAULT_CHUNK_TOKENS
 from policies.serving.traffic import Slo, Traffic
-from policies.spec import DeploymentSpec
-from policies.spec_types import DISAGGREGATION as SPEC_DISAGGREGATION
+from policies.spec.build import DeploymentSpec
+from policies.spec.types import DISAGGREGATION as SPEC_DISAGGREGATION
 
 ROLES = INSTANCE_ROLES
 """What an instance does: both phases with chunked prefill, or one of them
@@ -42,7 +42,7 @@ decode onto different instances (the spec's values)."""
 @dataclass(frozen=True)
 class FleetDeployment:
     """One deployment as the planner sees it: its spec (which carries the demand, SLOs,
-    priority, disaggregation and budget: :class:`policies.spec.DeploymentSpec`) and the
+    priority, disaggregation and budget: :class:`policies.spec.build.DeploymentSpec`) and the
     nodes it may use.
 
     Attributes:

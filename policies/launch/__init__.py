@@ -4,7 +4,7 @@ A plan is only worth what its engine executes, so the engine must be started wit
 expert-parallel shape, all-to-all backend, replica rule and placement file the plan was
 predicted under. :func:`launch_recipe` turns an engine plan into one :class:`NodeLaunch`
 per node, in the plan's rank order (``plan.gpus``; a node's ranks must be contiguous), with
-the flags of the engine versions mixfleet models (:data:`policies.engines.PINNED_VERSIONS`,
+the flags of the engine versions mixfleet models (:data:`policies.estimate.engines.PINNED_VERSIONS`,
 read from each engine's own argument definitions):
 
 * SGLang 0.5.23 - ``python3 -m sglang.launch_server --tp-size N --attn-dp-size N/t
@@ -16,9 +16,9 @@ read from each engine's own argument definitions):
   --enable-expert-parallel --all2all-backend B``, per node ``--data-parallel-size-local``,
   ``--data-parallel-start-rank``, ``--data-parallel-address``/``--data-parallel-rpc-port``
   (``--headless`` past node 0); ``--enable-eplb --eplb-config`` whenever vLLM needs its
-  ``EplbState`` (:func:`~policies.exports.vllm_needs_eplb`: redundant slots, or any placement
+  ``EplbState`` (:func:`~policies.exports.engine.vllm_needs_eplb`: redundant slots, or any placement
   but vLLM's default layout - also with R = 0), whose ``step_interval``
-  (:data:`~policies.exports.VLLM_NO_REBALANCE_STEP_INTERVAL`) keeps EPLB's own rebalancing
+  (:data:`~policies.exports.engine.VLLM_NO_REBALANCE_STEP_INTERVAL`) keeps EPLB's own rebalancing
   from firing.
   vLLM has no flag that loads a placement (docs/engines.md); the recipe's notes say so.
 * TensorRT-LLM - ``trtllm-serve --tp_size N --ep_size N --extra_llm_api_options FILE`` with
@@ -66,7 +66,7 @@ Pure: builds values and text, does no I/O.
 from __future__ import annotations
 
 from policies.defaults import PLACEMENT_FILES, TRTLLM_OPTIONS_FILE  # one default: defaults
-from policies.exports import vllm_default_rows  # one owner: exports
+from policies.exports.engine import vllm_default_rows  # one owner: exports
 from policies.launch.fleet import (
     DeploymentLaunch,
     InstanceLaunch,

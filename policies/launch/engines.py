@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from policies.errors import InputError
-from policies.exports import (
+from policies.exports.engine import (
     VLLM_NO_REBALANCE_STEP_INTERVAL,
     vllm_default_rows,
     vllm_eplb_config,

@@ -24,13 +24,13 @@ from policies.launch.types import (
     LaunchRecipe,
 )
 from policies.limits import MAX_WIRE_INT32
-from policies.models import ModelSpec
+from policies.model.architecture import ModelSpec
 from policies.plan import Plan
 
 if TYPE_CHECKING:
-    from policies.fleet import Fleet
+    from policies.hardware.fleet import Fleet
     from policies.request import PlacementRequest
-    from policies.spec import DeploymentSpec
+    from policies.spec.build import DeploymentSpec
 
 
 @dataclass(frozen=True)
@@ -231,7 +231,7 @@ def instance_request(
     spec: DeploymentSpec, fleet: Fleet, instance: PlannedInstance
 ) -> PlacementRequest:
     """The placement request of one instance: the deployment's own
-    (:func:`policies.spec.build_request`: model, policy, engine) on the instance's nodes, at
+    (:func:`policies.spec.build.build_request`: model, policy, engine) on the instance's nodes, at
     the workload the fleet planner sized the instance for (its phase, batch and context;
     the deployment's own workload when the document states none).
 
@@ -239,7 +239,7 @@ def instance_request(
         InputError: a node the fleet does not have; an invalid spec.
     """
     from policies.deployment import sub_fleet
-    from policies.spec import build_request
+    from policies.spec.build import build_request
 
     spec = replace(instance_spec(spec, instance), name=spec.name)
     return build_request(spec, sub_fleet(fleet, instance.nodes, f"{fleet.name}/{instance.name}"))
@@ -251,7 +251,7 @@ def instance_spec(spec: DeploymentSpec, instance: PlannedInstance) -> Deployment
     deployment's own workload when none is stated), without the demand, SLOs, budget and
     GPU bounds (those belong to the deployment the instance serves, which the fleet planner
     plans; the instance is planned as one engine on its nodes)."""
-    from policies.spec_types import Budget
+    from policies.spec.types import Budget
 
     w = spec.workload
     if instance.workload is not None:

@@ -11,9 +11,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from policies.defaults import PLACEMENT_FILES, TRTLLM_OPTIONS_FILE
-from policies.engines import PINNED_VERSIONS
 from policies.errors import InputError
-from policies.execution import SGLANG_PLACEMENT_FAMILIES
+from policies.estimate.engines import PINNED_VERSIONS
+from policies.estimate.execution import SGLANG_PLACEMENT_FAMILIES
 from policies.launch.engines import dp_note, sglang_nodes, trtllm_nodes, vllm_nodes
 from policies.launch.types import (
     DIST_INIT_REF,
@@ -23,7 +23,7 @@ from policies.launch.types import (
     LaunchRecipe,
     Shape,
 )
-from policies.models import ModelSpec
+from policies.model.architecture import ModelSpec
 from policies.plan import Plan, validate_plan
 
 _GPU_ID = re.compile(r"^(?P<node>.+)/gpu(?P<index>\d+)$")

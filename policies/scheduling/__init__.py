@@ -9,7 +9,7 @@ assignment); :mod:`policies.scheduling.baselines` holds first fit and
 every-deployment-on-every-node; :mod:`policies.scheduling.explain` says why a deployment is
 pending or has its nodes. The front door is :func:`schedule`.
 
-This package module imports nothing at import time (:mod:`policies.spec` reads the spec's
+This package module imports nothing at import time (:mod:`policies.spec.build` reads the spec's
 scheduling fields from :mod:`policies.scheduling.fields`).
 
 Pure: no I/O.
@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from concurrent.futures import Executor
 
-    from policies.fleet import Fleet
+    from policies.hardware.fleet import Fleet
     from policies.scheduling.table import EstimateCache, TableSettings
     from policies.scheduling.types import Schedule, ScheduleRequest
-    from policies.spec import DeploymentSpec
+    from policies.spec.build import DeploymentSpec
 
 
 def schedule(

@@ -1,9 +1,9 @@
 """The deployment spec's scheduling fields in documents: ``priority``, ``minGpus``,
 ``maxGpus``, ``objective``, ``sloStepTimeMs``, ``memoryFraction``, ``namespace``.
 
-:mod:`policies.spec` reads, checks and writes them through these functions (kept here so
+:mod:`policies.spec.build` reads, checks and writes them through these functions (kept here so
 the scheduler's inputs are defined next to the scheduler). Imports nothing of
-:mod:`policies.spec`.
+:mod:`policies.spec.build`.
 
 Pure: no I/O.
 """

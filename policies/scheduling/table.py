@@ -3,9 +3,9 @@
 For each deployment, candidate engine instances are count vectors over the fleet's node
 groups (:func:`policies.deployment.node_groups`), each solved once with the deployment's
 own model, workload and engine through :func:`policies.solve.solve` (the ``greedy`` policy
-by default: a screen, like :func:`policies.cost.min_cost`'s), so every figure comes from
+by default: a screen, like :func:`policies.advice.cost.min_cost`'s), so every figure comes from
 the one cost model and the engine group rules (one all-to-all backend per group, equal GPUs
-per node where the engine needs it; :func:`policies.engines.resolve_runtime`) reject what
+per node where the engine needs it; :func:`policies.estimate.engines.resolve_runtime`) reject what
 the engine cannot run. Which vectors:
 
 * every vector when there are at most ``full_enumeration`` of them;
@@ -31,12 +31,12 @@ from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field, replace
 
-from policies.cost import fleet_usd_per_hour
+from policies.advice.cost import fleet_usd_per_hour
 from policies.deployment import describe_nodes, node_groups, sub_fleet, try_solve
 from policies.errors import InfeasibleError, InputError
-from policies.fleet import Fleet, Gpu
+from policies.hardware.fleet import Fleet, Gpu
 from policies.scheduling.types import Candidate, Demand, NodeGroup, ScheduleRequest
-from policies.spec import DeploymentSpec, SolverPolicy, price_table, resolve_model, to_request
+from policies.spec.build import DeploymentSpec, SolverPolicy, price_table, resolve_model, to_request
 
 
 @dataclass
@@ -60,7 +60,7 @@ class TableSettings:
             estimate is a screen (``SolverOptions.screen``): SGLang's ``static`` replica
             choice as its expectation (each rank's nearest replica, else an even spread)
             instead of replayed draw by draw
-            (:func:`policies.replica_choice.sglang_static_map`, whose cost grows with the
+            (:func:`policies.estimate.replica_choice.sglang_static_map`, whose cost grows with the
             square of the instance's GPUs), and no locality search after the placement.
     """
 

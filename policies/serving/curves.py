@@ -2,7 +2,7 @@
 take as the batch, the context and the prompt grow.
 
 The planner fills a :class:`StepCurve` per variant from the one cost model
-(:mod:`policies.costmodel`); the serving simulator (:mod:`policies.serving.simulate`) and
+(:mod:`policies.estimate.costmodel`); the serving simulator (:mod:`policies.serving.simulate`) and
 the planner's predictions read step times from it, so both see the same engine.
 
 Interpolation is piecewise linear on the grids, which keeps the data's monotonicity. Below

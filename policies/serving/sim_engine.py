@@ -15,7 +15,7 @@ import random
 from collections import deque
 from collections.abc import Sequence
 
-from policies.cost import usd_per_million_tokens
+from policies.advice.cost import usd_per_million_tokens
 from policies.serving.plan import InstanceGroup, KvPath, ServingPlan
 from policies.serving.sim_types import (
     GroupReport,

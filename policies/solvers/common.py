@@ -7,8 +7,8 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 
-from policies.costmodel import CostTable
-from policies.evaluation import LayerPlacement
+from policies.estimate.costmodel import CostTable
+from policies.estimate.evaluation import LayerPlacement
 
 
 def slots_per_gpu(num_experts: int, redundant: int, num_gpus: int) -> int:

@@ -9,8 +9,8 @@ The native form is the same placement (EPLB has no notion of unequal shares).
 
 from __future__ import annotations
 
-from policies.costmodel import CostTable
-from policies.evaluation import LayerPlacement
+from policies.estimate.costmodel import CostTable
+from policies.estimate.evaluation import LayerPlacement
 from policies.request import PlacementRequest, RawPlacement
 from policies.solvers.common import engine_layer
 from policies.solvers.eplb_core import rebalance_experts

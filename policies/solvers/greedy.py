@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from policies.costmodel import CostTable
-from policies.evaluation import LayerPlacement
+from policies.estimate.costmodel import CostTable
+from policies.estimate.evaluation import LayerPlacement
 from policies.request import Infeasible, PlacementRequest, RawPlacement
 from policies.solvers.common import (
     attention_speed_shares,

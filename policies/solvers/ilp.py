@@ -2,7 +2,7 @@
 
 The step time is ``L_dense * A_dense + sum over MoE layers l of (A_moe + C_l + E_l)`` where
 A, C and E are the attention, dispatch/combine and expert phases, each costing its slowest
-GPU (see :mod:`policies.costmodel`). Attention shares are global and every MoE layer's
+GPU (see :mod:`policies.estimate.costmodel`). Attention shares are global and every MoE layer's
 experts are independent given them, so the problem is solved in three stages.
 
 Notation: GPUs i; classes c of interchangeable GPUs (same node, same spec; ``n_c`` GPUs);
@@ -55,8 +55,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 
-from policies.costmodel import CostTable
-from policies.evaluation import Evaluation, LayerPlacement, evaluate, layer_exchange_us
+from policies.estimate.costmodel import CostTable
+from policies.estimate.evaluation import Evaluation, LayerPlacement, evaluate, layer_exchange_us
+from policies.hardware.topology import Channel
 from policies.request import (
     Infeasible,
     PlacementRequest,
@@ -82,7 +83,6 @@ from policies.solvers.ilp_budget import (
     work_budget,
 )
 from policies.solvers.ilp_layers import ClassCost, LayerProblem, LayerSolution, solve_layers
-from policies.topology import Channel
 
 
 def _recv_us_per_pair(table: CostTable, cls: ClassCost, share: Sequence[float]) -> float:

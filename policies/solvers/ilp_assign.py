@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import pulp
 
-from policies.costmodel import CostTable
+from policies.estimate.costmodel import CostTable
 from policies.solvers.common import make_room
 from policies.solvers.milp import solve_milp
 

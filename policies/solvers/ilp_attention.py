@@ -30,13 +30,13 @@ from collections.abc import Sequence
 
 import pulp
 
-from policies.costmodel import CostTable
-from policies.evaluation import LayerPlacement, evaluate, served_fractions
+from policies.estimate.costmodel import CostTable
+from policies.estimate.evaluation import LayerPlacement, evaluate, served_fractions
+from policies.hardware.topology import Channel
 from policies.request import Infeasible, PlacementRequest
 from policies.solvers import greedy
 from policies.solvers.common import replicate_capped, slots_per_gpu
 from policies.solvers.milp import solve_milp
-from policies.topology import Channel
 
 _EPS_SLOTS = 1e-4  # weight of "keep memory for experts" in stage 1, us per slot
 

@@ -32,14 +32,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from policies.costmodel import CostTable
-from policies.engines import Runtime
-from policies.execution import runtime_of
+from policies.estimate.costmodel import CostTable
+from policies.estimate.engines import Runtime
+from policies.estimate.execution import runtime_of
+from policies.hardware.topology import Channel
 from policies.request import PlacementRequest
 from policies.solvers.common import slots_per_gpu
 from policies.solvers.ilp_relax import ClassData, Profile, Relaxation, reach_counts
 from policies.solvers.milp import Limits
-from policies.topology import Channel
 
 MAX_BOXES = 160
 """Work limit of the branch and bound over attention shares (relaxations solved)."""

@@ -16,9 +16,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from policies.costmodel import CostTable
-from policies.engines import EngineSpec
-from policies.execution import runtime_of
+from policies.estimate.costmodel import CostTable
+from policies.estimate.engines import EngineSpec
+from policies.estimate.execution import runtime_of
 from policies.request import PlacementRequest, RawPlacement
 from policies.solvers.common import slot_cap, slots_per_gpu
 from policies.solvers.ilp_bound import (

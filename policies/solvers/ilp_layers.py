@@ -51,9 +51,9 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 
+from policies.hardware.topology import Channel
 from policies.request import Infeasible
 from policies.solvers.milp import Limits, Model
-from policies.topology import Channel
 
 Terms = list[tuple[int, float]]
 """A linear expression: ``(column, coefficient)`` pairs of a :class:`~policies.solvers.milp.Model`."""

@@ -30,9 +30,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from policies.costmodel import CostTable
+from policies.estimate.costmodel import CostTable
+from policies.hardware.topology import Channel
 from policies.solvers.milp import Limits, MilpOutcome, Model
-from policies.topology import Channel
 
 CHANNELS = (Channel.NVLINK, Channel.PCIE, Channel.RDMA, Channel.RDMA_CROSS)
 """Channels whose traffic the relaxation counts (LOCAL is free, UNREACHABLE unused)."""
@@ -231,7 +231,7 @@ class Relaxation:
 
     def _gather(self, tau_c: int, c: int) -> None:
         """All-gather exchange: GPU i moves ``(1 - a_i)`` of the step's token bytes through
-        its slowest channel to a peer (:func:`policies.evaluation.gather_times_us`)."""
+        its slowest channel to a peer (:func:`policies.estimate.evaluation.gather_times_us`)."""
         t = self.table
         i = self.gpu(c)
         bws = [

@@ -1,6 +1,6 @@
 """Replica positions for engines that pick the nearest replica (SGLang ``static``/``dynamic``).
 
-Under SGLang's locality rule (:mod:`policies.engines`) the load of a replica is the tokens of
+Under SGLang's locality rule (:mod:`policies.estimate.engines`) the load of a replica is the tokens of
 the ranks that pick it: its own GPU's, the tokens of its node's ranks without a replica when
 it is the node's first, and a fair share of the ranks that find none nearby. So where the
 replicas of an expert sit decides who uses them, and a placement balanced for even shares
@@ -11,7 +11,7 @@ MoE layer, a local search swaps the experts of two slots on different GPUs while
 the layer's dispatch+combine plus expert phases (each its slowest GPU) under the rule. The replica counts per expert and
 the slots per GPU stay as the policy chose them. The search scores the seeded spread over
 far replicas by its expectation (an even split); the plan is then scored with the exact rule
-(:func:`policies.execution.executed`), and a layer keeps the policy's own positions when the
+(:func:`policies.estimate.execution.executed`), and a layer keeps the policy's own positions when the
 exact rule does not confirm the gain. The search is bounded by a number of swaps, not by the
 clock, so the same inputs give the same plan on any machine.
 
@@ -24,10 +24,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from policies.costmodel import CostTable
-from policies.engines import Runtime
-from policies.evaluation import LayerPlacement
-from policies.topology import Channel
+from policies.estimate.costmodel import CostTable
+from policies.estimate.engines import Runtime
+from policies.estimate.evaluation import LayerPlacement
+from policies.hardware.topology import Channel
 
 MAX_SWAPS_PER_LAYER = 24
 """Upper bound on accepted swaps per layer (a work limit: the result is machine-independent)."""

@@ -5,7 +5,7 @@ balances DP ranks itself (equal shares) or splits replicas evenly, the EPLB layo
 balances served pairs, and so the dispatch+combine phase - can realise better on some
 layers. :func:`mix_layers` keeps, per MoE layer, the better of the policy's layer and the
 EPLB layer under the policy's attention shares (scored with
-:func:`policies.evaluation.layer_exchange_us`, replica shares as the engine splits them).
+:func:`policies.estimate.evaluation.layer_exchange_us`, replica shares as the engine splits them).
 The caller then compares whole plans with the exact execution model, so the ``ilp`` policy
 is never worse than the baseline it is measured against, and its notes say how many layers
 came from EPLB.
@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from policies.costmodel import CostTable
-from policies.evaluation import LayerPlacement, layer_exchange_us
+from policies.estimate.costmodel import CostTable
+from policies.estimate.evaluation import LayerPlacement, layer_exchange_us
 from policies.request import RawPlacement
 
 

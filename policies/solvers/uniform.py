@@ -8,8 +8,8 @@ GPU ``floor(e * G / E)``, no replicas. Load is ignored.
 
 from __future__ import annotations
 
-from policies.costmodel import CostTable
-from policies.evaluation import LayerPlacement
+from policies.estimate.costmodel import CostTable
+from policies.estimate.evaluation import LayerPlacement
 from policies.request import PlacementRequest, RawPlacement
 from policies.solvers.common import engine_layer
 

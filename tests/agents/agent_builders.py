@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from policies.fleet import Fleet, parse_fleet
-from policies.models import preset
+from policies.estimate.workload import make_workload
+from policies.hardware.fleet import Fleet, parse_fleet
+from policies.model.architecture import preset
 from policies.plan import Plan
 from policies.request import PlacementRequest
 from policies.solve import solve
-from policies.workload import make_workload
 
 
 def small_fleet(nodes: int = 2, gpus_per_node: int = 2, model: str = "H100-SXM5-80GB") -> Fleet:

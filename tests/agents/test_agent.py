@@ -25,7 +25,7 @@ from agents.applier import (
     assignment_from_plan,
 )
 from agents.backoff import BackoffSettings
-from policies.inventory import GpuHealth, NodeInventory, inventory_from_node
+from policies.hardware.inventory import GpuHealth, NodeInventory, inventory_from_node
 
 FAST = BackoffSettings(initial_s=0.02, max_s=0.1, jitter=0.5)
 

@@ -265,7 +265,7 @@ def test_advertise_address_reaches_every_simulated_inventory() -> None:
 
 def test_run_advertises_its_address_in_every_inventory(capsys: pytest.CaptureFixture[str]) -> None:
     from agents.cli import _with_address
-    from policies.inventory import NodeInventory
+    from policies.hardware.inventory import NodeInventory
 
     discover = _with_address(lambda: NodeInventory("n0", ()), "fd00::7")
     assert discover().address == "fd00::7" and discover().node == "n0"

@@ -24,9 +24,9 @@ from agents.discovery.amdsmi import (
     inventory_from_recording,
 )
 from agents.discovery.base import DiscoveryError
-from policies.fleet import Fleet
-from policies.inventory import XGMI_MI300_GENERATION
-from policies.topology import Channel, build_topology
+from policies.hardware.fleet import Fleet
+from policies.hardware.inventory import XGMI_MI300_GENERATION
+from policies.hardware.topology import Channel, build_topology
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "amdsmi" / "mi300x8-modelled.json"
 

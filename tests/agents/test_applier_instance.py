@@ -26,7 +26,7 @@ from agents.applier import (
     parse_env,
 )
 from policies.errors import InputError
-from policies.inventory import inventory_from_node
+from policies.hardware.inventory import inventory_from_node
 
 PREFILL = {
     "role": "prefill",

@@ -24,7 +24,12 @@ from agents.calibrate import (
 )
 from agents.discovery.nvml import NvmlDiscovery
 from agents.runtime.bench_config import BenchConfig, bench_model, workloads
-from policies.costmodel import CostSettings, MeasuredFigures, active_fraction, build_cost_table
+from policies.estimate.costmodel import (
+    CostSettings,
+    MeasuredFigures,
+    active_fraction,
+    build_cost_table,
+)
 from policies.request import PlacementRequest, SolverOptions
 from policies.solve import solve
 

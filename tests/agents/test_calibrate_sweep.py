@@ -18,7 +18,7 @@ from agents.calibrate.fit import (
     sweep_figures,
 )
 from bench.gpu_model import layer_model
-from policies.costmodel import active_fraction
+from policies.estimate.costmodel import active_fraction
 
 TRUE = {
     "hbm_gbytes_per_s": 3600.0,

@@ -10,7 +10,7 @@ from agents.discovery.base import DiscoveryError
 from agents.discovery.static import StaticDiscovery, discover_fleet, load_fleet_file
 from agents.discovery.sysfs import SysfsNicDiscovery, parse_rate_gbits_per_s, parse_roce_version
 from policies.errors import InputError
-from policies.inventory import NodeInventory, check_inventory
+from policies.hardware.inventory import NodeInventory, check_inventory
 
 REPO = Path(__file__).resolve().parents[2]
 MIXED_24 = REPO / "examples" / "fleets" / "mixed-24.yaml"

@@ -1,6 +1,6 @@
 """The fast runtime (agents.runtime.fast) on CPU: its output equals the single-device
 reference for every replica rule and expert kernel, its replica choice is the engine's
-(policies.engines), and two gloo processes give the same result as one. The CUDA-graph
+(policies.estimate.engines), and two gloo processes give the same result as one. The CUDA-graph
 path runs only on a GPU (skipped elsewhere, with the reason)."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from agents.runtime.launch import spawn  # noqa: E402
 from agents.runtime.layer import LayerShape, make_weights, reference_forward  # noqa: E402
 from agents.runtime.replicas import device_map  # noqa: E402
 from agents.runtime.routing import RankPlacement  # noqa: E402
-from policies.replica_choice import served_shares  # noqa: E402
+from policies.estimate.replica_choice import served_shares  # noqa: E402
 
 SHAPE = LayerShape(128, 8, 2, 64, 1, 4, 2, 32)
 CPU = torch.device("cpu")
@@ -86,7 +86,7 @@ def test_one_rank_matches_reference(decode: bool, rule: str) -> None:
 
 def test_replica_choice_is_the_engines() -> None:
     """Static: the pick of SGLang's map (the first replica on the rank's own GPU); even:
-    the shares policies.replica_choice.served_shares gives."""
+    the shares policies.estimate.replica_choice.served_shares gives."""
     rm = replica_map(TWO, 8, "static")
     assert rm.physical == (0, 1, 2, 3, 6, 2, 4, 5, 6, 7)
     assert rm.static_pick[0][2] == 2 and rm.static_pick[1][2] == 5  # own GPU's replica

@@ -21,7 +21,7 @@ from agents.discovery.nvml_recording import (
     K_REMAPPED,
     normalize_bus_id,
 )
-from policies.inventory import inventory_from_dict, inventory_to_dict
+from policies.hardware.inventory import inventory_from_dict, inventory_to_dict
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nvml"
 

@@ -22,7 +22,7 @@ from apis.wire.inventory import (
     inventory_to_proto_json,
 )
 from operators.inputs import deployment_engine
-from policies.engines import (
+from policies.estimate.engines import (
     A2A_BACKENDS,
     DISPATCH_OPTIONS,
     DP_BALANCE_OPTIONS,
@@ -32,8 +32,8 @@ from policies.engines import (
     EngineSpec,
     engine_to_doc,
 )
-from policies.inventory import NodeInventory
-from policies.spec import DeploymentSpec, parse_deployment, spec_to_doc
+from policies.hardware.inventory import NodeInventory
+from policies.spec.build import DeploymentSpec, parse_deployment, spec_to_doc
 
 
 @settings(max_examples=50, deadline=None)

@@ -49,7 +49,7 @@ from typing import Any
 
 import pytest
 
-from policies.engines import PINNED_VERSIONS
+from policies.estimate.engines import PINNED_VERSIONS
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / ".conformance"

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from policies.engines import EngineName, EngineSpec
-from policies.fleet import Fleet, parse_fleet
-from policies.models import ModelSpec
+from policies.estimate.engines import EngineName, EngineSpec
+from policies.estimate.workload import make_workload, synthetic_zipf
+from policies.hardware.fleet import Fleet, parse_fleet
+from policies.model.architecture import ModelSpec
 from policies.plan import Plan
 from policies.request import PlacementRequest
 from policies.solve import solve
-from policies.workload import make_workload, synthetic_zipf
 
 H100 = "H100-SXM5-80GB"
 

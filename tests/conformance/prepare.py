@@ -4,7 +4,7 @@
 skipped when its result is already there (the folder is a cache, ignored by git):
 
 1. ``pip download --no-deps`` the SGLang and vLLM wheels at the versions mixfleet models
-   (:data:`policies.engines.PINNED_VERSIONS`) into ``.conformance/wheels``;
+   (:data:`policies.estimate.engines.PINNED_VERSIONS`) into ``.conformance/wheels``;
 2. unpack each wheel into ``.conformance/src/<engine>-<version>`` (its pure-Python modules are
    what the suite imports; nothing is installed into the project's environment);
 3. ``pip install --no-deps --target .conformance/deps`` the light packages those modules import
@@ -25,7 +25,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from policies.engines import PINNED_VERSIONS
+from policies.estimate.engines import PINNED_VERSIONS
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / ".conformance"

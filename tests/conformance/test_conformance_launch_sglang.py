@@ -31,7 +31,7 @@ from policies.launch import (  # noqa: E402
     LaunchRecipe,
     launch_recipe,
 )
-from policies.models import ModelSpec, from_hf_config  # noqa: E402
+from policies.model.architecture import ModelSpec, from_hf_config  # noqa: E402
 from policies.plan import Plan  # noqa: E402
 
 pytestmark = pytest.mark.conformance

@@ -38,8 +38,9 @@ from pydantic import BaseModel, ConfigDict, PositiveInt, ValidationError
 
 from controlplane.cli.files import dump_document
 from policies.deployment import sub_fleet
-from policies.engines import EngineSpec
-from policies.fleet import Fleet
+from policies.estimate.engines import EngineSpec
+from policies.estimate.workload import make_workload
+from policies.hardware.fleet import Fleet
 from policies.launch import (
     TRANSFER_BACKENDS,
     TRTLLM_SERVER_PORT,
@@ -49,10 +50,9 @@ from policies.launch import (
     planned_instances,
     trtllm_disagg_config,
 )
-from policies.models import preset
+from policies.model.architecture import preset
 from policies.request import PlacementRequest
 from policies.solve import solve
-from policies.workload import make_workload
 
 pytestmark = pytest.mark.conformance
 

@@ -23,14 +23,14 @@ from conformance.plans import H100, eplb_plan, fleet_of
 
 es.require("vllm")
 
-from policies.exports import vllm_needs_eplb  # noqa: E402
+from policies.exports.engine import vllm_needs_eplb  # noqa: E402
 from policies.launch import (  # noqa: E402
     NODE_ADDR_REF,
     TRANSFER_BACKENDS,
     KvTransfer,
     launch_recipe,
 )
-from policies.models import ModelSpec, from_hf_config  # noqa: E402
+from policies.model.architecture import ModelSpec, from_hf_config  # noqa: E402
 from policies.plan import Plan  # noqa: E402
 
 pytestmark = pytest.mark.conformance

@@ -8,7 +8,7 @@ Against the real ``python/sglang/srt/eplb/expert_location.py`` and
     ``ExpertLocationMetadata.init_by_mapping(model_config, **data, moe_ep_rank=r)`` for every
     rank, with the physical width, slots per rank and replicas the plan says; Mixtral gets no
     metadata, and its first MoE forward then fails as measured;
-(b) :func:`policies.replica_choice.sglang_static_map` equals, for every rank, SGLang's own
+(b) :func:`policies.estimate.replica_choice.sglang_static_map` equals, for every rank, SGLang's own
     ``logical_to_rank_dispatch_physical_map`` (``--moe-a2a-backend deepep``,
     ``--ep-dispatch-algorithm static``) on random maps, and SGLang without an all-to-all
     backend splits an expert's tokens evenly over its replicas, as the ``even`` rule says.
@@ -29,12 +29,12 @@ from conformance.plans import H100, eplb_plan, fleet_of
 
 es.require("sglang")
 
-from policies.engines import EngineSpec, resolve_runtime  # noqa: E402
-from policies.execution import SGLANG_PLACEMENT_FAMILIES  # noqa: E402
-from policies.exports import export_plan  # noqa: E402
-from policies.models import ModelSpec, from_hf_config, preset  # noqa: E402
+from policies.estimate.engines import EngineSpec, resolve_runtime  # noqa: E402
+from policies.estimate.execution import SGLANG_PLACEMENT_FAMILIES  # noqa: E402
+from policies.estimate.replica_choice import replicas_of, served_shares, sglang_static_map  # noqa: E402
+from policies.exports.engine import export_plan  # noqa: E402
+from policies.model.architecture import ModelSpec, from_hf_config, preset  # noqa: E402
 from policies.plan import Plan  # noqa: E402
-from policies.replica_choice import replicas_of, served_shares, sglang_static_map  # noqa: E402
 
 pytestmark = pytest.mark.conformance
 

@@ -34,8 +34,8 @@ from conformance.plans import H100, eplb_plan, fleet_of
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from controlplane.cli.files import dump_document
-from policies.exports import TRTLLM_BALANCER_FAMILIES, export_plan
-from policies.models import ModelSpec, from_hf_config, preset
+from policies.exports.engine import TRTLLM_BALANCER_FAMILIES, export_plan
+from policies.model.architecture import ModelSpec, from_hf_config, preset
 from policies.plan import Plan
 
 pytestmark = pytest.mark.conformance

@@ -34,17 +34,17 @@ es.require("vllm")
 
 import torch  # noqa: E402
 
-from policies.engines import EngineSpec, resolve_runtime  # noqa: E402
-from policies.exports import (  # noqa: E402
+from policies.estimate.engines import EngineSpec, resolve_runtime  # noqa: E402
+from policies.estimate.replica_choice import served_shares  # noqa: E402
+from policies.exports.engine import (  # noqa: E402
     VLLM_EPLB_FAMILIES,
     VLLM_LIVE_MAP_WIDTH,
     VLLM_NO_REBALANCE_STEP_INTERVAL,
     export_plan,
 )
 from policies.launch import launch_recipe  # noqa: E402
-from policies.models import ModelSpec, from_hf_config  # noqa: E402
+from policies.model.architecture import ModelSpec, from_hf_config  # noqa: E402
 from policies.plan import Plan  # noqa: E402
-from policies.replica_choice import served_shares  # noqa: E402
 
 pytestmark = pytest.mark.conformance
 

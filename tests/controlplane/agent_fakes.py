@@ -22,7 +22,7 @@ from mixfleet.v1 import agent_pb2, agent_pb2_grpc
 from support.waits import hang_guard_s
 
 from apis.wire.inventory import inventory_to_proto
-from policies.inventory import NodeInventory
+from policies.hardware.inventory import NodeInventory
 
 if TYPE_CHECKING:
     from controlplane.server.inprocess import RunningController
@@ -220,8 +220,8 @@ def small_fleet_doc(nodes: int = 3, gpus_per_node: int = 2) -> dict[str, Any]:
 
 def small_inventories(nodes: int = 3, gpus_per_node: int = 2) -> list[NodeInventory]:
     """Simulated inventories of :func:`small_fleet_doc`."""
-    from policies.fleet import parse_fleet
-    from policies.inventory import inventory_from_node
+    from policies.hardware.fleet import parse_fleet
+    from policies.hardware.inventory import inventory_from_node
 
     fleet = parse_fleet(small_fleet_doc(nodes, gpus_per_node))
     return [inventory_from_node(n) for n in fleet.nodes]

@@ -20,10 +20,10 @@ from mixfleet.v1 import agent_pb2, agent_pb2_grpc, plan_pb2_grpc
 from apis.wire.inventory import inventory_to_proto
 from controlplane.server.inprocess import FAST, RunningController, start_controller
 from policies.deployment import Deployment
-from policies.fleet import Fleet
-from policies.models import preset
+from policies.hardware.fleet import Fleet
+from policies.model.architecture import preset
 from policies.request import SolverOptions
-from policies.spec import DeploymentSpec, WorkloadSpec
+from policies.spec.build import DeploymentSpec, WorkloadSpec
 
 #: Nodes stay usable for 10 minutes after registering: no heartbeats needed.
 SETTINGS = replace(FAST, node_lost_after_s=600.0)

@@ -13,7 +13,7 @@ from cli_builders import RunCli, cli_runner
 
 from controlplane import cli
 from controlplane.cli.problem import deployment_from_args, problem_from_args
-from policies.engines import EngineOptions, EngineSpec
+from policies.estimate.engines import EngineOptions, EngineSpec
 
 FLEET = """\
 apiVersion: mixfleet.io/v1alpha1
@@ -186,8 +186,8 @@ def test_plan_launch_refusals(
 def test_strategy_questions_carry_the_engine(files: dict[str, Path]) -> None:
     """The gRPC strategy services (AdviseBatch...) plan the deployment's engine too."""
     from controlplane.server.strategies import deployment_for
-    from policies.fleet import parse_fleet
-    from policies.spec import DeploymentSpec
+    from policies.hardware.fleet import parse_fleet
+    from policies.spec.build import DeploymentSpec
 
     fleet = parse_fleet(yaml.safe_load(FLEET))
     spec = DeploymentSpec(name="q", model="qwen3-30b-a3b", engine=EngineSpec("trtllm"))

@@ -97,8 +97,8 @@ def test_parser_defaults_are_policies_defaults(path: tuple[str, ...]) -> None:
 def test_deployment_crd_and_request_defaults_are_policies_defaults() -> None:
     from apis.kube import v1alpha1
     from policies.request import SolverOptions
-    from policies.spec import parse_deployment
-    from policies.spec_types import DeploymentSpec, WorkloadSpec
+    from policies.spec.build import parse_deployment
+    from policies.spec.types import DeploymentSpec, WorkloadSpec
 
     w, d = WorkloadSpec(), DeploymentSpec(name="x")
     assert w.tokens_per_gpu == defaults.DEFAULT_TOKENS_PER_GPU["decode"]
@@ -225,7 +225,7 @@ def test_plan_compare_saved_plans_with_cost(run_cli: RunCli, solved: dict[str, P
     code, out, _ = run_cli("plan", "compare", solved["engine"], solved["native"], "-o", "json")
     rows = json.loads(out)["plans"]
     assert [r["policy"] for r in rows] == ["ilp", "greedy"]
-    from policies.cost import PriceTable, plan_cost
+    from policies.advice.cost import PriceTable, plan_cost
 
     want = plan_cost(read_plan(solved["engine"]), PriceTable()).usd_per_million_tokens
     assert rows[0]["usd_per_million_tokens"] == pytest.approx(want)
@@ -293,7 +293,7 @@ def test_import_is_cheap() -> None:
     code = (
         "import sys, controlplane.cli; "
         "print([m for m in ('grpc', 'pulp', 'numpy', 'networkx', 'yaml', 'policies.solve', "
-        "'policies.cost', 'apis.wire', 'controlplane.server') if m in sys.modules])"
+        "'policies.advice.cost', 'apis.wire', 'controlplane.server') if m in sys.modules])"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"

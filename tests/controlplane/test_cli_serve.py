@@ -19,7 +19,7 @@ from policies.serving.curves import StepCurve
 from policies.serving.plan import InstanceGroup, KvPath, Pool, ServingPlan, plan_to_doc
 from policies.serving.simulate import SimOptions, report_to_doc, simulate
 from policies.serving.traffic import LengthDist, Slo, Traffic
-from policies.spec import parse_deployment
+from policies.spec.build import parse_deployment
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -23,7 +23,7 @@ from controlplane.server.reconcile import (
     reconcile,
 )
 from policies.solve import solve
-from policies.spec import build_request
+from policies.spec.build import build_request
 
 S = ReconcileSettings(node_lost_after_s=10.0, contingency_max_nodes=8)
 

@@ -34,11 +34,11 @@ from controlplane.server.controller.instance_records import (
 )
 from controlplane.server.inprocess import FAST, start_controller
 from controlplane.store import Store
-from policies.engines import EngineSpec
-from policies.fleet import parse_fleet
-from policies.inventory import NodeInventory, inventory_from_node
+from policies.estimate.engines import EngineSpec
+from policies.hardware.fleet import parse_fleet
+from policies.hardware.inventory import NodeInventory, inventory_from_node
 from policies.serving.traffic import LengthDist, Slo, Traffic
-from policies.spec import DeploymentSpec, WorkloadSpec
+from policies.spec.build import DeploymentSpec, WorkloadSpec
 
 SPEC = DeploymentSpec(
     "q",

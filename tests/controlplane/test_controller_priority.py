@@ -18,7 +18,7 @@ from test_controller_instances_e2e import SETTINGS, SPEC, _apply, _inventories, 
 
 from controlplane.server.inprocess import start_controller
 from controlplane.store import Store
-from policies.spec import DeploymentSpec, WorkloadSpec
+from policies.spec.build import DeploymentSpec, WorkloadSpec
 
 assert SPEC.traffic is not None
 HUNGRY = replace(SPEC, traffic=replace(SPEC.traffic, requests_per_s=1000.0))

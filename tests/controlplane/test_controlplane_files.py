@@ -18,7 +18,7 @@ from controlplane.cli.files import (
     read_plan,
 )
 from policies.errors import InputError
-from policies.models import preset
+from policies.model.architecture import preset
 
 
 def test_fleet_yaml_and_json_read_alike(tmp_path: Path) -> None:

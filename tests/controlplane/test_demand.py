@@ -28,7 +28,7 @@ from controlplane.server.controller.measured import (
 )
 from policies.errors import InputError
 from policies.serving.traffic import LengthDist, Slo, Traffic
-from policies.spec import DeploymentSpec
+from policies.spec.build import DeploymentSpec
 
 PLANNED = Traffic(10.0, LengthDist(1000, 1500), LengthDist(200, 300))
 SPEC = DeploymentSpec("d", model="m", traffic=PLANNED, slo=Slo(ttft_ms=1000, tpot_ms=50))

@@ -22,9 +22,9 @@ from controlplane.server.controller.instance_records import (
 )
 from controlplane.server.controller.measured import TrafficWindow
 from controlplane.server.inprocess import RunningController
-from policies.engines import EngineSpec
+from policies.estimate.engines import EngineSpec
 from policies.serving.traffic import LengthDist, Slo, Traffic
-from policies.spec import DeploymentSpec
+from policies.spec.build import DeploymentSpec
 
 PLANNED = DeploymentSpec(
     "p",

@@ -10,9 +10,9 @@ import yaml
 
 from apis.wire.deployment import spec_from_proto, spec_to_proto
 from policies.errors import InputError
-from policies.fleet import parse_fleet
-from policies.models import preset
-from policies.spec import (
+from policies.hardware.fleet import parse_fleet
+from policies.model.architecture import preset
+from policies.spec.build import (
     DeploymentSpec,
     build_request,
     effective_redundant,

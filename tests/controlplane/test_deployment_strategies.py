@@ -21,12 +21,12 @@ from mixfleet.v1 import plan_pb2, plan_pb2_grpc
 from apis.wire.deployment import spec_from_proto, spec_to_proto
 from controlplane.server.inprocess import start_controller
 from controlplane.wire.plans import deployment_to_proto
-from policies.cost import DEFAULT_USD_PER_GPU_HOUR
+from policies.advice.cost import DEFAULT_USD_PER_GPU_HOUR
 from policies.errors import InputError
-from policies.fleet import Fleet, parse_fleet
+from policies.hardware.fleet import Fleet, parse_fleet
 from policies.request import check_request
 from policies.solve import solve
-from policies.spec import (
+from policies.spec.build import (
     DeploymentSpec,
     WorkloadSpec,
     build_request,

@@ -28,13 +28,13 @@ from controlplane.server.controller.instance_records import (
 )
 from controlplane.server.inprocess import start_controller
 from controlplane.store import Store
-from policies.engines import EngineSpec
 from policies.errors import InputError
-from policies.fleet import parse_fleet
-from policies.inventory import NodeInventory, inventory_from_node
+from policies.estimate.engines import EngineSpec
+from policies.hardware.fleet import parse_fleet
+from policies.hardware.inventory import NodeInventory, inventory_from_node
 from policies.limits import check_host_address
 from policies.serving.traffic import LengthDist, Slo, Traffic
-from policies.spec import DeploymentSpec, WorkloadSpec
+from policies.spec.build import DeploymentSpec, WorkloadSpec
 
 ENGINE_TOKEN = "engine-token-0123456789abcdef"
 VIEWER_TOKEN = "viewer-token-0123456789abcdef"

@@ -9,7 +9,7 @@ from controlplane.server.controller.instance_records import (
     is_planned,
 )
 from policies.serving.traffic import LengthDist, Slo, Traffic
-from policies.spec import DeploymentSpec
+from policies.spec.build import DeploymentSpec
 
 
 def test_a_record_reads_back_as_written() -> None:

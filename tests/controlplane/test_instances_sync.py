@@ -28,11 +28,11 @@ from controlplane.server.controller.instance_records import (
 from controlplane.server.inprocess import FAST
 from controlplane.store import Store, StoredDeployment
 from controlplane.store.sqlite import SqliteStore
-from policies.fleet import Fleet
 from policies.fleetplan import FleetDeployment, FleetPlan, MemoryCurveCache, PlanRequest, plan_fleet
-from policies.inventory import inventory_from_node
+from policies.hardware.fleet import Fleet
+from policies.hardware.inventory import inventory_from_node
 from policies.solve import solve
-from policies.spec import DeploymentSpec, build_request
+from policies.spec.build import DeploymentSpec, build_request
 
 CACHE = MemoryCurveCache()
 FLEET = Fleet("f", tuple(inv.to_node(healthy_only=True) for inv in _inventories()))

@@ -12,13 +12,13 @@ import yaml
 from cli_builders import TINY_FLEET
 
 from controlplane.cli.render import plan_picture, render_plan, type_colours
-from policies.engines import EngineSpec
 from policies.errors import InputError
-from policies.fleet import Fleet, parse_fleet
-from policies.models import preset
+from policies.estimate.engines import EngineSpec
+from policies.estimate.workload import make_workload, synthetic_zipf
+from policies.hardware.fleet import Fleet, parse_fleet
+from policies.model.architecture import preset
 from policies.request import PlacementRequest, PlacementResult, SolverOptions
 from policies.solve import solve
-from policies.workload import make_workload, synthetic_zipf
 
 LOAD = "synthetic:zipf:1.2:seed=5"
 

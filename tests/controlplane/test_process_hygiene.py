@@ -98,8 +98,8 @@ def test_a_solve_over_its_time_bound_is_stopped_and_the_pool_recovers() -> None:
 
     from controlplane.errors import PreconditionError
     from controlplane.server.solver_pool import SolverPool
-    from policies.fleet import parse_fleet
-    from policies.spec import DeploymentSpec, build_request
+    from policies.hardware.fleet import parse_fleet
+    from policies.spec.build import DeploymentSpec, build_request
 
     nic = [{"count": 8, "per_direction_gbits_per_s": 400, "fabric": "ib0"}]
     nodes = [

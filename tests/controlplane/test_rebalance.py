@@ -18,11 +18,11 @@ from mixfleet.v1 import engine_pb2, engine_pb2_grpc, plan_pb2, plan_pb2_grpc
 from apis.wire.deployment import spec_to_proto
 from controlplane.server.inprocess import RunningController, start_controller
 from policies.assignment import diff_plans, imbalance_under_load
-from policies.fleet import parse_fleet
-from policies.models import ModelSpec, from_hf_config
+from policies.estimate.workload import synthetic_zipf
+from policies.hardware.fleet import parse_fleet
+from policies.model.architecture import ModelSpec, from_hf_config
 from policies.solve import solve
-from policies.spec import DeploymentSpec, RebalanceSpec, WorkloadSpec, build_request
-from policies.workload import synthetic_zipf
+from policies.spec.build import DeploymentSpec, RebalanceSpec, WorkloadSpec, build_request
 
 #: A 4-layer, 32-expert Qwen3-MoE-shaped model: small enough for the ILP to solve in a second.
 MINI_MOE = {

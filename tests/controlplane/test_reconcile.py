@@ -21,7 +21,7 @@ from controlplane.server.reconcile import (
     inputs_key,
     reconcile,
 )
-from policies.spec import DeploymentSpec, RebalanceSpec
+from policies.spec.build import DeploymentSpec, RebalanceSpec
 
 S = ReconcileSettings(node_lost_after_s=10.0, retry_after_abort_s=30.0, retry_after_error_s=5.0)
 NOW = 1000.0

@@ -19,7 +19,7 @@ from mixfleet.v1 import engine_pb2, engine_pb2_grpc, plan_pb2, plan_pb2_grpc
 from apis.wire.deployment import spec_to_proto
 from controlplane.server.controller import ControllerSettings
 from controlplane.server.inprocess import FAST, RunningController, start_controller
-from policies.spec import DeploymentSpec, WorkloadSpec
+from policies.spec.build import DeploymentSpec, WorkloadSpec
 
 SPEC = DeploymentSpec(
     name="mx",

@@ -17,8 +17,8 @@ from test_schedule_e2e import BASE
 from apis.wire.deployment import spec_to_proto
 from controlplane.server.inprocess import start_controller
 from controlplane.store import Store
-from policies.fleet import parse_fleet
-from policies.inventory import NodeInventory, inventory_from_node
+from policies.hardware.fleet import parse_fleet
+from policies.hardware.inventory import NodeInventory, inventory_from_node
 
 
 def _h100_inventories(nodes: int) -> list[NodeInventory]:

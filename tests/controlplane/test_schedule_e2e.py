@@ -18,7 +18,7 @@ from test_rebalance import MINI_MOE  # the small Qwen3-MoE-shaped model
 from apis.wire.deployment import spec_to_proto
 from controlplane.server.inprocess import start_controller
 from controlplane.store import Store
-from policies.spec import DeploymentSpec, WorkloadSpec
+from policies.spec.build import DeploymentSpec, WorkloadSpec
 
 BASE = DeploymentSpec(
     name="x",

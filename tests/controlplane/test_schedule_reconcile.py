@@ -13,7 +13,7 @@ from controlplane.server.reconcile import (
     inputs_key,
     reconcile,
 )
-from policies.spec import DeploymentSpec
+from policies.spec.build import DeploymentSpec
 
 NOW = 1000.0
 S = ReconcileSettings()

@@ -31,7 +31,7 @@ from controlplane.server.inprocess import start_controller
 from controlplane.server.services import ServerOptions, create_server
 from controlplane.store.sqlite import SqliteStore
 from policies.errors import InputError
-from policies.spec import DeploymentSpec
+from policies.spec.build import DeploymentSpec
 
 ADMIN = "admin-token-0123456789abcdef"
 VIEWER = "viewer-token-0123456789abcdef"

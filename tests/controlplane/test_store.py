@@ -17,18 +17,18 @@ from controlplane.errors import AlreadyExistsError, NotFoundError, PreconditionE
 from controlplane.store import LoadWindow, StoredAck, StoredNode, open_store
 from controlplane.store.sqlite import SCHEMA_VERSION, SqliteStore
 from policies.assignment import split_plan
-from policies.fleet import parse_fleet
+from policies.estimate.workload import make_workload
+from policies.hardware.fleet import parse_fleet
 from policies.plan import Plan
 from policies.request import PlacementRequest
 from policies.solve import solve
-from policies.spec import DeploymentSpec
-from policies.workload import make_workload
+from policies.spec.build import DeploymentSpec
 
 SPEC = DeploymentSpec(name="mx", model="mixtral-8x7b", policy="greedy")
 
 
 def _plan() -> Plan:
-    from policies.models import preset
+    from policies.model.architecture import preset
 
     model = preset("mixtral-8x7b")
     fleet = parse_fleet(small_fleet_doc())

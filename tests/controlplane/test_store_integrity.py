@@ -118,7 +118,7 @@ HOLDER = textwrap.dedent(
     if sys.argv[2] == "no-lock":
         guard.fcntl.flock = lambda fd, op: None
     from controlplane.store.sqlite import SqliteStore
-    from policies.spec import DeploymentSpec
+    from policies.spec.build import DeploymentSpec
     s = SqliteStore(sys.argv[1], new=False)
     if sys.argv[2] == "no-lock":
         s.put_deployment(DeploymentSpec(name="b", model="mixtral-8x7b"), now_s=9.0)

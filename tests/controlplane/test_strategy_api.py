@@ -32,11 +32,11 @@ from strategy_fixtures import (
 
 from apis.wire.deployment import spec_to_proto
 from controlplane.server.inprocess import start_controller
-from policies.advise import BatchPoint, advise_batch, advise_context
-from policies.cost import DEFAULT_USD_PER_GPU_HOUR, PriceTable, min_cost, plan_cost
-from policies.spec import WorkloadSpec
-from policies.tier_planner import plan_tiers
-from policies.tiers import BatchTier, InteractiveTier, TierRequest
+from policies.advice.advise import BatchPoint, advise_batch, advise_context
+from policies.advice.cost import DEFAULT_USD_PER_GPU_HOUR, PriceTable, min_cost, plan_cost
+from policies.advice.tier_planner import plan_tiers
+from policies.advice.tiers import BatchTier, InteractiveTier, TierRequest
+from policies.spec.build import WorkloadSpec
 
 # ------------------------------------------------------------------------------ batch
 

@@ -17,7 +17,7 @@ from support.waits import hang_guard_s
 from agents.agent import AgentSettings, TlsFiles
 from agents.applier import parse_env
 from agents.backoff import BackoffSettings
-from policies.fleet import Fleet, parse_fleet
+from policies.hardware.fleet import Fleet, parse_fleet
 
 #: Agents retry quickly in tests.
 FAST_BACKOFF = BackoffSettings(initial_s=0.05, max_s=0.3, jitter=0.5)

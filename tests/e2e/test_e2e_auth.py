@@ -17,7 +17,7 @@ from agents.applier import MemoryApplier
 from controlplane.server.certs import init_dev_pki, issue
 from controlplane.server.inprocess import start_controller
 from controlplane.server.services import TlsFiles as ServerTls
-from policies.inventory import inventory_from_node
+from policies.hardware.inventory import inventory_from_node
 
 
 def _agent(address: str, node: str, tls: TlsFiles | None, token: str = "") -> Agent:

@@ -33,9 +33,9 @@ from controlplane.server.controller.rollout import Rollouts
 from controlplane.server.inprocess import FAST, start_controller
 from controlplane.store import Store
 from controlplane.wire.plans import assignment_to_proto
-from policies.engines import EngineSpec
+from policies.estimate.engines import EngineSpec
 from policies.serving.traffic import LengthDist, Slo, Traffic
-from policies.spec import DeploymentSpec, WorkloadSpec
+from policies.spec.build import DeploymentSpec, WorkloadSpec
 
 PLANNED = DeploymentSpec(
     "q",

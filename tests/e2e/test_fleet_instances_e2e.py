@@ -52,7 +52,7 @@ from agents.simulate import SimulatedFleet
 from apis.wire.deployment import spec_to_proto
 from controlplane.server.controller.demand import DemandSettings
 from controlplane.server.inprocess import start_controller
-from policies.engines import EngineName
+from policies.estimate.engines import EngineName
 
 REQUESTS = 240  # one request is 1/240 = 0.004 of the burst
 CLIENTS = 8  # concurrent clients: below every instance's batch limit, so none waits

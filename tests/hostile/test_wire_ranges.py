@@ -1,5 +1,5 @@
 """Every integer of a deployment spec that travels in a 32-bit wire field is bounded where
-the spec is parsed (policies.spec), so ``deploy apply`` refuses it with one ``error:`` line
+the spec is parsed (policies.spec.build), so ``deploy apply`` refuses it with one ``error:`` line
 naming the field instead of the wire encoder raising (``minGpus: 2147483648`` was a
 ValueError traceback)."""
 
@@ -16,7 +16,7 @@ from mixfleet.v1 import plan_pb2
 from apis.wire.deployment import spec_from_proto, spec_to_proto
 from policies.errors import InputError
 from policies.limits import MAX_WIRE_INT32
-from policies.spec import parse_deployment
+from policies.spec.build import parse_deployment
 
 #: Document path -> how to set it in a spec document; every int32 field of
 #: mixfleet.v1.DeploymentSpec and the messages inside it.

@@ -20,8 +20,8 @@ from apis.kube.v1alpha1 import (
 )
 from operators.decide import SolveAction
 from operators.observe import DeploymentView, NodeView, Observed, PlanView, SolveOutcome
-from policies.fleet import parse_node
-from policies.inventory import NodeInventory, inventory_from_node
+from policies.hardware.fleet import parse_node
+from policies.hardware.inventory import NodeInventory, inventory_from_node
 from policies.solve import solve
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)

@@ -39,8 +39,8 @@ from apis.kube.errors import ConflictError, NotFoundError
 from apis.kube.gpunode import gpunode_object, gpunode_status
 from apis.kube.schema import to_wire
 from apis.kube.v1alpha1 import GPUNodeSpec
-from policies.fleet import Fleet, parse_fleet
-from policies.inventory import NodeInventory
+from policies.hardware.fleet import Fleet, parse_fleet
+from policies.hardware.inventory import NodeInventory
 
 E2E_ENV = "MIXFLEET_E2E_KUBECONFIG"
 CRD_DIR = Path(__file__).resolve().parents[2] / "charts" / "mixfleet" / "crds"

@@ -29,7 +29,7 @@ from apis.kube.client import (
 )
 from controlplane.server.inprocess import start_controller
 from controlplane.store.kubernetes import KubernetesStore
-from policies.fleet import Fleet
+from policies.hardware.fleet import Fleet
 
 
 def _fleet(cluster: Cluster) -> Fleet:

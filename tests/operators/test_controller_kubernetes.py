@@ -19,12 +19,12 @@ from apis.kube.v1alpha1 import API_VERSION
 from controlplane.server import reconcile as rc
 from controlplane.server.inprocess import FAST, start_controller
 from controlplane.store.kubernetes import KubernetesStore
-from policies.fleet import parse_fleet
-from policies.models import preset
+from policies.estimate.workload import make_workload
+from policies.hardware.fleet import parse_fleet
+from policies.model.architecture import preset
 from policies.plan import Plan
 from policies.request import PlacementRequest
 from policies.solve import solve
-from policies.workload import make_workload
 
 SETTINGS = dataclasses.replace(FAST, node_lost_after_s=600.0)
 BASES = {"h100-0": "H100-SXM5-80GB", "a100-0": "A100-SXM4-80GB"}

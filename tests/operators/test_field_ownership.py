@@ -22,7 +22,7 @@ from apis.kube.v1alpha1 import API_VERSION
 from controlplane.errors import PreconditionError
 from controlplane.store.base import StoredNode
 from controlplane.store.kubernetes import KubernetesStore
-from policies.spec import DeploymentSpec, WorkloadSpec
+from policies.spec.build import DeploymentSpec, WorkloadSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 CORDON_EXAMPLE = ROOT / "examples" / "k8s" / "gpunode-cordon.yaml"

@@ -14,13 +14,13 @@ from apis.kube.client import MODEL_DEPLOYMENTS, PARTITION_PLANS
 from controlplane.errors import AlreadyExistsError, NotFoundError, PreconditionError
 from controlplane.store.base import LoadWindow, Store, StoredAck, StoredNode
 from controlplane.store.kubernetes import KubernetesStore, from_time, to_time
-from policies.fleet import parse_fleet
-from policies.models import preset
+from policies.estimate.workload import make_workload
+from policies.hardware.fleet import parse_fleet
+from policies.model.architecture import preset
 from policies.plan import Plan
 from policies.request import PlacementRequest
 from policies.solve import solve
-from policies.spec import DeploymentSpec, WorkloadSpec
-from policies.workload import make_workload
+from policies.spec.build import DeploymentSpec, WorkloadSpec
 
 SPEC = DeploymentSpec(
     name="mx",

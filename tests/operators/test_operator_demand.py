@@ -26,7 +26,7 @@ from operators.decide import ApplyChild, ApplyStatus
 from operators.fleet_schedule import FleetAssignments
 from operators.parent import reconcile_parent
 from policies.serving.traffic import Traffic, traffic_from_doc, traffic_to_doc
-from policies.spec import DeploymentSpec
+from policies.spec.build import DeploymentSpec
 
 NOW = T0 + timedelta(seconds=5)
 NODES = [node_view(n, inv=inventory(n, "h100-0")) for n in ("h100-0", "h100-1", "h100-2")]

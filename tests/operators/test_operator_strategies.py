@@ -43,12 +43,12 @@ from operators.decide import (
 )
 from operators.observe import ConfigMapView, Observed, ReconcileSettings, TierOutcome
 from operators.operator import Operator, OperatorSettings
-from policies.cost import DEFAULT_USD_PER_GPU_HOUR
+from policies.advice.cost import DEFAULT_USD_PER_GPU_HOUR
+from policies.advice.tier_planner import plan_tiers
+from policies.advice.tiers import TierRequest
 from policies.errors import InputError
-from policies.fleet import parse_node
-from policies.inventory import inventory_from_node
-from policies.tier_planner import plan_tiers
-from policies.tiers import TierRequest
+from policies.hardware.fleet import parse_node
+from policies.hardware.inventory import inventory_from_node
 
 SETTINGS = ReconcileSettings(node_stale_after_s=90.0, plan_history=2, solver_error_retry_s=60.0)
 #: Met by one two-GPU H100 node (about 24 requests/s), not by the whole test fleet.
@@ -494,7 +494,7 @@ def test_controller_store_keeps_the_strategy_fields_of_a_model_deployment(
     cluster: Cluster,
 ) -> None:
     from controlplane.store.kubernetes import KubernetesStore
-    from policies.spec import DeploymentSpec, WorkloadSpec
+    from policies.spec.build import DeploymentSpec, WorkloadSpec
 
     store = KubernetesStore(cluster.kube("store-setup"), cluster.namespace)
     try:

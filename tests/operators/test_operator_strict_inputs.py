@@ -16,7 +16,7 @@ from operators.decide import ApplyStatus, SolveAction, reconcile
 from operators.inputs import solve_inputs
 from operators.observe import ReconcileSettings
 from policies.errors import InputError
-from policies.inventory import NicInventory
+from policies.hardware.inventory import NicInventory
 
 SETTINGS = ReconcileSettings(node_stale_after_s=90.0, plan_history=2, solver_error_retry_s=60.0)
 

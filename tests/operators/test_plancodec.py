@@ -14,12 +14,12 @@ from apis.kube.plancodec import decode_plan, encode_plan, plan_spec
 from apis.kube.schema import from_wire, to_wire
 from apis.kube.v1alpha1 import MAX_PLAN_DATA_CHARS, PARTITION_PLAN, PartitionPlanSpec
 from policies.errors import InputError
-from policies.fleet import parse_fleet
-from policies.models import preset
+from policies.estimate.workload import make_workload, synthetic_zipf
+from policies.hardware.fleet import parse_fleet
+from policies.model.architecture import preset
 from policies.plan import Plan
 from policies.request import PlacementRequest
 from policies.solve import solve
-from policies.workload import make_workload, synthetic_zipf
 
 ROOT = Path(__file__).resolve().parents[2]
 OBJECT_LIMIT_BYTES = 1_500_000  # etcd's default request limit, which caps one object

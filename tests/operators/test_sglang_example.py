@@ -25,11 +25,11 @@ from apis.kube.plancodec import decode_plan
 from operators.decide import ApplyConfigMap, ApplyPlan, SolveAction, reconcile
 from operators.inputs import deployment_engine
 from operators.objects import ENGINE_FILES, LAUNCH_SCRIPT, MOUNT_DIR, config_map_keys
-from policies.engines import EngineSpec
-from policies.fleet import parse_node
-from policies.inventory import inventory_from_node
+from policies.estimate.engines import EngineSpec
+from policies.hardware.fleet import parse_node
+from policies.hardware.inventory import inventory_from_node
 from policies.launch import launch_recipe
-from policies.models import preset
+from policies.model.architecture import preset
 from policies.plan import Plan
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -53,7 +53,7 @@ from apis.kube.v1alpha1 import API_VERSION
 from controlplane.router.state import rank_weights
 from controlplane.server.inprocess import start_controller
 from controlplane.store.kubernetes import KubernetesStore
-from policies.fleet import Fleet
+from policies.hardware.fleet import Fleet
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from policies.fleet import Fleet, parse_fleet
-from policies.models import ModelSpec, from_hf_config
+from policies.estimate.workload import Workload, make_workload
+from policies.hardware.fleet import Fleet, parse_fleet
+from policies.model.architecture import ModelSpec, from_hf_config
 from policies.request import PlacementRequest, SolverOptions
-from policies.workload import Workload, make_workload
 
 
 def tiny_model(

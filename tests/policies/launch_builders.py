@@ -3,13 +3,13 @@ plan solved on it, and the ``--flag value`` pairs of a command line."""
 
 from __future__ import annotations
 
-from policies.engines import EngineSpec
-from policies.fleet import Fleet, parse_fleet
-from policies.models import ModelSpec, preset
+from policies.estimate.engines import EngineSpec
+from policies.estimate.workload import make_workload
+from policies.hardware.fleet import Fleet, parse_fleet
+from policies.model.architecture import ModelSpec, preset
 from policies.plan import Plan
 from policies.request import PlacementRequest
 from policies.solve import solve
-from policies.workload import make_workload
 
 QWEN = preset("qwen3-30b-a3b")
 MIXTRAL = preset("mixtral-8x7b")

@@ -7,18 +7,18 @@ from dataclasses import replace
 import pytest
 from builders import fleet, fleet_doc, tiny_model
 
-from policies.advise import (
+from policies.advice.advise import (
     advise_batch,
     advise_context,
     equal_split_start,
     plan_context_capacity,
     solve_batch,
 )
-from policies.costmodel import build_cost_table
 from policies.deployment import Deployment, engine_redundancy, try_solve
 from policies.errors import InputError
-from policies.fleet import Fleet, parse_fleet
-from policies.models import ModelSpec, from_hf_config
+from policies.estimate.costmodel import build_cost_table
+from policies.hardware.fleet import Fleet, parse_fleet
+from policies.model.architecture import ModelSpec, from_hf_config
 from policies.request import SolverOptions
 
 OPTIONS = SolverOptions(time_limit_s=5.0, workers=1)

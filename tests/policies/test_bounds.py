@@ -30,11 +30,12 @@ from hypothesis import strategies as st
 from bench import determinism
 from bench.placement import FLEETS, SCENARIOS, _request
 from controlplane.cli.files import read_fleet
-from policies.costmodel import CostTable, build_cost_table
-from policies.engines import EngineOptions, EngineSpec
-from policies.evaluation import evaluate
-from policies.execution import runtime_of
-from policies.models import preset
+from policies.estimate.costmodel import CostTable, build_cost_table
+from policies.estimate.engines import EngineOptions, EngineSpec
+from policies.estimate.evaluation import evaluate
+from policies.estimate.execution import runtime_of
+from policies.estimate.workload import make_workload, synthetic_zipf
+from policies.model.architecture import preset
 from policies.plan import Plan
 from policies.request import POLICIES, PlacementRequest, SolverOptions
 from policies.solve import solve
@@ -48,7 +49,6 @@ from policies.solvers.ilp_bound import (
     tangent_lines,
 )
 from policies.solvers.milp import WORK_ONLY_ENV
-from policies.workload import make_workload, synthetic_zipf
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 GPU_TYPES = ["A100-SXM4-80GB", "A100-SXM4-40GB", "H100-SXM5-80GB", "H200-SXM-141GB", "L40S", "B200"]

@@ -1,4 +1,4 @@
-"""Round trips of the pure JSON codecs: NodeInventory (policies.inventory) and Plan /
+"""Round trips of the pure JSON codecs: NodeInventory (policies.hardware.inventory) and Plan /
 GpuPlan (policies.plan), with builders that set every field (support.codec_builders)."""
 
 from __future__ import annotations
@@ -12,8 +12,13 @@ from hypothesis import given, settings
 from support.codec_builders import assert_every_field_set, gpu_plan, node_inventory, plan
 
 from policies.errors import InputError
-from policies.fleet import parse_fleet
-from policies.inventory import NicInventory, NodeInventory, inventory_from_dict, inventory_to_dict
+from policies.hardware.fleet import parse_fleet
+from policies.hardware.inventory import (
+    NicInventory,
+    NodeInventory,
+    inventory_from_dict,
+    inventory_to_dict,
+)
 from policies.plan import GpuPlan, Plan, gpu_plan_from_dict, gpu_plan_to_dict, plan_from_dict
 
 
@@ -71,7 +76,7 @@ def test_inventory_json_reads_pre_rename_keys() -> None:
 
 
 def _one_of_each() -> NodeInventory:
-    from policies.inventory import GpuHealth, GpuInventory, NvLinkInfo
+    from policies.hardware.inventory import GpuHealth, GpuInventory, NvLinkInfo
 
     g = GpuInventory(
         0,

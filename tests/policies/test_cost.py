@@ -8,8 +8,7 @@ import math
 import pytest
 from builders import fleet, tiny_model
 
-from policies.catalog import catalog_names
-from policies.cost import (
+from policies.advice.cost import (
     DEFAULT_USD_PER_GPU_HOUR,
     PriceTable,
     fleet_usd_per_hour,
@@ -21,6 +20,7 @@ from policies.cost import (
 )
 from policies.deployment import Deployment, node_groups, sub_fleet, try_solve
 from policies.errors import InfeasibleError, InputError
+from policies.hardware.catalog import catalog_names
 from policies.request import SolverOptions
 
 NODES = [

@@ -1,5 +1,5 @@
 """The target engine as an input: parsing, the one runtime per EP group, replica choice and
-DP balancing as each engine executes a plan (policies/engines.py, policies/execution.py).
+DP balancing as each engine executes a plan (policies/estimate/engines.py, policies/estimate/execution.py).
 
 The replay of SGLang's own dispatch computation is checked against SGLang's code in
 tests/conformance/; here its properties and the solve-level consequences are checked.
@@ -15,8 +15,9 @@ from builders import fleet, request, tiny_model, workload
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies.costmodel import build_cost_table
-from policies.engines import (
+from policies.errors import InputError
+from policies.estimate.costmodel import build_cost_table
+from policies.estimate.engines import (
     EngineOptions,
     EngineSpec,
     engine_to_doc,
@@ -24,17 +25,16 @@ from policies.engines import (
     parse_engine,
     resolve_runtime,
 )
-from policies.errors import InputError
-from policies.evaluation import LayerPlacement, evaluate, gather_times_us
-from policies.execution import executed, runtime_of
-from policies.models import preset
-from policies.replica_choice import (
+from policies.estimate.evaluation import LayerPlacement, evaluate, gather_times_us
+from policies.estimate.execution import executed, runtime_of
+from policies.estimate.replica_choice import (
     _nearest,
     dispatch,
     replicas_of,
     served_shares,
     sglang_static_map,
 )
+from policies.model.architecture import preset
 from policies.request import PlacementRequest, RawPlacement
 from policies.solve import solve
 from policies.solvers import locality
@@ -359,7 +359,7 @@ def test_executed_keeps_planned_shares_for_native() -> None:
 
 
 def test_dp_balance_auto_is_router_where_the_http_api_takes_a_rank_and_engine_for_trtllm() -> None:
-    from policies.engines import parse_engine
+    from policies.estimate.engines import parse_engine
 
     assert parse_engine({"name": "sglang"}).dp_balance == "router"
     assert parse_engine({"name": "vllm"}).dp_balance == "router"

@@ -1,4 +1,4 @@
-"""Engine exports of plans (policies/exports.py, policies/export_manifest.py): shapes, replica
+"""Engine exports of plans (policies/exports/engine.py, policies/exports/manifest.py): shapes, replica
 counts, round trip, the refusals (infeasible, invalid, other engine, unplaceable model), the
 TensorRT-LLM MTP rows and the manifest's rank -> GPU order.
 
@@ -14,22 +14,22 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies.engines import EngineSpec
 from policies.errors import InputError
-from policies.export_manifest import export_manifest
-from policies.exports import (
+from policies.estimate.engines import EngineSpec
+from policies.estimate.workload import make_workload, synthetic_zipf
+from policies.exports.engine import (
     EXPORT_FORMATS,
     VLLM_NO_REBALANCE_STEP_INTERVAL,
     export_plan,
     export_sidecar,
     placement_document,
 )
-from policies.fleet import Fleet, parse_fleet
-from policies.models import ModelSpec, from_hf_config, preset
+from policies.exports.manifest import export_manifest
+from policies.hardware.fleet import Fleet, parse_fleet
+from policies.model.architecture import ModelSpec, from_hf_config, preset
 from policies.plan import ExpertSlot, Plan, validate_plan
 from policies.request import PlacementRequest
 from policies.solve import solve
-from policies.workload import make_workload, synthetic_zipf
 
 # A DeepSeek-shaped model small enough to solve in milliseconds: 1 dense layer, then 3 MoE
 # layers of 16 experts.

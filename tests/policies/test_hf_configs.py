@@ -1,5 +1,5 @@
 """Published Hugging Face ``config.json`` files of the most used open MoE models, read into
-:class:`policies.models.ModelSpec` (tests/fixtures/hf_configs/).
+:class:`policies.model.architecture.ModelSpec` (tests/fixtures/hf_configs/).
 
 Each fixture holds the fields as published; where a copy dropped fields it says so below.
 Sources (the stored copies the fixture files were taken from, unchanged):
@@ -40,10 +40,10 @@ from builders import fleet, workload
 
 from apis.wire.deployment import spec_from_proto, spec_to_proto
 from controlplane.cli import main
-from policies.costmodel import build_cost_table
 from policies.errors import InputError
-from policies.models import ModelSpec, from_hf_config, preset
-from policies.spec import DeploymentSpec, resolve_model
+from policies.estimate.costmodel import build_cost_table
+from policies.model.architecture import ModelSpec, from_hf_config, preset
+from policies.spec.build import DeploymentSpec, resolve_model
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf_configs"
 REPO = Path(__file__).resolve().parents[2]

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 import pytest
 from builders import fleet, request, tiny_model, workload
 
-from policies.costmodel import CostTable, build_cost_table
-from policies.evaluation import LayerPlacement, comm_times_us, served_fractions
+from policies.estimate.costmodel import CostTable, build_cost_table
+from policies.estimate.evaluation import LayerPlacement, comm_times_us, served_fractions
 from policies.solve import solve
 from policies.solvers.common import engine_layer
 

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import yaml
 
-from policies.engines import EngineOptions, EngineSpec
-from policies.fleet import parse_fleet
-from policies.models import preset
+from policies.estimate.engines import EngineOptions, EngineSpec
+from policies.estimate.workload import make_workload
+from policies.hardware.fleet import parse_fleet
+from policies.model.architecture import preset
 from policies.request import PlacementRequest, PlacementResult, SolverOptions
 from policies.solve import solve
-from policies.workload import make_workload
 
 ROOT = Path(__file__).resolve().parents[2]
 QWEN235 = preset("qwen3-235b-a22b")

@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 from builders import fleet_doc, tiny_model
 
-from policies.catalog import lookup
 from policies.errors import InputError
-from policies.fleet import parse_fleet
-from policies.models import PRESETS, from_hf_config, preset
-from policies.workload import load_from_json, make_workload, synthetic_zipf
+from policies.estimate.workload import load_from_json, make_workload, synthetic_zipf
+from policies.hardware.catalog import lookup
+from policies.hardware.fleet import parse_fleet
+from policies.model.architecture import PRESETS, from_hf_config, preset
 
 
 def test_catalog_aliases_and_unknown_model_names_closest() -> None:

@@ -16,9 +16,9 @@ from typing import Any, Literal
 import pytest
 from launch_builders import MIXTRAL, QWEN, flags, fleet, plan_for
 
-from policies.engines import EngineOptions, EngineSpec
 from policies.errors import InputError
-from policies.exports import VLLM_NO_REBALANCE_STEP_INTERVAL as NEVER
+from policies.estimate.engines import EngineOptions, EngineSpec
+from policies.exports.engine import VLLM_NO_REBALANCE_STEP_INTERVAL as NEVER
 from policies.launch import (
     MODEL_PATH_REF,
     LaunchRecipe,
@@ -30,7 +30,7 @@ from policies.launch import (
     shell_word,
     vllm_default_rows,
 )
-from policies.models import ModelSpec
+from policies.model.architecture import ModelSpec
 from policies.plan import ExpertSlot, Plan
 
 # ----------------------------------------------------------------------------- SGLang

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from launch_builders import QWEN, flags, fleet, plan_for
 
-from policies.engines import EngineSpec
 from policies.errors import InputError
+from policies.estimate.engines import EngineSpec
 from policies.fleetplan import (
     CurveGrid,
     FleetDeployment,
@@ -33,7 +33,7 @@ from policies.launch import (
 )
 from policies.serving.traffic import LengthDist, Slo, Traffic
 from policies.solve import solve
-from policies.spec import DeploymentSpec, WorkloadSpec
+from policies.spec.build import DeploymentSpec, WorkloadSpec
 
 # ------------------------------------------------------------------------- fleet plans
 

@@ -9,8 +9,8 @@ import json
 import pytest
 from launch_builders import QWEN, flags, plan_for
 
-from policies.engines import EngineSpec
 from policies.errors import InputError
+from policies.estimate.engines import EngineSpec
 from policies.launch import (
     NODE_ADDR_REF,
     TRTLLM_OPTIONS_FILE,

@@ -1,9 +1,9 @@
-"""Whole-layer step times on the GPUs this project cannot run (policies.reference: NVIDIA's
+"""Whole-layer step times on the GPUs this project cannot run (policies.estimate.reference: NVIDIA's
 per-operation timings in aiconfigurator-core 0.12.0, composed into steps by aiconfigurator's
 own SDK) against the cost model's defaults: the stored step-time ratios to the H200 stay
 where the data puts them, every (GPU, setup) whose step misses by more than 15% absolute or
 10% on the ratio is named with the batch sizes and the reason in
-policies.catalog.LAYER_REFERENCE_NOTES, and no note outlives its miss."""
+policies.hardware.catalog.LAYER_REFERENCE_NOTES, and no note outlives its miss."""
 
 from __future__ import annotations
 
@@ -12,9 +12,8 @@ import json
 import pytest
 
 from controlplane.cli import main
-from policies.catalog import LAYER_REFERENCE_NOTES, lookup
 from policies.errors import InputError
-from policies.reference import (
+from policies.estimate.reference import (
     BASELINE,
     LAYER_PHASES,
     layer_comparison,
@@ -26,6 +25,7 @@ from policies.reference import (
     model_layer_curve,
     reference_models,
 )
+from policies.hardware.catalog import LAYER_REFERENCE_NOTES, lookup
 
 DSV3_DECODE = "deepseek-v3/decode/deepep"
 DSV3_PREFILL = "deepseek-v3/prefill/deepep"

@@ -1,5 +1,5 @@
 """The GPU catalog and the cost model's defaults against measured reference timings
-(policies.reference, data from aiconfigurator-core 0.12.0): the ratios between generations
+(policies.estimate.reference, data from aiconfigurator-core 0.12.0): the ratios between generations
 stay where the data puts them, every figure the model gets wrong by more than the tolerance
 is named in the catalog with the reason (and no note outlives its reason), and peer traffic
 over PCIe is priced at the measured NCCL rate, not the link's peak."""
@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from policies.catalog import REFERENCE_NOTES, lookup
-from policies.costmodel import Efficiency
-from policies.reference import (
+from policies.estimate.costmodel import Efficiency
+from policies.estimate.reference import (
     BASELINE,
     comparison,
     model_defaults,
@@ -23,6 +22,7 @@ from policies.reference import (
     reference_models,
     reference_source,
 )
+from policies.hardware.catalog import REFERENCE_NOTES, lookup
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -106,11 +106,11 @@ def test_pcie_collectives_use_the_measured_rate_not_the_link_peak() -> None:
 
 
 def test_l40s_node_prices_peer_traffic_at_the_measured_rate() -> None:
-    from policies.costmodel import build_cost_table
-    from policies.fleet import Fleet, Gpu, GpuId, Node
-    from policies.models import preset
-    from policies.topology import Channel
-    from policies.workload import make_workload
+    from policies.estimate.costmodel import build_cost_table
+    from policies.estimate.workload import make_workload
+    from policies.hardware.fleet import Fleet, Gpu, GpuId, Node
+    from policies.hardware.topology import Channel
+    from policies.model.architecture import preset
 
     spec = lookup("L40S")
     gpus = tuple(Gpu(GpuId(f"n/{i}"), "n", i, spec) for i in range(8))

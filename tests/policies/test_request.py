@@ -7,15 +7,15 @@ import random
 import pytest
 from builders import fleet, request, tiny_model, workload
 
-from policies.catalog import lookup
-from policies.costmodel import build_cost_table
 from policies.errors import InfeasibleError, InputError
-from policies.evaluation import LayerPlacement, evaluate
-from policies.models import preset
+from policies.estimate.costmodel import build_cost_table
+from policies.estimate.evaluation import LayerPlacement, evaluate
+from policies.hardware.catalog import lookup
+from policies.hardware.topology import Channel, build_topology
+from policies.model.architecture import preset
 from policies.plan import Plan
 from policies.request import count_moves
 from policies.solve import solve
-from policies.topology import Channel, build_topology
 
 MIXED = [("a", "A100-SXM4-80GB", 2, 600.0), ("h", "H200-SXM-141GB", 2, 900.0)]
 

@@ -1,6 +1,6 @@
 """The one deployment spec: the document parser, the protobuf codec and the ModelDeployment
-CRD are checked against :class:`policies.spec.DeploymentSpec`, so a field added to one and
-not the others fails here; and :func:`policies.spec.to_request` is the one request builder."""
+CRD are checked against :class:`policies.spec.build.DeploymentSpec`, so a field added to one and
+not the others fails here; and :func:`policies.spec.build.to_request` is the one request builder."""
 
 from __future__ import annotations
 
@@ -14,13 +14,13 @@ from mixfleet.v1 import plan_pb2
 
 from apis.kube import v1alpha1
 from apis.wire.deployment import spec_from_proto, spec_to_proto
-from policies.costmodel import MeasuredFigures
-from policies.engines import EngineOptions, EngineSpec
 from policies.errors import InputError
-from policies.fleet import parse_fleet
-from policies.models import preset
+from policies.estimate.costmodel import MeasuredFigures
+from policies.estimate.engines import EngineOptions, EngineSpec
+from policies.hardware.fleet import parse_fleet
+from policies.model.architecture import preset
 from policies.serving.traffic import LengthDist, Slo, Traffic
-from policies.spec import (
+from policies.spec.build import (
     Budget,
     DeploymentSpec,
     Measured,

@@ -19,7 +19,11 @@ from apis.kube import v1alpha1
 from apis.kube.schema import from_wire
 from controlplane.cli import main
 from controlplane.cli.files import read_fleet
-from policies.catalog import (
+from policies.advice.cost import price_table_from_dict
+from policies.errors import InputError
+from policies.estimate.costmodel import measured_from_dict
+from policies.estimate.workload import make_workload
+from policies.hardware.catalog import (
     CATALOG,
     DATASHEETS,
     AmbiguousGpuNameError,
@@ -28,10 +32,7 @@ from policies.catalog import (
     figure_sources,
     lookup,
 )
-from policies.cost import price_table_from_dict
-from policies.costmodel import measured_from_dict
-from policies.errors import InputError
-from policies.fleet import (
+from policies.hardware.fleet import (
     FabricLink,
     Fleet,
     Node,
@@ -40,11 +41,10 @@ from policies.fleet import (
     parse_node,
     unreachable_pair,
 )
-from policies.inventory import inventory_from_dict, inventory_from_node, inventory_to_dict
+from policies.hardware.inventory import inventory_from_dict, inventory_from_node, inventory_to_dict
 from policies.keys import check_keys, closest_key
 from policies.request import PlacementRequest, check_request
-from policies.spec import parse_deployment
-from policies.workload import make_workload
+from policies.spec.build import parse_deployment
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -183,7 +183,7 @@ def test_one_nvlink_domain_across_nodes_needs_no_nic() -> None:
 
 
 def _reachable(a: Node, b: Node, links: tuple[FabricLink, ...]) -> bool:
-    """The pairwise rule of policies.topology's channels, one pair at a time."""
+    """The pairwise rule of policies.hardware.topology's channels, one pair at a time."""
     if a.nvlink and b.nvlink and a.nvlink.domain == b.nvlink.domain:
         return True
     group = {f: {f} for n in (a, b) for f in n.fabrics}

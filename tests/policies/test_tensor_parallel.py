@@ -1,4 +1,4 @@
-"""Tensor-parallel attention groups (policies.tensor_parallel): dense models place, memory
+"""Tensor-parallel attention groups (policies.estimate.tensor_parallel): dense models place, memory
 and time follow the documented formulas, groups are well formed, engines get one TP size,
 and MoE plans where data-parallel attention is best do not change."""
 
@@ -12,16 +12,10 @@ import pytest
 import yaml
 from builders import fleet, tiny_model
 
-from policies.costmodel import GIB, CostSettings, build_cost_table
-from policies.engines import EngineName, EngineSpec
 from policies.errors import InputError
-from policies.fleet import Fleet, parse_fleet
-from policies.models import ModelSpec, preset
-from policies.plan import Plan, dp_group_problems, gpu_plan_from_dict, gpu_plan_to_dict
-from policies.request import PlacementRequest, RawPlacement
-from policies.solve import PLACE, assemble_plan, fits_at_all, solve
-from policies.solvers import greedy
-from policies.tensor_parallel import (
+from policies.estimate.costmodel import GIB, CostSettings, build_cost_table
+from policies.estimate.engines import EngineName, EngineSpec
+from policies.estimate.tensor_parallel import (
     candidates,
     choose,
     dp_groups,
@@ -29,8 +23,14 @@ from policies.tensor_parallel import (
     tp_cost_table,
     with_attention_tp,
 )
-from policies.topology import Channel
-from policies.workload import make_workload, synthetic_zipf
+from policies.estimate.workload import make_workload, synthetic_zipf
+from policies.hardware.fleet import Fleet, parse_fleet
+from policies.hardware.topology import Channel
+from policies.model.architecture import ModelSpec, preset
+from policies.plan import Plan, dp_group_problems, gpu_plan_from_dict, gpu_plan_to_dict
+from policies.request import PlacementRequest, RawPlacement
+from policies.solve import PLACE, assemble_plan, fits_at_all, solve
+from policies.solvers import greedy
 
 ROOT = Path(__file__).resolve().parents[2]
 LLAMA_KV_BYTES_PER_TOKEN = 80 * 2 * 8 * 128 * 2  # layers x (K, V) x kv heads x head dim x BF16
@@ -294,7 +294,7 @@ def test_the_choice_is_never_slower_than_data_parallel_attention() -> None:
     """Qwen3-235B on L40S + H100 (the ada-hopper benchmark): the kept choice is never slower
     than the data-parallel plan of the same policy. The L40S are not grouped: their
     all-reduces go over PCIe at the measured NCCL rate (1.43 GB/s bus bandwidth on 8 L40S,
-    policies.reference), not the link's 25.6 GB/s, so at 32 tokens per GPU a group's two
+    policies.estimate.reference), not the link's 25.6 GB/s, so at 32 tokens per GPU a group's two
     all-reduces per layer cost more than halving its weight reads saves. (Priced at the link
     peak, groups of 2 were chosen.)"""
     m = preset("qwen3-235b-a22b")

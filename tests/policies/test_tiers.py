@@ -8,12 +8,12 @@ from dataclasses import replace
 import pytest
 from builders import fleet, fleet_doc, tiny_model
 
+from policies.advice.tier_planner import batch_tier, interactive_units, plan_tiers
+from policies.advice.tiers import BatchTier, InteractiveTier, TierRequest
 from policies.deployment import Deployment
 from policies.errors import InputError
-from policies.fleet import Fleet, parse_fleet
+from policies.hardware.fleet import Fleet, parse_fleet
 from policies.request import SolverOptions
-from policies.tier_planner import batch_tier, interactive_units, plan_tiers
-from policies.tiers import BatchTier, InteractiveTier, TierRequest
 
 NODES: list[tuple[str, str, int, float | None]] = [
     ("h200-0", "H200-SXM-141GB", 2, 900.0),

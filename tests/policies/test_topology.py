@@ -8,8 +8,8 @@ import networkx as nx
 import pytest
 
 from policies.errors import InputError
-from policies.fleet import FabricLink, Fleet, parse_fleet, parse_node
-from policies.topology import Channel, build_topology
+from policies.hardware.fleet import FabricLink, Fleet, parse_fleet, parse_node
+from policies.hardware.topology import Channel, build_topology
 
 
 def _reference(fleet: Fleet) -> list[list[int]]:

@@ -9,11 +9,11 @@ import pytest
 from builders import fleet, fleet_doc, request, tiny_model, workload
 
 from policies.errors import InputError
-from policies.fleet import parse_fleet
-from policies.models import preset
+from policies.hardware.fleet import parse_fleet
+from policies.hardware.vendors import check_vendors, split_by_vendor, vendors_of
+from policies.model.architecture import preset
 from policies.request import PlacementRequest
 from policies.solve import solve
-from policies.vendors import check_vendors, split_by_vendor, vendors_of
 
 MIXED_VENDORS = [
     ("h100-0", "H100-SXM5-80GB", 2, 900.0),

@@ -11,7 +11,13 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from policies.inventory import GpuHealth, GpuInventory, NicInventory, NodeInventory, NvLinkInfo
+from policies.hardware.inventory import (
+    GpuHealth,
+    GpuInventory,
+    NicInventory,
+    NodeInventory,
+    NvLinkInfo,
+)
 from policies.limits import MAX_EXPERTS, MAX_FLEET_GPUS, MAX_LAYER_EXPERTS, MAX_LAYERS
 from policies.plan import ExpertSlot, GpuPlan, Plan, PlanEngine, PlanSummary, RuntimeHints
 

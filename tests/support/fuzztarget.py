@@ -27,7 +27,7 @@ from apis.wire.deployment import spec_to_proto
 from apis.wire.inventory import inventory_to_proto
 from controlplane.server.controller import ControllerSettings
 from controlplane.server.inprocess import RunningController, start_controller
-from policies.spec import DeploymentSpec, WorkloadSpec
+from policies.spec.build import DeploymentSpec, WorkloadSpec
 from support.protofuzz import message_class, small_inventories
 from support.waits import HANG_GUARD_S
 

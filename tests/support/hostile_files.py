@@ -176,8 +176,8 @@ def _readers() -> dict[str, Callable[[Path], Any]]:
     from controlplane.cli.deploy import _read_docs
     from controlplane.cli.files import read_expert_load, read_fleet, read_model_config, read_plan
     from controlplane.server.auth import load_tokens
-    from policies.models import preset
-    from policies.spec import parse_deployment
+    from policies.model.architecture import preset
+    from policies.spec.build import parse_deployment
 
     mixtral = preset("mixtral-8x7b")
     return {

@@ -32,8 +32,8 @@ from google.protobuf.message import Message
 from hypothesis import strategies as st
 from mixfleet.v1 import agent_pb2, engine_pb2, plan_pb2
 
-from policies.fleet import parse_fleet
-from policies.inventory import NodeInventory, inventory_from_node
+from policies.hardware.fleet import parse_fleet
+from policies.hardware.inventory import NodeInventory, inventory_from_node
 
 MODULES = (agent_pb2, plan_pb2, engine_pb2)
 

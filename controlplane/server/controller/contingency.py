@@ -30,7 +30,7 @@ from controlplane.server.controller.rollout import Rollouts
 from controlplane.server.solver_pool import SolverPool, background_timeout_s
 from policies.errors import InfeasibleError, InputError
 from policies.plan import Plan
-from policies.spec import build_request
+from policies.spec.build import build_request
 
 #: Contingency plans kept at most, over every deployment.
 MAX_READY_PLANS = 512

@@ -56,7 +56,7 @@ from policies.serving.traffic import (
     traffic_from_doc,
     traffic_to_doc,
 )
-from policies.spec import DeploymentSpec
+from policies.spec.build import DeploymentSpec
 
 if TYPE_CHECKING:
     from controlplane.server.controller.common import Context

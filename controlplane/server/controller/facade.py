@@ -82,10 +82,10 @@ from controlplane.store import (
     StoredPlan,
 )
 from policies.errors import InputError
-from policies.fleet import Fleet
-from policies.inventory import GpuHealth, NodeInventory
+from policies.hardware.fleet import Fleet
+from policies.hardware.inventory import GpuHealth, NodeInventory
 from policies.request import PlacementResult
-from policies.spec import DeploymentSpec, check_spec
+from policies.spec.build import DeploymentSpec, check_spec
 
 
 class Controller:
@@ -423,7 +423,7 @@ class Controller:
         checked: bool = False,
     ) -> StoredDeployment:
         """Create / update a deployment (the spec was validated by the caller; ``checked``:
-        :func:`~policies.spec.check_spec` too, off the event loop).
+        :func:`~policies.spec.build.check_spec` too, off the event loop).
 
         Raises:
             AlreadyExistsError, NotFoundError: see :meth:`Store.put_deployment`.

@@ -93,7 +93,7 @@ from policies.fleetplan.types import (
 )
 from policies.launch import PlannedInstance, instance_spec
 from policies.serving.traffic import Traffic, traffic_to_doc
-from policies.spec import DeploymentSpec
+from policies.spec.build import DeploymentSpec
 
 #: Why a retiring instance drains once its replacements are committed (log field).
 REPLACED = "the instances that replace it are committed"

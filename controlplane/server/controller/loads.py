@@ -19,8 +19,8 @@ from controlplane.server.controller.rollout import Rollouts
 from controlplane.store import LoadWindow, StoredDeployment
 from policies.assignment import aggregate_load, imbalance_under_load
 from policies.errors import InputError
-from policies.models import ModelSpec
-from policies.spec import DeploymentSpec, resolve_model, workload_for
+from policies.model.architecture import ModelSpec
+from policies.spec.build import DeploymentSpec, resolve_model, workload_for
 
 
 class Loads:

@@ -17,8 +17,8 @@ from controlplane.server import reconcile as rc
 from controlplane.server.controller.common import Context, NodeHealth, NodeView, RegisterResult
 from controlplane.store import NodeState, StoredNode
 from policies.errors import InputError
-from policies.fleet import Fleet, check_reachable
-from policies.inventory import GpuHealth, NodeInventory, check_inventory
+from policies.hardware.fleet import Fleet, check_reachable
+from policies.hardware.inventory import GpuHealth, NodeInventory, check_inventory
 from policies.plan import Plan
 
 #: Lateness of a tick beyond ``tick_s`` that still counts as on time, s.
@@ -27,7 +27,7 @@ STALL_TOLERANCE_S = 0.25
 
 def reachable_or_precondition(fleet: Fleet) -> None:
     """Refuse a fleet of reported nodes that cannot all reach each other (through
-    :func:`policies.fleet.check_reachable`, the check of every entry point): a state of the
+    :func:`policies.hardware.fleet.check_reachable`, the check of every entry point): a state of the
     registered nodes, not a bad request, so FAILED_PRECONDITION.
 
     Raises:

@@ -35,7 +35,7 @@ from controlplane.server.controller.watchers import Watchers
 from controlplane.store import AckState, DeletionRecord, StoredAck, StoredDeployment
 from policies.assignment import NodePart, split_plan
 from policies.plan import Plan
-from policies.spec import usd_per_million_tokens
+from policies.spec.build import usd_per_million_tokens
 
 
 @dataclass

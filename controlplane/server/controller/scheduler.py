@@ -42,7 +42,6 @@ from controlplane.server.controller.rollout import Rollouts, deleted_here
 from controlplane.server.controller.watchers import Watchers
 from controlplane.store import PlanWithdrawal, StoredDeployment
 from policies.errors import InputError
-from policies.fleet import Fleet
 from policies.fleetplan.combined import (
     FleetDecision,
     PlanOptions,
@@ -52,10 +51,11 @@ from policies.fleetplan.combined import (
 from policies.fleetplan.curves import CurveCache, MemoryCurveCache
 from policies.fleetplan.instances import is_planned
 from policies.fleetplan.types import FleetPlan
+from policies.hardware.fleet import Fleet
 from policies.scheduling.explain import why_placed
 from policies.scheduling.table import EstimateCache
 from policies.scheduling.types import Schedule, ScheduleRequest
-from policies.spec import DeploymentSpec
+from policies.spec.build import DeploymentSpec
 
 #: Status message of a deployment the scheduler has not assigned yet.
 WAITING = "waiting for the fleet scheduler"

@@ -24,10 +24,10 @@ from controlplane.server.solver_pool import SolverPool, background_timeout_s
 from controlplane.store import StoredDeployment, StoredPlan
 from policies.assignment import NodePart, split_plan
 from policies.errors import InfeasibleError, InputError
-from policies.fleet import Fleet
+from policies.hardware.fleet import Fleet
 from policies.plan import Plan
 from policies.request import PlacementResult
-from policies.spec import DeploymentSpec, build_request, check_spec
+from policies.spec.build import DeploymentSpec, build_request, check_spec
 
 
 class Solves:

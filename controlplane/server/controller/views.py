@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from controlplane.server import reconcile as rc
 from controlplane.server.controller.common import Context
 from controlplane.store import RowHealth, Store, StoredDeployment, StoredPlan
-from policies.spec import selects
+from policies.spec.build import selects
 
 if TYPE_CHECKING:
     from controlplane.server.controller.contingency import Contingencies

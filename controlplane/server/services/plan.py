@@ -38,9 +38,9 @@ from controlplane.wire.strategies import (
 )
 from policies.assignment import diff_plans
 from policies.errors import InfeasibleError, InputError
-from policies.fleet import Fleet, parse_fleet
+from policies.hardware.fleet import Fleet, parse_fleet
 from policies.limits import MAX_VERSION, bounded_int
-from policies.spec import DeploymentSpec, check_spec
+from policies.spec.build import DeploymentSpec, check_spec
 
 
 class PlanServicer(plan_pb2_grpc.PlanServiceServicer):

@@ -10,7 +10,7 @@ store                Kubernetes
 node                 GPUNode (cluster-scoped): status.inventory, health, heartbeat and
                      status.agent (session, registration time, state, message, applied)
 deployment           ModelDeployment in NAMESPACE: spec is the deployment document
-                     (policies.spec), metadata.generation the generation,
+                     (policies.spec.build), metadata.generation the generation,
                      status.controller the controller's status, status.committedVersion
                      the committed pointer
 plan version         PartitionPlan ``<deployment>-v<version>`` (madeBy: controller), owned

@@ -23,7 +23,7 @@ from controlplane.store.kubernetes.common import (
 )
 from controlplane.store.kubernetes.plans import PlansMixin
 from policies.errors import InputError
-from policies.spec import DeploymentSpec, parse_deployment, spec_to_doc
+from policies.spec.build import DeploymentSpec, parse_deployment, spec_to_doc
 
 
 class DeploymentsMixin(PlansMixin):

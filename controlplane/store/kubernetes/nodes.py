@@ -16,7 +16,7 @@ from apis.kube.v1alpha1 import API_VERSION, AgentSession, GPUNodeSpec, GPUNodeSt
 from controlplane.store.base import NodeState, StoredNode
 from controlplane.store.kubernetes.common import KubeBase, from_time, to_time
 from policies.errors import InputError
-from policies.inventory import NodeInventory
+from policies.hardware.inventory import NodeInventory
 
 
 class NodesMixin(KubeBase):

@@ -21,9 +21,9 @@ from controlplane.store.base import (
     StoredPlan,
 )
 from policies.errors import MixfleetError
-from policies.inventory import NodeInventory
+from policies.hardware.inventory import NodeInventory
 from policies.plan import Plan, plan_from_dict
-from policies.spec import parse_deployment
+from policies.spec.build import parse_deployment
 
 T = TypeVar("T")
 

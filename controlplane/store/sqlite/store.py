@@ -59,9 +59,9 @@ from controlplane.store.sqlite.rows import (
     plan_nodes,
 )
 from controlplane.store.sqlite.schema import migrate
-from policies.inventory import NodeInventory
+from policies.hardware.inventory import NodeInventory
 from policies.plan import Plan
-from policies.spec import DeploymentSpec, spec_to_doc
+from policies.spec.build import DeploymentSpec, spec_to_doc
 
 _log = structlog.get_logger("mixfleet.store")
 

@@ -197,7 +197,7 @@ class Gpu(_message.Message):
 
     @_builtins.property
     def measured(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
-        """Calibrated figures (keys of policies.costmodel.MeasuredFigures), each finite and > 0."""
+        """Calibrated figures (keys of policies.estimate.costmodel.MeasuredFigures), each finite and > 0."""
 
     @_builtins.property
     def health(self) -> Global___GpuHealth: ...

@@ -213,7 +213,7 @@ Global___RebalanceSpec: _TypeAlias = RebalanceSpec  # noqa: Y015
 
 @_typing.final
 class EngineOptions(_message.Message):
-    """The engine that will run the plan (policies.engines.EngineSpec): the plan is scored and
+    """The engine that will run the plan (policies.estimate.engines.EngineSpec): the plan is scored and
     solved under its replica choice and DP balancing. Unset: native (idealised shares).
     """
 
@@ -1625,7 +1625,7 @@ class InteractiveTierSpec(_message.Message):
     load), policy, form, redundant_experts, node_selector (which live nodes form the fleet),
     solver_time_limit_s (per ILP solve) and allow_cross_vendor. Zero values mean the same
     defaults as in ApplyDeployment. Prices are per GPU-hour: the built-in ASSUMED list
-    prices (policies/cost.py), then spec.gpu_hour_prices (for EstimateCost of a deployment:
+    prices (policies/advice/cost.py), then spec.gpu_hour_prices (for EstimateCost of a deployment:
     that deployment's), then the request's `prices` (catalog names, aliases, or a GPU model
     the nodes report); `currency` labels the result.
     """
@@ -1751,7 +1751,7 @@ Global___AdviseTiersRequest: _TypeAlias = AdviseTiersRequest  # noqa: Y015
 
 @_typing.final
 class BatchPoint(_message.Message):
-    """One batch size, solved (policies.advise.BatchPoint)."""
+    """One batch size, solved (policies.advice.advise.BatchPoint)."""
 
     DESCRIPTOR: _descriptor.Descriptor
 

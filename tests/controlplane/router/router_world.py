@@ -25,7 +25,7 @@ from apis.wire.deployment import spec_to_proto
 from controlplane.router.proxy import Router
 from controlplane.router.settings import RouterSettings, check
 from controlplane.server.inprocess import RunningController, start_controller
-from policies.spec import DeploymentSpec, WorkloadSpec
+from policies.spec.build import DeploymentSpec, WorkloadSpec
 
 SPEC = DeploymentSpec(
     name="mx",

@@ -12,7 +12,6 @@ import pytest
 from test_instances import SETTINGS, SPEC
 
 from policies.errors import InputError
-from policies.fleet import parse_fleet
 from policies.fleetplan import FleetPlan, MemoryCurveCache
 from policies.fleetplan.combined import (
     FleetDecision,
@@ -21,7 +20,8 @@ from policies.fleetplan.combined import (
     plan_and_schedule,
     steps,
 )
-from policies.spec import DeploymentSpec, WorkloadSpec
+from policies.hardware.fleet import parse_fleet
+from policies.spec.build import DeploymentSpec, WorkloadSpec
 
 NODES = [
     {

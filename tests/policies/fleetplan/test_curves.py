@@ -10,9 +10,8 @@ import pytest
 import yaml
 
 from policies.deployment import sub_fleet
-from policies.engines import EngineName, EngineSpec
 from policies.errors import InputError
-from policies.fleet import Fleet, parse_fleet
+from policies.estimate.engines import EngineName, EngineSpec
 from policies.fleetplan.curves import (
     CURVE_VERSION,
     CurveEntry,
@@ -20,8 +19,9 @@ from policies.fleetplan.curves import (
     compute_curve,
     curve_key,
 )
+from policies.hardware.fleet import Fleet, parse_fleet
 from policies.solve import rescore, solve
-from policies.spec import DeploymentSpec, SolverPolicy, WorkloadSpec, to_request
+from policies.spec.build import DeploymentSpec, SolverPolicy, WorkloadSpec, to_request
 
 ROOT = Path(__file__).resolve().parents[3]
 GRID = CurveGrid(batch_per_gpu=(1, 16, 64), context_tokens=(1024, 4096), prefill_per_gpu=(64, 1024))

@@ -9,9 +9,8 @@ import functools
 
 import pytest
 
-from policies.engines import EngineSpec
 from policies.errors import InputError
-from policies.fleet import parse_fleet
+from policies.estimate.engines import EngineSpec
 from policies.fleetplan import (
     CurveGrid,
     FleetDeployment,
@@ -23,9 +22,10 @@ from policies.fleetplan import (
 )
 from policies.fleetplan.instances import instance_name, keep_names, plan_instances
 from policies.fleetplan.report import plan_doc
+from policies.hardware.fleet import parse_fleet
 from policies.launch import PlannedInstance, instance_spec, planned_instances
 from policies.serving.traffic import LengthDist, Slo, Traffic
-from policies.spec import DeploymentSpec, WorkloadSpec, check_spec
+from policies.spec.build import DeploymentSpec, WorkloadSpec, check_spec
 
 SETTINGS = PlannerSettings(
     grid=CurveGrid(

@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from policies.engines import EngineSpec
 from policies.errors import InputError
-from policies.fleet import Fleet, parse_fleet
+from policies.estimate.engines import EngineSpec
 from policies.fleetplan import (
     CurveGrid,
     FleetDeployment,
@@ -28,10 +27,11 @@ from policies.fleetplan import (
 )
 from policies.fleetplan.planner import candidates
 from policies.fleetplan.report import plan_doc, serving_plan
+from policies.hardware.fleet import Fleet, parse_fleet
 from policies.serving.plan import plan_from_doc
 from policies.serving.simulate import SimOptions, simulate
 from policies.serving.traffic import LengthDist, Slo, Traffic
-from policies.spec import Budget, DeploymentSpec, WorkloadSpec
+from policies.spec.build import Budget, DeploymentSpec, WorkloadSpec
 
 ROOT = Path(__file__).resolve().parents[3]
 SETTINGS = PlannerSettings(

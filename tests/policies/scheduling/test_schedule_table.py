@@ -8,14 +8,14 @@ from dataclasses import replace
 from typing import Any
 
 from policies.deployment import sub_fleet, try_solve
-from policies.engines import EngineOptions, EngineSpec
-from policies.fleet import parse_fleet
+from policies.estimate.engines import EngineOptions, EngineSpec
+from policies.hardware.fleet import parse_fleet
 from policies.scheduling import schedule
 from policies.scheduling.baselines import first_fit
 from policies.scheduling.check import violations
 from policies.scheduling.ilp import solve_schedule
 from policies.scheduling.table import EstimateCache, TableSettings, build_table
-from policies.spec import DeploymentSpec, SolverPolicy, WorkloadSpec, to_request
+from policies.spec.build import DeploymentSpec, SolverPolicy, WorkloadSpec, to_request
 
 
 def _fleet(nodes: list[tuple[str, str, int]]) -> Any:

@@ -20,7 +20,7 @@ from apis.wire.deployment import spec_from_proto, spec_to_proto
 from operators.inputs import effective_spec
 from policies.errors import InputError
 from policies.serving.traffic import LengthDist
-from policies.spec import Budget, DeploymentSpec, parse_deployment, spec_to_doc
+from policies.spec.build import Budget, DeploymentSpec, parse_deployment, spec_to_doc
 
 _LENGTHS = {"inputTokens": {"mean": 4096, "p90": 6000}, "outputTokens": {"mean": 512, "p90": 800}}
 
