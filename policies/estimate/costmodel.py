@@ -165,6 +165,8 @@ class CostTable:
         kv_shards: per GPU the ways its group splits the KV cache (empty: 1).
         exchange: how the EP group's backend moves tokens to experts: ``alltoall`` or
             ``allgather`` (:attr:`policies.estimate.engines.Runtime.exchange`; scoring and solving).
+        gather_bw: per GPU the bandwidth of the all-gather exchange's collectives, bytes/us
+            (:func:`gather_bandwidth`; 0 for a GPU with no peer).
     """
 
     gpus: tuple[GpuCost, ...]
@@ -191,6 +193,7 @@ class CostTable:
     attention_tp: tuple[int, ...] = ()
     kv_shards: tuple[int, ...] = ()
     exchange: str = "alltoall"
+    gather_bw: npt.NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
 
     @property
     def num_gpus(self) -> int:
@@ -524,6 +527,44 @@ def build_cost_table(
         ),
         comm_bw=np.array([c.comm_bw_bytes_per_us for c in costs], dtype=float),
         comm_alpha=np.array([c.comm_alpha_us for c in costs], dtype=float),
+        gather_bw=gather_bandwidth(topo, np.array([c.comm_bw_bytes_per_us for c in costs])),
         segment=seg_of_gpu,
         segment_links=segment_links,
     )
+
+
+def gather_bandwidth(topo: Topology, comm_bw: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """Per GPU the bandwidth its all-gather and reduce-scatter run at, bytes/us.
+
+    NCCL runs these collectives as rings: a ring passes through a node's GPUs over NVLink (or
+    PCIe) and crosses to the next node once, and NCCL spreads its rings over the node's NICs.
+    So the ring's cross-node hops together run at a node's whole NIC bandwidth (the bus
+    bandwidth nccl-tests reports across nodes approaches it), not at one GPU's share of the
+    NICs, and every GPU's own intra-node link carries the ring's whole volume. A GPU's figure
+    is the slower of its intra-node channels to peers and, when the group spans nodes, the
+    smallest node's NIC total among the group's nodes (each node counting the NIC shares of
+    the group's GPUs on it, ``comm_bw`` at :attr:`Channel.RDMA`). Unmeasured across nodes
+    (docs/planning.md, "Token exchange").
+
+    Args:
+        topo: the group's topology.
+        comm_bw: n x channels per-GPU bandwidth, bytes/us (:attr:`CostTable.comm_bw`).
+    """
+    n = len(topo.gpus)
+    out = np.zeros(n)
+    if n == 0:
+        return out
+    chan = topo.channel
+    remote = (chan == Channel.RDMA) | (chan == Channel.RDMA_CROSS)
+    ring_nic = math.inf
+    if remote.any():
+        per_node: dict[str, float] = {}
+        for j, gpu in enumerate(topo.gpus):
+            per_node[gpu.node] = per_node.get(gpu.node, 0.0) + float(comm_bw[j, Channel.RDMA])
+        ring_nic = min(per_node.values())
+    for i in range(n):
+        bws = [float(comm_bw[i, k]) for k in (Channel.NVLINK, Channel.PCIE) if (chan[i] == k).any()]
+        if remote[i].any():
+            bws.append(ring_nic)
+        out[i] = min(bws) if bws else 0.0
+    return out

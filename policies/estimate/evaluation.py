@@ -141,21 +141,15 @@ def gather_times_us(table: CostTable, attention_share: Sequence[float]) -> list[
     ``allgather_reducescatter``/``naive``), where every GPU receives every token of the
     step, computes its own experts on them and the partial results are reduce-scattered.
 
-    A ring moves ``(1 - share_i)`` of the step's token bytes into GPU i each way; it runs at
-    the GPU's slowest channel to a peer. Independent of the expert placement.
+    A ring moves ``(1 - share_i)`` of the step's token bytes into GPU i each way, at the
+    ring's bandwidth for that GPU (:func:`policies.estimate.costmodel.gather_bandwidth`).
+    Independent of the expert placement.
     """
     volume = table.total_tokens * table.bytes_per_copy
     out: list[float] = []
     for i, a in enumerate(attention_share):
-        bws = [
-            float(table.comm_bw[i, k])
-            for k, mask in enumerate(table.channel_masks)
-            if k != Channel.LOCAL and mask.size and mask[i].any()
-        ]
-        if not bws:
-            out.append(0.0)
-            continue
-        out.append(float(table.comm_alpha[i]) + (1.0 - a) * volume / min(bws))
+        bw = float(table.gather_bw[i])
+        out.append(float(table.comm_alpha[i]) + (1.0 - a) * volume / bw if bw > 0 else 0.0)
     return out
 
 

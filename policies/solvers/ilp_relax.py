@@ -230,18 +230,14 @@ class Relaxation:
                     )
 
     def _gather(self, tau_c: int, c: int) -> None:
-        """All-gather exchange: GPU i moves ``(1 - a_i)`` of the step's token bytes through
-        its slowest channel to a peer (:func:`policies.estimate.evaluation.gather_times_us`)."""
+        """All-gather exchange: GPU i moves ``(1 - a_i)`` of the step's token bytes at the
+        ring's bandwidth (:func:`policies.estimate.evaluation.gather_times_us`)."""
         t = self.table
         i = self.gpu(c)
-        bws = [
-            float(t.comm_bw[i, k])
-            for k, mask in enumerate(t.channel_masks)
-            if k != Channel.LOCAL and mask.size and mask[i].any()
-        ]
-        if not bws:
+        bw = float(t.gather_bw[i])
+        if bw <= 0:
             return
-        coef = t.total_tokens * t.bytes_per_copy / min(bws)
+        coef = t.total_tokens * t.bytes_per_copy / bw
         alpha = t.gpus[i].comm_alpha_us
         self.m.ge([(tau_c, 1.0), (self.A[c], coef / self.classes[c].size)], alpha + coef)
 

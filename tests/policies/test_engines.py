@@ -335,7 +335,7 @@ def test_sglang_refuses_what_it_cannot_load() -> None:
 
 def test_gather_exchange_does_not_depend_on_the_placement() -> None:
     """With an all-gather backend every GPU receives every token: the exchange phase is the
-    same for any expert placement, and larger than all-to-all's (top-k of 8 experts here)."""
+    same for any expert placement (its bandwidth: tests/policies/test_gather_bandwidth.py)."""
     req = _req(MIXED, _engine("sglang"))
     table = build_cost_table(req.fleet, req.model, req.workload, req.settings)
     share = [0.1, 0.2, 0.3, 0.4]
@@ -348,8 +348,10 @@ def test_gather_exchange_does_not_depend_on_the_placement() -> None:
     gathered = [evaluate(table, share, [lay, lay], "allgather") for lay in (packed, spread)]
     assert gathered[0].moe_layers[0].comm_us == gathered[1].moe_layers[0].comm_us
     assert list(gathered[0].moe_layers[0].comm_us) == gather_times_us(table, share)
-    a2a = evaluate(table, share, [spread, spread])
-    assert max(a2a.moe_layers[0].comm_us) < max(gathered[1].moe_layers[0].comm_us)
+    a2a = evaluate(table, share, [packed, packed])
+    assert (
+        a2a.moe_layers[0].comm_us != evaluate(table, share, [spread, spread]).moe_layers[0].comm_us
+    )
 
 
 def test_executed_keeps_planned_shares_for_native() -> None:
