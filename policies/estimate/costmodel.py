@@ -51,7 +51,7 @@ Units: microseconds (``_us``), bytes, GB/s (1e9 B/s = 1e3 B/us), TFLOPS.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -527,13 +527,19 @@ def build_cost_table(
         ),
         comm_bw=np.array([c.comm_bw_bytes_per_us for c in costs], dtype=float),
         comm_alpha=np.array([c.comm_alpha_us for c in costs], dtype=float),
-        gather_bw=gather_bandwidth(topo, np.array([c.comm_bw_bytes_per_us for c in costs])),
+        gather_bw=gather_bandwidth(
+            topo, np.array([c.comm_bw_bytes_per_us for c in costs]), segment_links
+        ),
         segment=seg_of_gpu,
         segment_links=segment_links,
     )
 
 
-def gather_bandwidth(topo: Topology, comm_bw: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+def gather_bandwidth(
+    topo: Topology,
+    comm_bw: npt.NDArray[np.float64],
+    segment_links: Sequence[tuple[int, int, float, float]] = (),
+) -> npt.NDArray[np.float64]:
     """Per GPU the bandwidth its all-gather and reduce-scatter run at, bytes/us.
 
     NCCL runs these collectives as rings: a ring passes through a node's GPUs over NVLink (or
@@ -543,12 +549,14 @@ def gather_bandwidth(topo: Topology, comm_bw: npt.NDArray[np.float64]) -> npt.ND
     NICs, and every GPU's own intra-node link carries the ring's whole volume. A GPU's figure
     is the slower of its intra-node channels to peers and, when the group spans nodes, the
     smallest node's NIC total among the group's nodes (each node counting the NIC shares of
-    the group's GPUs on it, ``comm_bw`` at :attr:`Channel.RDMA`). Unmeasured across nodes
-    (docs/planning.md, "Token exchange").
+    the group's GPUs on it, ``comm_bw`` at :attr:`Channel.RDMA`); when the group spans fabric
+    segments the ring also crosses the links between them, and the slowest link caps it.
+    Unmeasured across nodes (docs/planning.md, "Token exchange").
 
     Args:
         topo: the group's topology.
         comm_bw: n x channels per-GPU bandwidth, bytes/us (:attr:`CostTable.comm_bw`).
+        segment_links: :attr:`CostTable.segment_links` (the third field: bytes/us per direction).
     """
     n = len(topo.gpus)
     out = np.zeros(n)
@@ -562,6 +570,8 @@ def gather_bandwidth(topo: Topology, comm_bw: npt.NDArray[np.float64]) -> npt.ND
         for j, gpu in enumerate(topo.gpus):
             per_node[gpu.node] = per_node.get(gpu.node, 0.0) + float(comm_bw[j, Channel.RDMA])
         ring_nic = min(per_node.values())
+        if segment_links and (chan == Channel.RDMA_CROSS).any():
+            ring_nic = min(ring_nic, *(bw for _, _, bw, _ in segment_links))
     for i in range(n):
         bws = [float(comm_bw[i, k]) for k in (Channel.NVLINK, Channel.PCIE) if (chan[i] == k).any()]
         if remote[i].any():

@@ -271,7 +271,7 @@ def _assemble(req: PlanRequest, rounds: _Rounds, elig: Mapping[str, tuple[int, .
         agg, dec, pre, why = _variants(d, groups, wanted, rounds.entries, req.fleet, req)
         aggregated[d.name] = agg
         decodes[d.name] = dec
-        pairs[d.name] = pairs_for(d, pre, dec, req.fleet, groups, req)
+        pairs[d.name] = pairs_for(d, pre, dec, req.fleet, groups, req, elig[d.name])
         reasons[d.name] = why
     return Candidates(
         groups,

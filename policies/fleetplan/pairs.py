@@ -52,9 +52,12 @@ def pairs_for(
     fleet: Fleet,
     groups: Sequence[NodeGroup],
     req: PlanRequest,
+    eligible: Sequence[int],
 ) -> tuple[Pair, ...]:
     """Prefill/decode pairs with a KV path: the cheapest decode variants per request and
-    for each its cheapest prefill partners and its own make-up's prefill variant."""
+    for each its cheapest prefill partners and its own make-up's prefill variant. A pair
+    whose two instances together need more nodes of a group than the deployment may use
+    (``eligible``: nodes per group) is not a candidate, so it takes no partner's place."""
     s = req.settings
     if d.disaggregation == "off" or not decode or not prefill:
         return ()
@@ -63,6 +66,8 @@ def pairs_for(
     for q in kept:
         options: list[Pair] = []
         for p in prefill:
+            if any(a + b > cap for a, b, cap in zip(p.counts, q.counts, eligible, strict=True)):
+                continue
             path = kv_path(
                 _first_node(fleet, groups, p.counts),
                 _first_node(fleet, groups, q.counts, last=True),

@@ -8,7 +8,10 @@ GPU's own NVLink, and not at one GPU's share of the NICs.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import yaml
 from builders import fleet_doc, request, tiny_model, workload
 
 from policies.estimate.costmodel import CostTable, build_cost_table, gather_bandwidth
@@ -18,6 +21,7 @@ from policies.hardware.fleet import parse_fleet
 from policies.hardware.topology import Channel
 
 EFF = Efficiency()
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _table(nodes: list[tuple[str, str, int, float | None]], nics: int = 1) -> CostTable:
@@ -66,3 +70,16 @@ def test_one_gpu_per_node_uses_its_own_nics_and_the_smallest_node_sets_the_pace(
     # node a's one GPU has the whole NIC; node b's two GPUs share theirs: one NIC each way
     assert list(bw) == pytest.approx([one_nic] * 3)
     assert list(gather_bandwidth(table.topology, table.comm_bw)) == list(bw)
+
+
+def test_a_link_between_fabric_segments_caps_the_ring() -> None:
+    doc = yaml.safe_load((ROOT / "examples" / "fleets" / "two-segments.yaml").read_text())
+    f = parse_fleet(doc)
+    model = tiny_model()
+    req = request(f, model, workload(model))
+    table = build_cost_table(req.fleet, req.model, req.workload, req.settings)
+    assert (table.topology.channel == Channel.RDMA_CROSS).any()
+    link = min(bw for _, _, bw, _ in table.segment_links)
+    without = gather_bandwidth(table.topology, table.comm_bw)
+    assert min(without) > link  # the NICs alone would carry more than the link
+    assert list(table.gather_bw) == pytest.approx([link] * len(f.gpus))

@@ -288,3 +288,19 @@ def test_queueing_rates_few_slots_lower_than_many(cache: MemoryCurveCache) -> No
     assert all(0.7 < s < 1.0 for _, s in shares)
     assert [s for _, s in shares] == sorted(s for _, s in shares)  # more slots, more held
     assert shares[0][1] < shares[-1][1] - 0.02
+
+
+def test_pairs_fit_the_nodes_a_deployment_may_use(cache: MemoryCurveCache) -> None:
+    """On mixed-24 (one node per generation) a prefill partner from the decode side's own
+    node group would need a second node of it: such a pair is not a candidate, and a partner
+    from other nodes takes its place (the H200 node decoding for A100 + H100 prefill)."""
+    f = fleet("mixed-24")
+    d = dep("d", "deepseek-v3", 1000.0)
+    c = candidates(PlanRequest(f, (d,), settings=SETTINGS), cache, None)
+    pairs = c.pairs["d"]
+    assert pairs
+    for p in pairs:
+        need = [a + b for a, b in zip(p.prefill.counts, p.decode.counts, strict=True)]
+        assert all(n <= cap for n, cap in zip(need, c.eligible["d"], strict=True)), p.key
+    h200 = next(t for t, g in enumerate(c.groups) if "H200" in g.label)
+    assert any(p.decode.counts[h200] == 1 and p.prefill.counts[h200] == 0 for p in pairs)
