@@ -573,7 +573,8 @@ def gather_bandwidth(
         if segment_links and (chan == Channel.RDMA_CROSS).any():
             ring_nic = min(ring_nic, *(bw for _, _, bw, _ in segment_links))
     for i in range(n):
-        bws = [float(comm_bw[i, k]) for k in (Channel.NVLINK, Channel.PCIE) if (chan[i] == k).any()]
+        own = (Channel.NVLINK, Channel.PCIE, Channel.UNREACHABLE)  # unreachable: ~0 B/us
+        bws = [float(comm_bw[i, k]) for k in own if (chan[i] == k).any()]
         if remote[i].any():
             bws.append(ring_nic)
         out[i] = min(bws) if bws else 0.0

@@ -8,6 +8,7 @@ GPU's own NVLink, and not at one GPU's share of the NICs.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -83,3 +84,12 @@ def test_a_link_between_fabric_segments_caps_the_ring() -> None:
     without = gather_bandwidth(table.topology, table.comm_bw)
     assert min(without) > link  # the NICs alone would carry more than the link
     assert list(table.gather_bw) == pytest.approx([link] * len(f.gpus))
+
+
+def test_gpus_that_cannot_reach_each_other_get_no_bandwidth() -> None:
+    table = _table([("a", "H100-SXM5-80GB", 2, 900.0), ("b", "H100-SXM5-80GB", 2, 900.0)])
+    chan = table.topology.channel.copy()
+    chan[chan == Channel.RDMA] = Channel.UNREACHABLE
+    cut = dataclasses.replace(table.topology, channel=chan)
+    bw = gather_bandwidth(cut, table.comm_bw)
+    assert all(b <= table.comm_bw[0, Channel.UNREACHABLE] for b in bw)
