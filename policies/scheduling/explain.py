@@ -278,6 +278,11 @@ def why_placed(req: ScheduleRequest, schedule: object, d: Demand, p: Placement) 
         parts.append("left to others: " + ", ".join(f"{n} ({others[n]})" for n in by_others))
     if idle:
         parts.append(f"left out although free: {', '.join(idle)}" + _with_idle(req, p, idle))
+    if d.objective == "throughput" and not d.max_gpus:
+        parts.append(
+            "no maxGpus: its throughput objective takes every free GPU that adds tokens/s "
+            "(set maxGpus, or state traffic and SLOs to be sized for what it must serve)"
+        )
     return "; ".join(parts)
 
 

@@ -13,6 +13,7 @@ from policies.hardware.fleet import parse_fleet
 from policies.scheduling import schedule
 from policies.scheduling.baselines import first_fit
 from policies.scheduling.check import violations
+from policies.scheduling.explain import why_placed
 from policies.scheduling.ilp import solve_schedule
 from policies.scheduling.table import EstimateCache, TableSettings, build_table
 from policies.spec.build import DeploymentSpec, SolverPolicy, WorkloadSpec, to_request
@@ -214,3 +215,14 @@ def test_max_gpus_below_every_node_says_so() -> None:
     why = s.pending["qw"]
     assert why.resource == "gpus" and "maxGpus 1 is below one node's GPUs" in why.message
     assert "raise spec.maxGpus" in why.message
+
+
+def test_why_placed_says_what_sizes_a_deployment_without_max_gpus() -> None:
+    names = [n.name for n in FLEET.nodes]
+    free = DeploymentSpec("free", model="qwen3-30b-a3b", policy="greedy", workload=W)
+    capped = replace(free, name="capped", max_gpus=2)
+    for spec, said in ((free, True), (capped, False)):
+        req, s = schedule(FLEET, [(spec, names)])
+        d = next(x for x in req.demands if x.name == spec.name)
+        why = why_placed(req, s, d, s.placements[spec.name])
+        assert ("no maxGpus" in why) is said, why
