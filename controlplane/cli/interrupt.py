@@ -14,7 +14,8 @@ main thread is inside the solver's C code.
 
 Two details keep that true. multiprocessing's resource tracker (started before the first
 spawned worker) unblocks SIGINT in the thread that starts it, so a command that may start
-workers starts the tracker first. And the waiting thread is a bare ``_thread`` one, not
+workers starts the tracker first (its stderr on /dev/null: its warnings about what an
+interrupted pool left are not the user's). And the waiting thread is a bare ``_thread`` one, not
 counted by ``threading.active_count()``: it holds no lock while it waits, so the solver
 still forks its workers when no other thread runs (it spawns them in a threaded process).
 
@@ -112,6 +113,29 @@ def _wait_and_leave() -> None:
     _leave()
 
 
+def _start_quiet_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker with its stderr on /dev/null. It outlives
+    this process by a moment and unlinks what a worker pool left behind; a Ctrl-C while the
+    pool's semaphores are being created leaves one it then warns about on the terminal
+    after ``error: interrupted`` (two ``UserWarning`` lines, nothing the user can act on).
+    The tracker takes the stderr it is started with (Python 3.11-3.13:
+    ``resource_tracker.ensure_running`` passes ``sys.stderr``'s descriptor), so that is
+    /dev/null for the moment it starts."""
+    from multiprocessing import resource_tracker
+
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        with contextlib.suppress(Exception):
+            sys.stderr.flush()
+        os.dup2(devnull, 2)
+        resource_tracker.ensure_running()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
 def exit_on_interrupt(*, workers: bool) -> bool:
     """From now on, SIGINT prints ``error: interrupted`` and exits 130 (module docstring);
     ``workers``: the command may start worker processes. Call it from the main thread
@@ -125,9 +149,7 @@ def exit_on_interrupt(*, workers: bool) -> bool:
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # started in the background (&)
         return False
     if workers:
-        from multiprocessing import resource_tracker
-
-        resource_tracker.ensure_running()
+        _start_quiet_resource_tracker()
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _thread.start_new_thread(_wait_and_leave, ())

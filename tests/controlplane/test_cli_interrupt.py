@@ -158,3 +158,25 @@ def test_a_command_that_fails_while_ctrl_c_is_handled_still_exits_130() -> None:
     here, the process ends with 1 before the handler's exit; not asserted: that side is a
     race the half second only makes likely)."""
     assert _fail_while_leaving("interrupt.hold_if_leaving()") == 130
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").exists(), reason="reads /proc (Linux)")
+def test_the_resource_tracker_does_not_write_to_the_terminal() -> None:
+    """The tracker outlives the CLI by a moment and warns about what an interrupted pool
+    left (a CI run once printed two ``UserWarning`` lines after ``error: interrupted``): the
+    CLI starts it with its stderr on /dev/null, and its own stderr stays where it was."""
+    code = (
+        "import os\n"
+        "from multiprocessing import resource_tracker\n"
+        "from controlplane.cli.interrupt import exit_on_interrupt\n"
+        "assert exit_on_interrupt(workers=True)\n"
+        "pid = resource_tracker._resource_tracker._pid\n"
+        "print(os.readlink(f'/proc/{pid}/fd/2'), os.readlink('/proc/self/fd/2'))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    tracker, mine = proc.stdout.split()
+    assert tracker == "/dev/null"
+    assert mine != "/dev/null"
