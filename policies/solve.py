@@ -110,7 +110,7 @@ def rescore(req: PlacementRequest, plan: Plan) -> PlacementResult:
     table = tensor_parallel.tp_cost_table(
         req.fleet, req.model, req.workload, req.settings, [g.attention_tp for g in plan.gpus]
     )
-    table = replace(table, exchange=runtime_of(req).exchange)
+    table = replace(table, exchange=runtime_of(req).exchange_in(table.decode))
     n = len(plan.gpus)
     weights = [g.dp_weight / n for g in plan.gpus]
     layers = tuple(
@@ -163,7 +163,7 @@ def _later_stages(
     if req.policy == "ilp" and req.form == "engine":
         base = eplb.place(req, table)
         even = runtime.dispatch != "planned"
-        mixed = portfolio.mix_layers(table, share, raw, base, even=even, exchange=runtime.exchange)
+        mixed = portfolio.mix_layers(table, share, raw, base, even=even, exchange=table.exchange)
         if mixed is not None:
             consider(mixed)
         kept = f"{raw.solver}; EPLB plan kept"
@@ -352,7 +352,7 @@ def assemble_plan(
     mixfleet router applies (equal when the engine balances)."""
     runtime = runtime_of(req)
     run = executed(req, runtime, raw, table)
-    ev = evaluate(table, run.attention_share, run.layers, runtime.exchange)
+    ev = evaluate(table, run.attention_share, run.layers, runtime.exchange_in(table.decode))
     n = table.num_gpus
     gpus = _gpu_plans(req, table, run, ev, raw.attention_share)
     summary = _summary(req, table, run, ev, solve_s)

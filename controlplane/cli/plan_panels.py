@@ -14,7 +14,11 @@ from dataclasses import dataclass
 
 from policies.estimate.costmodel import CostTable
 from policies.estimate.engines import EngineOptions, EngineSpec, Runtime, full_rows
-from policies.estimate.evaluation import Evaluation, LayerPlacement, served_fractions
+from policies.estimate.evaluation import (
+    Evaluation,
+    LayerPlacement,
+    exchange_bytes_by_node,
+)
 from policies.estimate.execution import layer_rows
 from policies.estimate.replica_choice import dispatch
 from policies.hardware.topology import Channel
@@ -220,26 +224,14 @@ def links(
 ) -> LinkTraffic | None:
     """Dispatch+combine bytes per step between nodes; None for an all-gather exchange.
     Without the fleet (``comm_known`` False) the channels are unknown."""
-    if runtime_of_plan(plan).exchange != "alltoall" or not layers:
+    exchange = runtime_of_plan(plan).exchange_in(table.decode)
+    if exchange == "allgather" or not layers:
         return None
     nodes = tuple(dict.fromkeys(g.node for g in plan.gpus))
     index = {name: k for k, name in enumerate(nodes)}
     node_of = [index[g.node] for g in plan.gpus]
-    volume = table.total_tokens * table.top_k * table.bytes_per_copy
     share = [g.attention_share for g in plan.gpus]
-    grid = [[0.0] * len(nodes) for _ in nodes]
-    n = len(plan.gpus)
-    for li, placement in enumerate(layers):
-        served = served_fractions(table, li, placement)
-        for i in range(n):
-            for j in range(n):
-                if i == j:
-                    continue
-                if placement.traffic is not None:
-                    frac = float(placement.traffic[i][j])
-                else:
-                    frac = share[i] * served[j]
-                grid[node_of[i]][node_of[j]] += frac * volume
+    grid = exchange_bytes_by_node(table, share, layers, exchange).tolist()
     members = [[i for i, k in enumerate(node_of) if k == a] for a in range(len(nodes))]
     names = tuple(
         tuple(

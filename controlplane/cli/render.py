@@ -317,7 +317,7 @@ def _predicted(
     table = _table(plan, m, rows, fleet)
     layers = executed_layers(plan, m, table, placements)
     shares = [g.attention_share for g in plan.gpus]
-    ev = evaluate(table, shares, layers, runtime_of_plan(plan).exchange)
+    ev = evaluate(table, shares, layers, runtime_of_plan(plan).exchange_in(table.decode))
     n_layers = len(plan.moe_layers)
     pairs = table.total_tokens * table.top_k
     served = [served_fractions(table, li, layers[li]) for li in range(n_layers)]

@@ -90,7 +90,7 @@ __all__ = [
     "with_measured",
 ]
 
-COST_MODEL_VERSION = "costmodel-1"
+COST_MODEL_VERSION = "costmodel-2"
 """Version of the cost model's formulas: bump on any change of a cost formula (here, in
 :mod:`policies.estimate.costsettings`' defaults or in the scoring of :mod:`policies.estimate.evaluation`), so
 nothing computed from an older model (a step curve cached on disk) is reused."""
@@ -163,8 +163,9 @@ class CostTable:
             link joining two segments; cross-segment traffic shares it.
         attention_tp: per GPU the size k of its tensor-parallel attention group (empty: 1).
         kv_shards: per GPU the ways its group splits the KV cache (empty: 1).
-        exchange: how the EP group's backend moves tokens to experts: ``alltoall`` or
-            ``allgather`` (:attr:`policies.estimate.engines.Runtime.exchange`; scoring and solving).
+        exchange: how the EP group's backend moves tokens to experts in this phase:
+            ``alltoall``, ``forwarded`` or ``allgather``
+            (:meth:`policies.estimate.engines.Runtime.exchange_in`; scoring and solving).
         gather_bw: per GPU the bandwidth of the all-gather exchange's collectives, bytes/us
             (:func:`gather_bandwidth`; 0 for a GPU with no peer).
     """

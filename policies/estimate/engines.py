@@ -99,6 +99,18 @@ DISPATCH_OPTIONS: tuple[str, ...] = ("auto", "static", "dynamic")
 _GATHER_BACKENDS = frozenset({"none", "allgather_reducescatter", "naive"})
 """Backends without all-to-all: tokens are all-gathered and results reduce-scattered."""
 
+_FORWARDING_BACKENDS: Mapping[str, tuple[str, ...]] = {"vllm": ("deepep_high_throughput",)}
+"""Per engine, backends that run DeepEP's normal (forwarding) kernels in every phase."""
+
+_FORWARDING_IN_PREFILL: Mapping[str, tuple[str, ...]] = {
+    "sglang": ("deepep",),
+    "native": ("deepep",),
+}
+"""Per engine, backends that run DeepEP's normal kernels for prefill and its low-latency
+kernels for decode (SGLang's ``--deepep-mode auto``: normal when the batch extends; the
+native runtime's ``deepep_mode`` hint). TensorRT-LLM picks its all-to-all method by its own
+rules (MNNVL, DeepEP low-latency) and is modelled per pair."""
+
 
 @dataclass(frozen=True)
 class EngineOptions:
@@ -297,11 +309,26 @@ class Runtime:
         """True when the engine's balancer (not the planned weights) sets the DP shares."""
         return self.engine.equal_dp
 
-    @property
-    def exchange(self) -> str:
-        """How the backend moves tokens to experts: ``alltoall`` (dispatch+combine of each
-        token to its top-k experts' GPUs) or ``allgather`` (every GPU gets every token)."""
-        return "allgather" if self.a2a_backend in _GATHER_BACKENDS else "alltoall"
+    def exchange_in(self, decode: bool) -> str:
+        """How the backend moves tokens to experts in one phase (``decode``: decode steps,
+        else prefill forwards):
+
+        * ``allgather``: every GPU gets every token (:data:`_GATHER_BACKENDS`);
+        * ``forwarded``: DeepEP's normal kernels - a token goes once to each GPU that holds
+          one of its experts, and across nodes once to each node, over RDMA to the GPU of
+          the sender's local rank, which forwards it over NVLink (SGLang's ``deepep`` in
+          prefill, its ``--deepep-mode auto`` default; vLLM's ``deepep_high_throughput``;
+          the native runtime's prefill hint);
+        * ``alltoall``: every token-expert pair sent on its own (DeepEP's low-latency
+          kernels, MORI, NCCL, TensorRT-LLM's all-to-all methods).
+        """
+        if self.a2a_backend in _GATHER_BACKENDS:
+            return "allgather"
+        if self.a2a_backend in _FORWARDING_BACKENDS.get(self.engine.name, ()):
+            return "forwarded"
+        if not decode and self.a2a_backend in _FORWARDING_IN_PREFILL.get(self.engine.name, ()):
+            return "forwarded"
+        return "alltoall"
 
 
 def resolve_runtime(

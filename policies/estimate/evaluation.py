@@ -19,6 +19,12 @@ import numpy as np
 import numpy.typing as npt
 
 from policies.estimate.costmodel import GIB, CostTable
+from policies.estimate.forwarding import (
+    forwarded_link_us,
+    forwarded_times_us,
+    node_of,
+    token_copies,
+)
 from policies.hardware.topology import Channel
 
 
@@ -153,6 +159,42 @@ def gather_times_us(table: CostTable, attention_share: Sequence[float]) -> list[
     return out
 
 
+def exchange_bytes_by_node(
+    table: CostTable,
+    attention_share: Sequence[float],
+    layers: Sequence[LayerPlacement],
+    exchange: str,
+) -> npt.NDArray[np.float64]:
+    """Dispatch+combine bytes of one step (every MoE layer) from each node to each node
+    (``[src][dst]``, nodes in :func:`policies.estimate.forwarding.node_of` order; the
+    diagonal: sent directly between GPUs of a node, without the NVLink hop that
+    ``forwarded`` adds for tokens from other nodes), as ``exchange`` (``alltoall`` or
+    ``forwarded``) moves them."""
+    nodes = node_of(table)
+    onehot = np.zeros((len(nodes), int(nodes.max(initial=-1)) + 1))
+    onehot[np.arange(len(nodes)), nodes] = 1.0
+    a = np.asarray(attention_share, dtype=float)
+    grid = np.zeros((onehot.shape[1], onehot.shape[1]))
+    for li, placement in enumerate(layers):
+        served = served_fractions(table, li, placement)
+        pairs = placement.traffic if placement.traffic is not None else np.outer(a, served)
+        pairs = pairs * (1.0 - np.eye(len(nodes)))
+        if exchange == "forwarded":
+            gpu, node = token_copies(table, a, pairs)
+            within = onehot.T @ (gpu * (onehot @ onehot.T)) @ onehot
+            grid += (onehot.T @ node + within) * table.total_tokens * table.bytes_per_copy
+        else:
+            grid += (
+                onehot.T
+                @ pairs
+                @ onehot
+                * table.total_tokens
+                * table.top_k
+                * (table.bytes_per_copy)
+            )
+    return grid
+
+
 def link_time_us(
     table: CostTable, attention_share: Sequence[float], served: Sequence[float]
 ) -> float:
@@ -223,6 +265,11 @@ def _moe_layer(
     if exchange == "allgather":
         comm = gather_times_us(table, attention_share)
         link = 0.0  # a ring crosses each fabric link once per step's bytes: in comm
+    elif exchange == "forwarded":
+        a = np.asarray(attention_share, dtype=float)
+        pairs = placement.traffic if placement.traffic is not None else np.outer(a, served)
+        comm = forwarded_times_us(table, a, pairs)
+        link = forwarded_link_us(table, a, pairs)
     else:
         comm = comm_times_us(table, attention_share, served, placement.traffic)
         link = link_time_us(table, attention_share, served)
@@ -271,10 +318,12 @@ def evaluate(
         attention_share: per GPU the fraction of the step's tokens its attention serves;
             sums to 1.
         layers: expert placement per MoE layer (empty for dense models).
-        exchange: ``alltoall`` (dispatch+combine, :func:`comm_times_us`) or ``allgather``
-            (every GPU gets every token, :func:`gather_times_us`), as the EP group's
-            backend moves tokens (:attr:`policies.estimate.engines.Runtime.exchange`); None: the
-            table's ``exchange``.
+        exchange: ``alltoall`` (every token-expert pair dispatched and combined,
+            :func:`comm_times_us`), ``forwarded`` (DeepEP's normal kernels: a token once per
+            GPU and per node, :mod:`policies.estimate.forwarding`) or ``allgather`` (every
+            GPU gets every token, :func:`gather_times_us`), as the EP group's backend moves
+            tokens in the table's phase (:meth:`policies.estimate.engines.Runtime.exchange_in`);
+            None: the table's ``exchange``.
 
     Returns:
         Predicted step time, throughput, per-layer phase times, memory, and violations of

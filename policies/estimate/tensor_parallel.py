@@ -444,7 +444,7 @@ def choose(req: PlacementRequest, place: PolicyFn, fits: Fits) -> TpChoice:
     only while no plan is valid."""
     t0 = time.perf_counter()
     base = build_cost_table(req.fleet, req.model, req.workload, req.settings)
-    base = replace(base, exchange=runtime_of(req).exchange)
+    base = replace(base, exchange=runtime_of(req).exchange_in(base.decode))
     ones = (1,) * base.num_gpus
     order = candidates(req, base)
     ranked = _ranked(req, base, fits) if order != [ones] else [ones]

@@ -228,7 +228,7 @@ def compute_curve(spec: DeploymentSpec, part: Fleet, grid: CurveGrid = CurveGrid
         req = to_request(ref, SolverPolicy(workers=1), part)
         check_request(req)
         runtime = runtime_of(req)
-        placed = _place(req, runtime.exchange)
+        placed = _place(req, runtime.exchange_in(req.workload.decode))
     except InfeasibleError as exc:
         return CurveEntry(None, n, reason=str(exc) or "infeasible")
     except InputError as exc:
@@ -253,9 +253,10 @@ def compute_curve(spec: DeploymentSpec, part: Fleet, grid: CurveGrid = CurveGrid
         w = replace(spec.workload, phase=phase, tokens_per_gpu=per_gpu, context_len=context)
         workload = workload_for(replace(spec, workload=w), req.model, measured=None)
         table = replace(
-            tp_cost_table(part, req.model, workload, req.settings, tp), exchange=runtime.exchange
+            tp_cost_table(part, req.model, workload, req.settings, tp),
+            exchange=runtime.exchange_in(phase == "decode"),
         )
-        return evaluate(table, run.attention_share, run.layers, runtime.exchange).step_time_us
+        return evaluate(table, run.attention_share, run.layers, table.exchange).step_time_us
 
     decode = tuple(
         tuple(step_us("decode", b, c) for c in grid.context_tokens) for b in grid.batch_per_gpu

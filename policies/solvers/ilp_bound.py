@@ -28,7 +28,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -144,7 +144,7 @@ def exchange_rule(runtime: Runtime) -> str:
     gets every token), ``proportional`` (every rank spreads an expert's tokens over its
     replicas in the same proportions: ``planned`` and ``even``) or ``any`` (replicas picked
     by locality, SGLang ``static``/``dynamic``: any routing of tokens to replicas)."""
-    if runtime.exchange == "allgather":
+    if runtime.exchange_in(decode=True) == "allgather":  # the same in both phases
         return "allgather"
     return "any" if runtime.dispatch in ("static", "dynamic") else "proportional"
 
@@ -230,9 +230,12 @@ class _Setup:
     def __init__(
         self, req: PlacementRequest, table: CostTable, key: Sequence[Hashable] | None
     ) -> None:
+        runtime = runtime_of(req)
+        # The exchange the engine runs in this phase, whatever the caller's table says.
+        table = replace(table, exchange=runtime.exchange_in(table.decode))
         self.table, self.solver = table, req.options.solver
         self.engine = req.form == "engine"
-        self.rule = exchange_rule(runtime_of(req))
+        self.rule = exchange_rule(runtime)
         E = table.num_experts
         self.slots = slots_per_gpu(E, req.redundant_experts, table.num_gpus) if E else 0
         self.budget = E + req.redundant_experts

@@ -23,6 +23,11 @@ below by its McCormick envelope over the box ``[A_lo, A_hi] x [0, n_d xU_d]``, w
 branch and bound of :func:`policies.solvers.ilp_bound.global_bound` narrows. With the shares
 fixed (every GPU of a class the same share) the volumes are linear and exact: one GPU of c
 sends ``a_c sum_d frac_cd S_d`` and receives ``(S_c / n_c) sum_d reach_cd a_d``.
+
+Under DeepEP's normal kernels (the ``forwarded`` exchange, prefill) a token crosses to a GPU
+or a node once however many of its experts are there: every (r6) row is charged at
+``1 / top_k`` of the pair volume and the RDMA receive rows are dropped
+(:func:`_forwarded_floor`), so the rows stay lower bounds, weaker ones.
 """
 
 from __future__ import annotations
@@ -223,6 +228,8 @@ class Relaxation:
                 volumes = self._any_rule(c, ch, S, p)
                 if self.rule == "proportional":
                     volumes += [(self._send(c, ch, S, p), 0.0), (self._recv(c, ch, S, p), 0.0)]
+                if t.exchange == "forwarded":
+                    volumes, coef = _forwarded_floor(volumes, ch), coef / max(t.top_k, 1)
                 for terms, const in volumes:
                     m.ge(
                         [(tau_c, 1.0), *busy, *((col, -coef * x) for col, x in terms)],
@@ -350,3 +357,16 @@ def reach_counts(
             )
         )
     return out
+
+
+def _forwarded_floor(volumes: list[tuple[Terms, float]], ch: int) -> list[tuple[Terms, float]]:
+    """The rows of :meth:`Relaxation._comm` that stay lower bounds under DeepEP's normal
+    kernels (:mod:`policies.estimate.forwarding`), to be charged at ``1 / top_k`` of the
+    pair volume: a token reaches a GPU or a node at most ``top_k`` times, so the tokens a GPU
+    sends over a channel, and those it receives directly, are at least its pairs over
+    ``top_k``; what a GPU receives over RDMA is what it forwards for its node, which its own
+    pairs do not bound, so the receive rows of the RDMA channels are dropped (``volumes``
+    alternate send, receive)."""
+    if ch not in (Channel.RDMA, Channel.RDMA_CROSS):
+        return volumes
+    return volumes[0::2]

@@ -15,8 +15,10 @@ Against the real ``python/sglang/srt/eplb/expert_location.py`` and
 """
 
 from __future__ import annotations
+import __future__
 
 import ast
+import enum
 import math
 import random
 from collections import Counter
@@ -250,3 +252,33 @@ def test_without_a2a_backend_tokens_split_evenly_over_replicas() -> None:
                     assert row[p] == e
                     assert c / 840 == pytest.approx(shares[layer][p])
                 assert len(counts) == row.count(e)
+
+
+def test_deepep_runs_its_normal_kernels_in_prefill_and_low_latency_in_decode() -> None:
+    """SGLang's ``--deepep-mode`` defaults to ``auto``, which resolves to the normal
+    (forwarding) kernels for a batch that extends and to the low-latency kernels otherwise:
+    the exchange mixfleet prices for each phase (:meth:`Runtime.exchange_in`)."""
+    args = es.sglang_args()
+    assert args.parser.parse_args(["--model-path", "m"]).deepep_mode == "auto"
+    mode = _deepep_mode()
+    auto = mode(args.parser.parse_args(["--model-path", "m"]).deepep_mode)
+    runtime = resolve_runtime(EngineSpec(name="sglang"), ["hopper"] * 16, ["a"] * 8 + ["b"] * 8)
+    assert runtime.a2a_backend == "deepep"
+    for decode in (False, True):
+        kernels = auto.resolve(is_extend_in_batch=not decode)
+        expected = "alltoall" if kernels.is_low_latency() else "forwarded"
+        assert kernels.is_normal() != kernels.is_low_latency()
+        assert runtime.exchange_in(decode) == expected, (decode, kernels)
+
+
+def _deepep_mode() -> Any:
+    """SGLang's ``DeepEPMode`` enum, compiled from its source alone (its module imports
+    torch and the CUDA layers)."""
+    path = es.source_dir("sglang") / "sglang" / "srt" / "layers" / "moe" / "utils.py"
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "DeepEPMode"]
+    module = ast.Module(body=[cls], type_ignores=[])
+    namespace: dict[str, Any] = {"Enum": enum.Enum, "__name__": "sglang_deepep_mode"}
+    flags = __future__.annotations.compiler_flag  # as its module compiles it
+    exec(compile(module, str(path), "exec", flags=flags, dont_inherit=True), namespace)
+    return namespace["DeepEPMode"]

@@ -2,14 +2,14 @@
 in-process controller (SQLite store, gRPC on loopback) and fake agents
 (tests/controlplane/agent_fakes.py) on three 4-GPU H100 nodes.
 
-Qwen3-30B-A3B (SGLang) at 45 requests/s is planned as a prefill/decode pool (one prefill,
+Qwen3-30B-A3B (SGLang) at 50 requests/s is planned as a prefill/decode pool (one prefill,
 two decode instances, one node each): each instance has its own committed plan and the agents
 hold its parts; the deployment is Ready. Applying an instance's name is refused. A restart
 keeps names and ports and rolls nothing out. At 5 requests/s one aggregated instance serves
 it on a node a decode instance held (the fleet is full): that decode instance drains first,
 alone, and is removed after the drain grace; the other two retire - WatchInstances keeps
 listing them ready - until the new one is committed, then drain and are removed after the
-grace. Planned for 45 requests/s again (the traffic hook) instances are added; deleting the
+grace. Planned for 50 requests/s again (the traffic hook) instances are added; deleting the
 deployment removes every part from the agents."""
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ SPEC = DeploymentSpec(
     policy="greedy",
     workload=WorkloadSpec(kv_cache_dtype="fp8"),
     engine=EngineSpec("sglang"),
-    traffic=Traffic(45.0, LengthDist(4096, 5120), LengthDist(512, 640)),
+    traffic=Traffic(50.0, LengthDist(4096, 5120), LengthDist(512, 640)),
     slo=Slo(ttft_ms=2000, tpot_ms=50, percentile=90),
     disaggregation="auto",
     prepare_timeout_s=10.0,
@@ -118,7 +118,7 @@ async def _apply(address: str, spec: DeploymentSpec) -> None:
 
 
 async def _first_plan(address: str, store: Store, agents: dict[str, FakeAgent]) -> None:
-    """45 requests/s: one prefill and two decode instances, each on its own node, committed
+    """50 requests/s: one prefill and two decode instances, each on its own node, committed
     and held by its node's agent; ports from the bases; an instance name is refused."""
     await _apply(address, SPEC)
     await wait_until(
@@ -145,7 +145,7 @@ async def _first_plan(address: str, store: Store, agents: dict[str, FakeAgent]) 
     assert q is not None and q.committed_version is None  # never solved as one engine
     assert q.status[INSTANCES_KEY] == sorted(recs)
     summary = q.status["fleet_plan"]
-    assert summary["served_requests_per_s"] == pytest.approx(45.0, rel=1e-3)
+    assert summary["served_requests_per_s"] == pytest.approx(50.0, rel=1e-3)
     assert summary["shortfalls"] == [] and summary["gpus"] == 12
     async with grpc.aio.insecure_channel(address) as ch:
         plans = plan_pb2_grpc.PlanServiceStub(ch)
@@ -263,7 +263,7 @@ async def _shrink(store: Store, address: str, agents: dict[str, FakeAgent]) -> N
 
 
 async def _grow_and_delete(store: Store, ctl: Any, agents: dict[str, FakeAgent]) -> None:
-    """Planned for 45 requests/s again - by the traffic hook that demand measurement
+    """Planned for 50 requests/s again - by the traffic hook that demand measurement
     replaces, the spec still says 5: instances are added (the aggregated one keeps its node
     and name); deleting q removes every instance and part."""
     assert SPEC.traffic is not None
@@ -277,7 +277,7 @@ async def _grow_and_delete(store: Store, ctl: Any, agents: dict[str, FakeAgent])
     assert "q-aggregated-0" in _records(store)
     q = store.get_deployment("q")
     assert q is not None and q.spec.traffic is not None and q.spec.traffic.requests_per_s == 5.0
-    assert q.status["fleet_plan"]["demand_requests_per_s"] == pytest.approx(45.0)
+    assert q.status["fleet_plan"]["demand_requests_per_s"] == pytest.approx(50.0)
     assert ctl.controller.delete_deployment("q")
     await wait_until(lambda: all(not a.applied for a in agents.values()), what="every part removed")
     assert _records(store) == {}

@@ -376,7 +376,7 @@ QWEN = DeploymentSpec(
     policy="greedy",
     workload=WorkloadSpec(kv_cache_dtype="fp8"),
     engine=EngineSpec("sglang"),
-    traffic=Traffic(45.0, LengthDist(4096, 5120), LengthDist(512, 640)),
+    traffic=Traffic(50.0, LengthDist(4096, 5120), LengthDist(512, 640)),
     slo=Slo(ttft_ms=2000, tpot_ms=50, percentile=90),
     prepare_timeout_s=10.0,
 )
@@ -415,7 +415,7 @@ def _ready(store: Store, roles: dict[str, int]) -> bool:
 
 def test_a_measured_demand_shift_adds_instances_end_to_end(tmp_path: Path) -> None:
     """Qwen3-30B-A3B stated at 5 requests/s runs as one aggregated instance on three 4-GPU
-    H100 nodes; two routers then report 45 requests/s for a minute: the controller plans for
+    H100 nodes; two routers then report 50 requests/s for a minute: the controller plans for
     the measured demand and adds a prefill/decode pool, WatchInstances lists the new
     instances, and the spec still says 5."""
     assert QWEN.traffic is not None
@@ -434,12 +434,12 @@ def test_a_measured_demand_shift_adds_instances_end_to_end(tmp_path: Path) -> No
                 )
                 engine = engine_pb2_grpc.EngineServiceStub(ch)
                 end = math.floor(ctl.controller.clock() / 10.0) * 10.0
-                for k in range(6):  # the last minute at 45 requests/s, from two routers
+                for k in range(6):  # the last minute at 50 requests/s, from two routers
                     for router in ("router-0", "router-1"):
                         start = end - 60.0 + 10.0 * k
                         report = _report(
                             start,
-                            22.5,
+                            25.0,
                             router,
                             deployment="q",
                             input_tokens_mean=4096.0,
@@ -458,7 +458,7 @@ def test_a_measured_demand_shift_adds_instances_end_to_end(tmp_path: Path) -> No
                 assert q.spec.traffic.requests_per_s == 5.0
                 demand = DemandStatus.from_status(q.status)
                 assert demand.replans == 1 and demand.planned is not None
-                assert demand.planned.requests_per_s == pytest.approx(45.0)
+                assert demand.planned.requests_per_s == pytest.approx(50.0)
                 watch = Stream(engine, "q")
                 msg = await watch.until(lambda m: len(m.instances) == 3, "three instances")
                 assert sorted(i.role for i in msg.instances) == ["aggregated", "decode", "prefill"]

@@ -216,7 +216,7 @@ def _best_step(
 ) -> float:
     """The least step time over every engine-form layer at ``share``, as ``req``'s engine
     (an even replica split) executes it."""
-    exchange = runtime_of(req).exchange
+    exchange = runtime_of(req).exchange_in(table.decode)
     best = math.inf
     for phy in _placements(experts, gpus, slots):
         ev = evaluate(table, share, [engine_layer(phy, gpus)], exchange)
