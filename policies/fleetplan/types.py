@@ -123,7 +123,7 @@ class PlannerSettings:
     utilisation: float = UTILISATION
     queueing: bool = True
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS
-    pairs_per_decode: int = 1
+    pairs_per_decode: int = 3
     decode_variants: int = 3
     move_weight: float = 0.1
     max_solver_nodes: int = 500

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -229,7 +229,7 @@ class Model:
             return self._solve_highs(limits, relax)
         return self._solve_cbc(limits, relax)
 
-    def _solve_highs(self, limits: Limits, relax: bool) -> MilpOutcome:
+    def _solve_highs(self, limits: Limits, relax: bool, *, use_start: bool = True) -> MilpOutcome:
         import highspy
         import numpy as np
 
@@ -256,7 +256,8 @@ class Model:
             kind = [highspy.HighsVarType.kInteger, highspy.HighsVarType.kContinuous]
             lp.integrality_ = [kind[0] if x else kind[1] for x in self.integer]
         h.passModel(lp)
-        if mip and self.start:
+        started = mip and bool(self.start) and use_start
+        if started:
             idx = np.array(list(self.start), dtype=np.int32)
             h.setSolution(len(idx), idx, np.array(list(self.start.values()), dtype=np.float64))
         h.run()
@@ -272,7 +273,18 @@ class Model:
             bound, nodes = (objective if status == "optimal" else -math.inf), 0
         if status == "optimal" and not math.isfinite(bound):
             bound = objective
+        if started and values and not self._objective_matches(values, objective):
+            # HiGHS 1.16 can report the optimum's objective with the MIP start as its column
+            # values (seen on the fleet planner's cost program: objective 77.6, values of the
+            # 101.52 start). Values that do not give the reported objective are not trusted:
+            # solve again without the start.
+            return self._solve_highs(limits, relax, use_start=False)
         return MilpOutcome(status, objective, bound, "HiGHS", values, nodes)
+
+    def _objective_matches(self, values: Sequence[float], objective: float) -> bool:
+        """Whether ``values`` give ``objective`` (relative 1e-6)."""
+        got = self.offset + sum(c * v for c, v in zip(self.cost, values, strict=True))
+        return abs(got - objective) <= 1e-6 * max(1.0, abs(objective))
 
     def _solve_cbc(self, limits: Limits, relax: bool) -> MilpOutcome:
         prob = pulp.LpProblem(self.name, pulp.LpMinimize)
