@@ -49,6 +49,9 @@ SCENARIOS = (
     "dsv3-mixed-64-4096-512",
     "qwen235b-mixed-24-4096-512",
     "qwen235b-hopper-blackwell-24-1024-1024",
+    "dsv3-hopper-blackwell-24-1024-1024",
+    "qwen235b-hopper-blackwell-24-4096-512",
+    "dsv3-homog-32-1024-1024",
 )
 
 
