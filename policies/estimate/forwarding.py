@@ -27,9 +27,10 @@ probability ``1 - (1 - p)^k`` and a node N with ``1 - (1 - sum_{j in N} p_j)^k``
 
 Bytes are copies of ``bytes_per_copy`` (dispatch + combine of one token); per channel a GPU's
 time is the larger direction over its bandwidth, and its time is its slowest channel plus
-alpha, as for the all-to-all. DeepEP's internode efficiency (:class:`CostSettings` ``rdma``,
-43-58 of 50 GB/s) is quoted on these deduplicated RDMA bytes. Unmeasured here: no multi-node
-machine has run it (docs/planning.md, "Token exchange").
+alpha, as for the all-to-all. DeepEP's internode efficiency (``Efficiency.rdma`` in
+:mod:`policies.estimate.costsettings`, 43-58 of 50 GB/s) is quoted on these deduplicated
+RDMA bytes. Unmeasured here: no multi-node machine has run it (docs/planning.md, "Token
+exchange").
 
 Units: fractions of the layer's tokens, bytes, microseconds. Pure.
 """
