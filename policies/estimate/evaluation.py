@@ -19,12 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from policies.estimate.costmodel import GIB, CostTable
-from policies.estimate.forwarding import (
-    forwarded_link_us,
-    forwarded_times_us,
-    node_of,
-    token_copies,
-)
+from policies.estimate.forwarding import forwarded_exchange_us, nodes_of, token_copies
 from policies.hardware.topology import Channel
 
 
@@ -166,32 +161,25 @@ def exchange_bytes_by_node(
     exchange: str,
 ) -> npt.NDArray[np.float64]:
     """Dispatch+combine bytes of one step (every MoE layer) from each node to each node
-    (``[src][dst]``, nodes in :func:`policies.estimate.forwarding.node_of` order; the
+    (``[src][dst]``, nodes in :func:`policies.estimate.forwarding.nodes_of` order; the
     diagonal: sent directly between GPUs of a node, without the NVLink hop that
     ``forwarded`` adds for tokens from other nodes), as ``exchange`` (``alltoall`` or
     ``forwarded``) moves them."""
-    nodes = node_of(table)
-    onehot = np.zeros((len(nodes), int(nodes.max(initial=-1)) + 1))
-    onehot[np.arange(len(nodes)), nodes] = 1.0
+    nodes = nodes_of(table)
+    onehot = nodes.onehot
     a = np.asarray(attention_share, dtype=float)
     grid = np.zeros((onehot.shape[1], onehot.shape[1]))
     for li, placement in enumerate(layers):
         served = served_fractions(table, li, placement)
         pairs = placement.traffic if placement.traffic is not None else np.outer(a, served)
-        pairs = pairs * (1.0 - np.eye(len(nodes)))
+        pairs = pairs * (1.0 - np.eye(len(nodes.index)))
         if exchange == "forwarded":
-            gpu, node = token_copies(table, a, pairs)
+            gpu, node = token_copies(table, a, pairs, nodes)
             within = onehot.T @ (gpu * (onehot @ onehot.T)) @ onehot
             grid += (onehot.T @ node + within) * table.total_tokens * table.bytes_per_copy
         else:
-            grid += (
-                onehot.T
-                @ pairs
-                @ onehot
-                * table.total_tokens
-                * table.top_k
-                * (table.bytes_per_copy)
-            )
+            pair_bytes = table.total_tokens * table.top_k * table.bytes_per_copy
+            grid += onehot.T @ pairs @ onehot * pair_bytes
     return grid
 
 
@@ -268,8 +256,7 @@ def _moe_layer(
     elif exchange == "forwarded":
         a = np.asarray(attention_share, dtype=float)
         pairs = placement.traffic if placement.traffic is not None else np.outer(a, served)
-        comm = forwarded_times_us(table, a, pairs)
-        link = forwarded_link_us(table, a, pairs)
+        comm, link = forwarded_exchange_us(table, a, pairs)
     else:
         comm = comm_times_us(table, attention_share, served, placement.traffic)
         link = link_time_us(table, attention_share, served)

@@ -37,6 +37,8 @@ Units: fractions of the layer's tokens, bytes, microseconds. Pure.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import numpy.typing as npt
 
@@ -47,12 +49,40 @@ REMOTE = (Channel.RDMA, Channel.RDMA_CROSS)
 """Channels whose traffic DeepEP's normal kernels send once per node and forward."""
 
 
-def node_of(table: CostTable) -> npt.NDArray[np.int64]:
-    """Per GPU the index of its node (first appearance order)."""
+@dataclass(frozen=True)
+class Nodes:
+    """The nodes of a cost table's GPUs (first appearance order).
+
+    Attributes:
+        index: per GPU its node.
+        onehot: GPUs x nodes, 1 where the GPU is on the node.
+    """
+
+    index: npt.NDArray[np.int64]
+    onehot: npt.NDArray[np.float64]
+
+    @property
+    def size(self) -> npt.NDArray[np.float64]:
+        """Per GPU the number of GPUs of its node (G)."""
+        size: npt.NDArray[np.float64] = self.onehot.sum(axis=0)[self.index]
+        return size
+
+    @property
+    def first(self) -> npt.NDArray[np.int64]:
+        """Per node its first GPU."""
+        first: npt.NDArray[np.int64] = np.argmax(self.onehot, axis=0)
+        return first
+
+
+def nodes_of(table: CostTable) -> Nodes:
+    """The nodes of ``table``'s GPUs."""
     names: dict[str, int] = {}
-    return np.array(
+    index = np.array(
         [names.setdefault(g.node, len(names)) for g in table.topology.gpus], dtype=np.int64
     )
+    onehot = np.zeros((len(index), len(names)))
+    onehot[np.arange(len(index)), index] = 1.0
+    return Nodes(index, onehot)
 
 
 def _hit(p: npt.NDArray[np.float64], k: int) -> npt.NDArray[np.float64]:
@@ -62,24 +92,41 @@ def _hit(p: npt.NDArray[np.float64], k: int) -> npt.NDArray[np.float64]:
 
 
 def token_copies(
-    table: CostTable, attention_share: npt.NDArray[np.float64], pairs: npt.NDArray[np.float64]
+    table: CostTable,
+    attention_share: npt.NDArray[np.float64],
+    pairs: npt.NDArray[np.float64],
+    nodes: Nodes | None = None,
 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
     """``(gpu, node)``: tokens (fractions of the layer's) each GPU i sends to each GPU j
     (``gpu[i, j]``, every j; 0 on the diagonal) and to each node N (``node[i, N]``, 0 for
     its own node), as DeepEP's normal kernels send them; ``pairs`` is ``P`` of the module
     docstring."""
     k = max(table.top_k, 1)
-    nodes = node_of(table)
-    onehot = np.zeros((len(nodes), int(nodes.max(initial=-1)) + 1))
-    onehot[np.arange(len(nodes)), nodes] = 1.0
+    nodes = nodes or nodes_of(table)
     a = np.asarray(attention_share, dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
         per_token = np.where(a[:, None] > 0, pairs / a[:, None], 0.0)
     gpu = a[:, None] * _hit(per_token, k)
     np.fill_diagonal(gpu, 0.0)
-    node = a[:, None] * _hit(per_token @ onehot, k)
-    node[np.arange(len(nodes)), nodes] = 0.0
+    node = a[:, None] * _hit(per_token @ nodes.onehot, k)
+    node[np.arange(len(nodes.index)), nodes.index] = 0.0
     return gpu, node
+
+
+def forwarded_exchange_us(
+    table: CostTable,
+    attention_share: npt.NDArray[np.float64],
+    pairs: npt.NDArray[np.float64],
+) -> tuple[list[float], float]:
+    """One MoE layer's dispatch+combine under DeepEP's normal kernels (module docstring;
+    ``pairs`` is ``P``): ``(time per GPU, us; the busiest link between fabric segments, us,
+    0 without fabric links)``."""
+    nodes = nodes_of(table)
+    gpu, node = token_copies(table, attention_share, pairs, nodes)
+    a = np.asarray(attention_share, dtype=float)
+    busy = (a > 0) | (pairs.sum(axis=0) > 0)
+    times = np.where(busy, _slowest_channel_us(table, nodes, gpu, node) + table.comm_alpha, 0.0)
+    return [float(x) for x in times], _link_us(table, nodes, node)
 
 
 def forwarded_times_us(
@@ -88,26 +135,35 @@ def forwarded_times_us(
     pairs: npt.NDArray[np.float64],
 ) -> list[float]:
     """Dispatch+combine time per GPU for one MoE layer under DeepEP's normal kernels, us
-    (module docstring); ``pairs`` is ``P``."""
-    n = table.num_gpus
-    nodes = node_of(table)
-    size = np.bincount(nodes).astype(float)[nodes]  # G of each GPU's node
-    gpu, node = token_copies(table, attention_share, pairs)
-    chan = table.topology.channel
-    remote = np.isin(chan, REMOTE)
-    same_node = (nodes[:, None] == nodes[None, :]).astype(float)
+    (:func:`forwarded_exchange_us`)."""
+    return forwarded_exchange_us(table, attention_share, pairs)[0]
+
+
+def _slowest_channel_us(
+    table: CostTable,
+    nodes: Nodes,
+    gpu: npt.NDArray[np.float64],
+    node: npt.NDArray[np.float64],
+) -> npt.NDArray[np.float64]:
+    """Per GPU its slowest channel's time for the copies ``gpu`` and ``node``, us."""
+    size = nodes.size
+    same_node = nodes.onehot @ nodes.onehot.T
     # Tokens reaching GPU j from other nodes: each lands on one of its node's G GPUs
     # (1/G each) and is forwarded to j from there unless it landed on j.
-    from_afar = (gpu * remote).sum(axis=0)
+    from_afar = (gpu * np.isin(table.topology.channel, REMOTE)).sum(axis=0)
+    to_node = np.zeros((len(nodes.index), nodes.onehot.shape[1]))
+    to_node[nodes.first, np.arange(nodes.onehot.shape[1])] = (
+        1.0  # a node's channel: its first GPU's
+    )
     volume = table.total_tokens * table.bytes_per_copy
-    t = np.zeros(n)
+    t = np.zeros(table.num_gpus)
     for k, mask in enumerate(table.channel_masks):
         if k == Channel.LOCAL or mask.size == 0:
             continue
         if k in REMOTE:
-            into = node * (mask @ _node_rep(nodes, node.shape[1]))  # i -> N over channel k
+            into = node * (mask @ to_node)  # i -> N over channel k
             send = into.sum(axis=1)
-            recv = into.sum(axis=0)[nodes] / size
+            recv = into.sum(axis=0)[nodes.index] / size
         else:
             direct = gpu * mask
             hop = mask * same_node  # forwarder -> target over channel k
@@ -116,35 +172,17 @@ def forwarded_times_us(
         moved = np.maximum(send, recv) * volume
         with np.errstate(divide="ignore", invalid="ignore"):  # no link (0 B/s): inf, not NaN
             t = np.maximum(t, np.where(moved > 0, moved / table.comm_bw[:, k], 0.0))
-    a = np.asarray(attention_share, dtype=float)
-    busy = (a > 0) | (pairs.sum(axis=0) > 0)
-    return [float(x) for x in np.where(busy, t + table.comm_alpha, 0.0)]
+    return t
 
 
-def _node_rep(nodes: npt.NDArray[np.int64], count: int) -> npt.NDArray[np.float64]:
-    """n x nodes: 1 at each node's first GPU (the channel to a node is the channel to any of
-    its GPUs)."""
-    out = np.zeros((len(nodes), count))
-    for node in range(count):
-        out[int(np.argmax(nodes == node)), node] = 1.0
-    return out
-
-
-def forwarded_link_us(
-    table: CostTable,
-    attention_share: npt.NDArray[np.float64],
-    pairs: npt.NDArray[np.float64],
-) -> float:
-    """Time the busiest link between two fabric segments needs for one layer's
-    dispatch+combine under DeepEP's normal kernels, us (0 without fabric links): the tokens
-    sent from nodes of one segment to nodes of the other, once per node, as
-    :func:`policies.estimate.evaluation.link_time_us` counts pairs."""
+def _link_us(table: CostTable, nodes: Nodes, node: npt.NDArray[np.float64]) -> float:
+    """The busiest link between two fabric segments: the tokens sent from nodes of one
+    segment to nodes of the other, once per node, as
+    :func:`policies.estimate.evaluation.link_time_us` counts pairs, us."""
     if not table.segment_links:
         return 0.0
-    _, node = token_copies(table, attention_share, pairs)
-    nodes = node_of(table)
     seg_of_gpu = np.asarray(table.segment)
-    seg_of_node = np.array([seg_of_gpu[int(np.argmax(nodes == m))] for m in range(node.shape[1])])
+    seg_of_node = seg_of_gpu[nodes.first]
     volume = table.total_tokens * table.bytes_per_copy
     worst = 0.0
     for sa, sb, bw, alpha in table.segment_links:
