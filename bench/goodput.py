@@ -21,9 +21,10 @@ arrivals; the demand is far above what any fleet serves, so the fleet is the lim
 Every plan is run through :func:`policies.serving.simulate.simulate` (seed 1) to steady
 state: a warm-up and a measured window of three request lifetimes each (at least 400 and
 3,600 requests; :func:`bench.goodput_setup.sim_options`). **Goodput** is the same
-yardstick for all: the largest arrival rate (bracketed between powers of two, then
-bisected 8 times) at which at least 90% of the requests meet both SLOs, and the rate of
-requests within the SLOs there. The planner's own prediction is checked against the
+yardstick for all (:func:`bench.goodput_setup.max_goodput`): the most requests/s within
+both SLOs at an arrival rate where at least 90% of the requests meet them - the largest
+such rate (the edge: bracketed between powers of two, then bisected 8 times) and five
+rates 1-5% below it. The planner's own prediction is checked against the
 simulation at the load it plans (``predicted`` vs ``simulated``). **USD per million
 tokens at equal goodput**: the planner asked for what (b)'s instances serve at the
 planner's own margin (:func:`_at_planner_margin`), priced at the GPUs it takes, against

@@ -57,6 +57,7 @@ def report(doc: dict[str, Any]) -> str:
             f"({'; '.join(r['c_hand_split_pd']['notes'])[:80]}) "
             f"| {_fmt(r['a_one_instance']['sim']['goodput_rps'])} req/s |"
         )
+    lines += _edges(doc)
     for name, t in doc.get("timing", {}).items():
         lines.append("")
         hog = t.get("beside_two_cpu_hogs", {})
@@ -73,3 +74,30 @@ def report(doc: dict[str, Any]) -> str:
                 f"({x['warm_curves_computed']} curves, program {x['warm_program_s']} s)"
             )
     return "\n".join(lines)
+
+
+def _edges(doc: dict[str, Any]) -> list[str]:
+    """Per scenario and plan: the largest rate within the SLO (the edge), the requests/s
+    within the SLOs there, and the goodput (the peak at or up to 5% below the edge); the
+    ratio to (b) by the edge's figure (the yardstick before the peak was searched)."""
+    plans = (("mixfleet", "mixfleet"), ("(b)", "b_hand_split"), ("(c)", "c_hand_split_pd"))
+    lines = [
+        "",
+        "| scenario | "
+        + " | ".join(f"{label} edge rate / within SLO there / goodput" for label, _ in plans)
+        + " | vs (b) at the edge |",
+        "|---|" + "---|" * (len(plans) + 1),
+    ]
+    for name, r in doc["scenarios"].items():
+        cells = []
+        for _, key in plans:
+            sim = r[key]["sim"]
+            cells.append(
+                f"{_fmt(sim.get('rate_rps'))} / {_fmt(sim.get('edge_goodput_rps'))} / "
+                f"{_fmt(sim.get('goodput_rps'))}"
+            )
+        m_edge = r["mixfleet"]["sim"].get("edge_goodput_rps")
+        b_edge = r["b_hand_split"]["sim"].get("edge_goodput_rps")
+        ratio = _fmt(m_edge / b_edge) + "x" if m_edge is not None and b_edge else "-"
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {ratio} |")
+    return lines

@@ -1,7 +1,8 @@
 """The goodput benchmark's fixed setup (:mod:`bench.goodput`): models, fleets, prompt and
 output lengths, the SLO, traffic and deployment specs, and the yardstick every plan is
-measured by (:func:`max_goodput`: the serving simulator's goodput at the largest rate where
-90% of requests meet the SLO, in steady state: :func:`sim_options`).
+measured by (:func:`max_goodput`: the serving simulator's requests within the SLOs at the
+arrival rate that gives the most of them, at or just below the largest rate where 90% of
+requests meet the SLO, in steady state: :func:`sim_options`).
 
 Units: requests per second, tokens, milliseconds.
 """
@@ -33,6 +34,11 @@ WINDOW_LIFETIMES = 3.0
 """The yardstick's warm-up and its measured window, each at least this many lifetimes of a
 request within the SLO (:func:`request_lifetime_s`): a shorter run measures the fleet's
 start, while batches fill, not its steady state."""
+PEAK_STEPS = 5
+"""How many rates below the largest passing one the yardstick also simulates, one
+:data:`PEAK_STEP` apart, for the peak of the goodput curve (:func:`max_goodput`)."""
+PEAK_STEP = 0.01
+"""The spacing of those rates, a fraction of the largest passing rate."""
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -90,13 +96,42 @@ def attained(plan: ServingPlan, tr: Traffic, rate: float) -> tuple[bool, float, 
 
 
 def max_goodput(plan: ServingPlan | None, tr: Traffic, guess_rps: float) -> dict[str, Any]:
-    """The simulated goodput yardstick: the largest rate with >= 90% of requests within the
-    SLOs, and the goodput there. The rate is bracketed between two powers of two (the
+    """The simulated goodput yardstick: the most requests/s within the SLOs at an arrival
+    rate where >= 90% of requests meet them.
+
+    First the largest such rate, the **edge**: bracketed between two powers of two (the
     first that fails, scanning up from ``guess_rps``, and the largest below it that
-    passes), then bisected 8 times: the bracket does not depend on the guess, so two
-    plans that serve alike score alike whatever capacity each was planned at."""
-    if plan is None or guess_rps <= 0:
-        return {"rate_rps": 0.0, "goodput_rps": 0.0, "goodput_tokens_per_s": 0.0}
+    passes), then bisected 8 times; the bracket does not depend on the guess, so two plans
+    that serve alike score alike whatever capacity each was planned at. Then the **peak**:
+    the edge and :data:`PEAK_STEPS` rates below it, :data:`PEAK_STEP` of it apart, each
+    simulated; the goodput is the most requests/s within the SLOs among those that pass.
+    At the edge a plan is where its queues start to grow, and the share within the SLOs
+    falls from about 100% to 90% within a fraction of a percent of the rate, so the
+    requests within the SLOs there depend on where the bisection stopped, not on the plan:
+    a plan that serves more within the SLOs at every rate up to another's edge could score
+    less. The edge stays in the result (``rate_rps``, ``edge_goodput_rps``)."""
+    lo, edge_good = (0.0, 0.0) if plan is None or guess_rps <= 0 else _edge(plan, tr, guess_rps)
+    if plan is None or lo == 0.0:
+        keys = ("rate_rps", "edge_goodput_rps", "peak_rate_rps", "goodput_rps")
+        return dict.fromkeys((*keys, "goodput_tokens_per_s"), 0.0)
+    peak_rate, best = lo, edge_good
+    for i in range(1, PEAK_STEPS + 1):
+        rate = lo * (1.0 - PEAK_STEP * i)
+        ok, good, _ = attained(plan, tr, rate)
+        if ok and good > best:
+            peak_rate, best = rate, good
+    return {
+        "rate_rps": round(lo, 4),
+        "edge_goodput_rps": round(edge_good, 4),
+        "peak_rate_rps": round(peak_rate, 4),
+        "goodput_rps": round(best, 4),
+        "goodput_tokens_per_s": round(best * tr.output_len.mean, 1),
+    }
+
+
+def _edge(plan: ServingPlan, tr: Traffic, guess_rps: float) -> tuple[float, float]:
+    """The largest rate with >= 90% of requests within the SLOs (:func:`max_goodput`), and
+    the requests/s within them there; ``(0, 0)`` when not even 2^-10 requests/s passes."""
     k = math.ceil(math.log2(guess_rps))
     lo, best = 0.0, 0.0
     while True:
@@ -112,6 +147,8 @@ def max_goodput(plan: ServingPlan | None, tr: Traffic, guess_rps: float) -> dict
             lo, best = 2.0**j, good
         else:
             hi, j = 2.0**j, j - 1
+    if lo == 0.0:
+        return 0.0, 0.0
     for _ in range(8):
         mid = (lo + hi) / 2
         ok, good, _ = attained(plan, tr, mid)
@@ -119,8 +156,4 @@ def max_goodput(plan: ServingPlan | None, tr: Traffic, guess_rps: float) -> dict
             lo, best = mid, good
         else:
             hi = mid
-    return {
-        "rate_rps": round(lo, 4),
-        "goodput_rps": round(best, 4),
-        "goodput_tokens_per_s": round(best * tr.output_len.mean, 1),
-    }
+    return lo, best

@@ -42,7 +42,7 @@ def test_report_of_the_committed_results(capsys: pytest.CaptureFixture[str]) -> 
     assert set(doc["scenarios"]) == set(goodput.SCENARIOS)
     assert goodput.main(["--report", str(path)]) == 0
     out = capsys.readouterr().out
-    assert out.count("| dsv3-mixed-24-4096-512 |") == 2  # both tables
+    assert out.count("| dsv3-mixed-24-4096-512 |") == 3  # the three tables
     assert "generated-1000-twenty" in out
 
 
@@ -84,6 +84,29 @@ def test_yardstick_does_not_depend_on_the_guess() -> None:
     assert 30.0 < rate < 80.0  # near the instance's rate at its batch limit
     assert goodput_setup.attained(plan, tr, rate)[0]
     assert not goodput_setup.attained(plan, tr, rate * 1.2)[0]
+
+
+def test_yardstick_goodput_is_the_peak_at_or_below_the_edge() -> None:
+    plan, tr = _small_plan()
+    got = goodput_setup.max_goodput(plan, tr, 45.0)
+    edge, peak = got["rate_rps"], got["peak_rate_rps"]
+    assert edge * (1 - goodput_setup.PEAK_STEPS * goodput_setup.PEAK_STEP) - 1e-3 <= peak <= edge
+    assert got["goodput_rps"] >= got["edge_goodput_rps"] > 0
+    # Each figure is the simulator's at its rate, and no rate of the sweep serves more.
+    ok, good, _ = goodput_setup.attained(plan, tr, peak)
+    assert ok and good == pytest.approx(got["goodput_rps"], abs=1e-4)
+    assert goodput_setup.attained(plan, tr, edge)[1] == pytest.approx(
+        got["edge_goodput_rps"], abs=1e-4
+    )
+    for i in range(1, goodput_setup.PEAK_STEPS + 1):
+        ok, good, _ = goodput_setup.attained(plan, tr, edge * (1 - goodput_setup.PEAK_STEP * i))
+        assert not ok or good <= got["goodput_rps"] + 1e-4
+
+
+def test_yardstick_scores_zero_without_a_plan() -> None:
+    _, tr = _small_plan()
+    got = goodput_setup.max_goodput(None, tr, 10.0)
+    assert set(got.values()) == {0.0}
 
 
 def test_headroom_unknown_scenario_is_one_error_line(capsys: pytest.CaptureFixture[str]) -> None:
