@@ -21,6 +21,7 @@ from policies.hardware.fleet import Fleet, parse_fleet
 from policies.serving.plan import ServingPlan
 from policies.serving.simulate import SimOptions, simulate
 from policies.serving.traffic import LengthDist, Slo, Traffic
+from policies.serving.traffic import request_lifetime_s as lifetime_at_slo
 from policies.spec.build import DeploymentSpec, WorkloadSpec
 
 MODELS = {"dsv3": "deepseek-v3", "qwen235b": "qwen3-235b-a22b"}
@@ -70,10 +71,12 @@ _LOWEST_POWER = -10
 
 
 def request_lifetime_s(tr: Traffic) -> float:
-    """How long a request within the SLO lives at most, s: the TTFT target and the output
-    at the SLO's percentile length, one TPOT target per token."""
-    out = tr.output_len.quantile(SLO.percentile / 100.0)
-    return (SLO.ttft_ms + out * SLO.tpot_ms) / 1e3
+    """How long a request within the SLO lives at most, s
+    (:func:`policies.serving.traffic.request_lifetime_s` at :data:`SLO`)."""
+    life = lifetime_at_slo(tr, SLO)
+    if life is None:
+        raise ValueError("the benchmark's SLO names both targets")
+    return life
 
 
 def sim_options(tr: Traffic, rate: float) -> SimOptions:

@@ -9,7 +9,8 @@ next to the simulated ones).
 
 Traffic and SLO come from a file (``--traffic``: ``{traffic: ..., slo: ...}`` or a
 ModelDeployment document with ``spec.traffic`` and ``spec.slo``), from flags (``--rps``,
-``--isl``, ``--osl`` ...), or from the fleet plan; flags and a file are not mixed.
+``--isl``, ``--osl`` ...), or from the fleet plan, whose fields the flags replace (``--rps
+40`` runs the plan's lengths at 40 requests/s); flags and a file are not mixed.
 
 Prints TTFT/TPOT percentiles, goodput against the SLOs, throughput and cost, per pool its
 share, attainment and instance use; ``-o json|yaml`` the same as a document; ``--plot
@@ -66,30 +67,52 @@ def _given(args: argparse.Namespace, names: tuple[str, ...]) -> list[str]:
     return [_flag(n) for n in names if getattr(args, n) is not None]
 
 
-def _traffic_of_flags(args: argparse.Namespace) -> Traffic:
+def _traffic_of_flags(args: argparse.Namespace, base: Traffic | None) -> Traffic:
     """Traffic of ``--rps``/``--output-tokens-per-s``, ``--isl``, ``--osl`` ..., through the
-    one document parser (so the checks and messages are the deployment's)."""
-    from policies.serving.traffic import traffic_from_doc
+    one document parser (so the checks and messages are the deployment's). With ``base``
+    (the fleet plan's traffic) the flags replace its fields and the rest is kept: ``--rps
+    40`` runs the plan's lengths at 40 requests/s."""
+    from policies.serving.traffic import traffic_from_doc, traffic_to_doc
 
-    if args.isl is None or args.osl is None:
-        raise InputError(
-            "traffic needs the prompt and output lengths. To fix: pass --isl and --osl "
-            "(e.g. --isl 4096 --osl 512), or --traffic FILE",
-            field="--isl" if args.isl is None else "--osl",
-        )
-    doc: dict[str, Any] = {
-        "inputTokens": {"mean": args.isl, "p90": args.isl_p90 or args.isl},
-        "outputTokens": {"mean": args.osl, "p90": args.osl_p90 or args.osl},
-        "arrival": args.arrival or "poisson",
-        **_fields_given(
+    doc: dict[str, Any] = traffic_to_doc(base) if base is not None else {}
+    for key, mean, p90, flag in (
+        ("inputTokens", args.isl, args.isl_p90, "--isl"),
+        ("outputTokens", args.osl, args.osl_p90, "--osl"),
+    ):
+        if mean is not None:
+            doc[key] = {"mean": mean, "p90": p90 or mean}
+        elif key not in doc:
+            raise InputError(
+                "traffic needs the prompt and output lengths. To fix: pass --isl and --osl "
+                "(e.g. --isl 4096 --osl 512), or --traffic FILE",
+                field=flag,
+            )
+        elif p90 is not None:
+            if "mean" not in doc[key]:
+                raise InputError(
+                    f"the plan's {key} are a histogram, which has no p90 to replace. To fix: "
+                    f"pass {flag} with {flag}-p90",
+                    field=f"{flag}-p90",
+                )
+            doc[key] = {"mean": doc[key]["mean"], "p90": p90}
+    if args.rps is not None or args.output_tokens_per_s is not None:
+        doc.pop("requestsPerS", None)
+        doc.pop("outputTokensPerS", None)
+    if args.arrival is not None:
+        doc["arrival"] = args.arrival
+        if args.arrival == "poisson":
+            doc.pop("burstCv", None)
+    doc.setdefault("arrival", "poisson")
+    doc.update(
+        _fields_given(
             args,
             {
                 "burstCv": "burst_cv",
                 "requestsPerS": "rps",
                 "outputTokensPerS": "output_tokens_per_s",
             },
-        ),
-    }
+        )
+    )
     try:
         return traffic_from_doc(doc, "traffic")
     except InputError as exc:
@@ -251,7 +274,7 @@ def _inputs(args: argparse.Namespace) -> tuple[_PlanInput, Traffic, Slo | None]:
         traffic, file_slo = _traffic_file(args.traffic)
         slo = file_slo or slo
     elif flags:
-        traffic = _traffic_of_flags(args)
+        traffic = _traffic_of_flags(args, traffic)
     if traffic is None:
         raise InputError(
             "no traffic to simulate. To fix: pass --rps N --isl TOKENS --osl TOKENS, or "
@@ -431,6 +454,20 @@ def render_latencies(r: SimReport, slo: Slo | None, out: str | Path, title: str 
     return save_png(fig, out, "--plot")
 
 
+def _warmup(args: argparse.Namespace, traffic: Traffic, slo: Slo | None) -> int:
+    """``--warmup``, or by default the requests that arrive within one request lifetime at
+    the SLO (:func:`policies.serving.traffic.request_lifetime_s`; 10% of the requests
+    without both targets), at most half of them: statistics from an empty fleet would
+    measure instances still filling their batches."""
+    from policies.serving.traffic import request_lifetime_s
+
+    if args.warmup is not None:
+        return int(args.warmup)
+    life = request_lifetime_s(traffic, slo) if slo is not None else None
+    n = math.ceil(traffic.requests_per_s * life) if life is not None else args.requests // 10
+    return int(min(n, args.requests // 2))
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     from policies.serving.simulate import SimOptions, report_to_doc, simulate
     from policies.serving.traffic import slo_to_doc, traffic_to_doc
@@ -439,7 +476,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     options = SimOptions(
         requests=args.requests,
         seed=args.seed,
-        warmup_requests=args.warmup,
+        warmup_requests=_warmup(args, traffic, slo),
         max_sim_s=args.max_sim_s,
     )
     try:
@@ -487,7 +524,8 @@ def register(groups: Groups) -> None:
         description="Simulate requests through a serving plan (or one deployment of a fleet "
         "plan from `schedule show -o json`): TTFT/TPOT percentiles, goodput within the SLOs, "
         "throughput and USD per million output tokens. Traffic comes from --traffic FILE, "
-        "from the flags, or from the fleet plan.",
+        "from the flags, or from the fleet plan (the flags replace its fields: --rps 40 runs "
+        "its lengths at 40 requests/s).",
     )
     p.add_argument(
         "plan",
@@ -501,7 +539,7 @@ def register(groups: Groups) -> None:
         metavar="FILE",
         help="traffic file: {traffic: ..., slo: ...} or a ModelDeployment with spec.traffic",
     )
-    t = p.add_argument_group("traffic (instead of --traffic)")
+    t = p.add_argument_group("traffic (instead of --traffic; over a fleet plan's traffic)")
     t.add_argument("--rps", type=positive_float, help="mean arrival rate, requests per second")
     t.add_argument(
         "--output-tokens-per-s",
@@ -528,8 +566,9 @@ def register(groups: Groups) -> None:
     r.add_argument(
         "--warmup",
         type=non_negative_int,
-        default=0,
-        help="first requests left out of the statistics",
+        help="first requests left out of the statistics (default: those arriving within one "
+        "request lifetime, the TTFT target plus the p90 output at the TPOT target, at most "
+        "half of --requests; 10%% without an SLO)",
     )
     r.add_argument(
         "--max-sim-s",

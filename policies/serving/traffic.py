@@ -261,6 +261,16 @@ class Slo:
         )
 
 
+def request_lifetime_s(traffic: Traffic, slo: Slo) -> float | None:
+    """How long a request within ``slo`` lives at most, s: the TTFT target, then the output
+    length at the SLO's percentile at one TPOT target per token. A simulation whose warm-up
+    is shorter measures instances still filling; None when the SLO lacks a target."""
+    if slo.ttft_ms <= 0.0 or slo.tpot_ms <= 0.0:
+        return None
+    out = traffic.output_len.quantile(slo.percentile / 100.0)
+    return (slo.ttft_ms + out * slo.tpot_ms) / 1e3
+
+
 # ---------------------------------------------------------------------- validation
 
 

@@ -84,14 +84,20 @@ def test_the_json_is_the_simulator_s_report(run_cli: RunCli, plan_file: Path) ->
     assert code == 0, err
     doc = json.loads(out)
     traffic = Traffic(4.0, LengthDist(2048.0, 3000.0), LengthDist(256.0, 400.0))
-    want = simulate(_plan(), traffic, Slo(1000.0, 40.0), SimOptions(requests=800, seed=3))
+    # The default warm-up: the arrivals of one request lifetime at the SLO, 4 requests/s x
+    # (1 s + 400 tokens x 40 ms) = 68 requests.
+    assert doc["options"]["warmupRequests"] == 68
+    opts = SimOptions(requests=800, seed=3, warmup_requests=68)
+    want = simulate(_plan(), traffic, Slo(1000.0, 40.0), opts)
     assert doc["simulated"] == json.loads(json.dumps(report_to_doc(want)))
     assert doc["kind"] == "ServingSimulation"
     assert doc["slo"] == {"ttftMs": 1000, "tpotMs": 40, "percentile": 90}
-    code, text, _ = run_cli(
-        "serve", "simulate", plan_file, *FLAGS, "--requests", "50", "-o", "yaml"
-    )
-    assert code == 0 and yaml.safe_load(text)["simulated"]["requests"] == 50
+    # Without an SLO 10% of the requests warm up; --warmup sets it.
+    for extra, measured in (([], 45), (["--warmup", "0"], 50)):
+        code, text, _ = run_cli(
+            "serve", "simulate", plan_file, *FLAGS, "--requests", "50", *extra, "-o", "yaml"
+        )
+        assert code == 0 and yaml.safe_load(text)["simulated"]["requests"] == measured
 
 
 def test_the_table_shows_percentiles_goodput_cost_and_pools(
@@ -154,41 +160,78 @@ def test_traffic_and_slo_come_from_a_file_or_a_deployment(
     assert code == 0 and json.loads(out)["slo"]["percentile"] == 99
 
 
+def _deployment_a(input_tokens: dict[str, Any]) -> dict[str, Any]:
+    """Deployment ``a`` of a fleet plan: the test plan at 3 requests/s of 128-token answers."""
+    return {
+        "name": "a",
+        "servingPlan": plan_to_doc(_plan()),
+        "traffic": {
+            "requestsPerS": 3,
+            "inputTokens": input_tokens,
+            "outputTokens": {"mean": 128, "p90": 200},
+        },
+    }
+
+
+def _fleet_plan_file(tmp_path: Path, *deployments: dict[str, Any]) -> Path:
+    path = tmp_path / "fleet-plan.json"
+    path.write_text(json.dumps({"kind": "FleetPlan", "deployments": list(deployments)}))
+    return path
+
+
 def test_a_fleet_plan_s_deployment_is_simulated_with_its_traffic(
     run_cli: RunCli, tmp_path: Path
 ) -> None:
     traffic = Traffic(3.0, LengthDist(1024.0, 1500.0), LengthDist(128.0, 200.0))
-    fleet_plan = {
-        "kind": "FleetPlan",
-        "deployments": [
-            {
-                "name": "a",
-                "servingPlan": plan_to_doc(_plan()),
-                "traffic": {
-                    "requestsPerS": 3,
-                    "inputTokens": {"mean": 1024, "p90": 1500},
-                    "outputTokens": {"mean": 128, "p90": 200},
-                },
-                "slo": {"ttftMs": 800, "tpotMs": 30},
-                "predicted": {"ttftMs": 120.0, "tpotMs": 14.0},
-            },
-            {"name": "b", "pools": []},
-        ],
-    }
-    path = tmp_path / "fleet-plan.json"
-    path.write_text(json.dumps(fleet_plan))
+    a = _deployment_a({"mean": 1024, "p90": 1500})
+    a["slo"] = {"ttftMs": 800, "tpotMs": 30}
+    a["predicted"] = {"ttftMs": 120.0, "tpotMs": 14.0}
+    path = _fleet_plan_file(tmp_path, a, {"name": "b", "pools": []})
     code, out, err = run_cli("serve", "simulate", path, "--requests", "300", "-o", "json")
     assert code == 0, err
     doc = json.loads(out)
-    want = simulate(_plan(), traffic, Slo(800.0, 30.0), SimOptions(requests=300))
+    # Warm-up: 3 requests/s x (0.8 s + 200 tokens x 30 ms) = 20.4 -> 21 requests.
+    want = simulate(
+        _plan(), traffic, Slo(800.0, 30.0), SimOptions(requests=300, warmup_requests=21)
+    )
     assert doc["deployment"] == "a" and doc["predicted"] == {"ttftMs": 120.0, "tpotMs": 14.0}
     assert doc["simulated"] == json.loads(json.dumps(report_to_doc(want)))
+    # Flags replace fields of the plan's traffic and keep the rest.
+    code, out, err = run_cli(
+        "serve",
+        "simulate",
+        path,
+        "--rps",
+        "5",
+        "--osl-p90",
+        "250",
+        "--requests",
+        "100",
+        "-o",
+        "json",
+    )
+    assert code == 0, err
+    assert json.loads(out)["traffic"] == {
+        "requestsPerS": 5,
+        "inputTokens": {"mean": 1024, "p90": 1500},
+        "outputTokens": {"mean": 128, "p90": 250},
+        "arrival": "poisson",
+    }
     code, out, _ = run_cli("serve", "simulate", path, "--requests", "100")
     assert code == 0 and "planner    predicted TTFT 120.0 ms" in out
     code, _, err = run_cli("serve", "simulate", path, "--deployment", "b")
     assert code == 2 and "has no instances" in err
     code, _, err = run_cli("serve", "simulate", path, "--deployment", "c")
     assert code == 2 and "no deployment 'c'" in err and "a, b" in err
+
+
+def test_a_p90_flag_over_a_histogram_is_refused(run_cli: RunCli, tmp_path: Path) -> None:
+    path = _fleet_plan_file(tmp_path, _deployment_a({"histogram": [[512, 1], [2048, 1]]}))
+    code, _, err = run_cli("serve", "simulate", path, "--isl-p90", "3000")
+    assert code == 2 and err.startswith("error: --isl-p90:") and "histogram" in err
+    assert err.count("\n") == 1
+    code, _, err = run_cli("serve", "simulate", path, "--isl", "1024", "--requests", "50")
+    assert code == 0, err
 
 
 def test_plot_writes_a_picture(run_cli: RunCli, plan_file: Path, tmp_path: Path) -> None:
@@ -213,7 +256,10 @@ def test_the_example_plan_and_traffic_run(run_cli: RunCli) -> None:
         "json",
     )
     assert code == 0, err
-    assert json.loads(out)["simulated"]["completed"] == 300
+    doc = json.loads(out)
+    # 12 requests/s for one lifetime (2 s + 800 tokens x 50 ms) is past half the requests.
+    assert doc["options"]["warmupRequests"] == 150
+    assert doc["simulated"]["completed"] == 150
 
 
 def _plan_doc_with(**change: Any) -> dict[str, Any]:
