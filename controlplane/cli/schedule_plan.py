@@ -124,7 +124,7 @@ def print_plan(plan: FleetPlan) -> None:
                 f"{d.served_requests_per_s:.3g}/{d.demand_requests_per_s:.3g}",
                 f"{d.goodput_output_tokens_per_s:,.0f}",
                 f"p{d.slo.percentile:g} {d.slo.ttft_ms:g}/{d.slo.tpot_ms:g}",
-                f"{_ms(d.ttft_ms)}/{_ms(d.tpot_ms)}",
+                f"{_ms(d.ttft_ms)}/{_ms(d.tpot_ms)}" if d.pools else "-",
                 str(d.gpus),
                 f"{d.usd_per_hour:,.2f}",
                 "-" if not math.isfinite(usd_mtok) else f"{usd_mtok:.3f}",

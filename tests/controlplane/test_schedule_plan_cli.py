@@ -97,6 +97,20 @@ def test_explain_lists_the_candidate_variants(run_cli: RunCli, args: list[str]) 
     assert code != 0 and err.startswith("error:") and "chat" in err and "batch" in err
 
 
+def test_a_deployment_with_no_instance_shows_no_prediction(
+    run_cli: RunCli, tmp_path: Path
+) -> None:
+    deps = tmp_path / "deps.yaml"
+    deps.write_text(
+        DEPLOYMENTS.split("---")[0].replace("priority: 5", "nodeSelector: {rack: none}")
+    )
+    code, out, err = run_cli("schedule", "show", "--fleet", str(FLEET), "-f", str(deps))
+    assert code == 0, err
+    (row,) = [line.split() for line in out.splitlines() if line.startswith("chat ")][1:]
+    assert row[1] == "0/40" and row[5] == "-", row  # no TTFT/TPOT predicted for nothing
+    assert "short chat" in out
+
+
 def test_a_bad_slo_is_one_error_line(run_cli: RunCli, tmp_path: Path) -> None:
     deps = tmp_path / "bad.yaml"
     deps.write_text(DEPLOYMENTS.replace("ttftMs: 1000", "ttftMs: -5"))
