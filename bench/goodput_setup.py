@@ -108,11 +108,10 @@ def max_goodput(plan: ServingPlan | None, tr: Traffic, guess_rps: float) -> dict
     that serve alike score alike whatever capacity each was planned at. Then the **peak**:
     the edge and :data:`PEAK_STEPS` rates below it, :data:`PEAK_STEP` of it apart, each
     simulated; the goodput is the most requests/s within the SLOs among those that pass.
-    At the edge a plan is where its queues start to grow, and the share within the SLOs
-    falls from about 100% to 90% within a fraction of a percent of the rate, so the
-    requests within the SLOs there depend on where the bisection stopped, not on the plan:
-    a plan that serves more within the SLOs at every rate up to another's edge could score
-    less. The edge stays in the result (``rate_rps``, ``edge_goodput_rps``)."""
+    At the edge a plan's queues start to grow and the share within the SLOs falls steeply
+    with the rate (on homog-32 DeepSeek-V3 1024/1024, from 99.5% to 91.8% within 1% of
+    it), so the requests within the SLOs there depend on where the bisection stopped, not
+    on the plan. The edge stays in the result (``rate_rps``, ``edge_goodput_rps``)."""
     lo, edge_good = (0.0, 0.0) if plan is None or guess_rps <= 0 else _edge(plan, tr, guess_rps)
     if plan is None or lo == 0.0:
         keys = ("rate_rps", "edge_goodput_rps", "peak_rate_rps", "goodput_rps")

@@ -98,10 +98,18 @@ def _traffic_of_flags(args: argparse.Namespace, base: Traffic | None) -> Traffic
     if args.rps is not None or args.output_tokens_per_s is not None:
         doc.pop("requestsPerS", None)
         doc.pop("outputTokensPerS", None)
+    if args.arrival == "poisson" and args.burst_cv is not None:
+        raise InputError(
+            "a burst CV is for bursty arrivals (Poisson gaps have a CV of 1). To fix: pass --arrival "
+            "bursty, or drop --burst-cv",
+            field="--burst-cv",
+        )
     if args.arrival is not None:
         doc["arrival"] = args.arrival
         if args.arrival == "poisson":
             doc.pop("burstCv", None)
+    elif args.burst_cv is not None:  # a burst CV asks for bursty arrivals
+        doc["arrival"] = "bursty"
     doc.setdefault("arrival", "poisson")
     doc.update(
         _fields_given(
@@ -554,7 +562,8 @@ def register(groups: Groups) -> None:
     t.add_argument(
         "--burst-cv",
         type=positive_float,
-        help="bursty: coefficient of variation of the gaps between arrivals, > 1 (default 2)",
+        help="bursty: coefficient of variation of the gaps between arrivals, > 1 (default 2; "
+        "given alone, it makes the arrivals bursty)",
     )
     s = p.add_argument_group("latency targets (override the file's)")
     s.add_argument("--ttft-ms", type=positive_float, help="time to first token target, ms")

@@ -217,6 +217,13 @@ def test_a_fleet_plan_s_deployment_is_simulated_with_its_traffic(
         "outputTokens": {"mean": 128, "p90": 250},
         "arrival": "poisson",
     }
+    # A burst CV alone makes the plan's arrivals bursty.
+    code, out, err = run_cli(
+        "serve", "simulate", path, "--burst-cv", "3", "--requests", "100", "-o", "json"
+    )
+    assert code == 0, err
+    assert json.loads(out)["traffic"]["arrival"] == "bursty"
+    assert json.loads(out)["traffic"]["burstCv"] == 3
     code, out, _ = run_cli("serve", "simulate", path, "--requests", "100")
     assert code == 0 and "planner    predicted TTFT 120.0 ms" in out
     code, _, err = run_cli("serve", "simulate", path, "--deployment", "b")
@@ -276,6 +283,7 @@ def _plan_doc_with(**change: Any) -> dict[str, Any]:
         (plan_to_doc(_plan()), [*FLAGS, "--traffic", "x.yaml"], "--traffic and --rps"),
         (plan_to_doc(_plan()), [*FLAGS, "--output-tokens-per-s", "9"], "both requestsPerS"),
         (plan_to_doc(_plan()), [*FLAGS, "--arrival", "bursty", "--burst-cv", "0.5"], "--burst-cv"),
+        (plan_to_doc(_plan()), [*FLAGS, "--arrival", "poisson", "--burst-cv", "3"], "--burst-cv"),
         (
             plan_to_doc(_plan()),
             ["--rps", "1", "--isl", "100", "--isl-p90", "50", "--osl", "9"],
