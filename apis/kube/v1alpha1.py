@@ -897,7 +897,7 @@ class ModelDeploymentSpec:
         default="auto",
         metadata=k8s(
             "Prefill and decode on separate instances: auto (the planner decides), off or on "
-            "(needs traffic).",
+            '(needs traffic). Quote off and on in YAML ("on"): bare, they read as booleans.',
             enum=("auto", "off", "on"),
         ),
     )

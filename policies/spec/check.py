@@ -146,6 +146,13 @@ def check_serving(spec: DeploymentSpec, path: str = "spec") -> None:
                 "(both are the time per output token). To fix: drop sloStepTimeMs",
                 field=f"{path}.sloStepTimeMs",
             )
+    if isinstance(spec.disaggregation, bool):
+        word = "on" if spec.disaggregation else "off"
+        raise InputError(
+            f"got {str(spec.disaggregation).lower()}: YAML reads a bare {word} as a boolean. "
+            f'To fix: quote it, disaggregation: "{word}"',
+            field=f"{path}.disaggregation",
+        )
     if spec.disaggregation not in DISAGGREGATION:
         raise InputError(
             f"must be one of {', '.join(DISAGGREGATION)}, got {spec.disaggregation!r}",

@@ -119,6 +119,8 @@ def test_the_parsed_values_are_what_the_document_says() -> None:
         ({"slo": {"tttfMs": 10}}, "spec.slo.tttfMs", "did you mean 'ttftMs'"),
         ({"trafic": {}}, "spec.trafic", "did you mean 'traffic'"),
         ({"disaggregation": "yes"}, "spec.disaggregation", "auto, off, on"),
+        ({"disaggregation": True}, "spec.disaggregation", 'quote it, disaggregation: "on"'),
+        ({"disaggregation": False}, "spec.disaggregation", 'quote it, disaggregation: "off"'),
         ({"disaggregation": "on"}, "spec.disaggregation", "needs traffic"),
         ({"budget": {}}, "spec.budget", "no limit"),
         ({"budget": {"gpus": -1}}, "spec.budget.gpus", ""),
@@ -164,6 +166,7 @@ def test_the_wire_refuses_bad_demand_naming_the_field() -> None:
         ),
         ({"slo": {"ttftMs": 10, "percentile": 100}}, "spec.slo.percentile", "below 100"),
         ({"disaggregation": "yes"}, "spec.disaggregation", "unsupported value"),
+        ({"disaggregation": True}, "spec.disaggregation", "must be of type string"),
         ({"budget": {"gpus": 0}}, "spec.budget.gpus", "greater than or equal to 1"),
     ],
 )
