@@ -336,13 +336,20 @@ def _variants(
                 chunk_tokens=s.chunk_tokens,
                 utilisation=s.utilisation,
                 queueing=s.queueing,
+                batch_cap=d.batch_cap(entry.gpus),
             )
             if sz.ok:
                 agg.append(replace(base, key=f"{label}/aggregated", role="aggregated", sizing=sz))
             else:
                 why.append(f"{make_up} aggregated: {sz.reason}")
         if d.disaggregation != "off":
-            sz = decode_capacity(entry.curve, d.traffic, d.slo, utilisation=s.utilisation)
+            sz = decode_capacity(
+                entry.curve,
+                d.traffic,
+                d.slo,
+                utilisation=s.utilisation,
+                batch_cap=d.batch_cap(entry.gpus),
+            )
             if sz.ok:
                 dec.append(replace(base, key=f"{label}/decode", role="decode", sizing=sz))
             else:

@@ -87,6 +87,7 @@ def pairs_for(
                 decode_nic_gbytes_per_s=q.nic_gbytes_per_s or gbs,
                 utilisation=s.utilisation,
                 queueing=s.queueing,
+                decode_batch_cap=d.batch_cap(q.gpus),
             )
             if not ps.prefill.ok or not ps.decode.ok:
                 continue

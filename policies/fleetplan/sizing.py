@@ -31,6 +31,9 @@ but past a point the attention of the prompts batched makes a token dearer: the 
 budget is not the fastest), no more than the instance's NICs move: ``bandwidth / (ISL x KV
 bytes per token)``.
 
+A deployment that states its batch (``tokensPerGpu``, decode phase) caps ``B`` of its
+aggregated and decode instances at that many sequences per GPU.
+
 **Decode**: ``TPOT(B) = decode_us(B, ISL + OSL/2) <= tpot``, ``B (ISL + OSL) <=`` KV
 capacity, ``rate = B / (OSL TPOT(B))``, and no more than its NICs receive; in a pair with
 ``queueing``, the rate its slots take while the wait for one fits in what the TTFT target
@@ -147,6 +150,11 @@ def _mem_batch(curve: StepCurve, n: Lengths) -> int:
     return min(1 << 20, int(curve.capacity_tokens() // max(1.0, n.isl + n.osl)))
 
 
+def _capped(hi: int, cap: int | None) -> int:
+    """``hi``, at most ``cap`` when one is given."""
+    return hi if cap is None else min(hi, cap)
+
+
 _QUANTILES = (0.1, 0.3, 0.5, 0.7, 0.9)
 """Prompt-length quantiles one arriving prompt's prefill cost is averaged over."""
 
@@ -201,13 +209,16 @@ def size_aggregated(
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     utilisation: float = UTILISATION,
     queueing: bool = False,
+    batch_cap: int | None = None,
 ) -> Sizing:
     """Batch limit and capacity of one aggregated instance (see the module docstring);
     with ``queueing`` the capacity is ``utilisation`` of the rate its ``B`` slots hold
-    while the wait for one keeps the TTFT target (:func:`queue_rate`), not of ``rate(B)``."""
+    while the wait for one keeps the TTFT target (:func:`queue_rate`), not of ``rate(B)``;
+    ``batch_cap`` (a stated batch) bounds ``B`` too."""
     n = Lengths.of(traffic, slo)
     tpot, ttft = _limit(slo.tpot_ms), _limit(slo.ttft_ms)
     hi = min(_mem_batch(curve, n), int(chunk_tokens * n.osl / max(1.0, n.isl)) or 1)
+    hi = _capped(hi, batch_cap)
     if hi < 1:
         return Sizing(0, 0.0, 0.0, 0.0, "one request's KV does not fit in the instance")
 
@@ -263,14 +274,19 @@ def _cv2(dist: LengthDist) -> float:
 
 
 def decode_capacity(
-    curve: StepCurve, traffic: Traffic, slo: Slo, *, utilisation: float = UTILISATION
+    curve: StepCurve,
+    traffic: Traffic,
+    slo: Slo,
+    *,
+    utilisation: float = UTILISATION,
+    batch_cap: int | None = None,
 ) -> Sizing:
     """Batch limit and capacity of one decode instance (KV arrives from a prefill pool;
     the NIC limit is applied by :func:`size_pair`). ``ttft_ms`` is one decode step (the
-    wait for a slot)."""
+    wait for a slot); ``batch_cap`` (a stated batch) bounds the batch too."""
     n = Lengths.of(traffic, slo)
     tpot = _limit(slo.tpot_ms)
-    hi = _mem_batch(curve, n)
+    hi = _capped(_mem_batch(curve, n), batch_cap)
     b = _largest(lambda b: curve.decode_us(b, n.context) <= tpot, hi)
     t1 = curve.decode_us(1, n.context)
     if hi < 1:
@@ -308,14 +324,15 @@ def size_pair(
     decode_nic_gbytes_per_s: float,
     utilisation: float = UTILISATION,
     queueing: bool = False,
+    decode_batch_cap: int | None = None,
 ) -> PairSizing:
     """Sizing of a prefill/decode pair over a KV path of ``kv_gbytes_per_s`` (one transfer's
     bandwidth) whose instances have NICs of ``*_nic_gbytes_per_s`` in all (see the module
     docstring); with ``queueing`` the decode side's capacity is ``utilisation`` of what its
     slots hold while the wait for one fits in the TTFT the prefill leaves
-    (:func:`queue_rate`)."""
+    (:func:`queue_rate`); ``decode_batch_cap`` bounds the decode side's batch."""
     n = Lengths.of(traffic, slo)
-    d = decode_capacity(decode, traffic, slo, utilisation=utilisation)
+    d = decode_capacity(decode, traffic, slo, utilisation=utilisation, batch_cap=decode_batch_cap)
     kv_bytes = prefill.kv_bytes_per_token * n.isl
     kv_us = kv_latency_us + prefill.kv_bytes_per_token * n.isl_q / (kv_gbytes_per_s * 1e3)
     if d.ok:

@@ -77,6 +77,15 @@ class FleetDeployment:
     def disaggregation(self) -> str:
         return self.spec.disaggregation
 
+    def batch_cap(self, gpus: int) -> int | None:
+        """The most sequences an aggregated or decode instance of ``gpus`` GPUs may run: a
+        stated ``tokensPerGpu`` of the decode phase (one token per sequence and step) x
+        ``gpus``, the deployment's explicit override; None when the SLO alone sizes it."""
+        w = self.spec.workload
+        if not w.tokens_per_gpu_set or w.phase != "decode":
+            return None
+        return max(1, int(w.tokens_per_gpu * gpus))
+
     @property
     def budget_usd_per_hour(self) -> float:
         return self.spec.budget.usd_per_hour

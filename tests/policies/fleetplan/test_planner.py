@@ -304,3 +304,34 @@ def test_pairs_fit_the_nodes_a_deployment_may_use(cache: MemoryCurveCache) -> No
         assert all(n <= cap for n, cap in zip(need, c.eligible["d"], strict=True)), p.key
     h200 = next(t for t, g in enumerate(c.groups) if "H200" in g.label)
     assert any(p.decode.counts[h200] == 1 and p.prefill.counts[h200] == 0 for p in pairs)
+
+
+def test_a_stated_batch_caps_the_instances(cache: MemoryCurveCache) -> None:
+    """``tokensPerGpu`` stated: an explicit override of the batch the SLO allows, on every
+    aggregated and decode instance (and the export's tokensPerGpu says so)."""
+    f = fleet("homog-32")
+    free = plan(f, dep("d", "qwen3-235b-a22b", 1000.0, isl=1024, osl=1024), cache=cache)
+    stated = DeploymentSpec(
+        "d",
+        model="qwen3-235b-a22b",
+        workload=WorkloadSpec(kv_cache_dtype="fp8", tokens_per_gpu=16),
+        engine=EngineSpec(name="sglang"),
+        traffic=Traffic(1000.0, LengthDist(1024, 1280), LengthDist(1024, 1280)),
+        slo=SLO,
+    )
+    assert stated.workload.tokens_per_gpu_set
+    capped = plan(f, FleetDeployment(stated), cache=cache)
+
+    def batches(p: FleetPlan) -> list[tuple[int, int]]:
+        return [
+            (g.batch_limit, g.variant.gpus)
+            for pool in p.deployments["d"].pools
+            for g in pool.groups()
+            if g.variant.role != "prefill"
+        ]
+
+    assert any(b > 16 * gpus for b, gpus in batches(free))  # the SLO allows more
+    assert batches(capped) and all(b <= 16 * gpus for b, gpus in batches(capped))
+    assert (
+        capped.deployments["d"].served_requests_per_s < free.deployments["d"].served_requests_per_s
+    )
