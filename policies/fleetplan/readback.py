@@ -200,7 +200,7 @@ def read_back(
         plans[d.name] = DeploymentPlan(d.name, d.priority, d.traffic, d.slo, tuple(loaded), served)
         short = demand - served
         if short > demand * 1e-6:
-            shortfalls[d.name] = _shortfall(req, c, d, plans, short)
+            shortfalls[d.name] = _capped_note(c, d, _shortfall(req, c, d, plans, short))
     return FleetPlan(
         deployments=plans,
         shortfalls=shortfalls,
@@ -287,6 +287,20 @@ def _shortfall(
         f"{d.name} misses {amount}{held}. To fix: add {fix}, lower its demand or raise its "
         "priority",
     )
+
+
+def _capped_note(c: Candidates, d: FleetDeployment, sf: Shortfall) -> Shortfall:
+    """``sf``, saying so when ``d``'s stated batch (``tokensPerGpu``) is what holds its
+    instances back: some candidate runs at exactly that batch."""
+    per_gpu = d.batch_cap(1)
+    sides = [*c.aggregated[d.name], *(p.decode for p in c.pairs[d.name])]
+    if per_gpu is None or not any(v.sizing.batch_limit == d.batch_cap(v.gpus) for v in sides):
+        return sf
+    note = (
+        f". Its stated batch (workload.tokensPerGpu {per_gpu}) caps its instances at that "
+        "batch: without it the SLO sizes them"
+    )
+    return replace(sf, message=sf.message + note)
 
 
 def _options(c: Candidates, d: FleetDeployment) -> list[_Option]:

@@ -335,3 +335,6 @@ def test_a_stated_batch_caps_the_instances(cache: MemoryCurveCache) -> None:
     assert (
         capped.deployments["d"].served_requests_per_s < free.deployments["d"].served_requests_per_s
     )
+    # The fleet is short of 1,000 requests/s either way; the capped plan says its batch is why.
+    assert "tokensPerGpu 16" in capped.shortfalls["d"].message
+    assert "tokensPerGpu" not in free.shortfalls["d"].message
