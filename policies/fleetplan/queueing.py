@@ -8,10 +8,12 @@ full batch) and waits for one when all are taken. With Poisson arrivals at ``lam
 per second, the offered load is ``a = lam S`` and the chance an arrival waits is Erlang C,
 ``C(c, a)``; a waiting request waits longer than ``x`` seconds with probability::
 
-    P(W > x) = C(c, a) exp(-(c / S - lam) x k),   k = 2 / (1 + cv^2)
+    P(W > x) = C(c, a) exp(-(c / S - lam) x k),   k = 2 / (ca^2 + cv^2)
 
 (the M/M/c tail, its rate scaled by the Allen-Cunneen factor ``k`` for a service time of
-squared coefficient of variation ``cv^2``: output lengths vary less than an exponential).
+squared coefficient of variation ``cv^2`` - output lengths vary less than an exponential -
+and gaps between arrivals of squared coefficient of variation ``ca^2``: 1 for Poisson
+arrivals, the burst CV squared for bursty ones, whose waits are that much longer).
 :func:`slo_rate` is the largest ``lam`` with ``P(W > x) <= miss``: ``x`` is what the TTFT
 target leaves after the queueing-free TTFT, ``miss`` the share of requests the SLO's
 percentile lets miss. Few slots queue sooner at the same utilisation than many (at 32
@@ -68,29 +70,35 @@ def erlang_c(servers: int, offered: float) -> float:
     return b / (1.0 - rho + rho * b)
 
 
-def wait_tail(servers: int, hold_s: float, rate: float, wait_s: float, cv2: float) -> float:
+def wait_tail(
+    servers: int, hold_s: float, rate: float, wait_s: float, cv2: float, arrival_cv2: float = 1.0
+) -> float:
     """``P(W > wait_s)`` at ``rate`` requests/s for ``servers`` slots held ``hold_s`` s on
-    average (service-time variation ``cv2``): the module docstring's formula."""
+    average (service-time variation ``cv2``, arrival-gap variation ``arrival_cv2``): the
+    module docstring's formula."""
     if rate <= 0.0:
         return 0.0
     slack = servers / hold_s - rate
     if slack <= 0.0:
         return 1.0
-    k = 2.0 / (1.0 + max(0.0, cv2))
+    k = 2.0 / max(1e-9, max(0.0, arrival_cv2) + max(0.0, cv2))
     return erlang_c(servers, rate * hold_s) * math.exp(-slack * max(0.0, wait_s) * k)
 
 
-def slo_rate(servers: int, hold_s: float, wait_s: float, miss: float, cv2: float) -> float:
+def slo_rate(
+    servers: int, hold_s: float, wait_s: float, miss: float, cv2: float, arrival_cv2: float = 1.0
+) -> float:
     """The largest arrival rate, requests/s, at which at most ``miss`` of the requests wait
     longer than ``wait_s`` s for one of ``servers`` slots held ``hold_s`` s on average
-    (bisection to 2e-5 of the rate at which every slot is busy, ``servers / hold_s``)."""
+    (bisection to 2e-5 of the rate at which every slot is busy, ``servers / hold_s``;
+    ``cv2`` and ``arrival_cv2`` as in :func:`wait_tail`)."""
     full = servers / hold_s
     if miss >= 1.0:
         return full
     lo, hi = 0.0, full
     for _ in range(16):
         mid = (lo + hi) / 2.0
-        if wait_tail(servers, hold_s, mid, wait_s, cv2) <= miss:
+        if wait_tail(servers, hold_s, mid, wait_s, cv2, arrival_cv2) <= miss:
             lo = mid
         else:
             hi = mid

@@ -249,7 +249,15 @@ def size_aggregated(
     return Sizing(b, rate * utilisation, ttft0 / 1e3, t / 1e3)
 
 
-def queue_rate(slots: int, hold_s: float, slack_us: float, traffic: Traffic, slo: Slo) -> float:
+def queue_rate(
+    slots: int,
+    hold_s: float,
+    slack_us: float,
+    traffic: Traffic,
+    slo: Slo,
+    *,
+    prompts: bool = False,
+) -> float:
     """Requests/s ``slots`` slots held ``hold_s`` s each take while at most the share of
     requests the SLO's percentile lets miss wait longer than ``slack_us`` (what the TTFT
     target leaves after the queueing-free TTFT) for a slot: Erlang C
@@ -258,7 +266,9 @@ def queue_rate(slots: int, hold_s: float, slack_us: float, traffic: Traffic, slo
     if math.isinf(slack_us):
         return slots / hold_s
     miss = 1.0 - slo.percentile / 100.0
-    return slo_rate(slots, hold_s, slack_us * 1e-6, miss, _cv2(traffic.output_len))
+    held = traffic.input_len if prompts else traffic.output_len
+    gaps = traffic.burst_cv**2 if traffic.arrival == "bursty" else 1.0
+    return slo_rate(slots, hold_s, slack_us * 1e-6, miss, _cv2(held), gaps)
 
 
 def _cv2(dist: LengthDist) -> float:
@@ -373,6 +383,12 @@ def size_pair(
         held = queue_rate(d.batch_limit, hold_s, ttft - 2.0 * p, traffic, slo)
         d = replace(d, requests_per_s=min(d.requests_per_s, held * utilisation))
     rate = budget / (n.isl * p * 1e-6)
+    if queueing:
+        # The prompts ahead: one server working through prompt tokens, a prompt's share of
+        # a forward each. Its own forward also takes the first budget - ISL_q tokens of
+        # them, so only the work beyond waits longer than what TTFT leaves after 2 P(T).
+        ahead_us = ttft - 2.0 * p + p * max(0.0, budget - n.isl_q) / budget
+        rate = min(rate, queue_rate(1, 1.0 / rate, ahead_us, traffic, slo, prompts=True))
     nic = prefill_nic_gbytes_per_s * 1e9 / kv_bytes
     sized = Sizing(
         budget,

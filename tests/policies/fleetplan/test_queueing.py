@@ -112,3 +112,63 @@ def test_queueing_capacity_of_a_small_instance_against_the_simulator() -> None:
     assert sim < 0.85 * flat.requests_per_s
     assert queued.requests_per_s == pytest.approx(sim, rel=0.06)
     assert not math.isclose(queued.requests_per_s, flat.requests_per_s)
+
+
+def test_a_prefill_limited_pair_against_the_simulator() -> None:
+    """A prefill instance is one server working through the prompts, a share of a forward
+    each: a prompt waits past its TTFT target when the prompts ahead outlast its own
+    forward's spare budget. The bound counts that wait (Poisson, then bursty arrivals,
+    which wait longer) and stays within 6% of the simulator's steady state; without it the
+    pair was rated at the prefill's full rate."""
+    from policies.fleetplan.sizing import size_pair
+    from policies.serving.plan import KvPath
+
+    tr = Traffic(1.0, LengthDist(2048, 2560), LengthDist(32, 40))
+    slo = Slo(ttft_ms=400, tpot_ms=50, percentile=90)
+    batches = (1, 64, 1024)
+    decode = replace(  # 5 ms + 10 us per sequence: far from limiting
+        _curve(),
+        batch_grid=batches,
+        decode_step_us=tuple((5_000.0 + 10 * b, 5_000.0 + 10 * b) for b in batches),
+        max_batch=1024,
+        kv_capacity_tokens=10**8,
+    )
+    rates = []
+    for traffic in (tr, replace(tr, arrival="bursty", burst_cv=2.0)):
+        flat, sized = (
+            size_pair(
+                _curve(),
+                decode,
+                traffic,
+                slo,
+                kv_gbytes_per_s=50.0,
+                kv_latency_us=0.0,
+                prefill_nic_gbytes_per_s=1e3,
+                decode_nic_gbytes_per_s=1e3,
+                utilisation=1.0,
+                queueing=queueing,
+            )
+            for queueing in (False, True)
+        )
+        assert sized.prefill.batch_limit == flat.prefill.batch_limit
+        assert sized.prefill.requests_per_s < flat.prefill.requests_per_s
+        assert sized.prefill.requests_per_s < sized.decode.requests_per_s  # prefill-limited
+        budget = sized.prefill.batch_limit
+        pool = Pool(
+            "p",
+            1.0,
+            prefill=InstanceGroup(1, _curve(), chunk_tokens=budget),
+            decode=InstanceGroup(1, decode, batch_limit=sized.decode.batch_limit),
+            kv_path=KvPath(50.0),
+        )
+        sim = _max_rate(ServingPlan((pool,)), traffic, slo, flat.prefill.requests_per_s)
+        assert sized.prefill.requests_per_s == pytest.approx(sim, rel=0.06)
+        rates.append(sized.prefill.requests_per_s)
+    assert rates[1] < rates[0]
+
+
+def test_bursty_arrivals_wait_longer_and_poisson_ones_as_before() -> None:
+    args = (24, 2.0, 0.5, 0.1, 0.05)
+    assert slo_rate(*args) == slo_rate(*args, 1.0)
+    assert slo_rate(*args, 4.0) < slo_rate(*args) < slo_rate(*args, 0.25)
+    assert wait_tail(24, 2.0, 10.0, 0.5, 0.05, 4.0) > wait_tail(24, 2.0, 10.0, 0.5, 0.05)
