@@ -152,9 +152,8 @@ def _slowest_channel_us(
     # (1/G each) and is forwarded to j from there unless it landed on j.
     from_afar = (gpu * np.isin(table.topology.channel, REMOTE)).sum(axis=0)
     to_node = np.zeros((len(nodes.index), nodes.onehot.shape[1]))
-    to_node[nodes.first, np.arange(nodes.onehot.shape[1])] = (
-        1.0  # a node's channel: its first GPU's
-    )
+    # The channel to a node is the channel to its first GPU.
+    to_node[nodes.first, np.arange(nodes.onehot.shape[1])] = 1.0
     volume = table.total_tokens * table.bytes_per_copy
     t = np.zeros(table.num_gpus)
     for k, mask in enumerate(table.channel_masks):

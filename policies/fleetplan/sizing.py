@@ -261,14 +261,16 @@ def queue_rate(
     """Requests/s ``slots`` slots held ``hold_s`` s each take while at most the share of
     requests the SLO's percentile lets miss wait longer than ``slack_us`` (what the TTFT
     target leaves after the queueing-free TTFT) for a slot: Erlang C
-    (:func:`policies.fleetplan.queueing.slo_rate`) with the output lengths' variation.
-    Without a TTFT target, the rate at which every slot is busy."""
+    (:func:`policies.fleetplan.queueing.slo_rate`) with the variation of the output
+    lengths (with ``prompts``, of the prompt lengths: one prefill server holding each
+    prompt for its share of a forward) and of the gaps between arrivals
+    (:attr:`Traffic.gap_cv2`). Without a TTFT target, the rate at which every slot is
+    busy."""
     if math.isinf(slack_us):
         return slots / hold_s
     miss = 1.0 - slo.percentile / 100.0
     held = traffic.input_len if prompts else traffic.output_len
-    gaps = traffic.burst_cv**2 if traffic.arrival == "bursty" else 1.0
-    return slo_rate(slots, hold_s, slack_us * 1e-6, miss, _cv2(held), gaps)
+    return slo_rate(slots, hold_s, slack_us * 1e-6, miss, _cv2(held), traffic.gap_cv2)
 
 
 def _cv2(dist: LengthDist) -> float:

@@ -229,10 +229,17 @@ class Traffic:
             burst_cv=self.burst_cv,
         )
 
+    @property
+    def gap_cv2(self) -> float:
+        """Squared coefficient of variation of the gaps between arrivals: 1 for Poisson
+        arrivals, ``burst_cv`` squared for bursty ones."""
+        return self.burst_cv * self.burst_cv if self.arrival == "bursty" else 1.0
+
     def gap_s(self, rng: random.Random) -> float:
-        """One gap between two arrivals, s (mean ``1 / requests_per_s``)."""
-        if self.arrival == "bursty" and self.burst_cv != 1.0:
-            cv2 = self.burst_cv * self.burst_cv
+        """One gap between two arrivals, s (mean ``1 / requests_per_s``; gamma-distributed
+        with :attr:`gap_cv2` when that is not 1, else exponential)."""
+        cv2 = self.gap_cv2
+        if cv2 != 1.0:
             return rng.gammavariate(1.0 / cv2, cv2 / self.requests_per_s)
         return rng.expovariate(self.requests_per_s)
 
