@@ -21,23 +21,17 @@ from functools import partial
 import pytest
 from k8s_builders import md_object
 from k8s_cluster import RUN_LABEL, Cluster, wait_for
+from support.planner_settings import COARSE
 from test_operator_e2e import ack, condition, plans, settings, status
 
 from apis.kube.client import CONFIGMAPS, MODEL_DEPLOYMENTS, Json, Kube
 from apis.kube.names import LABEL_INSTANCE_OF
 from operators.operator import Operator
-from policies.fleetplan import CurveGrid, PlannerSettings
 
 pytestmark = pytest.mark.slow
 
 #: A coarse curve grid: the plan takes well under a second.
-PLANNER = PlannerSettings(
-    grid=CurveGrid(
-        batch_per_gpu=(1, 8, 32, 128),
-        context_tokens=(1024, 8192),
-        prefill_per_gpu=(64, 1024, 8192),
-    )
-)
+PLANNER = COARSE
 
 CHAT = {
     "model": "qwen3-30b-a3b",

@@ -12,14 +12,13 @@ from typing import Any
 
 import pytest
 from launch_builders import QWEN, flags, fleet, plan_for
+from support.planner_settings import COARSE
 
 from policies.errors import InputError
 from policies.estimate.engines import EngineSpec
 from policies.fleetplan import (
-    CurveGrid,
     FleetDeployment,
     MemoryCurveCache,
-    PlannerSettings,
     PlanRequest,
     plan_fleet,
 )
@@ -54,13 +53,7 @@ def fleet_plan_doc(engine: str, disaggregation: str) -> tuple[dict[str, Any], De
         slo=Slo(ttft_ms=2000, tpot_ms=50, percentile=90),
         disaggregation=disaggregation,
     )
-    settings = PlannerSettings(
-        grid=CurveGrid(
-            batch_per_gpu=(1, 8, 32, 128),
-            context_tokens=(1024, 8192),
-            prefill_per_gpu=(64, 1024, 8192),
-        )
-    )
+    settings = COARSE
     req = PlanRequest(H100X3, (FleetDeployment(spec),), settings=settings)
     got = plan_fleet(req, cache=CACHE)
     return json.loads(json.dumps(plan_doc(got, settings.chunk_tokens))), spec

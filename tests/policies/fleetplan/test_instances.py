@@ -8,15 +8,14 @@ from __future__ import annotations
 import functools
 
 import pytest
+from support.planner_settings import COARSE
 
 from policies.errors import InputError
 from policies.estimate.engines import EngineSpec
 from policies.fleetplan import (
-    CurveGrid,
     FleetDeployment,
     FleetPlan,
     MemoryCurveCache,
-    PlannerSettings,
     PlanRequest,
     plan_fleet,
 )
@@ -27,13 +26,7 @@ from policies.launch import PlannedInstance, instance_spec, planned_instances
 from policies.serving.traffic import LengthDist, Slo, Traffic
 from policies.spec.build import DeploymentSpec, WorkloadSpec, check_spec
 
-SETTINGS = PlannerSettings(
-    grid=CurveGrid(
-        batch_per_gpu=(1, 8, 32, 128),
-        context_tokens=(1024, 8192),
-        prefill_per_gpu=(64, 1024, 8192),
-    )
-)
+SETTINGS = COARSE
 SPEC = DeploymentSpec(
     "q",
     model="qwen3-30b-a3b",

@@ -12,15 +12,14 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support.planner_settings import COARSE
 
 from policies.errors import InputError
 from policies.estimate.engines import EngineSpec
 from policies.fleetplan import (
-    CurveGrid,
     FleetDeployment,
     FleetPlan,
     MemoryCurveCache,
-    PlannerSettings,
     PlanRequest,
     kv_path,
     plan_fleet,
@@ -34,11 +33,7 @@ from policies.serving.traffic import LengthDist, Slo, Traffic
 from policies.spec.build import Budget, DeploymentSpec, WorkloadSpec
 
 ROOT = Path(__file__).resolve().parents[3]
-SETTINGS = PlannerSettings(
-    grid=CurveGrid(
-        batch_per_gpu=(1, 8, 32, 128), context_tokens=(1024, 8192), prefill_per_gpu=(64, 1024, 8192)
-    )
-)
+SETTINGS = COARSE
 SLO = Slo(ttft_ms=2000, tpot_ms=50, percentile=90)
 
 
