@@ -39,7 +39,10 @@ Estimate, then build, then solve:
    plan) with every level's served share kept. So a higher priority's demand is served
    first, each deployment up to its demand, and at least cost (within
    ``settings.cost_gap``: the cost stage stops at a plan proven within that fraction of
-   the cheapest).
+   the cheapest). The cost stage also gets, per deployment, a floor on what its instances
+   cost (the proven bound of its program alone: a valid row) and a start built deployment
+   by deployment; with them the LP bound is close to the optimum on many deployments
+   (:func:`policies.fleetplan.program.solve`).
 3. **Read back** (:mod:`policies.fleetplan.readback`). Counts become pools with named
    nodes (previous nodes kept where the count allows), predicted latencies at each pool's
    load, and shortfalls with what would fix them.
