@@ -117,6 +117,7 @@ bench-schedule: install
 bench-goodput: install
 	$(BIN)/python -m bench.goodput --scenario all --timing --out bench/results/goodput.json
 	$(BIN)/python -m bench.goodput_headroom --scenario all --out bench/results/goodput_headroom.json
+	$(BIN)/python -m bench.goodput_headroom --scenario all --burst-cv 2 --out bench/results/goodput_headroom_bursty.json
 	$(BIN)/python -m bench.goodput --scenario all --no-queueing --out bench/results/goodput_flat.json
 
 # The serving simulator's CPU time per 10,000 and 100,000 requests (docs/serving.md).

@@ -12,6 +12,9 @@ For every aggregated variant and prefill/decode pair the planner considers in a 
 * ``simulated_rps``: the simulator's yardstick on that one variant alone (the largest rate
   with 90% of requests within both SLOs, run to steady state: :mod:`bench.goodput_setup`).
 
+Poisson arrivals, or bursty ones with ``--burst-cv CV`` (gamma gaps of that coefficient of
+variation, in the sizing and the simulation alike).
+
 Units: requests per second.
 """
 
@@ -22,6 +25,7 @@ import json
 import os
 import platform
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -42,7 +46,7 @@ from policies.errors import InputError
 from policies.fleetplan import FleetDeployment, MemoryCurveCache, PlannerSettings, PlanRequest
 from policies.fleetplan.candidates import Candidates, candidates
 from policies.serving.plan import DEFAULT_CHUNK_TOKENS, InstanceGroup, KvPath, Pool, ServingPlan
-from policies.serving.traffic import Traffic
+from policies.serving.traffic import MAX_BURST_CV, Traffic
 
 SCENARIOS = (
     "dsv3-mixed-64-1024-1024",
@@ -62,22 +66,27 @@ def _split(name: str) -> tuple[str, str, str]:
     return model, rest[: -len(lengths) - 1], lengths
 
 
-def _candidates(name: str, queueing: bool) -> tuple[Candidates, str]:
-    model, fleet, lengths = _split(name)
+def _traffic(lengths: str, burst_cv: float) -> Traffic:
+    """The scenario's traffic: Poisson at ``burst_cv`` 1, else bursty."""
     isl, osl = LENGTHS[lengths]
-    sp = spec(model, MODELS[model], traffic(isl, osl, HUGE_DEMAND_RPS))
+    tr = traffic(isl, osl, HUGE_DEMAND_RPS)
+    return tr if burst_cv == 1.0 else replace(tr, arrival="bursty", burst_cv=burst_cv)
+
+
+def _candidates(name: str, queueing: bool, burst_cv: float) -> tuple[Candidates, str]:
+    model, fleet, lengths = _split(name)
+    sp = spec(model, MODELS[model], _traffic(lengths, burst_cv))
     settings = PlannerSettings(utilisation=1.0, queueing=queueing)
     req = PlanRequest(example_fleet(fleet), (FleetDeployment(sp),), settings=settings)
     return candidates(req, MemoryCurveCache(), None), sp.name
 
 
-def scenario(name: str) -> list[dict[str, Any]]:
+def scenario(name: str, burst_cv: float = 1.0) -> list[dict[str, Any]]:
     """Every variant of scenario ``name``: its rates (module docstring)."""
     _, _, lengths = _split(name)
-    isl, osl = LENGTHS[lengths]
-    tr = traffic(isl, osl, HUGE_DEMAND_RPS)
-    flat, dep = _candidates(name, queueing=False)
-    queued, _ = _candidates(name, queueing=True)
+    tr = _traffic(lengths, burst_cv)
+    flat, dep = _candidates(name, False, burst_cv)
+    queued, _ = _candidates(name, True, burst_cv)
     rows: list[dict[str, Any]] = []
     for v, q in zip(flat.aggregated[dep], queued.aggregated[dep], strict=True):
         g = InstanceGroup(1, v.curve, v.sizing.batch_limit, DEFAULT_CHUNK_TOKENS)
@@ -158,14 +167,21 @@ def run(args: argparse.Namespace) -> int:
         model, fleet, lengths = _split(n) if n.count("-") >= 3 else ("", "", "")
         if model not in MODELS or lengths not in LENGTHS or fleet not in FLEETS:
             raise InputError(f"unknown scenario {n!r}", field="--scenario")
+    if not 1.0 <= args.burst_cv <= MAX_BURST_CV:
+        raise InputError(
+            f"must be from 1 (Poisson) to {MAX_BURST_CV:g}, got {args.burst_cv:g}",
+            field="--burst-cv",
+        )
     results: dict[str, Any] = {}
     for n in names:
         log(f"scenario {n}")
-        results[n] = scenario(n)
+        results[n] = scenario(n, args.burst_cv)
     doc = {
-        "command": command_line("bench.goodput_headroom", args, with_json=True),
+        "command": command_line("bench.goodput_headroom", args, with_json=True)
+        + (f" --burst-cv {args.burst_cv:g}" if args.burst_cv != 1.0 else ""),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": {"cpu_count": os.cpu_count(), "python": platform.python_version()},
+        "arrivals": "poisson" if args.burst_cv == 1.0 else f"bursty, burst CV {args.burst_cv:g}",
         "slo": {"ttft_ms": SLO.ttft_ms, "tpot_ms": SLO.tpot_ms, "percentile": SLO.percentile},
         "scenarios": results,
     }
@@ -183,6 +199,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print results as JSON")
     p.add_argument("--out", metavar="PATH", help="results JSON file")
     p.add_argument("--report", metavar="PATH", help="print a results file as a Markdown table")
+    p.add_argument(
+        "--burst-cv",
+        type=float,
+        default=1.0,
+        metavar="CV",
+        help="bursty arrivals, gaps of this coefficient of variation (default: 1, Poisson)",
+    )
     return run_main(p, run, argv)
 
 

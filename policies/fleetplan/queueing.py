@@ -8,12 +8,18 @@ full batch) and waits for one when all are taken. With Poisson arrivals at ``lam
 per second, the offered load is ``a = lam S`` and the chance an arrival waits is Erlang C,
 ``C(c, a)``; a waiting request waits longer than ``x`` seconds with probability::
 
-    P(W > x) = C(c, a) exp(-(c / S - lam) x k),   k = 2 / (ca^2 + cv^2)
+    P(W > x) = C_z(c, a) exp(-(c / S - lam) x k),   k = 2 / (ca^2 + cv^2)
 
 (the M/M/c tail, its rate scaled by the Allen-Cunneen factor ``k`` for a service time of
 squared coefficient of variation ``cv^2`` - output lengths vary less than an exponential -
 and gaps between arrivals of squared coefficient of variation ``ca^2``: 1 for Poisson
 arrivals, the burst CV squared for bursty ones, whose waits are that much longer).
+``C_z`` is the chance of waiting for arrivals of peakedness ``z`` (:func:`delay_chance`):
+Erlang C for Poisson arrivals (``z = 1``); bursty ones fill the slots in clusters, so they
+wait more often at the same utilisation, as ``c / z`` slots would (Hayward's approximation,
+``z = 1 + (ca^2 - 1) / (1 + cv^2)``, the heavy-traffic peakedness of renewal arrivals
+against the hold time). Without it the bound rated a 24-slot instance at burst CV 2 34%
+above the simulator's steady state (93% at CV 3); with it +3% (-7%).
 :func:`slo_rate` is the largest ``lam`` with ``P(W > x) <= miss``: ``x`` is what the TTFT
 target leaves after the queueing-free TTFT, ``miss`` the share of requests the SLO's
 percentile lets miss. Few slots queue sooner at the same utilisation than many (at 32
@@ -29,7 +35,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["EXACT_UP_TO", "erlang_c", "slo_rate", "wait_tail"]
+__all__ = ["EXACT_UP_TO", "delay_chance", "erlang_c", "peakedness", "slo_rate", "wait_tail"]
 
 
 EXACT_UP_TO = 64
@@ -70,6 +76,33 @@ def erlang_c(servers: int, offered: float) -> float:
     return b / (1.0 - rho + rho * b)
 
 
+def peakedness(arrival_cv2: float, cv2: float) -> float:
+    """Heavy-traffic peakedness of renewal arrivals whose gaps have squared coefficient of
+    variation ``arrival_cv2`` against hold times of ``cv2``: ``1 + (ca^2 - 1) eta`` with
+    ``eta = mu * integral of P(S > t)^2 dt``, 1/2 for exponential hold times and 1 for fixed
+    ones, taken as ``1 / (1 + cv2)`` between them. 1 for Poisson arrivals."""
+    return 1.0 + (max(0.0, arrival_cv2) - 1.0) / (1.0 + max(0.0, cv2))
+
+
+def delay_chance(servers: int, offered: float, z: float = 1.0) -> float:
+    """The chance an arrival waits for one of ``servers`` slots at ``offered`` load (slots)
+    for arrivals of peakedness ``z`` (:func:`peakedness`): Erlang C of ``servers / z``
+    slots at the same utilisation (Hayward), at least one slot, linear between the whole
+    numbers around it. :func:`erlang_c` itself at ``z = 1``."""
+    if z == 1.0 or offered <= 0.0:
+        return erlang_c(servers, offered)
+    rho = offered / servers
+    if rho >= 1.0:
+        return 1.0
+    equivalent = max(1.0, servers / max(z, 1e-9))
+    low = int(equivalent)
+    frac = equivalent - low
+    chance = erlang_c(low, rho * low)
+    if frac > 0.0:
+        chance += frac * (erlang_c(low + 1, rho * (low + 1)) - chance)
+    return chance
+
+
 def wait_tail(
     servers: int, hold_s: float, rate: float, wait_s: float, cv2: float, arrival_cv2: float = 1.0
 ) -> float:
@@ -82,7 +115,8 @@ def wait_tail(
     if slack <= 0.0:
         return 1.0
     k = 2.0 / max(1e-9, max(0.0, arrival_cv2) + max(0.0, cv2))
-    return erlang_c(servers, rate * hold_s) * math.exp(-slack * max(0.0, wait_s) * k)
+    z = peakedness(arrival_cv2, cv2)
+    return delay_chance(servers, rate * hold_s, z) * math.exp(-slack * max(0.0, wait_s) * k)
 
 
 def slo_rate(

@@ -113,3 +113,12 @@ def test_headroom_unknown_scenario_is_one_error_line(capsys: pytest.CaptureFixtu
     assert goodput_headroom.main(["--scenario", "dsv3-nowhere-1024-1024"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error:") and "unknown scenario" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("cv", ["0.5", "101", "nan"])
+def test_headroom_burst_cv_out_of_range_is_one_error_line(
+    capsys: pytest.CaptureFixture[str], cv: str
+) -> None:
+    assert goodput_headroom.main(["--scenario", "dsv3-homog-32-1024-1024", "--burst-cv", cv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --burst-cv") and err.count("\n") == 1
