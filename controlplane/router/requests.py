@@ -163,11 +163,17 @@ def estimate_work(
     Raises:
         InputError: an output limit (``max_tokens``, ``max_completion_tokens``,
             ``sampling_params.max_new_tokens``) that is not an integer in
-            0..``max_output_tokens``; the message names the field.
+            0..``max_output_tokens``; the message names the field. A chat request's
+            ``max_tokens`` is checked beside its ``max_completion_tokens``: the engines fall
+            back to it (vLLM when the other is null, SGLang also when it is 0).
     """
+    unset = default_output_tokens  # the expected output when the limit is not set
     if path.endswith("/chat/completions"):
         text, ids = _text_of(body.get("messages", []))
-        key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+        # Both limits are checked: vLLM 0.33 takes max_completion_tokens unless it is null,
+        # SGLang 0.5.23 unless it is null or 0, and then max_tokens.
+        unset = _output_tokens(body.get("max_tokens"), "max_tokens", unset, max_output_tokens)
+        key = "max_completion_tokens"
         out = body.get(key)
     elif path == "/generate":
         text, ids = _text_of(body.get("text", body.get("input_ids", "")))
@@ -178,7 +184,7 @@ def estimate_work(
         text, ids = _text_of(body.get("prompt", ""))
         key = "max_tokens"
         out = body.get(key)
-    output = _output_tokens(out, key, default_output_tokens, max_output_tokens)
+    output = _output_tokens(out, key, unset, max_output_tokens)
     prompt = ids + (count(text) if text else 0)
     return Work(prompt, output, body.get("stream", False) is True)
 

@@ -65,7 +65,8 @@ class Record:
     Attributes:
         path: endpoint. rank: the rank that served it. pinned: the request named the rank.
         request_id: the ``X-Request-Id`` header, else "". tokens: tokens it sent back.
-        done: it finished (False: cut by a kill or a client disconnect).
+        done: it finished (False: cut by a kill or a client disconnect). limit: the output
+        limit it asked for, tokens (0 before it is read).
     """
 
     path: str
@@ -74,6 +75,7 @@ class Record:
     request_id: str
     tokens: int = 0
     done: bool = False
+    limit: int = 0
 
 
 @dataclass
@@ -94,6 +96,8 @@ class LoopbackEngine:
             machine's speed).
         role: ``aggregated`` | ``prefill`` | ``decode`` (:mod:`support.pd_side`).
         fail_status: answer every generation request with this HTTP status (0 = serve).
+        max_model_len: the longest output a request may ask for, tokens (a larger limit
+            is refused with 400, as vLLM refuses one past the model's context).
         pd_wait_s: longest wait of a decode request for its prefill's KV, seconds.
         pd_seen: the disaggregation fields of each request a prefill/decode role received.
     """
@@ -110,6 +114,7 @@ class LoopbackEngine:
     held: frozenset[int] = frozenset()
     role: str = "aggregated"
     fail_status: int = 0
+    max_model_len: int = 1 << 17
     pd_wait_s: float = 30.0
     records: list[Record] = field(default_factory=list)
     pd_seen: list[dict[str, Any]] = field(default_factory=list)
@@ -230,15 +235,29 @@ class LoopbackEngine:
             request.path, rank, pinned is not None, request.headers.get("X-Request-Id", "")
         )
         self.records.append(rec)
+        stream = _lax_bool(body.get("stream", False))
+        if stream is None:  # the engines' request models declare a boolean (pydantic, lax)
+            return web.json_response(
+                {"error": {"message": "stream: Input should be a valid boolean"}}, status=400
+            )
         if request.path == "/generate":
             sp = body.get("sampling_params") or {}
             tokens = int(sp.get("max_new_tokens", 16))
-        else:
-            tokens = int(body.get("max_completion_tokens", body.get("max_tokens", 16)))
+        elif request.path == "/v1/chat/completions":  # vLLM's order (max_tokens if null)
+            limit = body.get("max_completion_tokens")
+            tokens = int(limit if limit is not None else body.get("max_tokens", 16))
+        else:  # /v1/completions knows max_tokens only (vLLM 0.33, SGLang 0.5.23)
+            tokens = int(body.get("max_tokens", 16))
+        rec.limit = tokens
+        if not 0 <= tokens <= self.max_model_len:
+            return web.json_response(
+                {"error": {"message": f"max_tokens {tokens} is outside 0..{self.max_model_len}"}},
+                status=400,
+            )
         if rank in self.held:
             await self._released.wait()  # the event of the hold in force on arrival
         delay = 1.0 / self.tokens_per_s[rank]
-        if not body.get("stream"):
+        if not stream:
             await asyncio.sleep(delay * tokens)
             self._record_steps(tokens)
             rec.tokens, rec.done = tokens, True
@@ -376,3 +395,19 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+_TRUE = {"1", "on", "t", "true", "y", "yes"}
+_FALSE = {"0", "off", "f", "false", "n", "no"}
+
+
+def _lax_bool(value: Any) -> bool | None:
+    """``value`` as pydantic 2's lax mode reads a boolean field (the engines' ``stream``):
+    booleans, 0 and 1, and the strings of yes and no; None for anything else."""
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, int | float) and value in (0, 1):
+        return value == 1
+    if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
+        return value.lower() in _TRUE
+    return None

@@ -96,6 +96,11 @@ def _aiohttp_errors(caplog: pytest.LogCaptureFixture) -> list[str]:
         ("/v1/chat/completions", {"messages": [], "max_tokens": 10**400}),
         ("/v1/completions", {"prompt": "x", "max_tokens": float("inf")}),
         ("/v1/chat/completions", {"messages": [], "max_completion_tokens": 10**300}),
+        (
+            "/v1/chat/completions",
+            {"messages": [], "max_completion_tokens": None, "max_tokens": 10**9},
+        ),
+        ("/v1/chat/completions", {"messages": [], "max_completion_tokens": 8, "max_tokens": 10**9}),
         ("/v1/chat/completions", {"messages": [], "max_tokens": -1}),
         ("/v1/chat/completions", {"messages": [], "max_tokens": "64"}),
         ("/v1/chat/completions", {"messages": [], "max_tokens": True}),

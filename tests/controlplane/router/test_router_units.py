@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 from mixfleet.v1 import engine_pb2
@@ -121,6 +122,12 @@ def test_work_estimate_per_endpoint() -> None:
     assert (w.prompt_tokens, w.output_tokens, w.stream) == (3, 7, True)
     w = estimate_work("/v1/completions", {"prompt": [1, 2, 3, 4]}, count, 99)
     assert (w.prompt_tokens, w.output_tokens) == (4, 99)
+    # A null max_completion_tokens leaves the engines max_tokens; /v1/completions knows
+    # max_tokens only (vLLM 0.33 and SGLang 0.5.23 ignore the chat field there).
+    both: dict[str, Any] = {"messages": [], "max_completion_tokens": None, "max_tokens": 9}
+    assert estimate_work("/v1/chat/completions", both, count, 99).output_tokens == 9
+    chat_only = {"prompt": "x", "max_completion_tokens": 10**11, "max_tokens": 3}
+    assert estimate_work("/v1/completions", chat_only, count, 99).output_tokens == 3
     w = estimate_work(
         "/generate", {"text": "x y", "sampling_params": {"max_new_tokens": 5}}, count, 99
     )
