@@ -97,9 +97,7 @@ def test_explain_lists_the_candidate_variants(run_cli: RunCli, args: list[str]) 
     assert code != 0 and err.startswith("error:") and "chat" in err and "batch" in err
 
 
-def test_a_deployment_with_no_instance_shows_no_prediction(
-    run_cli: RunCli, tmp_path: Path
-) -> None:
+def test_a_deployment_with_no_instance_shows_no_prediction(run_cli: RunCli, tmp_path: Path) -> None:
     deps = tmp_path / "deps.yaml"
     deps.write_text(
         DEPLOYMENTS.split("---")[0].replace("priority: 5", "nodeSelector: {rack: none}")
