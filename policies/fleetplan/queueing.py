@@ -19,7 +19,7 @@ Erlang C for Poisson arrivals (``z = 1``); bursty ones fill the slots in cluster
 wait more often at the same utilisation, as ``c / z`` slots would (Hayward's approximation,
 ``z = 1 + (ca^2 - 1) / (1 + cv^2)``, the heavy-traffic peakedness of renewal arrivals
 against the hold time). Without it the bound rated a 24-slot instance at burst CV 2 34%
-above the simulator's steady state (93% at CV 3); with it +3% (-7%).
+above the simulator's steady state (93% at CV 3); with it +3.7% (-1.8%).
 :func:`slo_rate` is the largest ``lam`` with ``P(W > x) <= miss``: ``x`` is what the TTFT
 target leaves after the queueing-free TTFT, ``miss`` the share of requests the SLO's
 percentile lets miss. Few slots queue sooner at the same utilisation than many (at 32

@@ -242,12 +242,11 @@ class LoopbackEngine:
             )
         if request.path == "/generate":
             sp = body.get("sampling_params") or {}
-            tokens = int(sp.get("max_new_tokens", 16))
+            tokens = _first_set(sp.get("max_new_tokens"))
         elif request.path == "/v1/chat/completions":  # vLLM's order (max_tokens if null)
-            limit = body.get("max_completion_tokens")
-            tokens = int(limit if limit is not None else body.get("max_tokens", 16))
+            tokens = _first_set(body.get("max_completion_tokens"), body.get("max_tokens"))
         else:  # /v1/completions knows max_tokens only (vLLM 0.33, SGLang 0.5.23)
-            tokens = int(body.get("max_tokens", 16))
+            tokens = _first_set(body.get("max_tokens"))
         rec.limit = tokens
         if not 0 <= tokens <= self.max_model_len:
             return web.json_response(
@@ -364,6 +363,27 @@ class LoopbackEngine:
         return [c / total for c in counts]
 
 
+_TRUE = {"1", "on", "t", "true", "y", "yes"}
+_FALSE = {"0", "off", "f", "false", "n", "no"}
+
+
+def _lax_bool(value: Any) -> bool | None:
+    """``value`` as pydantic 2's lax mode reads a boolean field (the engines' ``stream``):
+    booleans, 0 and 1, and the strings of yes and no; None for anything else."""
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, int | float) and value in (0, 1):
+        return value == 1
+    if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
+        return value.lower() in _TRUE
+    return None
+
+
+def _first_set(*limits: Any) -> int:
+    """The first output limit that is set (not null), else the engines' default, 16."""
+    return int(next((v for v in limits if v is not None), 16))
+
+
 def main(argv: list[str] | None = None) -> None:
     """``python -m support.openai_engine``: serve one loopback engine until interrupted."""
     import argparse
@@ -395,19 +415,3 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
-
-
-_TRUE = {"1", "on", "t", "true", "y", "yes"}
-_FALSE = {"0", "off", "f", "false", "n", "no"}
-
-
-def _lax_bool(value: Any) -> bool | None:
-    """``value`` as pydantic 2's lax mode reads a boolean field (the engines' ``stream``):
-    booleans, 0 and 1, and the strings of yes and no; None for anything else."""
-    if value is None or isinstance(value, bool):
-        return bool(value)
-    if isinstance(value, int | float) and value in (0, 1):
-        return value == 1
-    if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
-        return value.lower() in _TRUE
-    return None
