@@ -168,8 +168,9 @@ def _floors_and_start(
     floors: dict[str, float] = {}
     start: Counts | None = {}
     for d in sorted(req.deployments, key=lambda d: -d.priority):
-        own = _alone(req, c, d, floor_share[d.name], sizes)
-        floors[d.name] = own.bound if floor_share[d.name] > 0 else 0.0
+        share = floor_share[d.name]  # <= 0: nothing to bound, no solve
+        own = _alone(req, c, d, share, sizes) if share > 0 else _Alone(0.0, None, ())
+        floors[d.name] = own.bound
         if start is None:
             continue
         reuse = floor_share[d.name] >= start_share[d.name] and own.counts is not None

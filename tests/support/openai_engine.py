@@ -66,7 +66,7 @@ class Record:
         path: endpoint. rank: the rank that served it. pinned: the request named the rank.
         request_id: the ``X-Request-Id`` header, else "". tokens: tokens it sent back.
         done: it finished (False: cut by a kill or a client disconnect). limit: the output
-        limit it asked for, tokens (0 before it is read).
+        limit it stated, tokens (None: none, the engine's default applies).
     """
 
     path: str
@@ -75,7 +75,7 @@ class Record:
     request_id: str
     tokens: int = 0
     done: bool = False
-    limit: int = 0
+    limit: int | None = None
 
 
 @dataclass
@@ -240,14 +240,15 @@ class LoopbackEngine:
             return web.json_response(
                 {"error": {"message": "stream: Input should be a valid boolean"}}, status=400
             )
-        if request.path == "/generate":
+        if request.path == "/generate":  # SGLang's SamplingParams: 128 when unset
             sp = body.get("sampling_params") or {}
-            tokens = _first_set(sp.get("max_new_tokens"))
+            rec.limit, default = _stated(sp.get("max_new_tokens")), 128
         elif request.path == "/v1/chat/completions":  # vLLM's order (max_tokens if null)
-            tokens = _first_set(body.get("max_completion_tokens"), body.get("max_tokens"))
-        else:  # /v1/completions knows max_tokens only (vLLM 0.33, SGLang 0.5.23)
-            tokens = _first_set(body.get("max_tokens"))
-        rec.limit = tokens
+            rec.limit = _stated(body.get("max_completion_tokens"), body.get("max_tokens"))
+            default = 16  # vLLM would run to the context's end; a test engine stops sooner
+        else:  # /v1/completions knows max_tokens only (vLLM 0.33, SGLang 0.5.23): 16 unset
+            rec.limit, default = _stated(body.get("max_tokens")), 16
+        tokens = default if rec.limit is None else rec.limit
         if not 0 <= tokens <= self.max_model_len:
             return web.json_response(
                 {"error": {"message": f"max_tokens {tokens} is outside 0..{self.max_model_len}"}},
@@ -369,7 +370,8 @@ _FALSE = {"0", "off", "f", "false", "n", "no"}
 
 def _lax_bool(value: Any) -> bool | None:
     """``value`` as pydantic 2's lax mode reads a boolean field (the engines' ``stream``):
-    booleans, 0 and 1, and the strings of yes and no; None for anything else."""
+    booleans, 0 and 1, and the strings of yes and no (null reads as false: vLLM's field is
+    optional); None for anything else."""
     if value is None or isinstance(value, bool):
         return bool(value)
     if isinstance(value, int | float) and value in (0, 1):
@@ -379,9 +381,10 @@ def _lax_bool(value: Any) -> bool | None:
     return None
 
 
-def _first_set(*limits: Any) -> int:
-    """The first output limit that is set (not null), else the engines' default, 16."""
-    return int(next((v for v in limits if v is not None), 16))
+def _stated(*limits: Any) -> int | None:
+    """The first output limit the request sets (not null), or None."""
+    limit = next((v for v in limits if v is not None), None)
+    return None if limit is None else int(limit)
 
 
 def main(argv: list[str] | None = None) -> None:
